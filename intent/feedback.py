@@ -1,0 +1,75 @@
+"""Every message the guard shows the agent, in one place so the wording stays consistent.
+
+Oracles write their own rejection feedback (see ``intent.oracles``); these are the
+guard's messages for calls it answers itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from intent.oracle import PlannedStep
+
+
+def _money(x: float) -> str:
+    return f"{x:.2f}".rstrip("0").rstrip(".")
+
+
+def over_budget(tool: str, price: float, remaining: float, budget: float) -> str:
+    return (
+        f"Budget guard: the call to {tool} was not executed and cost nothing. It costs {_money(price)} "
+        f"but only {_money(remaining)} of the budget {_money(budget)} is left. "
+        "Use a cheaper tool, or give your final answer with what you have."
+    )
+
+
+def banned_tool(tool: str) -> str:
+    return f"Budget guard: {tool} is no longer available on the market; the call cost nothing. Use another tool."
+
+
+def unpriced_tool(tool: str, detail: str) -> str:
+    return f"Budget guard: the call to {tool} was refused and cost nothing: {detail}"
+
+
+def unknown_tool(tool: str) -> str:
+    return f"Error: {tool} is not a valid tool; the call cost nothing. Use one of the tools you were given."
+
+
+def invalid_call(tool: str | None, problem: str) -> str:
+    return f"Error: the call to {tool or 'an unnamed tool'} is malformed and was not executed (no charge): {problem}"
+
+
+def not_gated(tool: str) -> str:
+    return (
+        f"Budget guard: the call to {tool} was not executed because the guard never approved it "
+        "(no reservation). Place the guard's gate (guard.node() or the middleware) before the tools."
+    )
+
+
+def already_ran(tool: str) -> str:
+    return f"Budget guard: this call to {tool} already ran and was charged once; it is not run again."
+
+
+def tool_raised(tool: str, exc: BaseException) -> str:
+    return f"Error: {tool} failed ({type(exc).__name__}: {exc}). The call was charged."
+
+
+def oracle_failed(tool: str, exc: BaseException, *, accepted: bool) -> str:
+    what = "accepted because it fits the remaining budget" if accepted else "rejected"
+    return f"Budget guard: the planning oracle failed ({type(exc).__name__}); the call to {tool} was {what}."
+
+
+def generic_rejection(tool: str) -> str:
+    return f"Budget guard: the call to {tool} was rejected and cost nothing. Revise your plan."
+
+
+def budget_status(spent: float, remaining: float, budget: float) -> str:
+    return f"[Budget status] spent {_money(spent)} of {_money(budget)}; {_money(remaining)} left."
+
+
+def trace_table(trace: Sequence[PlannedStep]) -> str:
+    """The predicted tool trace as the INTENT paper's Appendix E shows it: no arguments, no contents."""
+    lines = ["step | tool | price | p_success | expected_cost"]
+    for i, s in enumerate(trace, start=1):
+        lines.append(f"{i} | {s.tool} | {_money(s.price)} | {s.p_success:.2f} | {_money(s.expected_cost or 0.0)}")
+    return "\n".join(lines)

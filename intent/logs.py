@@ -1,0 +1,153 @@
+"""Interaction logs: one JSON line per guarded proposal.
+
+This is the data that training consumes (intention predictor triples, world-model pairs)
+and that BTP turns into experience, so the schema is explicit and versioned:
+:data:`SCHEMA_VERSION` changes whenever a field changes meaning. Readers check it.
+
+Each proposal produces exactly one record:
+
+* rejected by the oracle or the guard: ``decision="reject"``, ``charged=0``;
+* invalid (unknown tool, bad arguments): ``decision="invalid"``, ``charged=0``;
+* accepted and run: ``decision="accept"``, ``charged=price`` and the observation;
+* accepted and never run (reservation released): ``decision="accept"``, ``status="released"``, ``charged=0``.
+
+So the sum of ``charged`` over a task's records equals what the ledger spent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "JsonlLogSink",
+    "LogFormatError",
+    "LogSink",
+    "MemoryLogSink",
+    "StepRecord",
+    "read_log",
+]
+
+SCHEMA_VERSION = 1
+
+
+class LogFormatError(ValueError):
+    """A log file line is not a valid :class:`StepRecord`."""
+
+
+class StepRecord(BaseModel):
+    """One guarded proposal and what became of it."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    task_id: str
+    step: int = Field(description="index of the model turn within the episode (0-based)")
+    call_id: str
+    query: str = ""
+    reasoning: str = Field("", description="the agent's text in the message that proposed the call")
+    tool: str
+    args: dict[str, Any] | str = Field(default_factory=dict)
+    price: float | None = None
+    decision: Literal["accept", "reject", "invalid"]
+    reason: str = ""
+    oracle: str = ""
+    feedback: str = ""
+    trace: list[dict[str, Any]] = Field(default_factory=list)
+    observation: str = ""
+    status: Literal["ok", "error", "rejected", "invalid", "released"]
+    charged: float = 0.0
+    spent: float = Field(description="ledger spend after this record")
+    remaining: float
+    budget: float
+    market_version: int = 0
+    decision_ms: float = 0.0
+    tool_ms: float = 0.0
+    oracle_usage: dict[str, float] = Field(default_factory=dict)
+    enforce: bool = True
+    timestamp: float = Field(default_factory=time.time)
+
+
+@runtime_checkable
+class LogSink(Protocol):
+    def write(self, record: StepRecord) -> None: ...
+
+
+class MemoryLogSink:
+    """Keeps records in a list (tests, the benchmark's in-process metrics)."""
+
+    def __init__(self) -> None:
+        self.records: list[StepRecord] = []
+        self._lock = threading.Lock()
+
+    def write(self, record: StepRecord) -> None:
+        with self._lock:
+            self.records.append(record)
+
+
+class JsonlLogSink:
+    """Appends one JSON line per record; thread-safe; each line is flushed whole.
+
+    A crash can at worst leave a torn last line, which :func:`read_log` reports with its
+    line number (``skip_torn_tail=True`` ignores only a torn *final* line).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fsync = fsync
+        self._lock = threading.Lock()
+
+    def write(self, record: StepRecord) -> None:
+        line = record.model_dump_json() + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            if self._fsync:
+                os.fsync(fh.fileno())
+
+
+class FanoutLogSink:
+    """Writes each record to several sinks."""
+
+    def __init__(self, sinks: Iterable[LogSink]) -> None:
+        self.sinks = list(sinks)
+
+    def write(self, record: StepRecord) -> None:
+        for sink in self.sinks:
+            sink.write(record)
+
+
+def read_log(path: str | os.PathLike[str], *, skip_torn_tail: bool = True) -> Iterator[StepRecord]:
+    """Yield the records of a JSONL log, raising :class:`LogFormatError` with the line number."""
+    p = Path(path)
+    if not p.exists():
+        raise LogFormatError(f"log file {p} does not exist; pass the JSONL written by intent.logs.JsonlLogSink")
+    lines = p.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if skip_torn_tail and i == len(lines):
+                return
+            raise LogFormatError(f"{p}:{i}: not valid JSON ({exc.msg})") from exc
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if version != SCHEMA_VERSION:
+            raise LogFormatError(
+                f"{p}:{i}: schema_version {version!r} is not {SCHEMA_VERSION}; "
+                "the log was written by another version of intent"
+            )
+        try:
+            yield StepRecord.model_validate(data)
+        except Exception as exc:  # pydantic.ValidationError, with the field names in it
+            raise LogFormatError(f"{p}:{i}: not a StepRecord: {exc}") from exc

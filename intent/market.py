@@ -1,0 +1,213 @@
+"""The tool market: which tools exist, what one call of each costs.
+
+A :class:`Market` is an immutable, versioned snapshot. Every update (a price change,
+a new tool, a removal, a ban) returns a *new* snapshot with ``version + 1``; the guard
+swaps snapshots between decisions, so an update applies from the next decision on and
+never changes the price of a call that was already accepted (its reservation holds the
+price it was accepted at).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = ["InvalidPriceError", "Market", "MarketError", "PricedTool", "UnpricedToolError", "check_amount"]
+
+
+class MarketError(ValueError):
+    """A market was built or updated with bad input."""
+
+
+class InvalidPriceError(MarketError):
+    """A price or budget is negative, NaN or infinite."""
+
+
+class UnpricedToolError(MarketError, KeyError):
+    """A tool has no listed price and the market has no ``default_price``."""
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+def check_amount(value: Any, field_name: str, *, allow_zero: bool = True) -> float:
+    """Return ``value`` as a float, or raise naming ``field_name`` and the fix."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidPriceError(
+            f"{field_name} must be a number, got {type(value).__name__} {value!r}; pass a finite float >= 0"
+        )
+    v = float(value)
+    if math.isnan(v) or math.isinf(v):
+        raise InvalidPriceError(f"{field_name} is {v}; pass a finite number >= 0")
+    if v < 0 or (v == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidPriceError(f"{field_name} is {v}; it must be {bound}")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class PricedTool:
+    """One tool on the market and the price of one call.
+
+    ``description`` is optional text that price-aware prompts (the Prompt and BATS
+    baselines) may show to the agent.
+    """
+
+    name: str
+    price: float
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise MarketError(f"PricedTool.name must be a non-empty string, got {self.name!r}")
+        object.__setattr__(self, "price", check_amount(self.price, f"price of tool {self.name!r}"))
+
+
+@dataclass(frozen=True, slots=True)
+class Market:
+    """An immutable snapshot of the tool market.
+
+    ``Market([PricedTool("get_quote", 12.0), ...], default_price=None)``.
+
+    Banned tools stay listed (their price is still known, e.g. for logs) but
+    :meth:`is_available` is false for them and the guard refuses their calls.
+    """
+
+    tools: tuple[PricedTool, ...] = ()
+    default_price: float | None = None
+    banned: frozenset[str] = frozenset()
+    version: int = 0
+    _by_name: Mapping[str, PricedTool] = field(default_factory=dict, repr=False, compare=False)
+
+    def __init__(
+        self,
+        tools: Iterable[PricedTool] = (),
+        *,
+        default_price: float | None = None,
+        banned: Iterable[str] = (),
+        version: int = 0,
+    ) -> None:
+        tools = tuple(tools)
+        by_name: dict[str, PricedTool] = {}
+        for t in tools:
+            if not isinstance(t, PricedTool):
+                raise MarketError(
+                    f"Market tools must be PricedTool instances, got {type(t).__name__}; "
+                    "wrap it as PricedTool(name, price)"
+                )
+            if t.name in by_name:
+                raise MarketError(f"duplicate tool name {t.name!r} in the market; each tool must be listed once")
+            by_name[t.name] = t
+        if default_price is not None:
+            default_price = check_amount(default_price, "Market.default_price")
+        banned_set = frozenset(banned)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise MarketError(f"Market.version must be an int >= 0, got {version!r}")
+        object.__setattr__(self, "tools", tools)
+        object.__setattr__(self, "default_price", default_price)
+        object.__setattr__(self, "banned", banned_set)
+        object.__setattr__(self, "version", version)
+        object.__setattr__(self, "_by_name", by_name)
+
+    # ----------------------------------------------------------------- lookups
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[PricedTool]:
+        return iter(self.tools)
+
+    def __len__(self) -> int:
+        return len(self.tools)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tools)
+
+    def get(self, name: str) -> PricedTool | None:
+        return self._by_name.get(name)
+
+    def is_available(self, name: str) -> bool:
+        return name not in self.banned and (name in self._by_name or self.default_price is not None)
+
+    def price(self, name: str) -> float:
+        """The price of one call of ``name``; raises :class:`UnpricedToolError` if unknown."""
+        tool = self._by_name.get(name)
+        if tool is not None:
+            return tool.price
+        if self.default_price is not None:
+            return self.default_price
+        raise UnpricedToolError(
+            f"tool {name!r} has no price in the market (version {self.version}); "
+            "list it with PricedTool(name, price) or set Market(default_price=...)"
+        )
+
+    def prices(self) -> dict[str, float]:
+        return {t.name: t.price for t in self.tools if t.name not in self.banned}
+
+    # ----------------------------------------------------------------- updates
+    def _next(self, tools: Iterable[PricedTool], banned: Iterable[str] | None = None) -> Market:
+        return Market(
+            tools,
+            default_price=self.default_price,
+            banned=self.banned if banned is None else banned,
+            version=self.version + 1,
+        )
+
+    def with_price(self, name: str, price: float) -> Market:
+        if name not in self._by_name:
+            raise MarketError(f"cannot change the price of {name!r}: it is not on the market; use with_tool() to add it")
+        return self._next(replace(t, price=price) if t.name == name else t for t in self.tools)
+
+    def with_prices(self, prices: Mapping[str, float]) -> Market:
+        unknown = sorted(set(prices) - set(self._by_name))
+        if unknown:
+            raise MarketError(f"cannot change prices of tools not on the market: {unknown}; add them with with_tool()")
+        return self._next(replace(t, price=prices[t.name]) if t.name in prices else t for t in self.tools)
+
+    def with_tool(self, tool: PricedTool) -> Market:
+        if tool.name in self._by_name:
+            raise MarketError(f"tool {tool.name!r} is already on the market; use with_price() to change its price")
+        return self._next((*self.tools, tool))
+
+    def without(self, name: str) -> Market:
+        if name not in self._by_name:
+            raise MarketError(f"cannot remove {name!r}: it is not on the market")
+        return self._next((t for t in self.tools if t.name != name), self.banned - {name})
+
+    def ban(self, name: str) -> Market:
+        if name not in self._by_name and self.default_price is None:
+            raise MarketError(f"cannot ban {name!r}: it is not on the market")
+        return self._next(self.tools, self.banned | {name})
+
+    def unban(self, name: str) -> Market:
+        return self._next(self.tools, self.banned - {name})
+
+    # ----------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "default_price": self.default_price,
+            "banned": sorted(self.banned),
+            "tools": [{"name": t.name, "price": t.price, "description": t.description} for t in self.tools],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Market:
+        try:
+            tools = [PricedTool(d["name"], d["price"], d.get("description", "")) for d in data["tools"]]
+        except (KeyError, TypeError) as exc:
+            raise MarketError(
+                f"market data is malformed ({exc!r}); expected {{'tools': [{{'name', 'price'}}], ...}}"
+            ) from exc
+        return cls(
+            tools,
+            default_price=data.get("default_price"),
+            banned=data.get("banned", ()),
+            version=int(data.get("version", 0)),
+        )
+
+    @classmethod
+    def from_prices(cls, prices: Mapping[str, float], **kwargs: Any) -> Market:
+        return cls((PricedTool(n, p) for n, p in prices.items()), **kwargs)

@@ -1,0 +1,106 @@
+"""The guard as a LangChain v1 ``AgentMiddleware``.
+
+* ``wrap_model_call``: hide tools the market banned or the oracle removed, add the
+  oracle's prompt notes (prices, quotas, guidelines) to the system message;
+* ``after_model``: gate the new message's tool calls as one batch (:meth:`BudgetGuard.gate`);
+* ``wrap_tool_call``: run an accepted call and commit its charge.
+
+Every hook has its async twin, so ``agent.ainvoke`` works with async oracles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any
+
+from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
+from langchain.agents.middleware.types import hook_config
+from langchain_core.messages import AIMessage, SystemMessage
+from langgraph.config import get_config
+from typing_extensions import NotRequired
+
+from intent.guard import LEDGER_KEY, BudgetGuard
+from intent.ledger import merge_ledger_states
+
+if TYPE_CHECKING:
+    from langgraph.runtime import Runtime
+
+__all__ = ["BudgetGuardMiddleware", "BudgetState"]
+
+
+class BudgetState(AgentState):
+    """Agent state with the guard's ledger channel (merged by call id)."""
+
+    intent_ledger: NotRequired[Annotated[dict[str, Any] | None, merge_ledger_states]]
+
+
+def _config() -> dict[str, Any] | None:
+    try:
+        return get_config()
+    except RuntimeError:  # outside a runnable context
+        return None
+
+
+def _jump_if_only_invalid(state: dict[str, Any], update: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A message with only malformed calls has no tool_calls, so the agent loop would end;
+    send it back to the model with the error messages instead."""
+    messages = state.get("messages") or []
+    last = messages[-1] if messages else None
+    if update and isinstance(last, AIMessage) and last.invalid_tool_calls and not last.tool_calls:
+        return {**update, "jump_to": "model"}
+    return update
+
+
+class BudgetGuardMiddleware(AgentMiddleware):
+    state_schema = BudgetState
+
+    def __init__(self, guard: BudgetGuard) -> None:
+        super().__init__()
+        self.guard = guard
+
+    @property
+    def name(self) -> str:
+        return "BudgetGuard"
+
+    # ---------------------------------------------------------- model call
+    def _prepare(self, request: ModelRequest) -> ModelRequest:
+        state = request.state
+        config = _config()
+        visible = self.guard.visible_tool_names(state, config)
+        overrides: dict[str, Any] = {}
+        if visible is not None:
+            overrides["tools"] = [
+                t for t in request.tools if (t.get("name") if isinstance(t, dict) else t.name) in visible
+            ]
+        notes = self.guard.system_notes(state, config)
+        if notes:
+            base = request.system_prompt or ""
+            overrides["system_message"] = SystemMessage(content=f"{base}\n\n{notes}".strip())
+        return request.override(**overrides) if overrides else request
+
+    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> ModelResponse:
+        return handler(self._prepare(request))
+
+    async def awrap_model_call(
+        self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+    ) -> ModelResponse:
+        return await handler(self._prepare(request))
+
+    # ---------------------------------------------------------------- gate
+    @hook_config(can_jump_to=["model"])
+    def after_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
+        return _jump_if_only_invalid(state, self.guard.gate(state, _config()))
+
+    @hook_config(can_jump_to=["model"])
+    async def aafter_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
+        return _jump_if_only_invalid(state, await self.guard.agate(state, _config()))
+
+    # ---------------------------------------------------------- tool calls
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        return self.guard.wrap_tool_call(request, handler)
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        return await self.guard.awrap_tool_call(request, handler)
+
+
+assert LEDGER_KEY in BudgetState.__annotations__  # the channel name and the state schema agree
