@@ -379,12 +379,13 @@ class BudgetGuard:
         entry = ledger.get(cid) if ledger is not None else None
         with self._lock:
             cached = self._results.get((episode_id, cid))
-        if cached is not None:
-            return episode_id, None, cached  # a retry of a call that already ran here: same result, no charge
+        if entry is not None and entry.status == "committed":
+            # A replay or retry of a call that already ran: it is not run (nor charged) again,
+            # and the state that replays it records the one charge.
+            message = cached or ToolMessage(fb.already_ran(name), tool_call_id=cid, name=name, status="error")
+            return episode_id, entry, message
         if entry is None or entry.status == "released":
             return episode_id, None, ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
-        if entry.status == "committed":
-            return episode_id, None, ToolMessage(fb.already_ran(name), tool_call_id=cid, name=name, status="error")
         if request.tool is None:
             return episode_id, entry, ToolMessage(fb.unknown_tool(name), tool_call_id=cid, name=name, status="error")
         problem = _argument_problem(request.tool, call)
@@ -451,6 +452,12 @@ class BudgetGuard:
         """Answer a call without running it. A held reservation is given back (costs nothing)."""
         if entry is None:
             return message
+        if entry.status == "committed":
+            return Command(update={
+                "messages": [message],
+                LEDGER_KEY: {"episode_id": episode_id, "budget": self._mirror(episode_id, None).budget,
+                             "entries": {entry.call_id: _entry_dict(entry)}},
+            })
         ledger = self._mirror(episode_id, _channel_of(request))
         released = ledger.release(entry.call_id)
         snap = ledger.snapshot()
@@ -628,7 +635,13 @@ def _argument_problem(tool: Any, call: Mapping[str, Any]) -> str | None:
     try:
         parse(dict(call.get("args") or {}), call.get("id"))
     except Exception as exc:  # pydantic ValidationError, TypeError...
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        errors = getattr(exc, "errors", None)
+        if callable(errors):
+            try:
+                return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}" for e in errors())
+            except Exception:  # noqa: BLE001 - fall back to the plain message
+                pass
+        return str(exc).strip() or type(exc).__name__
     return None
 
 

@@ -12,14 +12,20 @@ from langchain_core.tools import tool
 
 
 class ScriptedToolModel(GenericFakeChatModel):
-    """GenericFakeChatModel plays a fixed list of AIMessages; it lacks bind_tools, so add it."""
+    """GenericFakeChatModel plays a fixed list of AIMessages; it lacks bind_tools, so add it.
+
+    ``bound`` records the tool names of every bind_tools call (what the model was shown).
+    """
+
+    bound: list = []
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> "ScriptedToolModel":
+        self.bound.append(sorted(t["name"] if isinstance(t, dict) else t.name for t in tools))
         return self
 
 
 def scripted(messages: Iterable[AIMessage]) -> ScriptedToolModel:
-    return ScriptedToolModel(messages=iter(list(messages)))
+    return ScriptedToolModel(messages=iter(list(messages)), bound=[])
 
 
 _ids = itertools.count()

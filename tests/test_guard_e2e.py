@@ -1,0 +1,247 @@
+"""End to end: create_agent middleware, hand-built StateGraph, guard_react_agent, checkpointers."""
+
+import asyncio
+
+import pytest
+from fakes import ai, call, flaky, get_quote, scripted, search_news
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+
+from intent import (
+    LEDGER_KEY,
+    AcceptAll,
+    BudgetGuard,
+    Decision,
+    GuardState,
+    InvalidDecisionError,
+    JsonlLogSink,
+    Market,
+    MemoryLogSink,
+    Oracle,
+    PricedTool,
+    guard_react_agent,
+    read_log,
+)
+from intent.logs import LogFormatError
+
+TOOLS = [get_quote, search_news, flaky]
+
+
+def market(**prices):
+    prices = prices or {"get_quote": 12.0, "search_news": 5.0, "flaky": 3.0}
+    return Market([PricedTool(n, p) for n, p in prices.items()])
+
+
+def tool_messages(out):
+    return {m.tool_call_id: m for m in out["messages"] if isinstance(m, ToolMessage)}
+
+
+def run_agent(guard, script, **kw):
+    agent = create_agent(scripted(script), TOOLS, middleware=[guard.middleware()], **kw)
+    return agent, agent.invoke({"messages": [("user", "get quotes")]}, kw.get("config"))
+
+
+def test_parallel_batch_is_gated_in_order_and_charges_once():
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(), 20, log_sink=sink)
+    a, b, c = call("get_quote", symbol="A"), call("get_quote", symbol="B"), call("flaky", x=1)
+    _, out = run_agent(guard, [ai(a, b, c), AIMessage("done")])
+    msgs = tool_messages(out)
+    assert msgs[a["id"]].status == "success"
+    assert msgs[b["id"]].status == "error" and "only 8 of the budget 20" in msgs[b["id"]].content
+    assert msgs[c["id"]].status == "error" and "charged" in msgs[c["id"]].content  # a raising tool is charged
+    ledger = guard.ledger(out)
+    assert (ledger.spent, ledger.reserved) == (15, 0)
+    assert sum(r.charged for r in sink.records) == 15
+    assert sorted(r.call_id for r in sink.records) == sorted([a["id"], b["id"], c["id"]])
+
+
+def test_async_agent_works_with_async_oracle():
+    class AsyncOracle(Oracle):
+        async def adecide(self, ctx):
+            await asyncio.sleep(0)
+            return Decision.rejected("too pricey", reason="test") if ctx.price > 10 else Decision.accepted()
+
+    guard = BudgetGuard(AsyncOracle(), market(), 50)
+    q, n = call("get_quote", symbol="A"), call("search_news", topic="t")
+    agent = create_agent(scripted([ai(q, n), AIMessage("ok")]), TOOLS, middleware=[guard.middleware()])
+    out = asyncio.run(agent.ainvoke({"messages": [("user", "x")]}))
+    msgs = tool_messages(out)
+    assert msgs[q["id"]].content == "too pricey" and msgs[n["id"]].status == "success"
+    assert guard.ledger(out).spent == 5
+
+
+def test_oracle_returning_garbage_raises_with_a_fix():
+    class Bad(Oracle):
+        def decide(self, ctx):
+            return True
+
+    guard = BudgetGuard(Bad(), market(), 50)
+    with pytest.raises(InvalidDecisionError, match="returned bool, not an intent.Decision; return Decision"):
+        run_agent(guard, [ai(call("get_quote", symbol="A")), AIMessage("x")])
+
+
+def test_oracle_failure_falls_back_but_never_overspends():
+    class Down(Oracle):
+        def decide(self, ctx):
+            raise TimeoutError("world model timed out")
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(Down(), market(), 15, log_sink=sink)
+    a, b = call("get_quote", symbol="A"), call("get_quote", symbol="B")
+    _, out = run_agent(guard, [ai(a, b), AIMessage("x")])
+    assert guard.ledger(out).spent == 12
+    assert [r.reason for r in sink.records] == ["over_budget", "oracle_error"] or \
+        sorted(r.reason for r in sink.records) == ["oracle_error", "over_budget"]
+    strict = BudgetGuard(Down(), market(), 15, on_oracle_error="reject")
+    _, out = run_agent(strict, [ai(call("get_quote", symbol="A")), AIMessage("x")])
+    assert strict.ledger(out).spent == 0
+
+
+def test_unknown_tool_bad_args_and_malformed_calls_cost_nothing():
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(), 50, log_sink=sink)
+    unknown = call("nope", q=1)
+    bad_args = call("get_quote", wrong=1)
+    malformed = AIMessage(content="", invalid_tool_calls=[
+        {"name": "get_quote", "args": "{not json", "id": "bad_json", "error": "JSON decode error", "type": "invalid_tool_call"}])
+    _, out = run_agent(guard, [ai(unknown, bad_args), malformed, AIMessage("done")])
+    msgs = tool_messages(out)
+    assert "'nope' has no price" in msgs[unknown["id"]].content
+    assert "malformed" in msgs[bad_args["id"]].content and "symbol" in msgs[bad_args["id"]].content
+    assert "JSON decode error" in msgs["bad_json"].content  # and the loop went back to the model
+    assert out["messages"][-1].content == "done"
+    assert guard.ledger(out).spent == 0 and guard.ledger(out).reserved == 0
+    assert all(r.charged == 0 for r in sink.records) and len(sink.records) == 3
+
+
+def test_tool_registered_in_market_but_not_in_agent_is_not_charged():
+    guard = BudgetGuard(AcceptAll(), market(get_quote=1, ghost=2), 50)
+    g = call("ghost")
+    agent = create_agent(scripted([ai(g), AIMessage("x")]), [get_quote], middleware=[guard.middleware()])
+    out = agent.invoke({"messages": [("user", "x")]})
+    assert tool_messages(out)[g["id"]].status == "error"
+    assert guard.ledger(out).spent == 0 and guard.ledger(out).reserved == 0
+
+
+def test_enforce_false_records_overspend():
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(), 10, enforce=False, log_sink=sink)
+    _, out = run_agent(guard, [ai(call("get_quote", symbol="A"), call("search_news", topic="t")), AIMessage("x")])
+    ledger = guard.ledger(out)
+    assert ledger.spent == 17 and ledger.overspent == 7
+    assert all(not r.enforce for r in sink.records)
+
+
+def test_market_update_applies_from_next_decision_and_hooks_shape_the_prompt():
+    class Hider(Oracle):
+        def visible_tools(self, market, episode_id):
+            return [n for n in market.names if n != "flaky"]
+
+        def prompt_notes(self, market, episode_id, spent, remaining):
+            return f"remaining={remaining:g}"
+
+        def result_note(self, outcome):
+            return f"[spent {outcome.spent:g}]"
+
+    guard = BudgetGuard(Hider(), market(), 50)
+    q1, q2 = call("get_quote", symbol="A"), call("get_quote", symbol="B")
+
+    class Bump(AcceptAll):
+        pass
+
+    model = scripted([ai(q1), ai(q2), AIMessage("x")])
+    agent = create_agent(model, TOOLS, middleware=[guard.middleware()])
+    config = {"configurable": {"thread_id": "t-upd"}}
+    agent = create_agent(model, TOOLS, middleware=[guard.middleware()], checkpointer=InMemorySaver(),
+                         interrupt_after=["tools"])
+    agent.invoke({"messages": [("user", "x")]}, config)
+    guard.update_market(lambda m: m.with_price("get_quote", 30))
+    out = agent.invoke(None, config)
+    ledger = guard.ledger(out)
+    assert [e.amount for e in ledger] == [12, 30]
+    assert [e.market_version for e in ledger] == [0, 1]
+    assert all("flaky" not in names for names in model.bound)
+    assert tool_messages(out)[q1["id"]].content.endswith("[spent 12]")
+
+
+def test_hand_built_state_graph_and_guard_react_agent():
+    guard = BudgetGuard(AcceptAll(), market(), 13)
+    a, b = call("get_quote", symbol="A"), call("search_news", topic="t")
+    model = scripted([ai(a, b), AIMessage("done")])
+
+    def agent_node(state):
+        return {"messages": [model.invoke(state["messages"])]}
+
+    g = StateGraph(GuardState)
+    g.add_node("agent", agent_node)
+    g.add_node("guard", guard.node())
+    g.add_node("tools", guard.tool_node(TOOLS))
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", lambda s: "guard" if s["messages"][-1].tool_calls else END, ["guard", END])
+    g.add_conditional_edges("guard", guard.route, ["tools", "agent", END])
+    g.add_edge("tools", "agent")
+    out = g.compile().invoke({"messages": [("user", "x")]})
+    assert guard.ledger(out).spent == 12 and tool_messages(out)[b["id"]].status == "error"
+
+    c, d = call("get_quote", symbol="A"), call("search_news", topic="t")
+    app = guard_react_agent(scripted([ai(c, d), AIMessage("fin")]), TOOLS, market=market(), budget=13)
+    out = app.invoke({"messages": [("user", "x")]})
+    assert out["messages"][-1].content == "fin"
+    assert app.guard.ledger(out).spent == 12
+
+
+def test_sqlite_checkpointer_resume_in_a_new_process_knows_the_spend(tmp_path):
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    db = str(tmp_path / "ckpt.sqlite")
+    config = {"configurable": {"thread_id": "resume-1"}}
+    a, b = call("get_quote", symbol="A"), call("get_quote", symbol="B")
+    script = [ai(a), ai(b), AIMessage("done")]
+    with SqliteSaver.from_conn_string(db) as saver:
+        guard1 = BudgetGuard(AcceptAll(), market(), 20)
+        agent1 = create_agent(scripted(script), TOOLS, middleware=[guard1.middleware()], checkpointer=saver,
+                              interrupt_after=["tools"])
+        agent1.invoke({"messages": [("user", "x")]}, config)
+        assert guard1.ledger(agent1.get_state(config).values).spent == 12
+    # "new process": a fresh guard and agent on the same database
+    with SqliteSaver.from_conn_string(db) as saver:
+        guard2 = BudgetGuard(AcceptAll(), market(), 20)
+        agent2 = create_agent(scripted([*script[1:], AIMessage("again")]), TOOLS, middleware=[guard2.middleware()], checkpointer=saver)
+        state = agent2.get_state(config).values
+        assert guard2.ledger(state).spent == 12 and guard2.ledger(state).remaining == 8
+        out = agent2.invoke(None, config)
+        assert tool_messages(out)[b["id"]].status == "error"  # 12 more does not fit in 8
+        assert guard2.ledger(out).spent == 12
+        # replaying the whole thread from its first checkpoint never charges a call twice
+        history = list(agent2.get_state_history(config))
+        first_tools = [h for h in history if h.next == ("tools",)]
+        assert first_tools
+        replay = agent2.invoke(None, first_tools[-1].config)
+        assert guard2.ledger(replay).spent == 12
+
+
+def test_jsonl_logs_roundtrip_and_line_numbers(tmp_path):
+    path = tmp_path / "log.jsonl"
+    guard = BudgetGuard(AcceptAll(), market(), 20, log_sink=JsonlLogSink(path))
+    run_agent(guard, [ai(call("get_quote", symbol="A"), call("get_quote", symbol="B")), AIMessage("x")])
+    records = list(read_log(path))
+    assert [r.decision for r in sorted(records, key=lambda r: r.charged)] == ["reject", "accept"]
+    assert records[0].query == "get quotes"
+    with open(path, "a") as fh:
+        fh.write("{broken\n")
+        fh.write('{"schema_version": 1}\n')
+    with pytest.raises(LogFormatError, match=r"log.jsonl:3: not valid JSON"):
+        list(read_log(path))
+
+
+def test_constructor_rejects_bad_input():
+    with pytest.raises(TypeError, match="decide"):
+        BudgetGuard(object(), market(), 10)
+    with pytest.raises(TypeError, match="intent.Market"):
+        BudgetGuard(AcceptAll(), {"a": 1}, 10)
+    with pytest.raises(ValueError, match="budget"):
+        BudgetGuard(AcceptAll(), market(), float("nan"))
+    assert LEDGER_KEY == "intent_ledger"
