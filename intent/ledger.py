@@ -74,8 +74,19 @@ class BudgetLedger:
     ) -> None:
         self._budget = check_amount(budget, "budget")
         self._allow_overspend = bool(allow_overspend)
-        self._entries: dict[str, LedgerEntry] = dict(entries or {})
+        self._entries: dict[str, LedgerEntry] = {}
+        # Running totals per status, so that spent/remaining are O(1) on the hot path.
+        self._totals: dict[str, float] = {"reserved": 0.0, "committed": 0.0, "released": 0.0}
         self._lock = threading.RLock()
+        for entry in (entries or {}).values():
+            self._put(entry)
+
+    def _put(self, entry: LedgerEntry) -> None:
+        old = self._entries.get(entry.call_id)
+        if old is not None:
+            self._totals[old.status] -= old.amount
+        self._entries[entry.call_id] = entry
+        self._totals[entry.status] += entry.amount
 
     # ------------------------------------------------------------------ totals
     @property
@@ -87,7 +98,7 @@ class BudgetLedger:
         return self._allow_overspend
 
     def _sum(self, status: str) -> float:
-        return sum(e.amount for e in self._entries.values() if e.status == status)
+        return self._totals[status]
 
     @property
     def spent(self) -> float:
@@ -145,7 +156,7 @@ class BudgetLedger:
                     f"of the budget {self._budget:g} is left"
                 )
             entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version)
-            self._entries[call_id] = entry
+            self._put(entry)
             return entry
 
     def commit(self, call_id: str) -> LedgerEntry:
@@ -159,7 +170,7 @@ class BudgetLedger:
             if entry.status == "committed":
                 return entry
             entry = _with_status(entry, "committed")
-            self._entries[call_id] = entry
+            self._put(entry)
             return entry
 
     def release(self, call_id: str) -> LedgerEntry | None:
@@ -169,16 +180,17 @@ class BudgetLedger:
             if entry is None or entry.status != "reserved":
                 return entry
             entry = _with_status(entry, "released")
-            self._entries[call_id] = entry
+            self._put(entry)
             return entry
 
     def absorb(self, state: Mapping[str, Any]) -> None:
         """Merge entries from a serialised ledger; statuses only move forward."""
         with self._lock:
+            entries = self._entries
             for cid, raw in (state.get("entries") or {}).items():
-                old = self._entries.get(cid)
-                if old is None or _RANK[raw["status"]] > _RANK[old.status]:
-                    self._entries[cid] = LedgerEntry(**raw)
+                old = entries.get(cid)
+                if old is None or (old.status != raw["status"] and _RANK[raw["status"]] > _RANK[old.status]):
+                    self._put(LedgerEntry(**raw))
 
     # ---------------------------------------------------------- serialisation
     def to_state(self) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""The benchmark: markets, tool environments, agents, judges, metrics, runner and reports."""

@@ -1,0 +1,151 @@
+"""The guard's own cost per tool call: the same scripted agent with and without the guard.
+
+``python -m eval.bench_guard [--calls 20] [--episodes 20] [--repeats 5] [--json PATH]``
+
+Three arms run in this one process, interleaved, with the AcceptAll oracle, a scripted chat
+model (simulated) and a tool that returns at once:
+
+* ``plain``: ``create_agent`` with no middleware;
+* ``noop_hooks``: a middleware with the same hooks as the guard that do nothing (an
+  ``after_model`` node, ``wrap_model_call``, a ``wrap_tool_call`` returning a ``Command``):
+  the price of LangChain's middleware plumbing itself;
+* ``guarded``: ``BudgetGuard(AcceptAll(), ...).middleware()``.
+
+``guard_own_ms_per_call`` = guarded - noop_hooks is what the guard's code adds inside that
+plumbing; ``added_ms_per_call`` = guarded - plain is what a user pays in total. A last figure
+times the guard's code with no graph at all (gate + charge on a prepared state).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
+from langgraph.types import Command
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import StructuredTool
+
+from intent import AcceptAll, BudgetGuard, Market, PricedTool
+from intent.guard import LEDGER_KEY
+
+
+class _Model(GenericFakeChatModel):
+    def bind_tools(self, tools: Any, **kwargs: Any) -> _Model:
+        return self
+
+
+def _script(calls: int) -> list[AIMessage]:
+    msgs = [AIMessage("", tool_calls=[{"name": "echo", "args": {"x": i}, "id": f"c{i}", "type": "tool_call"}])
+            for i in range(calls)]
+    return [*msgs, AIMessage("done")]
+
+
+def _echo() -> StructuredTool:
+    return StructuredTool.from_function(lambda x: str(x), name="echo", description="returns its input")
+
+
+class _NoopHooks(AgentMiddleware):
+    """The guard's hook shape, doing nothing: isolates LangChain's middleware cost."""
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        return handler(request)
+
+    def after_model(self, state: Any, runtime: Any) -> None:
+        return None
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        return Command(update={"messages": [handler(request)]})
+
+
+def _episode(calls: int, arm: str) -> float:
+    market = Market([PricedTool("echo", 1.0)])
+    middleware: list[Any] = {
+        "plain": [],
+        "noop_hooks": [_NoopHooks()],
+        "guarded": [BudgetGuard(AcceptAll(), market, float(calls)).middleware()],
+    }[arm]
+    agent = create_agent(_Model(messages=iter(_script(calls))), [_echo()], middleware=middleware)
+    agent = agent.with_config(recursion_limit=4 * calls + 10)
+    started = time.perf_counter()
+    agent.invoke({"messages": [HumanMessage("go")]})
+    return time.perf_counter() - started
+
+
+def _guard_only(calls: int) -> float:
+    """Gate + charge for ``calls`` calls, driving the guard directly (no graph)."""
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), float(calls))
+    state: dict[str, Any] = {"messages": [HumanMessage("go")], LEDGER_KEY: None}
+    started = time.perf_counter()
+    for i in range(calls):
+        ai = AIMessage("", tool_calls=[{"name": "echo", "args": {"x": i}, "id": f"c{i}", "type": "tool_call"}])
+        state["messages"].append(ai)
+        update = guard.gate(state) or {}
+        state[LEDGER_KEY] = update.get(LEDGER_KEY, state[LEDGER_KEY]) if i == 0 else state[LEDGER_KEY]
+        if i:
+            state[LEDGER_KEY]["entries"].update(update.get(LEDGER_KEY, {}).get("entries", {}))
+        req = ToolCallRequest(tool_call=ai.tool_calls[0], tool=_ECHO, state=state, runtime=None)
+        guard.wrap_tool_call(req, lambda r: ToolMessage(str(i), tool_call_id=f"c{i}", name="echo"))
+        state["messages"].append(ToolMessage(str(i), tool_call_id=f"c{i}"))
+    return time.perf_counter() - started
+
+
+_ECHO = _echo()
+
+
+ARMS = ("plain", "noop_hooks", "guarded")
+
+
+def run(calls: int = 20, episodes: int = 20, repeats: int = 5) -> dict[str, float]:
+    from tqdm import tqdm
+
+    for arm in ARMS:
+        _episode(5, arm)  # warm up imports and caches
+    times: dict[str, list[float]] = {arm: [] for arm in (*ARMS, "direct")}
+    for _ in tqdm(range(repeats), desc="repeats", leave=False):
+        for arm in ARMS:  # interleaved, so drift hits every arm alike
+            times[arm].append(sum(_episode(calls, arm) for _ in range(episodes)))
+        times["direct"].append(sum(_guard_only(calls) for _ in range(episodes)))
+    n = calls * episodes
+    ms = {arm: 1000 * statistics.median(v) / n for arm, v in times.items()}
+    return {
+        "calls_per_episode": calls,
+        "episodes": episodes,
+        "repeats": repeats,
+        "plain_ms_per_call": ms["plain"],
+        "noop_hooks_ms_per_call": ms["noop_hooks"],
+        "guarded_ms_per_call": ms["guarded"],
+        "added_ms_per_call": ms["guarded"] - ms["plain"],
+        "guard_own_ms_per_call": ms["guarded"] - ms["noop_hooks"],
+        "guard_code_only_ms_per_call": ms["direct"],
+        "ratio_guarded_to_plain": ms["guarded"] / ms["plain"],
+        "ratio_guarded_to_noop_hooks": ms["guarded"] / ms["noop_hooks"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20, help="tool calls per episode (a B=50 task has ~5-10)")
+    parser.add_argument("--episodes", type=int, default=20, help="episodes per arm and repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    result = run(args.calls, args.episodes, args.repeats)
+    print("Guard overhead per tool call (AcceptAll oracle, scripted model: simulated; same run, median of repeats)")
+    for k, v in result.items():
+        print(f"  {k:28s} {v:.4f}" if isinstance(v, float) else f"  {k:28s} {v}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

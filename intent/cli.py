@@ -1,0 +1,50 @@
+"""The ``intent`` command line: ``intent demo`` (and the subcommands added by later modules)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from intent.demo import run_demo
+
+    run_demo(budget=args.budget)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="intent", description="Budget planning for LLM agents.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="a scripted agent with priced tools under the guard (simulated)")
+    demo.add_argument("--budget", type=float, default=50.0, help="the money budget (default 50)")
+    demo.set_defaults(func=_demo)
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions():  # noqa: ANN202 - subcommands that live in other packages register here
+    registrars = []
+    try:
+        from eval.cli import register as register_bench
+    except ImportError:
+        pass
+    else:
+        registrars.append(register_bench)
+    return registrars
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"intent {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
