@@ -528,7 +528,8 @@ class BudgetGuard:
         episode_id = self._episode_id(state, config)
         ledger = self.ledger(state)
         return self._call_hook(
-            "prompt_notes", self.market_for(episode_id, channel), episode_id, ledger.spent, ledger.remaining
+            "prompt_notes", self.market_for(episode_id, channel), episode_id, ledger.spent, ledger.remaining,
+            ledger.budget,
         )
 
     # =============================================================== adapters

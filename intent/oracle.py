@@ -203,7 +203,9 @@ class Oracle:
         """Names of the tools the agent may see now; ``None`` means all of them."""
         return None
 
-    def prompt_notes(self, market: Market, episode_id: str, spent: float, remaining: float) -> str | None:
+    def prompt_notes(
+        self, market: Market, episode_id: str, spent: float, remaining: float, budget: float
+    ) -> str | None:
         """Extra text for the agent's system prompt (prices, quotas, guidelines)."""
         return None
 

@@ -140,7 +140,7 @@ def test_market_update_applies_from_next_decision_and_hooks_shape_the_prompt():
         def visible_tools(self, market, episode_id):
             return [n for n in market.names if n != "flaky"]
 
-        def prompt_notes(self, market, episode_id, spent, remaining):
+        def prompt_notes(self, market, episode_id, spent, remaining, budget):
             return f"remaining={remaining:g}"
 
         def result_note(self, outcome):

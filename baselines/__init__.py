@@ -1,0 +1,1 @@
+"""Baseline oracles that plug into the same BudgetGuard: Raw, Prompt, BTP, BATS, DFSDT."""

@@ -1,0 +1,41 @@
+"""Prompt: prices in the prompt, a budget status line after every tool result, no gate.
+
+For the benchmark it runs with ``enforce=False`` (a soft baseline). With the guard's hard
+gate on (``enforce=True``) it is the production "tracker": the agent sees prices and its
+budget, and the guard still refuses what does not fit.
+"""
+
+from __future__ import annotations
+
+from intent import feedback as fb
+from intent.market import Market
+from intent.oracle import Decision, DecisionContext, Oracle, Outcome
+
+
+def price_list(market: Market) -> str:
+    """The tool price block shown to the agent (one ``- name: price`` line per tool)."""
+    lines = [f"- {t.name}: {t.price:g}" for t in market.tools if t.name not in market.banned]
+    return "Tool prices (cost per call):\n" + "\n".join(lines)
+
+
+class PromptOracle(Oracle):
+    name = "prompt"
+    enforce = False
+
+    def __init__(self) -> None:
+        self._budgets: dict[str, float] = {}
+
+    def decide(self, ctx: DecisionContext) -> Decision:
+        self._budgets[ctx.episode_id] = ctx.budget
+        return Decision.accepted()
+
+    def prompt_notes(self, market: Market, episode_id: str, spent: float, remaining: float, budget: float) -> str:
+        self._budgets[episode_id] = budget
+        return (
+            f"You have a hard budget of {budget:g} for tool calls in this task; every call is charged its price.\n"
+            f"{price_list(market)}\n{fb.budget_status(spent, remaining, budget)}"
+        )
+
+    def result_note(self, outcome: Outcome) -> str:
+        budget = self._budgets.get(outcome.episode_id, outcome.spent + outcome.remaining)
+        return fb.budget_status(outcome.spent, max(0.0, budget - outcome.spent), budget)

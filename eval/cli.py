@@ -1,0 +1,53 @@
+"""``intent bench``: run methods on a benchmark market and print the comparison table."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from eval.report import markdown_table
+    from eval.runner import BenchConfig, run_benchmark
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    options: dict[str, Any] = {}
+    if args.base_url:
+        options["base_url"] = args.base_url
+    if args.stb_path:
+        options["stb_path"] = args.stb_path
+    if args.groups:
+        options["groups"] = [g.strip() for g in args.groups.split(",")]
+    config = BenchConfig(market=args.market, methods=methods, agent=args.agent, tasks=args.tasks,
+                         workers=args.workers, seed=args.seed, out=args.out, reference=args.reference,
+                         event_rate=args.event_rate, budget=args.budget, options=options)
+    summary = run_benchmark(config, progress=not args.no_progress)
+    console = Console(width=140)
+    cfg = summary["config"]
+    console.print(f"[bold]{cfg['market']}[/bold]: {cfg['market_label']}; agent: {cfg['agent_label']}; "
+                  f"judge: {cfg['judge']}")
+    console.print(markdown_table(summary), markup=False)
+    console.print(f"results: {args.out}/results.json, {args.out}/results.md; logs: {args.out}/logs.jsonl")
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bench", help="compare methods on the synthetic market or cost-augmented StableToolBench")
+    p.add_argument("--market", choices=["synthetic", "stabletoolbench"], default="synthetic")
+    p.add_argument("--methods", default="raw,prompt,tracker", help="comma-separated method names")
+    p.add_argument("--agent", default="sim",
+                   help="'sim' (simulated agent) or a LangChain chat model spec such as openai:gpt-4.1-mini")
+    p.add_argument("--base-url", help="OpenAI-compatible endpoint for --agent (vLLM, llama.cpp server)")
+    p.add_argument("--tasks", type=int, default=200, help="number of tasks (synthetic) or a cap (StableToolBench)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/bench")
+    p.add_argument("--reference", default="prompt", help="the method WR is measured against")
+    p.add_argument("--event-rate", type=float, default=0.0, help="share of synthetic tasks with market events")
+    p.add_argument("--budget", type=float, default=None, help="override every task's budget")
+    p.add_argument("--stb-path", help="StableToolBench data root (default ../shared/stabletoolbench)")
+    p.add_argument("--groups", help="StableToolBench groups, comma-separated (default: all six)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_bench)

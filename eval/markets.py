@@ -1,0 +1,143 @@
+"""Benchmark markets behind one small interface, so the runner does not care which one it runs.
+
+A :class:`BenchMarket` lists tasks and turns one into an :class:`EpisodeEnv`: the priced
+market, LangChain tools bound to a (simulated) environment, what the simulated agent knows
+about the task, the ground truth where there is one, and the judge.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from langchain_core.tools import BaseTool, StructuredTool
+
+from eval.agents.simulated import NeedView, TaskView
+from intent.market import Market
+
+__all__ = ["BenchMarket", "EpisodeEnv", "SyntheticBenchMarket", "tier_from_description"]
+
+
+@dataclass
+class EpisodeEnv:
+    task_id: str
+    group: str
+    query: str
+    budget: float
+    market: Market
+    tools: list[BaseTool]
+    view: TaskView
+    solvable: bool | None
+    judge: Callable[[str | None], float]
+    environment: str
+    # Called by the runner after every executed call with the market now in force
+    # (CostBench-style events); None when the market is static.
+    market_now: Callable[[], Market] | None = None
+    relevant: frozenset[str] = field(default_factory=frozenset)
+
+
+class BenchMarket(Protocol):
+    name: str
+    label: str
+
+    def tasks(self) -> Sequence[Any]: ...
+
+    def task_id(self, task: Any) -> str: ...
+
+    def episode(self, task: Any, seed: int) -> EpisodeEnv: ...
+
+
+def tier_from_description(description: str) -> str:
+    """How an agent reads a provider's tier off its description (no hidden information)."""
+    d = description.lower()
+    if "bundle" in d:
+        return "composite"
+    if "premium" in d:
+        return "premium"
+    if "standard" in d:
+        return "mid"
+    if "community" in d or "cheap" in d:
+        return "cheap"
+    return "unknown"
+
+
+class SyntheticBenchMarket:
+    """The built-in default: ``eval.synthetic`` tasks with exact ground truth (simulated)."""
+
+    name = "synthetic"
+
+    def __init__(self, n: int, seed: int, *, event_rate: float = 0.0, budget: int | None = None,
+                 budget_scale: float = 1.0) -> None:
+        from eval.synthetic import SIMULATED_LABEL, generate_tasks
+
+        self.label = SIMULATED_LABEL
+        self._tasks = generate_tasks(n, seed, event_rate=event_rate, budget=budget, budget_scale=budget_scale)
+        self._solvable: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def tasks(self) -> Sequence[Any]:
+        return self._tasks
+
+    def task_id(self, task: Any) -> str:
+        return str(task.task_id)
+
+    def solvable(self, task: Any) -> bool:
+        from eval.synthetic import optimal_plan
+
+        with self._lock:
+            if task.task_id not in self._solvable:
+                self._solvable[task.task_id] = bool(optimal_plan(task).solvable)
+            return self._solvable[task.task_id]
+
+    def episode(self, task: Any, seed: int) -> EpisodeEnv:
+        from eval.synthetic import ENVIRONMENT_LABEL, SyntheticEnvironment, judge
+
+        env = SyntheticEnvironment(task, seed)
+        lock = threading.Lock()  # parallel tool calls share one environment
+
+        def make_tool(spec: Any) -> StructuredTool:
+            keys = sorted({k for nid in spec.covers for k in task.need(nid).arg_keys})
+            schema = {
+                "title": spec.name,
+                "type": "object",
+                "properties": {k: {"type": "string", "description": k} for k in keys},
+                "required": keys,
+            }
+
+            def run(**kwargs: Any) -> str:
+                with lock:
+                    return env.call(spec.name, kwargs).text
+
+            return StructuredTool.from_function(run, name=spec.name, description=spec.description,
+                                                args_schema=schema)
+
+        def market_now() -> Market:
+            with lock:
+                return env.market
+
+        needs = tuple(
+            NeedView(n.id, n.description, dict(task.canonical_args[n.id]), tuple(s.name for s in task.providers(n.id)))
+            for n in task.needs
+        )
+        view = TaskView(
+            task_id=task.task_id,
+            query=task.query,
+            needs=needs,
+            covers={s.name: frozenset(s.covers) for s in task.tools},
+            tiers={s.name: tier_from_description(s.description) for s in task.tools},
+        )
+        return EpisodeEnv(
+            task_id=task.task_id,
+            group=f"{len(task.needs)}-need",
+            query=task.query,
+            budget=float(task.budget),
+            market=task.market(),
+            tools=[make_tool(s) for s in task.tools],
+            view=view,
+            solvable=self.solvable(task),
+            judge=lambda answer: float(judge(env.truth, bool(answer))),
+            environment=ENVIRONMENT_LABEL,
+            market_now=market_now if task.events else None,
+        )

@@ -1,0 +1,106 @@
+"""Benchmark metrics, following the INTENT paper (section 4.1) with every choice written down.
+
+Per method, over its episodes:
+
+* **PR** pass rate: mean of ``passed * 1[cost <= B]`` x 100 (a solution must be feasible; a
+  judge's Unsure counts 0.5). Missing answers count as failures.
+* **OR** budget-optimal pass rate: tasks solved (as in PR) *among the tasks that are solvable
+  under the budget*, divided by the number of solvable tasks, x 100. Only defined where the
+  market knows solvability (synthetic: exact search; otherwise ``None``). Counting only solved
+  tasks that are solvable keeps OR <= 100 even when an agent gets lucky on an unsolvable task.
+* **WR** win rate against a named reference method, x 100: a task is a win when the method's
+  (score, -cost) is strictly better than the reference's on the same task and seed; ties are
+  not wins (as in StableToolBench's SoWR, which reports ties separately).
+* **FR** feasible rate: share of tasks with cost <= budget, x 100.
+* **AC** average cost per task; **AP** average price per executed call (all calls pooled).
+* **time_ratio**: the method's end-to-end wall time over Raw's, both measured in this run with
+  the same worker count; **latency_ratio**: mean per-task wall time (under that concurrency)
+  over Raw's; **token_ratio**: agent + oracle tokens over Raw's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from eval.results import EpisodeResult
+
+__all__ = ["compute_metrics", "group_pass_rates"]
+
+
+def _pct(x: float) -> float:
+    return round(100.0 * x, 2)
+
+
+def compute_metrics(
+    results: Iterable[EpisodeResult],
+    *,
+    reference: str | None = "prompt",
+    ratio_base: str = "raw",
+    e2e_seconds: Mapping[str, float] | None = None,
+) -> dict[str, dict[str, Any]]:
+    by_method: dict[str, list[EpisodeResult]] = defaultdict(list)
+    for r in results:
+        by_method[r.method].append(r)
+    ref_index = {(r.task_id, r.seed): r for r in by_method.get(reference or "", [])}
+    out: dict[str, dict[str, Any]] = {}
+    for method, rs in by_method.items():
+        n = len(rs)
+        solvable = [r for r in rs if r.solvable]
+        known = any(r.solvable is not None for r in rs)
+        calls = sum(r.n_calls for r in rs)
+        wins = 0
+        compared = 0
+        for r in rs:
+            ref = ref_index.get((r.task_id, r.seed))
+            if ref is None:
+                continue
+            compared += 1
+            wins += (r.score, -r.cost) > (ref.score, -ref.cost)
+        latencies = [r.wall_s for r in rs]
+        decisions = [d for r in rs for d in r.decision_ms]
+        out[method] = {
+            "n": n,
+            "PR": _pct(sum(r.score for r in rs) / n) if n else None,
+            "OR": _pct(sum(r.score for r in solvable) / len(solvable)) if known and solvable else None,
+            "WR": _pct(wins / compared) if compared and method != reference else None,
+            "FR": _pct(sum(r.feasible for r in rs) / n) if n else None,
+            "AC": round(sum(r.cost for r in rs) / n, 3) if n else None,
+            "AP": round(sum(r.price_sum for r in rs) / calls, 3) if calls else None,
+            "e2e_s": round((e2e_seconds or {}).get(method, sum(latencies)), 4),
+            "latency_s": round(statistics.fmean(latencies), 5) if latencies else None,
+            "tokens": sum(r.agent_tokens + r.oracle_tokens for r in rs),
+            "oracle_tokens": sum(r.oracle_tokens for r in rs),
+            "calls_per_task": round(calls / n, 3) if n else None,
+            "rejections_per_task": round(sum(r.n_rejected for r in rs) / n, 3) if n else None,
+            "oracle_errors": sum(r.oracle_errors for r in rs),
+            "decision_ms_mean": round(statistics.fmean(decisions), 4) if decisions else None,
+            "decision_ms_p95": round(_quantile(decisions, 0.95), 4) if decisions else None,
+            "overspend_tasks": sum(not r.feasible for r in rs),
+            "episode_errors": sum(bool(r.error) for r in rs),
+        }
+    base = out.get(ratio_base)
+    for m in out.values():
+        for key, src in (("time_ratio", "e2e_s"), ("latency_ratio", "latency_s"), ("token_ratio", "tokens")):
+            b = base.get(src) if base else None
+            m[key] = round(m[src] / b, 3) if b else None
+    return out
+
+
+def group_pass_rates(results: Iterable[EpisodeResult]) -> dict[str, dict[str, float]]:
+    """PR per (method, group), e.g. StableToolBench's six groups."""
+    acc: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        acc[r.method][r.group or "all"].append(r.score)
+    return {m: {g: _pct(sum(v) / len(v)) for g, v in sorted(gs.items())} for m, gs in acc.items()}
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return 0.0
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)

@@ -1,0 +1,45 @@
+"""results.json -> results.md: the comparison table, with what produced each number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    ("PR", "PR"), ("OR", "OR"), ("WR", "WR"), ("FR", "FR"), ("AC", "AC"), ("AP", "AP"),
+    ("time_ratio", "Time×"), ("latency_ratio", "Lat.×"), ("token_ratio", "Tok.×"), ("n", "n"),
+)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    head = "| method | " + " | ".join(label for _, label in COLUMNS) + " |"
+    sep = "|---|" + "---:|" * len(COLUMNS)
+    rows = [f"| {m} | " + " | ".join(_fmt(v.get(k)) for k, _ in COLUMNS) + " |"
+            for m, v in summary["methods"].items()]
+    return "\n".join([head, sep, *rows])
+
+
+def write_reports(summary: dict[str, Any], out: Path) -> str:
+    cfg = summary["config"]
+    text = "\n".join([
+        f"# Benchmark: {cfg['market']} ({cfg['tasks']} tasks, seed {cfg['seed']}, {cfg['workers']} workers)",
+        "",
+        f"- market: {cfg['market_label']}",
+        f"- agent: {cfg['agent_label']}",
+        f"- judge: {cfg['judge']}",
+        f"- WR reference: {cfg['reference']}; Time/Lat./Tok. are ratios to `raw` measured in this run",
+        "- PR, OR, WR, FR in percent; AC = average cost per task; AP = average price per executed call",
+        "",
+        markdown_table(summary),
+        "",
+    ])
+    (out / "results.md").write_text(text)
+    return text

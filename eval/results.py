@@ -1,0 +1,107 @@
+"""Per-episode results on disk: appended one JSON line at a time, so a run resumes.
+
+A crash can at worst tear the last line; :meth:`ResultStore.load` drops only a torn
+*final* line (and says so) and refuses a torn line in the middle, so partial results are
+never silently corrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EpisodeResult", "ResultStore", "ResultsFormatError"]
+
+RESULT_SCHEMA = 1
+
+
+class ResultsFormatError(ValueError):
+    """A results file is corrupt in a way that resuming cannot repair."""
+
+
+@dataclass
+class EpisodeResult:
+    """What one method did on one task."""
+
+    method: str
+    task_id: str
+    seed: int
+    group: str = ""
+    passed: float = 0.0  # judge score in [0, 1] before the budget check (0.5 = Unsure)
+    answered: bool = False
+    solvable: bool | None = None  # None: the market has no budget-optimal ground truth
+    budget: float = 0.0
+    cost: float = 0.0
+    n_calls: int = 0  # executed (charged) calls
+    price_sum: float = 0.0  # sum of the prices of executed calls (for AP)
+    n_rejected: int = 0
+    n_invalid: int = 0
+    oracle_errors: int = 0
+    wall_s: float = 0.0
+    agent_tokens: int = 0
+    oracle_tokens: int = 0
+    decision_ms: list[float] = field(default_factory=list)
+    error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema: int = RESULT_SCHEMA
+
+    @property
+    def feasible(self) -> bool:
+        return self.cost <= self.budget + 1e-9
+
+    @property
+    def score(self) -> float:
+        """The paper's reward: judged quality times 1[total cost <= B]."""
+        return self.passed if self.feasible else 0.0
+
+
+class ResultStore:
+    """``episodes.jsonl`` in a run directory: append, load, and what is already done."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.dropped_torn_tail = False
+
+    def append(self, result: EpisodeResult) -> None:
+        line = json.dumps(asdict(result), sort_keys=True) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def load(self) -> list[EpisodeResult]:
+        if not self.path.exists():
+            return []
+        raw = self.path.read_text(encoding="utf-8")
+        lines = raw.split("\n")
+        results: list[EpisodeResult] = []
+        for i, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if i == len(lines) or (i == len(lines) - 1 and not lines[-1]):
+                    self._truncate_torn_tail(raw, line)
+                    continue
+                raise ResultsFormatError(f"{self.path}:{i}: corrupt line ({exc.msg}); move the file away to restart") from exc
+            if data.get("schema") != RESULT_SCHEMA:
+                raise ResultsFormatError(f"{self.path}:{i}: result schema {data.get('schema')!r} != {RESULT_SCHEMA}")
+            results.append(EpisodeResult(**data))
+        return results
+
+    def _truncate_torn_tail(self, raw: str, torn: str) -> None:
+        # Remove the torn final line so that the next append starts on a clean line.
+        keep = raw[: raw.rfind(torn)]
+        with self._lock:
+            self.path.write_text(keep, encoding="utf-8")
+        self.dropped_torn_tail = True
+
+    def done(self) -> set[tuple[str, str, int]]:
+        return {(r.method, r.task_id, r.seed) for r in self.load() if not r.error}

@@ -1,0 +1,243 @@
+"""Run methods over a market's tasks: every episode goes through ``create_agent`` + ``BudgetGuard``.
+
+``run_benchmark(config)`` runs the methods one after another (each over all tasks, with a
+thread pool of ``workers``), appends one :class:`EpisodeResult` per episode to
+``episodes.jsonl`` (so an interrupted run resumes where it stopped), writes the guard's
+interaction logs to ``logs.jsonl`` (``intent.logs`` schema, for training), and finally
+``results.json`` and ``results.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
+from langchain_core.messages import AIMessage, ToolMessage
+
+from eval.markets import BenchMarket, EpisodeEnv
+from eval.methods import MethodContext, MethodSpec, get_method
+from eval.results import EpisodeResult, ResultStore
+from intent.guard import BudgetGuard
+from intent.logs import FanoutLogSink, JsonlLogSink, LogSink, MemoryLogSink
+
+__all__ = ["BenchConfig", "run_benchmark", "run_episode"]
+
+AgentFactory = Callable[[EpisodeEnv, int], Any]
+
+
+@dataclass
+class BenchConfig:
+    market: str = "synthetic"
+    methods: Sequence[str] = ("raw", "prompt")
+    agent: str = "sim"
+    tasks: int = 100
+    workers: int = 2
+    seed: int = 0
+    out: str = "runs/bench"
+    reference: str = "prompt"
+    event_rate: float = 0.0
+    budget: float | None = None
+    budget_scale: float = 1.0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class _MarketEvents(AgentMiddleware):
+    """Applies CostBench-style market events to the guard's view of this episode."""
+
+    def __init__(self, guard: BudgetGuard, episode_id: str, market_now: Callable[[], Any]) -> None:
+        super().__init__()
+        self.guard, self.episode_id, self.market_now = guard, episode_id, market_now
+
+    def before_model(self, state: Any, runtime: Any) -> None:
+        now = self.market_now()
+        if now.version != self.guard.market_for(self.episode_id).version:
+            self.guard.update_episode_market(self.episode_id, now)
+        return None
+
+
+def run_episode(
+    spec: MethodSpec,
+    env: EpisodeEnv,
+    seed: int,
+    agent_factory: AgentFactory,
+    *,
+    log_sink: LogSink | None = None,
+    options: dict[str, Any] | None = None,
+) -> EpisodeResult:
+    episode_id = f"{spec.name}:{env.task_id}:{seed}"
+    records = MemoryLogSink()
+    oracle = spec.build(MethodContext(env=env, seed=seed, options=dict(options or {})))
+    guard = BudgetGuard(oracle, env.market, env.budget, enforce=spec.enforce,
+                        log_sink=FanoutLogSink([records, log_sink]) if log_sink else records)
+    middleware: list[Any] = [guard.middleware()]
+    if env.market_now is not None:
+        middleware.insert(0, _MarketEvents(guard, episode_id, env.market_now))
+    model = agent_factory(env, seed)
+    agent = create_agent(model, env.tools, middleware=middleware,
+                         system_prompt="You are a tool-using assistant. Answer the user's question using the tools.")
+    result = EpisodeResult(method=spec.name, task_id=env.task_id, seed=seed, group=env.group,
+                           solvable=env.solvable, budget=env.budget)
+    started = time.perf_counter()
+    try:
+        out = agent.invoke({"messages": [("user", env.query)]},
+                           {"configurable": {"thread_id": episode_id}, "recursion_limit": 200})
+    except Exception as exc:  # noqa: BLE001 - one broken episode must not stop the run
+        result.error = f"{type(exc).__name__}: {exc}"
+        result.wall_s = time.perf_counter() - started
+        return result
+    result.wall_s = time.perf_counter() - started
+    messages = out["messages"]
+    final = messages[-1] if messages and isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls else None
+    answer = str(final.content) if final is not None else None
+    ledger = guard.ledger(out)
+    result.answered = bool(answer)
+    result.passed = env.judge(answer)
+    result.cost = ledger.spent
+    executed = [r for r in records.records if r.charged > 0 or (r.decision == "accept" and r.status in ("ok", "error"))]
+    result.n_calls = len(executed)
+    result.price_sum = sum(r.charged for r in executed)
+    result.n_rejected = sum(r.decision == "reject" for r in records.records)
+    result.n_invalid = sum(r.decision == "invalid" for r in records.records)
+    result.oracle_errors = sum(r.reason == "oracle_error" for r in records.records)
+    result.decision_ms = [round(r.decision_ms, 4) for r in records.records if r.decision in ("accept", "reject")]
+    result.agent_tokens = sum((m.usage_metadata or {}).get("total_tokens", 0)
+                              for m in messages if isinstance(m, AIMessage))
+    result.oracle_tokens = int(sum(r.oracle_usage.get("tokens", 0) for r in records.records))
+    result.extra = {"tool_messages": sum(isinstance(m, ToolMessage) for m in messages),
+                    "environment": env.environment}
+    return result
+
+
+def sim_agent_factory(config: dict[str, Any] | None = None) -> AgentFactory:
+    from eval.agents.simulated import SimAgentConfig, SimulatedAgent
+
+    cfg = SimAgentConfig(**(config or {}))
+
+    def build(env: EpisodeEnv, seed: int) -> Any:
+        return SimulatedAgent(view=env.view, config=cfg, seed=seed)
+
+    return build
+
+
+def build_market(config: BenchConfig) -> BenchMarket:
+    if config.market == "synthetic":
+        from eval.markets import SyntheticBenchMarket
+
+        return SyntheticBenchMarket(config.tasks, config.seed, event_rate=config.event_rate,
+                                    budget=int(config.budget) if config.budget else None,
+                                    budget_scale=config.budget_scale)
+    if config.market == "stabletoolbench":
+        from eval.stb_market import StableToolBenchMarket
+
+        return StableToolBenchMarket.from_config(config)
+    raise ValueError(f"unknown market {config.market!r}; choose 'synthetic' or 'stabletoolbench'")
+
+
+def validate(config: BenchConfig) -> list[MethodSpec]:
+    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {config.seed!r}")
+    if config.tasks < 1:
+        raise ValueError(f"--tasks must be >= 1, got {config.tasks}")
+    if config.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {config.workers}")
+    specs = [get_method(m) for m in config.methods]
+    if "raw" not in config.methods:
+        # Ratios are to Raw measured in the same run; without it they are left empty.
+        pass
+    if config.reference and config.reference not in config.methods:
+        raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}")
+    return specs
+
+
+def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = None,
+                  progress: bool = True) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from eval.metrics import compute_metrics, group_pass_rates
+    from eval.report import write_reports
+
+    specs = validate(config)
+    if agent_factory is None:
+        if config.agent != "sim":
+            from eval.agents.chat import chat_agent_factory
+
+            agent_factory = chat_agent_factory(config.agent, config.options)
+        else:
+            agent_factory = sim_agent_factory(config.options.get("sim_agent"))
+    market = build_market(config)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_config(out, config)
+    store = ResultStore(out / "episodes.jsonl")
+    done = store.done()
+    logs = JsonlLogSink(out / "logs.jsonl")
+    timing_path = out / "timing.json"
+    timing: dict[str, float] = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    tasks = list(market.tasks())
+    for spec in specs:
+        todo = [t for t in tasks if (spec.name, market.task_id(t), config.seed) not in done]
+        if not todo:
+            continue
+        started = time.perf_counter()
+        bar = tqdm(total=len(todo), desc=f"{spec.name:>8}", disable=not progress, leave=False)
+        with ThreadPoolExecutor(max_workers=config.workers) as pool:
+            futures = [
+                pool.submit(run_episode, spec, market.episode(t, config.seed), config.seed, agent_factory,
+                            log_sink=logs, options=config.options)
+                for t in todo
+            ]
+            for fut in as_completed(futures):
+                store.append(fut.result())
+                bar.update(1)
+        bar.close()
+        timing[spec.name] = timing.get(spec.name, 0.0) + (time.perf_counter() - started)
+        _atomic_write(timing_path, json.dumps(timing, indent=2))
+    results = [r for r in store.load() if r.seed == config.seed and r.method in config.methods]
+    metrics = compute_metrics(results, reference=config.reference, e2e_seconds=timing)
+    summary = {
+        "config": {**asdict(config), "methods": list(config.methods), "market_label": market.label,
+                   "agent_label": _agent_label(config.agent), "judge": _judge_label(config.market),
+                   "workers": config.workers},
+        "methods": {m: metrics[m] for m in config.methods if m in metrics},
+        "groups": group_pass_rates(results),
+    }
+    _atomic_write(out / "results.json", json.dumps(summary, indent=2, sort_keys=False))
+    write_reports(summary, out)
+    return summary
+
+
+def _agent_label(agent: str) -> str:
+    from eval.agents.simulated import SIMULATED_AGENT_LABEL
+
+    return SIMULATED_AGENT_LABEL if agent == "sim" else f"LangChain chat model {agent}"
+
+
+def _judge_label(market: str) -> str:
+    return "exact (synthetic ground truth)" if market == "synthetic" else "proxy pass rate (not SoPR)"
+
+
+def _check_config(out: Path, config: BenchConfig) -> None:
+    """A run directory holds one task set: refuse to mix results from another config."""
+    path = out / "run_config.json"
+    key = {k: getattr(config, k) for k in ("market", "agent", "tasks", "seed", "event_rate", "budget", "budget_scale")}
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != key:
+            diff = {k: (old.get(k), v) for k, v in key.items() if old.get(k) != v}
+            raise ValueError(f"{out} holds results of another configuration {diff}; pass a new --out to start fresh")
+    else:
+        _atomic_write(path, json.dumps(key, indent=2))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
