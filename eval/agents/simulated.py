@@ -247,6 +247,8 @@ class SimulatedAgent(BaseChatModel):
             return min(cands, key=lambda t: (r.prices[t], _TIER_ORDER.index(tier[t]), t))
         weights = dict(zip(("premium", "mid", "cheap"), self.config.blind_preference))
         w = [weights.get(tier[t], 0.1) for t in cands]
+        if sum(w) <= 0:
+            return by_quality[0]
         return rng.choices(cands, weights=w)[0]
 
     def _args(self, need_ids: Sequence[str], tool: str, r: _Reading) -> dict[str, Any]:

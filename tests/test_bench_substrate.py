@@ -1,0 +1,253 @@
+"""The benchmark harness: simulated agent behaviours, metrics, resume, CLI errors, HTTP agent."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+from eval.agents.simulated import NeedView, SimAgentConfig, SimulatedAgent, TaskView, looks_successful
+from eval.metrics import compute_metrics, group_pass_rates
+from eval.results import EpisodeResult, ResultStore, ResultsFormatError
+from eval.runner import BenchConfig, run_benchmark, run_episode, sim_agent_factory
+from eval.methods import get_method
+
+NEED = NeedView("n0", "weather in Oslo", {"city": "Oslo"}, ("w_premium", "w_mid", "w_cheap"))
+NEED2 = NeedView("n1", "quote of ACME", {"symbol": "ACME"}, ("q_premium", "q_cheap"))
+VIEW = TaskView(
+    "t0", "Weather in Oslo and ACME quote?", (NEED, NEED2),
+    covers={"w_premium": frozenset({"n0"}), "w_mid": frozenset({"n0"}), "w_cheap": frozenset({"n0"}),
+            "q_premium": frozenset({"n1"}), "q_cheap": frozenset({"n1"}), "bundle": frozenset({"n0", "n1"})},
+    tiers={"w_premium": "premium", "w_mid": "mid", "w_cheap": "cheap", "q_premium": "premium", "q_cheap": "cheap",
+           "bundle": "composite"},
+)
+PRICES = "You have a hard budget of 40 for tool calls.\nTool prices (cost per call):\n" + "\n".join(
+    f"- {n}: {p}" for n, p in {"w_premium": 30, "w_mid": 12, "w_cheap": 5, "q_premium": 25, "q_cheap": 6,
+                               "bundle": 20}.items())
+
+
+def agent(**cfg) -> SimulatedAgent:
+    base = dict(myopic_first=0.0, parallel=0.0, use_composites=0.0, arg_noise=0.0, respect_budget=1.0)
+    base.update(cfg)
+    return SimulatedAgent(view=VIEW, config=SimAgentConfig(**base), seed=1)
+
+
+def first_call(model, messages):
+    return model.invoke(messages).tool_calls
+
+
+def test_success_reading():
+    assert looks_successful(NEED, '{"city": "Oslo", "forecast": "rain"}')
+    assert not looks_successful(NEED, '{"city": "Bergen", "forecast": "rain"}')  # irrelevant payload
+    assert not looks_successful(NEED, "503 Service Unavailable")
+
+
+def test_myopic_first_call_picks_premium_even_with_prices():
+    calls = first_call(agent(myopic_first=1.0), [SystemMessage(PRICES), HumanMessage("q")])
+    assert calls[0]["name"] == "w_premium"
+
+
+def test_reads_prices_when_told_and_prefers_quality_when_not():
+    told = first_call(agent(price_adherence=1.0), [SystemMessage(PRICES), HumanMessage("q")])
+    assert told[0]["name"] == "w_cheap"
+    blind = [first_call(SimulatedAgent(view=VIEW, seed=s, config=SimAgentConfig(myopic_first=0, parallel=0,
+                                                                                use_composites=0)),
+                        [HumanMessage("q")])[0]["name"] for s in range(60)]
+    assert blind.count("w_premium") > blind.count("w_cheap")
+
+
+def test_retry_loop_on_a_failing_tool_then_switch():
+    model = agent(price_adherence=1.0, retry_limit=(2, 2))
+    history = [SystemMessage(PRICES), HumanMessage("q")]
+    names = []
+    for step in range(4):
+        ai = model.invoke(history)
+        call = ai.tool_calls[0]
+        names.append(call["name"])
+        history += [ai, ToolMessage("503 Service Unavailable", tool_call_id=call["id"])]
+    assert names[:3] == ["w_cheap"] * 3 and names[3] != "w_cheap"
+
+
+def test_replans_on_guard_feedback():
+    model = agent(price_adherence=0.0, blind_preference=(1.0, 0.0, 0.0), insist=0.0)
+    history = [HumanMessage("q")]
+    ai = model.invoke(history)
+    assert ai.tool_calls[0]["name"] == "w_premium"
+    feedback = ("Budget guard: the call to w_premium was not executed and cost nothing. It costs 30 but only "
+                "10 of the budget 40 is left.")
+    history += [ai, ToolMessage(feedback, tool_call_id=ai.tool_calls[0]["id"], status="error")]
+    again = model.invoke(history)
+    assert again.tool_calls and again.tool_calls[0]["name"] not in ("w_premium",)
+    trace = ("Rejected. Predicted trace:\nstep | tool | price | p_success | expected_cost\n"
+             "1 | w_mid | 12 | 0.20 | 60\n2 | q_cheap | 6 | 0.9 | 6.7\n")
+    history2 = [HumanMessage("q"), ai, ToolMessage(trace, tool_call_id=ai.tool_calls[0]["id"], status="error")]
+    third = model.invoke(history2)
+    assert third.tool_calls[0]["name"] not in ("w_premium", "w_mid")  # low-p step avoided
+
+
+def test_answers_when_needs_met_and_counts_tokens():
+    model = agent()
+    h = [HumanMessage("q")]
+    a1 = model.invoke(h)
+    h += [a1, ToolMessage('{"city": "Oslo", "t": 3}', tool_call_id=a1.tool_calls[0]["id"])]
+    a2 = model.invoke(h)
+    h += [a2, ToolMessage('{"symbol": "ACME", "price": 3}', tool_call_id=a2.tool_calls[0]["id"])]
+    final = model.invoke(h)
+    assert not final.tool_calls and "weather in Oslo" in final.content
+    assert final.usage_metadata["total_tokens"] > 0
+
+
+def test_parallel_proposals():
+    calls = first_call(agent(parallel=1.0), [HumanMessage("q")])
+    assert len(calls) == 2
+
+
+def r(method, task, passed, cost, budget=50.0, solvable=True, calls=2, price_sum=None, wall=1.0, tokens=100, group="g"):
+    return EpisodeResult(method=method, task_id=task, seed=0, passed=passed, cost=cost, budget=budget,
+                         solvable=solvable, n_calls=calls, price_sum=cost if price_sum is None else price_sum,
+                         wall_s=wall, agent_tokens=tokens, group=group, answered=True)
+
+
+def test_metric_definitions_on_hand_made_episodes():
+    rs = [
+        r("raw", "a", 1.0, 60.0), r("raw", "b", 1.0, 20.0), r("raw", "c", 0.0, 10.0, solvable=False),
+        r("prompt", "a", 1.0, 40.0, wall=2.0, tokens=300), r("prompt", "b", 0.5, 30.0, wall=2.0, tokens=300),
+        r("prompt", "c", 0.0, 55.0, wall=2.0, tokens=300, solvable=False),
+    ]
+    m = compute_metrics(rs, reference="raw", e2e_seconds={"raw": 3.0, "prompt": 6.0})
+    raw, pr = m["raw"], m["prompt"]
+    assert raw["PR"] == pytest.approx(100 / 3, abs=0.01)  # a overspent: solved but infeasible
+    assert raw["FR"] == pytest.approx(200 / 3, abs=0.01)
+    assert raw["OR"] == 50.0  # 1 of the 2 solvable tasks
+    assert pr["PR"] == 50.0 and pr["OR"] == 75.0  # Unsure counts 0.5
+    assert pr["AC"] == pytest.approx(125 / 3, abs=1e-3) and pr["AP"] == pytest.approx(125 / 6, abs=1e-3)
+    assert pr["WR"] == pytest.approx(100 / 3, abs=0.01)  # wins a (1 vs 0 feasible); b ties lose on score 0.5<1
+    assert pr["time_ratio"] == 2.0 and pr["latency_ratio"] == 2.0 and pr["token_ratio"] == 3.0
+    assert group_pass_rates(rs)["prompt"] == {"g": 50.0}
+
+
+def test_result_store_resume_and_torn_tail(tmp_path):
+    store = ResultStore(tmp_path / "episodes.jsonl")
+    store.append(r("raw", "a", 1, 1))
+    with open(store.path, "a") as fh:
+        fh.write('{"method": "raw", "task_')  # a crash in the middle of a write
+    assert [x.task_id for x in store.load()] == ["a"] and store.dropped_torn_tail
+    store.append(r("raw", "b", 1, 1))
+    assert [x.task_id for x in store.load()] == ["a", "b"]
+    with open(store.path, "a") as fh:
+        fh.write("garbage\n" + json.dumps({"schema": 1}) + "\n")
+    with pytest.raises(ResultsFormatError, match="episodes.jsonl:3"):
+        store.load()
+
+
+def test_interrupted_run_resumes_where_it_stopped(tmp_path):
+    out = tmp_path / "run"
+    cfg = BenchConfig(tasks=12, methods=["raw", "prompt"], out=str(out), workers=2, seed=3)
+    calls = {"n": 0}
+    real = sim_agent_factory()
+
+    def crashing(env, seed):
+        calls["n"] += 1
+        if calls["n"] > 7:
+            raise KeyboardInterrupt  # the run dies after 7 episodes
+        return real(env, seed)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(cfg, agent_factory=crashing, progress=False)
+    partial = ResultStore(out / "episodes.jsonl").load()
+    assert 0 < len(partial) <= 7
+    summary = run_benchmark(cfg, progress=False)
+    final = ResultStore(out / "episodes.jsonl").load()
+    assert len(final) == 24 and len({(x.method, x.task_id) for x in final}) == 24
+    again = run_benchmark(cfg, progress=False)  # nothing left to do: same numbers
+    for key in ("PR", "OR", "FR", "AC"):
+        assert again["methods"]["prompt"][key] == summary["methods"]["prompt"][key]
+    with pytest.raises(ValueError, match="another configuration"):
+        run_benchmark(BenchConfig(tasks=13, methods=["raw"], out=str(out), reference="raw"), progress=False)
+
+
+def test_same_seed_reproduces_the_table(tmp_path):
+    a = run_benchmark(BenchConfig(tasks=20, methods=["raw", "prompt", "tracker"], out=str(tmp_path / "a")), progress=False)
+    b = run_benchmark(BenchConfig(tasks=20, methods=["raw", "prompt", "tracker"], out=str(tmp_path / "b")), progress=False)
+    for m in ("raw", "prompt", "tracker"):
+        for k in ("PR", "OR", "WR", "FR", "AC", "AP", "n"):
+            assert a["methods"][m][k] == b["methods"][m][k]
+    assert a["methods"]["tracker"]["FR"] == 100.0
+    assert a["config"]["agent_label"].startswith("simulated")
+    assert set(json.loads((tmp_path / "a" / "results.json").read_text())) == {"config", "methods", "groups"}
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(methods=["nope"]), "unknown method 'nope'"),
+    (dict(seed=-1), "--seed"),
+    (dict(market="moon"), "unknown market"),
+    (dict(reference="bats", methods=["raw"]), "--reference"),
+])
+def test_bad_configuration_is_named(tmp_path, bad, match):
+    cfg = BenchConfig(tasks=2, out=str(tmp_path / "x"), **{"methods": ["raw", "prompt"], **bad})
+    with pytest.raises(ValueError, match=match):
+        run_benchmark(cfg, progress=False)
+
+
+def test_unreachable_endpoint_fails_at_startup(tmp_path):
+    from eval.agents.chat import EndpointError
+
+    cfg = BenchConfig(tasks=2, methods=["raw", "prompt"], agent="openai:x", out=str(tmp_path / "y"),
+                      options={"base_url": "http://127.0.0.1:9/v1"})
+    with pytest.raises(EndpointError, match="cannot reach"):
+        run_benchmark(cfg, progress=False)
+
+
+class _StubOpenAI(BaseHTTPRequestHandler):
+    """A tiny OpenAI-compatible chat server: first a tool call, then an answer."""
+
+    def log_message(self, *args):  # keep test output clean
+        pass
+
+    def _send(self, payload):
+        body = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._send({"object": "list", "data": [{"id": "stub", "object": "model"}]})
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        has_tool_result = any(m.get("role") == "tool" for m in req["messages"])
+        if has_tool_result or not req.get("tools"):
+            message = {"role": "assistant", "content": "Here is the answer."}
+        else:
+            fn = req["tools"][0]["function"]
+            args = {k: "x" for k in fn["parameters"].get("required", [])}
+            message = {"role": "assistant", "content": "Calling a tool.", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": fn["name"], "arguments": json.dumps(args)}}]}
+        self._send({"id": "c1", "object": "chat.completion", "created": 0, "model": "stub",
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+
+
+def test_http_chat_model_drives_one_guarded_episode():
+    from eval.agents.chat import chat_agent_factory
+    from eval.markets import SyntheticBenchMarket
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StubOpenAI)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        factory = chat_agent_factory("openai:stub", {"base_url": base, "api_key": "k"})
+        market = SyntheticBenchMarket(1, 0)
+        env = market.episode(market.tasks()[0], 0)
+        result = run_episode(get_method("tracker"), env, 0, factory)
+    finally:
+        server.shutdown()
+    assert not result.error, result.error
+    assert result.answered and result.n_calls + result.n_rejected + result.n_invalid == 1
+    assert result.agent_tokens == 30 and result.cost <= result.budget
