@@ -183,8 +183,11 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     timing: dict[str, float] = json.loads(timing_path.read_text()) if timing_path.exists() else {}
     tasks = list(market.tasks())
     # One discarded episode first, so that import and first-call costs do not land on
-    # whichever method happens to run first (the time ratios compare methods).
-    run_episode(specs[0], market.episode(tasks[0], config.seed), config.seed, agent_factory, options=config.options)
+    # whichever method happens to run first (the time ratios compare methods). Only for the
+    # simulated agent: with a real endpoint a warm-up episode would cost real tokens.
+    if config.agent == "sim":
+        run_episode(specs[0], market.episode(tasks[0], config.seed), config.seed, agent_factory,
+                    options=config.options)
     for spec in specs:
         todo = [t for t in tasks if (spec.name, market.task_id(t), config.seed) not in done]
         if not todo:
