@@ -22,6 +22,13 @@ class MethodContext:
     env: Any  # eval.markets.EpisodeEnv
     seed: int
     options: dict[str, Any] = field(default_factory=dict)
+    model: Any = None  # the agent's chat model (a verifier or policy may reuse it)
+    simulated_agent: bool = True
+
+
+# A custom episode loop (e.g. DFSDT's search): (env, model, guard, episode_id) ->
+# (final message list, answer or None, extra diagnostics). It must go through the guard.
+EpisodeLoop = Callable[[Any, Any, Any, str], tuple[list[Any], "str | None", dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,7 @@ class MethodSpec:
     enforce: bool
     build: Callable[[MethodContext], Oracle]
     description: str = ""
+    episode: EpisodeLoop | None = None
 
 
 def _raw(ctx: MethodContext) -> Oracle:

@@ -25,12 +25,19 @@ from langchain_core.messages import AIMessage, ToolMessage
 from eval.markets import BenchMarket, EpisodeEnv
 from eval.methods import MethodContext, MethodSpec, get_method
 from eval.results import EpisodeResult, ResultStore
-from intent.guard import BudgetGuard
+from intent.guard import LEDGER_KEY, BudgetGuard
 from intent.logs import FanoutLogSink, JsonlLogSink, LogSink, MemoryLogSink
 
 __all__ = ["BenchConfig", "run_benchmark", "run_episode"]
 
 AgentFactory = Callable[[EpisodeEnv, int], Any]
+SYSTEM_PROMPT = "You are a tool-using assistant. Answer the user's question using the tools."
+
+
+def _is_simulated(model: Any) -> bool:
+    from eval.agents.simulated import SimulatedAgent
+
+    return isinstance(model, SimulatedAgent)
 
 
 @dataclass
@@ -74,30 +81,35 @@ def run_episode(
 ) -> EpisodeResult:
     episode_id = f"{spec.name}:{env.task_id}:{seed}"
     records = MemoryLogSink()
-    oracle = spec.build(MethodContext(env=env, seed=seed, options=dict(options or {})))
+    model = agent_factory(env, seed)
+    oracle = spec.build(MethodContext(env=env, seed=seed, options=dict(options or {}), model=model,
+                                      simulated_agent=_is_simulated(model)))
     guard = BudgetGuard(oracle, env.market, env.budget, enforce=spec.enforce,
                         log_sink=FanoutLogSink([records, log_sink]) if log_sink else records)
     middleware: list[Any] = [guard.middleware()]
     if env.market_now is not None:
         middleware.insert(0, _MarketEvents(guard, episode_id, env.market_now))
-    model = agent_factory(env, seed)
-    agent = create_agent(model, env.tools, middleware=middleware,
-                         system_prompt="You are a tool-using assistant. Answer the user's question using the tools.")
     result = EpisodeResult(method=spec.name, task_id=env.task_id, seed=seed, group=env.group,
                            solvable=env.solvable, budget=env.budget)
     started = time.perf_counter()
+    extra: dict[str, Any] = {}
     try:
-        out = agent.invoke({"messages": [("user", env.query)]},
-                           {"configurable": {"thread_id": episode_id}, "recursion_limit": 200})
+        if spec.episode is not None:
+            messages, answer, extra = spec.episode(env, model, guard, episode_id)
+            ledger = guard.ledger({LEDGER_KEY: extra.pop("ledger_channel", None)})
+        else:
+            agent = create_agent(model, env.tools, middleware=middleware, system_prompt=SYSTEM_PROMPT)
+            out = agent.invoke({"messages": [("user", env.query)]},
+                               {"configurable": {"thread_id": episode_id}, "recursion_limit": 200})
+            messages = out["messages"]
+            last = messages[-1] if messages else None
+            answer = str(last.content) if isinstance(last, AIMessage) and not last.tool_calls else None
+            ledger = guard.ledger(out)
     except Exception as exc:  # noqa: BLE001 - one broken episode must not stop the run
         result.error = f"{type(exc).__name__}: {exc}"
         result.wall_s = time.perf_counter() - started
         return result
     result.wall_s = time.perf_counter() - started
-    messages = out["messages"]
-    final = messages[-1] if messages and isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls else None
-    answer = str(final.content) if final is not None else None
-    ledger = guard.ledger(out)
     result.answered = bool(answer)
     result.passed = env.judge(answer)
     result.cost = ledger.spent
@@ -108,11 +120,13 @@ def run_episode(
     result.n_invalid = sum(r.decision == "invalid" for r in records.records)
     result.oracle_errors = sum(r.reason == "oracle_error" for r in records.records)
     result.decision_ms = [round(r.decision_ms, 4) for r in records.records if r.decision in ("accept", "reject")]
-    result.agent_tokens = sum((m.usage_metadata or {}).get("total_tokens", 0)
-                              for m in messages if isinstance(m, AIMessage))
-    result.oracle_tokens = int(sum(r.oracle_usage.get("tokens", 0) for r in records.records))
+    result.agent_tokens = int(extra.pop("agent_tokens", 0)) or sum(
+        (m.usage_metadata or {}).get("total_tokens", 0) for m in messages if isinstance(m, AIMessage))
+    totals = oracle.episode_usage(episode_id) if hasattr(oracle, "episode_usage") else None
+    result.oracle_tokens = int(totals.get("tokens", 0) if totals is not None
+                               else sum(r.oracle_usage.get("tokens", 0) for r in records.records))
     result.extra = {"tool_messages": sum(isinstance(m, ToolMessage) for m in messages),
-                    "environment": env.environment}
+                    "environment": env.environment, **extra}
     return result
 
 

@@ -241,7 +241,8 @@ class BudgetGuard:
             if not cid or cid in answered:
                 continue
             text = fb.invalid_call(bad.get("name"), bad.get("error") or "its arguments are not valid JSON")
-            out_messages.append(ToolMessage(text, tool_call_id=cid, name=bad.get("name") or "", status="error"))
+            out_messages.append(ToolMessage(text, tool_call_id=cid, name=bad.get("name") or "", status="error",
+                                            artifact={"intent_reason": BAD_ARGUMENTS}))
             self._log_rejection(episode_id, step, query, reasoning, cid, bad.get("name") or "", bad.get("args") or "",
                                 None, "invalid", BAD_ARGUMENTS, text, ledger, market)
 
@@ -262,7 +263,8 @@ class BudgetGuard:
                 except UnpricedToolError as exc:
                     text = fb.unpriced_tool(name, str(exc))
                     reason = UNPRICED_TOOL if name in market else UNKNOWN_TOOL
-            out_messages.append(ToolMessage(text, tool_call_id=cid, name=name, status="error"))
+            out_messages.append(ToolMessage(text, tool_call_id=cid, name=name, status="error",
+                                            artifact={"intent_reason": reason}))
             self._log_rejection(episode_id, step, query, reasoning, cid, name, proposal.args, None,
                                 "invalid", reason, text, ledger, market)
 
@@ -302,7 +304,8 @@ class BudgetGuard:
             else:
                 text = decision.feedback or fb.generic_rejection(item.proposal.tool)
                 out_messages.append(
-                    ToolMessage(text, tool_call_id=item.proposal.call_id, name=item.proposal.tool, status="error")
+                    ToolMessage(text, tool_call_id=item.proposal.call_id, name=item.proposal.tool, status="error",
+                                artifact={"intent_reason": decision.reason})
                 )
                 self._log_rejection(episode_id, step, query, reasoning, item.proposal.call_id, item.proposal.tool,
                                     item.proposal.args, item.price, "reject", decision.reason, text, ledger,

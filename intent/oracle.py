@@ -213,6 +213,14 @@ class Oracle:
         """Text appended to a tool result the agent sees (e.g. a budget status line)."""
         return None
 
+    def episode_usage(self, episode_id: str) -> Mapping[str, float] | None:
+        """The oracle's own cost over a whole episode (``tokens``, ``llm_calls``...).
+
+        ``None`` (the default) means "the sum of ``Decision.usage``"; an oracle that also
+        spends outside ``decide`` (a verifier run after each tool result) returns the total.
+        """
+        return None
+
 
 class AcceptAll(Oracle):
     """Accepts every proposal. The guard still refuses calls that do not fit the budget."""

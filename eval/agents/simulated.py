@@ -32,8 +32,12 @@ Behaviours (each a knob of :class:`SimAgentConfig`, all drawn from a per-episode
   probability ``insist``); an "only X left" message caps what it will spend; a predicted
   trace that names low-probability (< 0.5) steps makes it avoid those tools; a predicted
   plan it cannot afford makes it prefer cheaper, more reliable providers.
+* **Budget guidelines** (BATS): a LOW tier makes it pick the cheapest provider, CRITICAL
+  makes it answer; a verifier's PIVOT makes it drop the tool, SUCCESS makes it answer.
+* **Search diversity** (DFSDT): "Previously tried actions at this point: a, b" makes it
+  avoid those tools on this branch.
 * It answers when every need is met, when nothing it could still call fits, or after
-  ``max_steps`` model turns.
+  ``max_steps`` model turns; an answer that gives up says "I give up" (DFSDT backtracks).
 
 Token counts are a simulated estimate (characters / 4) and are labelled as such.
 """
@@ -49,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict
 
@@ -60,6 +64,10 @@ _TIER_ORDER = ("premium", "mid", "cheap", "composite", "unknown")
 _PRICE_LINE = re.compile(r"^-\s*([\w.\-]+):\s*([0-9]+(?:\.[0-9]+)?)\s*$", re.M)
 _BUDGET = re.compile(r"hard budget of\s*([0-9]+(?:\.[0-9]+)?)")
 _STATUS = re.compile(r"spent\s*([0-9.]+)\s*of\s*([0-9.]+);\s*([0-9.]+)\s*left")
+_TRACKER = re.compile(r"<budget>([0-9.]+)/([0-9.]+)</budget>")
+_TIER = re.compile(r"Budget tier (HIGH|MEDIUM|LOW|CRITICAL)")
+_VERIFY = re.compile(r"\[Verify\] (SUCCESS|CONTINUE|PIVOT)")
+_TRIED = re.compile(r"Previously tried actions at this point: ([^\n]+)")
 _ONLY_LEFT = re.compile(r"only\s*([0-9.]+)\s*of the budget")
 _TRACE_ROW = re.compile(r"^\s*\d+\s*\|\s*([\w.\-]+)\s*\|\s*([0-9.]+)\s*\|\s*([0-9.]+)\s*\|", re.M)
 _ERROR_START = re.compile(r"^\s*(\d{3}\b|error\b|\{\s*\"error\"\s*:\s*\"[^\"])", re.I)
@@ -136,6 +144,8 @@ class _Reading:
     last_failed_tool: set[str] = field(default_factory=set)
     plan_too_costly: bool = False
     told_remaining: bool = False  # the guard said how much is left: always heeded
+    tier: str = ""
+    verified_success: bool = False
 
 
 class SimulatedAgent(BaseChatModel):
@@ -168,6 +178,13 @@ class SimulatedAgent(BaseChatModel):
                     r.budget = float(b.group(1))
                 if s := _STATUS.findall(text):
                     r.spent_known, r.budget, r.remaining = (float(x) for x in s[-1])
+                if t := _TRACKER.findall(text):
+                    r.spent_known, r.remaining = (float(x) for x in t[-1])
+                if tier := _TIER.findall(text):
+                    r.tier = tier[-1]
+            elif isinstance(m, HumanMessage) and (tried := _TRIED.search(str(m.content))):
+                for name in tried.group(1).split(","):
+                    r.avoid.add(name.strip())
             elif isinstance(m, AIMessage):
                 r.step += 1
                 for c in m.tool_calls:
@@ -182,6 +199,12 @@ class SimulatedAgent(BaseChatModel):
                     continue
                 if s := _STATUS.findall(text):
                     r.spent_known, r.budget, r.remaining = (float(x) for x in s[-1])
+                if t := _TRACKER.findall(text):
+                    r.spent_known, r.remaining = (float(x) for x in t[-1])
+                if v := _VERIFY.findall(text):
+                    if v[-1] == "PIVOT":
+                        r.avoid.add(tool)
+                    r.verified_success = v[-1] == "SUCCESS"
                 got = {n.id for n in self.view.needs if n.id in self.view.covers.get(tool, ()) and looks_successful(n, text)}
                 r.satisfied |= got
                 for nid in self.view.covers.get(tool, ()):
@@ -243,7 +266,7 @@ class SimulatedAgent(BaseChatModel):
         knows_prices = all(t in r.prices for t in cands)
         if r.step == 0 and rng.random() < self.config.myopic_first:
             return by_quality[0]
-        if knows_prices and (rng.random() < self.config.price_adherence or r.plan_too_costly):
+        if knows_prices and (rng.random() < self.config.price_adherence or r.plan_too_costly or r.tier == "LOW"):
             return min(cands, key=lambda t: (r.prices[t], _TIER_ORDER.index(tier[t]), t))
         weights = dict(zip(("premium", "mid", "cheap"), self.config.blind_preference))
         w = [weights.get(tier[t], 0.1) for t in cands]
@@ -272,7 +295,9 @@ class SimulatedAgent(BaseChatModel):
         if not open_needs:
             return AIMessage(f"All the information is in: {self._answer(r)}")
         if r.step >= self.config.max_steps:
-            return AIMessage(f"I stop here after {r.step} steps. Partial answer: {self._answer(r)}")
+            return AIMessage(f"I give up after {r.step} steps. Partial answer: {self._answer(r)}")
+        if r.tier == "CRITICAL" or r.verified_success:
+            return AIMessage(f"Answering now with what I have: {self._answer(r)}")
         limit = random.Random(_stable_seed(self.seed, self.view.task_id, "limit")).randint(*self.config.retry_limit)
         rng = self._rng(r, "plan")
         open_ids = {n.id for n in open_needs}
@@ -306,7 +331,7 @@ class SimulatedAgent(BaseChatModel):
                         plan.append((tool, [need.id]))
                         break
         if not plan:
-            return AIMessage(f"I cannot get the rest within my means. Partial answer: {self._answer(r)}")
+            return AIMessage(f"I give up: I cannot get the rest within my means. Partial answer: {self._answer(r)}")
         calls, reasons = [], []
         for k, (tool, need_ids) in enumerate(plan):
             descs = [n.description for n in self.view.needs if n.id in need_ids]

@@ -1,0 +1,158 @@
+"""DFSDT (depth-first search-based decision tree, ToolLLM / StableToolBench) with budget pruning.
+
+Every branch draws on **one** budget: the search holds one ledger channel and gates every
+proposed call through the same :class:`~intent.BudgetGuard` (``gate`` then
+``wrap_tool_call``), so no branch can spend what another already spent, and nothing bypasses
+the guard. Control flow follows StableToolBench's ``DFS_woFilter``:
+
+* pre-order DFS; expanding a node is one model call; up to ``width`` children per node;
+* a re-expanded node gets a temporary diversity prompt listing the actions its earlier
+  children tried ("Previously tried actions at this point: ...");
+* a branch whose next call does not fit the remaining budget is **pruned** (the guard refuses
+  the call; the search tries a sibling);
+* an answer that gives up ("give up") backtracks; the first real answer stops the search;
+* ``max_depth`` model turns per branch and ``max_llm_calls`` in total bound the search; if no
+  answer is found, the last give-up answer is returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command
+
+from intent.guard import LEDGER_KEY, BudgetGuard
+from intent.ledger import merge_ledger_states
+from intent.oracle import OVER_BUDGET, PLAN_OVER_BUDGET, QUOTA_EXHAUSTED
+
+__all__ = ["DFSDTResult", "DFSDTRunner", "is_give_up"]
+
+# Refusals that mean "this branch cannot afford its next step": prune it.
+_PRUNE_REASONS = frozenset({OVER_BUDGET, PLAN_OVER_BUDGET, QUOTA_EXHAUSTED})
+
+
+def is_give_up(message: AIMessage) -> bool:
+    return "give up" in str(message.content).lower() or "give_up_and_restart" in str(message.content)
+
+
+@dataclass
+class DFSDTResult:
+    messages: list[BaseMessage]
+    answer: str | None
+    llm_calls: int = 0
+    nodes: int = 0
+    pruned: int = 0
+    backtracks: int = 0
+    channel: dict[str, Any] | None = None
+    tokens: int = 0
+    tried: list[str] = field(default_factory=list)
+
+
+class DFSDTRunner:
+    def __init__(self, guard: BudgetGuard, tools: Sequence[Any], *, width: int = 10, max_depth: int = 12,
+                 max_llm_calls: int = 200, system_prompt: str | None = None) -> None:
+        if width < 1 or max_depth < 1 or max_llm_calls < 1:
+            raise ValueError(f"width, max_depth and max_llm_calls must be >= 1, got {width}, {max_depth}, "
+                             f"{max_llm_calls}")
+        self.guard = guard
+        self.tools = {t.name: t for t in tools}
+        self.width, self.max_depth, self.max_llm_calls = width, max_depth, max_llm_calls
+        self.system_prompt = system_prompt
+
+    # ------------------------------------------------------------ one step
+    def _model_input(self, model: Any, history: list[BaseMessage], tried: list[str]) -> tuple[Any, list[BaseMessage]]:
+        state = {"messages": history, LEDGER_KEY: self._channel}
+        visible = self.guard.visible_tool_names(state, self._config)
+        tools = [t for n, t in self.tools.items() if visible is None or n in visible]
+        notes = self.guard.system_notes(state, self._config)
+        system = "\n\n".join(x for x in (self.system_prompt, notes) if x)
+        messages = ([SystemMessage(system)] if system else []) + list(history)
+        if tried:  # temporary: shown to the model for this expansion only
+            messages.append(HumanMessage(f"Previously tried actions at this point: {', '.join(tried)}. "
+                                         "Try a different action."))
+        bound = model.bind_tools(tools) if tools else model
+        return bound, messages
+
+    def _merge(self, update: dict[str, Any] | None) -> list[BaseMessage]:
+        if not update:
+            return []
+        if LEDGER_KEY in update:
+            self._channel = merge_ledger_states(self._channel, update[LEDGER_KEY])
+        return list(update.get("messages", []))
+
+    def _execute(self, history: list[BaseMessage], ai: AIMessage) -> tuple[list[BaseMessage], bool]:
+        """Gate the calls of ``ai`` against the shared ledger, run the accepted ones."""
+        state = {"messages": [*history, ai], LEDGER_KEY: self._channel}
+        rejected = self._merge(self.guard.gate(state, self._config))
+        over_budget = any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict)
+                          and m.artifact.get("intent_reason") in _PRUNE_REASONS for m in rejected)
+        results: list[BaseMessage] = list(rejected)
+        entries = (self._channel or {}).get("entries", {})
+        for call in ai.tool_calls:
+            if entries.get(call["id"], {}).get("status") != "reserved":
+                continue
+            request = ToolCallRequest(tool_call=call, tool=self.tools.get(call["name"]),
+                                      state={"messages": [*history, ai], LEDGER_KEY: self._channel}, runtime=None)
+            out = self.guard.wrap_tool_call(request, self._run_tool)
+            if isinstance(out, Command):
+                results += self._merge(out.update if isinstance(out.update, dict) else None)
+            else:
+                results.append(out)
+        return results, over_budget
+
+    @staticmethod
+    def _run_tool(request: ToolCallRequest) -> ToolMessage:
+        call = request.tool_call
+        out = request.tool.invoke(dict(call, type="tool_call"))
+        return out if isinstance(out, ToolMessage) else ToolMessage(str(out), tool_call_id=call["id"], name=call["name"])
+
+    # ------------------------------------------------------------- search
+    def run(self, model: Any, query: str, *, episode_id: str = "dfsdt", channel: dict[str, Any] | None = None
+            ) -> DFSDTResult:
+        self._config = {"configurable": {"thread_id": episode_id}}
+        self._channel = channel
+        self._result = DFSDTResult(messages=[], answer=None)
+        self._fallback: tuple[list[BaseMessage], str] | None = None
+        found = self._dfs(model, [HumanMessage(query)], depth=0)
+        res = self._result
+        if found is not None:
+            res.messages, res.answer = found, str(found[-1].content)
+        elif self._fallback is not None:
+            res.messages, res.answer = self._fallback
+        res.channel = self._channel
+        return res
+
+    def _dfs(self, model: Any, history: list[BaseMessage], depth: int) -> list[BaseMessage] | None:
+        res = self._result
+        tried: list[str] = []
+        for _child in range(self.width):
+            if res.llm_calls >= self.max_llm_calls:
+                return None
+            bound, messages = self._model_input(model, history, tried)
+            ai = bound.invoke(messages, self._config)
+            res.llm_calls += 1
+            res.nodes += 1
+            res.tokens += int((ai.usage_metadata or {}).get("total_tokens", 0))
+            if not ai.tool_calls:
+                if is_give_up(ai) or depth >= self.max_depth:
+                    self._fallback = ([*history, ai], str(ai.content))
+                    res.backtracks += 1
+                    return None  # give-up: backtrack one level
+                return [*history, ai]
+            if depth + 1 >= self.max_depth:
+                res.backtracks += 1
+                return None
+            tried.append("+".join(c["name"] for c in ai.tool_calls))
+            results, over_budget = self._execute(history, ai)
+            if over_budget:
+                res.pruned += 1  # the next call does not fit: prune, try a sibling
+                continue
+            found = self._dfs(model, [*history, ai, *results], depth + 1)
+            if found is not None:
+                return found
+        return None
+
