@@ -1,0 +1,105 @@
+"""Raw, Prompt, BATS and DFSDT: their rules, and each end to end under the guard."""
+
+from __future__ import annotations
+
+import pytest
+from fakes import ScriptedToolModel
+from langchain_core.messages import AIMessage
+from langchain_core.tools import StructuredTool
+
+from baselines.bats import TIER_GUIDELINES, BATSOracle, tier_for, tracker_block
+from baselines.dfsdt import DFSDTRunner, is_give_up
+from baselines.prompt import PromptOracle, price_list
+from eval.runner import BenchConfig, run_benchmark
+from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, PricedTool
+from intent.oracle import Outcome, Proposal
+
+
+@pytest.mark.parametrize("remaining,tier", [
+    (100, "HIGH"), (70, "HIGH"), (69.99, "MEDIUM"), (30, "MEDIUM"), (29.99, "LOW"), (10, "LOW"),
+    (9.99, "CRITICAL"), (0, "CRITICAL"),
+])
+def test_bats_tier_boundaries(remaining, tier):
+    assert tier_for(remaining, 100) == tier
+
+
+def test_bats_messages():
+    oracle = BATSOracle()
+    market = Market([PricedTool("a", 5), PricedTool("b", 7.5)])
+    notes = oracle.prompt_notes(market, "e", 45, 5, 50)
+    assert "<budget>45/5</budget>" in notes and TIER_GUIDELINES["LOW"] in notes and "- b: 7.5" in notes
+    outcome = Outcome("e", Proposal("c", "a", {}), 5, "ok", "{}", 10, 40)
+    assert oracle.result_note(outcome) == tracker_block(10, 40) == "<budget>10/40</budget>"
+    with pytest.raises(ValueError, match="K=5"):
+        BATSOracle(max_verifications=-1)
+
+
+def test_bats_verification_is_capped_at_k_per_iteration_and_counted():
+    class CountingVerifier:
+        calls = 0
+
+        def verify(self, query, tool, observation, episode_id):
+            from baselines.bats import Verification
+
+            CountingVerifier.calls += 1
+            return Verification("PIVOT", "switch", tokens=7)
+
+    oracle = BATSOracle(verifier=CountingVerifier(), max_verifications=2)
+    from intent.oracle import DecisionContext
+
+    ctx = DecisionContext("e", "q", Proposal("c", "a", {}), 1, 10, 0, 10, Market([PricedTool("a", 1)]), step=0)
+    oracle.decide(ctx)
+    notes = [oracle.result_note(Outcome("e", Proposal(f"c{i}", "a", {}), 1, "ok", "x", i, 10 - i)) for i in range(4)]
+    assert sum("[Verify] PIVOT" in n for n in notes) == 2
+    oracle.decide(DecisionContext("e", "q", Proposal("d", "a", {}), 1, 10, 4, 6, ctx.market, step=1))
+    assert "[Verify]" in oracle.result_note(Outcome("e", Proposal("d", "a", {}), 1, "ok", "x", 5, 5))
+    assert oracle.episode_usage("e") == {"tokens": 21.0, "llm_calls": 3.0}
+
+
+def test_prompt_shows_prices_and_status():
+    oracle = PromptOracle()
+    market = Market([PricedTool("a", 5)])
+    notes = oracle.prompt_notes(market, "e", 0, 50, 50)
+    assert price_list(market) in notes and "hard budget of 50" in notes
+    assert "spent 5 of 50; 45 left" in oracle.result_note(Outcome("e", Proposal("c", "a", {}), 5, "ok", "", 5, 45))
+
+
+def _tool(name):
+    return StructuredTool.from_function(lambda x=0: f'{{"{name}": {x}}}', name=name, description=name)
+
+
+def test_dfsdt_branches_share_one_budget_and_prune():
+    # Every expansion proposes a 30-cost call; only one fits in 50, so after the first every
+    # expansion (3 below it, 2 more at the root) is pruned by the guard: 6 model calls, no answer.
+    calls = iter(range(1000))
+
+    class Greedy(ScriptedToolModel):
+        def _generate(self, messages, stop=None, run_manager=None, **kw):
+            from langchain_core.outputs import ChatGeneration, ChatResult
+
+            k = next(calls)
+            if k > 30:
+                msg = AIMessage("I give up.")
+            else:
+                msg = AIMessage("", tool_calls=[{"name": "big", "args": {"x": k}, "id": f"c{k}", "type": "tool_call"}])
+            return ChatResult(generations=[ChatGeneration(message=msg)])
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("big", 30)]), 50, log_sink=sink)
+    runner = DFSDTRunner(guard, [_tool("big")], width=3, max_depth=4, max_llm_calls=40)
+    res = runner.run(Greedy(messages=iter([]), bound=[]), "q")
+    ledger = guard.ledger({"intent_ledger": res.channel})
+    assert ledger.spent == 30 and ledger.spent <= 50
+    assert (res.llm_calls, res.pruned, res.answer) == (6, 5, None)
+    assert is_give_up(AIMessage("OK, I give up."))
+    assert sum(r.charged for r in sink.records) == 30
+
+
+def test_every_baseline_runs_end_to_end_and_enforcing_ones_never_overspend(tmp_path):
+    methods = ["raw", "prompt", "tracker", "bats", "dfsdt"]
+    summary = run_benchmark(BenchConfig(tasks=25, methods=methods, out=str(tmp_path)), progress=False)
+    m = summary["methods"]
+    for name in ("tracker", "bats", "dfsdt"):
+        assert m[name]["FR"] == 100.0 and m[name]["episode_errors"] == 0
+    assert m["raw"]["FR"] < 100.0  # the soft baseline shows its overspending
+    assert m["bats"]["oracle_tokens"] > 0  # the verifier's cost is counted
