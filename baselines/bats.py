@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from baselines.prompt import price_list
+from intent.feedback import price_list
 from intent.market import Market
 from intent.oracle import Decision, DecisionContext, Oracle, Outcome
 

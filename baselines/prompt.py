@@ -12,12 +12,6 @@ from intent.market import Market
 from intent.oracle import Decision, DecisionContext, Oracle, Outcome
 
 
-def price_list(market: Market) -> str:
-    """The tool price block shown to the agent (one ``- name: price`` line per tool)."""
-    lines = [f"- {t.name}: {t.price:g}" for t in market.tools if t.name not in market.banned]
-    return "Tool prices (cost per call):\n" + "\n".join(lines)
-
-
 class PromptOracle(Oracle):
     name = "prompt"
     enforce = False
@@ -31,10 +25,7 @@ class PromptOracle(Oracle):
 
     def prompt_notes(self, market: Market, episode_id: str, spent: float, remaining: float, budget: float) -> str:
         self._budgets[episode_id] = budget
-        return (
-            f"You have a hard budget of {budget:g} for tool calls in this task; every call is charged its price.\n"
-            f"{price_list(market)}\n{fb.budget_status(spent, remaining, budget)}"
-        )
+        return fb.market_notes(market, spent, remaining, budget)
 
     def result_note(self, outcome: Outcome) -> str:
         budget = self._budgets.get(outcome.episode_id, outcome.spent + outcome.remaining)

@@ -106,12 +106,16 @@ class SyntheticBenchMarket:
                 "required": keys,
             }
 
-            def run(**kwargs: Any) -> str:
+            def run(**kwargs: Any) -> tuple[str, dict[str, Any]]:
                 with lock:
-                    return env.call(spec.name, kwargs).text
+                    obs = env.call(spec.name, kwargs)
+                # The artifact is not shown to the agent; the guard logs it, so training and the
+                # replay world model get the exact label z (did the call satisfy a need?).
+                return obs.text, {"z": int(bool(obs.satisfied)), "satisfied": sorted(obs.satisfied),
+                                  "environment": obs.environment}
 
             return StructuredTool.from_function(run, name=spec.name, description=spec.description,
-                                                args_schema=schema)
+                                                args_schema=schema, response_format="content_and_artifact")
 
         def market_now() -> Market:
             with lock:

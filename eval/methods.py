@@ -24,6 +24,7 @@ class MethodContext:
     options: dict[str, Any] = field(default_factory=dict)
     model: Any = None  # the agent's chat model (a verifier or policy may reuse it)
     simulated_agent: bool = True
+    resources: Any = None  # eval.oracle_methods.OracleResources: logs and oracle models, built lazily
 
 
 # A custom episode loop (e.g. DFSDT's search): (env, model, guard, episode_id) ->
@@ -86,7 +87,7 @@ def _load_plugins() -> None:
     """Modules that define more methods register them on import."""
     import importlib
 
-    for module in ("baselines.registry", "intent.oracles.registry"):
+    for module in ("baselines.registry", "eval.oracle_methods"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

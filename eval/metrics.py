@@ -79,6 +79,7 @@ def compute_metrics(
             "decision_ms_mean": round(statistics.fmean(decisions), 4) if decisions else None,
             "decision_ms_p95": round(_quantile(decisions, 0.95), 4) if decisions else None,
             "overspend_tasks": sum(not r.feasible for r in rs),
+            **_oracle_stats(rs, len(decisions)),
             "episode_errors": sum(bool(r.error) for r in rs),
         }
     base = out.get(ratio_base)
@@ -87,6 +88,24 @@ def compute_metrics(
             b = base.get(src) if base else None
             m[key] = round(m[src] / b, 3) if b else None
     return out
+
+
+def _oracle_stats(rs: Sequence[EpisodeResult], decisions: int) -> dict[str, Any]:
+    """Per-decision cost of a planning oracle, from the usage its decisions reported."""
+    sums: dict[str, float] = defaultdict(float)
+    for r in rs:
+        for key, value in (r.extra.get("oracle_usage") or {}).items():
+            sums[key] += value
+    if not sums or not decisions:
+        return {}
+    hits = sums.get("cache_hit", 0.0) + sums.get("last_call_hit", 0.0)
+    return {
+        "rollout_steps_per_decision": round(sums.get("rollout_steps", 0.0) / decisions, 3),
+        "policy_tokens": int(sums.get("policy_tokens", 0.0)),
+        "world_model_tokens": int(sums.get("world_model_tokens", 0.0)),
+        "cache_hit_rate": round(hits / decisions, 4),
+        "model_errors": int(sums.get("model_error", 0.0)),
+    }
 
 
 def group_pass_rates(results: Iterable[EpisodeResult]) -> dict[str, dict[str, float]]:

@@ -78,12 +78,13 @@ def run_episode(
     *,
     log_sink: LogSink | None = None,
     options: dict[str, Any] | None = None,
+    resources: Any = None,
 ) -> EpisodeResult:
     episode_id = f"{spec.name}:{env.task_id}:{seed}"
     records = MemoryLogSink()
     model = agent_factory(env, seed)
     oracle = spec.build(MethodContext(env=env, seed=seed, options=dict(options or {}), model=model,
-                                      simulated_agent=_is_simulated(model)))
+                                      simulated_agent=_is_simulated(model), resources=resources))
     guard = BudgetGuard(oracle, env.market, env.budget, enforce=spec.enforce,
                         log_sink=FanoutLogSink([records, log_sink]) if log_sink else records)
     middleware: list[Any] = [guard.middleware()]
@@ -125,7 +126,12 @@ def run_episode(
     totals = oracle.episode_usage(episode_id) if hasattr(oracle, "episode_usage") else None
     result.oracle_tokens = int(totals.get("tokens", 0) if totals is not None
                                else sum(r.oracle_usage.get("tokens", 0) for r in records.records))
+    usage_sums: dict[str, float] = {}
+    for rec in records.records:
+        for key, value in rec.oracle_usage.items():
+            usage_sums[key] = usage_sums.get(key, 0.0) + float(value)
     result.extra = {"tool_messages": sum(isinstance(m, ToolMessage) for m in messages),
+                    "oracle_usage": usage_sums,
                     "environment": env.environment, **extra}
     return result
 
@@ -190,6 +196,9 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, config)
+    from eval.oracle_methods import OracleResources
+
+    resources = OracleResources(config, agent_factory=agent_factory)
     store = ResultStore(out / "episodes.jsonl")
     done = store.done()
     logs = JsonlLogSink(out / "logs.jsonl")
@@ -201,7 +210,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     # simulated agent: with a real endpoint a warm-up episode would cost real tokens.
     if config.agent == "sim":
         run_episode(specs[0], market.episode(tasks[0], config.seed), config.seed, agent_factory,
-                    options=config.options)
+                    options=config.options, resources=resources)
     for spec in specs:
         todo = [t for t in tasks if (spec.name, market.task_id(t), config.seed) not in done]
         if not todo:
@@ -211,7 +220,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
         with ThreadPoolExecutor(max_workers=config.workers) as pool:
             futures = [
                 pool.submit(run_episode, spec, market.episode(t, config.seed), config.seed, agent_factory,
-                            log_sink=logs, options=config.options)
+                            log_sink=logs, options=config.options, resources=resources)
                 for t in todo
             ]
             for fut in as_completed(futures):

@@ -6,8 +6,10 @@ guard's messages for calls it answers itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from intent.market import Market
 from intent.oracle import PlannedStep
 
 
@@ -72,4 +74,41 @@ def trace_table(trace: Sequence[PlannedStep]) -> str:
     lines = ["step | tool | price | p_success | expected_cost"]
     for i, s in enumerate(trace, start=1):
         lines.append(f"{i} | {s.tool} | {_money(s.price)} | {s.p_success:.2f} | {_money(s.expected_cost or 0.0)}")
+    return "\n".join(lines)
+
+
+def price_list(market: Market) -> str:
+    """The tool price block shown to the agent (one ``- name: price`` line per available tool)."""
+    lines = [f"- {t.name}: {_money(t.price)}" for t in market.tools if t.name not in market.banned]
+    return "Tool prices (cost per call):\n" + "\n".join(lines)
+
+
+def market_notes(market: Market, spent: float, remaining: float, budget: float) -> str:
+    """Budget, prices and status for the system prompt (Prompt, INTENT, MCO show the market)."""
+    return (
+        f"You have a hard budget of {_money(budget)} for tool calls in this task; every call is charged its price.\n"
+        f"{price_list(market)}\n{budget_status(spent, remaining, budget)}"
+    )
+
+
+def plan_rejection(remaining: float, risk_cost: float, gamma: float, trace: Sequence[PlannedStep] | None) -> str:
+    """INTENT's rejection (paper, Appendix E): the predicted tool trace without arguments or contents."""
+    head = (
+        "Budget check failed: the call was not executed and cost nothing.\n"
+        f"Remaining budget: {_money(remaining)}; risk-adjusted cost of your current plan (gamma={gamma:g}): "
+        f"{risk_cost:.2f}, which would exceed it."
+    )
+    body = f"\nPredicted tool trace:\n{trace_table(trace)}" if trace else ""
+    return f"{head}{body}\nPlease revise your plan (fewer calls / different tools / answer directly)."
+
+
+def rollout_rejection(remaining: float, total: float, actions: Sequence[Mapping[str, Any]]) -> str:
+    """MCO's rejection: the simulated future actions that led to the budget violation."""
+    lines = [
+        "Budget check failed: the call was not executed and cost nothing.",
+        f"A simulated continuation of your plan costs {_money(total)} but only {_money(remaining)} is left:",
+    ]
+    for i, a in enumerate(actions, start=1):
+        lines.append(f"{i}. {a['tool']}({a.get('args', '')}) price {_money(a['price'])}")
+    lines.append("Please revise your plan (fewer calls / different tools / answer directly).")
     return "\n".join(lines)

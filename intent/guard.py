@@ -21,6 +21,7 @@ exact running totals and a retried call id inside one process returns its first 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -442,7 +443,7 @@ class BudgetGuard:
             trace=[s.to_dict() for s in decision.trace], observation=observation, status=status,
             charged=committed.amount, spent=snap["spent"], remaining=snap["remaining"], budget=snap["budget"],
             market_version=version, decision_ms=decision_ms, tool_ms=tool_ms,
-            oracle_usage=dict(decision.usage), enforce=self.enforce,
+            oracle_usage=dict(decision.usage), enforce=self.enforce, artifact=_json_artifact(message),
         ))
         update = {
             **extra_updates,
@@ -596,6 +597,17 @@ def _entry_dict(entry: LedgerEntry) -> dict[str, Any]:
         "seq": entry.seq,
         "market_version": entry.market_version,
     }
+
+
+def _json_artifact(message: Any) -> dict[str, Any] | None:
+    artifact = getattr(message, "artifact", None)
+    if not isinstance(artifact, dict):
+        return None
+    try:
+        json.dumps(artifact)
+    except (TypeError, ValueError):
+        return None
+    return artifact
 
 
 def _channel_of(request: Any) -> Mapping[str, Any] | None:

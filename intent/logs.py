@@ -73,6 +73,8 @@ class StepRecord(BaseModel):
     tool_ms: float = 0.0
     oracle_usage: dict[str, float] = Field(default_factory=dict)
     enforce: bool = True
+    artifact: dict[str, Any] | None = Field(
+        None, description="the tool's JSON artifact, e.g. a simulated environment's ground-truth label z")
     timestamp: float = Field(default_factory=time.time)
 
 

@@ -1,0 +1,149 @@
+"""MCO, INTENT and INTENT's ablations as benchmark methods, with their models built from logs.
+
+The oracle models are never trained on the evaluation tasks: :class:`OracleResources` first
+collects interaction logs by running the Prompt agent on a *separate* task set (seed + 10007),
+through the same guarded loop, into ``OUT/oracle_data/logs.jsonl`` (or uses ``--oracle-logs``),
+then builds
+
+* the world model: :class:`~worldmodel.replay.ReplayWorldModel` (temperature 1.0 for MCO,
+  0 for INTENT's conditional generator, which replays only z = 1 observations);
+* the intention predictor: :class:`~worldmodel.predictors.HashedLogisticPredictor`, trained and
+  temperature-scaled on those logs (a trained encoder directory can be given with
+  ``--predictor-dir``), or the ablations.
+
+Labels z come from the synthetic market's ground truth (the tool artifact logged by the guard).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from eval.methods import MethodContext, MethodSpec, register
+from intent.logs import JsonlLogSink, read_log
+from intent.oracle import Oracle
+from intent.oracles import IntentOracle, MCOOracle
+from intent.policy import AgentPolicy
+
+__all__ = ["OracleResources"]
+
+TRAIN_SEED_OFFSET = 10007
+
+
+class OracleResources:
+    """Lazily collects the training logs and builds the oracle models, once per run."""
+
+    def __init__(self, config: Any, *, agent_factory: Any) -> None:
+        self.config = config
+        self.agent_factory = agent_factory
+        self._lock = threading.RLock()  # held while building, so each model is built once
+        self._records: list[Any] | None = None
+        self._cache: dict[str, Any] = {}
+
+    def records(self) -> list[Any]:
+        with self._lock:
+            if self._records is None:
+                self._records = self._load_or_collect()
+            return self._records
+
+    def _load_or_collect(self) -> list[Any]:
+        given = self.config.options.get("oracle_logs")
+        if given:
+            return list(read_log(given))
+        out = Path(self.config.out) / "oracle_data"
+        logs, done = out / "logs.jsonl", out / "COMPLETE"
+        if not done.exists():
+            from eval.methods import get_method
+            from eval.runner import build_market, run_episode
+
+            out.mkdir(parents=True, exist_ok=True)
+            logs.unlink(missing_ok=True)  # an interrupted collection restarts cleanly
+            n_train = int(self.config.options.get("oracle_train_tasks", max(50, self.config.tasks)))
+            train_cfg = _replace(self.config, tasks=n_train, seed=self.config.seed + TRAIN_SEED_OFFSET)
+            market = build_market(train_cfg)
+            sink = JsonlLogSink(logs)
+            spec = get_method("prompt")
+            for task in market.tasks():
+                run_episode(spec, market.episode(task, train_cfg.seed), train_cfg.seed, self.agent_factory,
+                            log_sink=sink)
+            done.write_text("ok\n")
+        return list(read_log(logs))
+
+    def get(self, key: str) -> Any:
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = self._build(key)
+            return self._cache[key]
+
+    def _build(self, key: str) -> Any:
+        from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, OptimisticPredictor
+        from worldmodel.replay import ReplayWorldModel, label_of
+
+        records = self.records()
+        if key == "world_model":
+            return ReplayWorldModel(records, temperature=1.0, seed=self.config.seed)
+        if key == "generator":
+            return ReplayWorldModel(records, temperature=0.0)
+        if key in ("predictor", "predictor_uncalibrated"):
+            directory = self.config.options.get("predictor_dir")
+            if directory:
+                from worldmodel.predictors import EncoderIntentionPredictor
+
+                return EncoderIntentionPredictor(directory, calibrated=key == "predictor")
+            labelled = [(r, label_of(r)) for r in records if r.decision == "accept" and label_of(r) is not None]
+            items = [(r.reasoning, r.tool, r.args if isinstance(r.args, dict) else {}) for r, _ in labelled]
+            model = HashedLogisticPredictor(seed=self.config.seed).fit(items, [z for _, z in labelled])
+            if key == "predictor_uncalibrated":
+                model.calibrated = False
+            return model
+        if key == "empirical":
+            return EmpiricalMeanPredictor(records)
+        if key == "optimistic":
+            return OptimisticPredictor()
+        raise KeyError(key)
+
+
+def _replace(config: Any, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(config, **changes)
+
+
+def _policy(ctx: MethodContext) -> AgentPolicy:
+    from eval.runner import SYSTEM_PROMPT
+
+    return AgentPolicy(ctx.model, ctx.env.tools, system_prompt=SYSTEM_PROMPT)
+
+
+def _mco(ctx: MethodContext) -> Oracle:
+    res = ctx.resources
+    return MCOOracle(_policy(ctx), res.get("world_model"), max_depth=int(ctx.options.get("max_depth", 8)))
+
+
+def _intent(predictor: str = "predictor", **switches: Any):  # noqa: ANN202
+    def build(ctx: MethodContext) -> Oracle:
+        res = ctx.resources
+        generator = res.get("world_model" if switches.get("stochastic") else "generator")
+        return IntentOracle(_policy(ctx), generator, res.get(predictor),
+                            gamma=float(ctx.options.get("gamma", 0.5)), delta=float(ctx.options.get("delta", 0.1)),
+                            max_depth=int(ctx.options.get("max_depth", 8)), **switches)
+
+    return build
+
+
+register(MethodSpec("mco", True, _mco, "MCO: one stochastic rollout (replay world model, T=1.0)"))
+register(MethodSpec("intent", True, _intent(), "INTENT: ideal-trajectory rollout, calibrated predictor, gamma 0.5"))
+_ABLATIONS = {
+    "intent-optimistic": ("optimistic", {}, "predictor Optimistic (p = 1)"),
+    "intent-uncalibrated": ("predictor_uncalibrated", {}, "predictor Uncalibrated (no temperature scaling)"),
+    "intent-empirical": ("empirical", {}, "predictor Empirical Mean (per-tool success frequency)"),
+    "intent-stochastic": ("predictor", {"stochastic": True}, "generator Stochastic (MCO-style sampling)"),
+    "intent-norollout": ("predictor", {"lookahead": False}, "generator No Rollout (immediate action only)"),
+    "intent-notrace": ("predictor", {"trace_feedback": False}, "generator No Trace (budget signal only)"),
+    "intent-no-rollout-cache": ("predictor", {"rollout_cache": False}, "without the rollout cache"),
+    "intent-no-last-call-cache": ("predictor", {"last_call_cache": False}, "without the last-call cache"),
+    "intent-no-blacklist": ("predictor", {"blacklist": False}, "without the blacklist"),
+}
+for _name, (_pred, _switches, _desc) in _ABLATIONS.items():
+    register(MethodSpec(_name, True, _intent(_pred, **_switches), f"INTENT ablation: {_desc}"))

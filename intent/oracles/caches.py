@@ -1,0 +1,103 @@
+"""Per-episode memory of the planning oracles (paper, Appendix A.2).
+
+* **Rollout cache** ``C``: the planned future calls kept on acceptance. A proposal that matches
+  the head (same tool; arguments tolerant, see :func:`args_match`) is accepted without a new
+  simulation and the head is popped; a miss clears the cache.
+* **Last-call cache** ``ā``: the last rejected call. Proposing exactly the same call again is read
+  as the agent insisting; it is accepted if affordable and the cache is cleared.
+* **Blacklist** ``B``: tools predicted below ``delta``; removed from the visible market for the
+  rest of the episode.
+
+Everything is keyed by episode id (one graph thread), so one oracle serves concurrent episodes
+without sharing caches.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from worldmodel.formats import canonical_args
+
+__all__ = ["CachedStep", "EpisodeMemory", "args_match"]
+
+
+def args_match(a: Mapping[str, Any], b: Mapping[str, Any], *, tolerance: float = 0.5) -> bool:
+    """Tolerant argument match: at least ``tolerance`` of the keys of either side agree."""
+    keys = set(a) | set(b)
+    if not keys:
+        return True
+    same = sum(1 for k in keys if k in a and k in b and str(a[k]).strip().lower() == str(b[k]).strip().lower())
+    return same / len(keys) >= tolerance
+
+
+@dataclass(frozen=True)
+class CachedStep:
+    tool: str
+    args: dict[str, Any]
+
+
+@dataclass
+class _Episode:
+    rollout: list[CachedStep] = field(default_factory=list)
+    last_rejected: tuple[str, str] | None = None
+    blacklist: set[str] = field(default_factory=set)
+
+
+class EpisodeMemory:
+    """Thread-safe caches and blacklist per episode id."""
+
+    def __init__(self, *, args_tolerance: float = 0.5) -> None:
+        self._episodes: dict[str, _Episode] = {}
+        self._lock = threading.Lock()
+        self.args_tolerance = args_tolerance
+
+    def _get(self, episode_id: str) -> _Episode:
+        return self._episodes.setdefault(episode_id, _Episode())
+
+    def reset(self, episode_id: str) -> None:
+        with self._lock:
+            self._episodes[episode_id] = _Episode()
+
+    def forget(self, episode_id: str) -> None:
+        with self._lock:
+            self._episodes.pop(episode_id, None)
+
+    # ------------------------------------------------------------ rollout cache
+    def pop_if_head(self, episode_id: str, tool: str, args: Mapping[str, Any]) -> bool:
+        """Hit: pop the head and return True. Miss: clear the cache and return False."""
+        with self._lock:
+            ep = self._get(episode_id)
+            if ep.rollout and ep.rollout[0].tool == tool and args_match(ep.rollout[0].args, args,
+                                                                          tolerance=self.args_tolerance):
+                ep.rollout.pop(0)
+                return True
+            ep.rollout.clear()
+            return False
+
+    def set_rollout(self, episode_id: str, steps: list[CachedStep]) -> None:
+        with self._lock:
+            self._get(episode_id).rollout = list(steps)
+
+    def rollout(self, episode_id: str) -> list[CachedStep]:
+        with self._lock:
+            return list(self._get(episode_id).rollout)
+
+    # ---------------------------------------------------------- last-call cache
+    def is_last_rejected(self, episode_id: str, tool: str, args: Mapping[str, Any]) -> bool:
+        with self._lock:
+            return self._get(episode_id).last_rejected == (tool, canonical_args(args))
+
+    def set_last_rejected(self, episode_id: str, tool: str | None, args: Mapping[str, Any] | None = None) -> None:
+        with self._lock:
+            self._get(episode_id).last_rejected = None if tool is None else (tool, canonical_args(args or {}))
+
+    # ----------------------------------------------------------------- blacklist
+    def blacklist(self, episode_id: str, tools: set[str] | None = None) -> set[str]:
+        with self._lock:
+            ep = self._get(episode_id)
+            if tools:
+                ep.blacklist |= tools
+            return set(ep.blacklist)

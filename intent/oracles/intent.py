@@ -1,0 +1,128 @@
+"""INTENT: the intention-based oracle (paper, section 3.3, Algorithm 3, Appendix A.2).
+
+For a proposal ``a_t`` with ``B_t`` left:
+
+1. **Last-call cache**: the same call as the last rejected one is accepted if ``price <= B_t``.
+2. **Rollout cache**: a proposal matching the head of the cached plan is accepted (if it fits)
+   without simulating, and the head is popped; a miss clears the cache.
+3. **Ideal trajectory**: the agent's policy is rolled out against the conditional generator
+   ``W_psi(o | T, u, z=1)`` (every call succeeds), to an answer or ``max_depth`` turns.
+4. **Intention prediction**, one batched call for the whole rollout: ``p_k = P(z=1 | r_k, T_k, u_k)``.
+   Tools with ``p_k < delta`` join the episode's **blacklist** (hidden from the agent).
+5. **Geometric cost calibration**: ``c_k = price_k / p_k``; accept iff
+   ``price(a_t) <= B_t and gamma * sum_k c_k <= B_t``. On acceptance the rest of the plan is
+   cached; on rejection the agent gets the predicted tool trace (price, p_success,
+   expected cost; no arguments, no simulated contents) and the call becomes the last rejected.
+
+Switches map to the paper's ablations (Tables 3 and 4): ``predictor`` = Optimistic /
+Uncalibrated / Empirical Mean; ``stochastic=True`` samples the unconditional world model
+(MCO-style) instead of the ideal trajectory; ``lookahead=False`` is "No Rollout" (only the
+immediate action, risk-adjusted); ``trace_feedback=False`` is "No Trace";
+``rollout_cache``, ``last_call_cache``, ``blacklist`` switch each mechanism off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from intent import feedback as fb
+from intent.market import Market
+from intent.oracle import ACCEPTED, CACHE_HIT, PLAN_OVER_BUDGET, Decision, DecisionContext, PlannedStep
+from intent.oracles.base import ModelErrorPolicy, PlanningOracle, usage
+from intent.oracles.caches import CachedStep
+from intent.policy import AgentPolicy
+from intent.rollout import SimStep, simulate_rollout
+
+__all__ = ["IntentOracle"]
+
+LAST_CALL_HIT = "last_call_cache"
+P_FLOOR = 1e-3  # p is clipped here so that price / p stays finite
+
+
+class IntentOracle(PlanningOracle):
+    name = "intent"
+
+    def __init__(
+        self,
+        policy: AgentPolicy | Callable[[DecisionContext], AgentPolicy],
+        generator: Any,
+        predictor: Any,
+        *,
+        gamma: float = 0.5,
+        delta: float = 0.1,
+        max_depth: int = 8,
+        rollout_cache: bool = True,
+        last_call_cache: bool = True,
+        blacklist: bool = True,
+        trace_feedback: bool = True,
+        stochastic: bool = False,
+        lookahead: bool = True,
+        show_market: bool = True,
+        on_model_error: ModelErrorPolicy = "accept_if_fits",
+    ) -> None:
+        super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error)
+        if not gamma > 0:
+            raise ValueError(f"gamma must be > 0 (the paper uses 0.5; 0.5-0.7 is the sweet spot), got {gamma}")
+        if not 0 <= delta < 1:
+            raise ValueError(f"delta must be in [0, 1) (the paper uses 0.1), got {delta}")
+        self.generator, self.predictor = generator, predictor
+        self.gamma, self.delta = gamma, delta
+        self.rollout_cache, self.last_call_cache, self.use_blacklist = rollout_cache, last_call_cache, blacklist
+        self.trace_feedback, self.stochastic, self.lookahead = trace_feedback, stochastic, lookahead
+
+    def visible_tools(self, market: Market, episode_id: str) -> list[str] | None:
+        if not self.use_blacklist:
+            return None
+        hidden = self.memory.blacklist(episode_id)
+        return [n for n in market.names if n not in hidden] if hidden else None
+
+    def _decide(self, ctx: DecisionContext) -> Decision:
+        from worldmodel.protocols import predict_many
+
+        started = time.perf_counter()
+        eid, tool, args, price, left = ctx.episode_id, ctx.tool, dict(ctx.args), ctx.price, ctx.remaining
+        fits = price <= left + 1e-9
+        if self.last_call_cache and self.memory.is_last_rejected(eid, tool, args):
+            if fits:
+                self.memory.set_last_rejected(eid, None)
+                return Decision.accepted(reason=LAST_CALL_HIT, last_call_hit=1)
+        if self.rollout_cache:
+            if self.memory.pop_if_head(eid, tool, args) and fits:
+                return Decision.accepted(reason=CACHE_HIT, cache_hit=1)
+
+        if self.lookahead:
+            rollout = simulate_rollout(
+                ctx, self.policy_for(ctx), self.generator, satisfied=None if self.stochastic else True,
+                max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx))
+            steps = rollout.steps
+        else:  # "No Rollout": the immediate action alone
+            rollout = None
+            steps = [SimStep(tool, args, ctx.reasoning, price, "", 0)]
+        if not steps or steps[0].tool != tool:
+            steps = [SimStep(tool, args, ctx.reasoning, price, "", 0), *steps]
+        ps = predict_many(self.predictor, [(s.reasoning, s.tool, s.args) for s in steps])
+        ps = [min(1.0, max(P_FLOOR, p)) for p in ps]
+        if self.use_blacklist:
+            low = {s.tool for s, p in zip(steps, ps) if p < self.delta}
+            if low:
+                self.memory.blacklist(eid, low)
+        trace = [PlannedStep(s.tool, s.price, p) for s, p in zip(steps, ps)]
+        sigma = sum(step.expected_cost or 0.0 for step in trace)
+        info = usage(
+            tokens=(rollout.policy_tokens + rollout.world_model_tokens) if rollout else 0,
+            policy_tokens=rollout.policy_tokens if rollout else 0,
+            world_model_tokens=rollout.world_model_tokens if rollout else 0,
+            rollout_steps=len(steps), rollout_turns=rollout.turns if rollout else 0,
+            predictor_items=len(steps), risk_cost=self.gamma * sigma,
+            oracle_ms=(time.perf_counter() - started) * 1000.0,
+        )
+        if fits and self.gamma * sigma <= left + 1e-9:
+            if self.rollout_cache:
+                self.memory.set_rollout(eid, [CachedStep(s.tool, s.args) for s in steps[1:]])
+            self.memory.set_last_rejected(eid, None)
+            return Decision(True, "", tuple(trace), ACCEPTED, info)
+        self.memory.set_last_rejected(eid, tool, args)
+        feedback = fb.plan_rejection(left, self.gamma * sigma, self.gamma, trace if self.trace_feedback else None)
+        return Decision(False, feedback, tuple(trace), PLAN_OVER_BUDGET, info)

@@ -1,0 +1,56 @@
+"""MCO: the Monte Carlo oracle (paper, section 3.2, Algorithm 2).
+
+One lookahead rollout: the agent's own policy against the unconditional world model
+``W_phi(o | T, u)`` (sampled; temperature 1.0 is the world model's setting), to an answer or
+``max_depth`` turns. Accept iff the simulated plan's total price is at most ``B_t``; otherwise
+reject with the simulated future actions as feedback. The optional rollout cache accepts a
+proposal that matches the head of the last accepted plan without simulating.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from intent import feedback as fb
+from intent.oracle import ACCEPTED, CACHE_HIT, PLAN_OVER_BUDGET, Decision, DecisionContext, PlannedStep
+from intent.oracles.base import ModelErrorPolicy, PlanningOracle, usage
+from intent.oracles.caches import CachedStep
+from intent.policy import AgentPolicy
+from intent.rollout import simulate_rollout
+from worldmodel.formats import canonical_args
+
+__all__ = ["MCOOracle"]
+
+
+class MCOOracle(PlanningOracle):
+    name = "mco"
+
+    def __init__(self, policy: AgentPolicy | Callable[[DecisionContext], AgentPolicy], world_model: Any, *,
+                 max_depth: int = 8, temperature: float = 1.0, rollout_cache: bool = True,
+                 show_market: bool = True, on_model_error: ModelErrorPolicy = "accept_if_fits") -> None:
+        super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error)
+        self.world_model = world_model
+        self.temperature = temperature  # recorded; the world model backend applies it
+        self.rollout_cache = rollout_cache
+
+    def _decide(self, ctx: DecisionContext) -> Decision:
+        started = time.perf_counter()
+        eid, left = ctx.episode_id, ctx.remaining
+        fits = ctx.price <= left + 1e-9
+        if self.rollout_cache and self.memory.pop_if_head(eid, ctx.tool, dict(ctx.args)) and fits:
+            return Decision.accepted(reason=CACHE_HIT, cache_hit=1)
+        rollout = simulate_rollout(ctx, self.policy_for(ctx), self.world_model, satisfied=None,
+                                   max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx))
+        total = rollout.total_price
+        trace = tuple(PlannedStep(s.tool, s.price) for s in rollout.steps)
+        info = usage(tokens=rollout.policy_tokens + rollout.world_model_tokens, policy_tokens=rollout.policy_tokens,
+                     world_model_tokens=rollout.world_model_tokens, rollout_steps=len(rollout.steps),
+                     rollout_turns=rollout.turns, plan_cost=total, oracle_ms=(time.perf_counter() - started) * 1000)
+        if fits and total <= left + 1e-9:
+            if self.rollout_cache:
+                self.memory.set_rollout(eid, [CachedStep(s.tool, s.args) for s in rollout.steps[1:]])
+            return Decision(True, "", trace, ACCEPTED, info)
+        actions = [{"tool": s.tool, "args": canonical_args(s.args), "price": s.price} for s in rollout.steps]
+        return Decision(False, fb.rollout_rejection(left, total, actions), trace, PLAN_OVER_BUDGET, info)

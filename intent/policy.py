@@ -1,0 +1,43 @@
+"""AgentPolicy: "given this (hypothetical) history, what would the agent do next?"
+
+Rollouts (MCO, INTENT) call the agent's own model on a simulated history. It works over any
+LangChain chat model with ``bind_tools`` — which includes the benchmark's simulated agent —
+and counts the tokens it spends (``usage_metadata``), so the oracle's cost is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
+
+__all__ = ["AgentPolicy"]
+
+
+class AgentPolicy:
+    def __init__(self, model: Any, tools: Sequence[Any] = (), *, system_prompt: str | None = None) -> None:
+        if not callable(getattr(model, "invoke", None)):
+            raise TypeError(f"AgentPolicy needs a LangChain chat model, got {type(model).__name__}")
+        self.model = model
+        self.tools = list(tools)
+        self.system_prompt = system_prompt
+
+    def next_action(self, history: Sequence[BaseMessage], *, visible: Iterable[str] | None = None,
+                    notes: str | None = None) -> tuple[AIMessage, int]:
+        """The agent's next message on ``history`` and the tokens it cost."""
+        allowed = None if visible is None else set(visible)
+        tools = [t for t in self.tools if allowed is None or _name(t) in allowed]
+        system = "\n\n".join(x for x in (self.system_prompt, notes) if x)
+        messages = ([SystemMessage(system)] if system else []) + [m for m in history
+                                                                   if not isinstance(m, SystemMessage)]
+        bound = self.model.bind_tools(tools) if tools and hasattr(self.model, "bind_tools") else self.model
+        reply = bound.invoke(messages)
+        if not isinstance(reply, AIMessage):
+            reply = AIMessage(str(getattr(reply, "content", reply)))
+        tokens = int((reply.usage_metadata or {}).get("total_tokens", 0))
+        return reply, tokens
+
+
+def _name(tool: Any) -> str:
+    return tool["name"] if isinstance(tool, dict) else getattr(tool, "name", str(tool))

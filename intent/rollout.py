@@ -1,0 +1,92 @@
+"""The single-trajectory lookahead shared by MCO and INTENT.
+
+From the current history, the proposal (and the calls after it in the same batch) is
+executed against a world model instead of the real tool; then the agent's own policy proposes
+each next step, whose calls are simulated too, until the agent answers or ``max_depth`` model
+turns are reached. Nothing here charges money or runs a real tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+from intent.market import Market
+from intent.oracle import DecisionContext
+from intent.policy import AgentPolicy
+
+__all__ = ["Rollout", "SimStep", "simulate_rollout"]
+
+
+@dataclass(frozen=True)
+class SimStep:
+    tool: str
+    args: dict[str, Any]
+    reasoning: str
+    price: float
+    observation: str
+    depth: int  # 0 = the proposal's own turn
+
+
+@dataclass
+class Rollout:
+    steps: list[SimStep] = field(default_factory=list)
+    answered: bool = False
+    truncated: bool = False
+    turns: int = 0
+    policy_tokens: int = 0
+    world_model_tokens: int = 0
+
+    @property
+    def total_price(self) -> float:
+        return sum(s.price for s in self.steps)
+
+
+def _price(market: Market, tool: str) -> float | None:
+    try:
+        return market.price(tool)
+    except KeyError:  # UnpricedToolError: the agent would be refused this call; not part of the plan
+        return None
+
+
+def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any, *, satisfied: bool | None,
+                     max_depth: int, visible: Sequence[str] | None = None, notes: str | None = None) -> Rollout:
+    from worldmodel.protocols import simulate_counted
+
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    history = list(ctx.history)
+    cut = max((i for i, m in enumerate(history) if isinstance(m, AIMessage)), default=len(history))
+    messages: list[BaseMessage] = history[:cut]
+    out = Rollout()
+    pending = list(ctx.batch[ctx.batch_index:]) or [ctx.proposal]
+    first = AIMessage(content=ctx.reasoning, tool_calls=[
+        {"name": p.tool, "args": dict(p.args), "id": f"rollout-0-{k}", "type": "tool_call"} for k, p in enumerate(pending)
+    ])
+    turn_calls: list[tuple[AIMessage, list[dict[str, Any]]]] = [(first, first.tool_calls)]
+    depth = 0
+    while True:
+        ai, calls = turn_calls[-1]
+        messages.append(ai)
+        for call in calls:
+            price = _price(ctx.market, call["name"])
+            text, tokens = simulate_counted(world_model, call["name"], call["args"], satisfied=satisfied)
+            out.world_model_tokens += tokens
+            if price is not None:
+                out.steps.append(SimStep(call["name"], dict(call["args"]), str(ai.content), price, text, depth))
+            messages.append(ToolMessage(text, tool_call_id=call["id"], name=call["name"]))
+        depth += 1
+        out.turns = depth
+        if depth >= max_depth:
+            out.truncated = True
+            return out
+        reply, tokens = policy.next_action(messages, visible=visible, notes=notes)
+        out.policy_tokens += tokens
+        if not reply.tool_calls:
+            out.answered = True
+            return out
+        calls = [dict(c, id=f"rollout-{depth}-{k}") for k, c in enumerate(reply.tool_calls)]
+        turn_calls.append((AIMessage(content=reply.content, tool_calls=calls), calls))

@@ -1,0 +1,78 @@
+"""The single definition of the prompts and serialisations that training and inference share.
+
+Change a format here and both the training data builders (``training/``) and the inference
+backends (``worldmodel/``) follow; :data:`FORMAT_VERSION` is saved with every trained model so
+that a mismatch is detected at load time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+FORMAT_VERSION = 1
+
+WORLD_MODEL_SYSTEM = (
+    "You simulate the response of a tool (an API) to a call. Reply with the tool's raw output only: "
+    "no explanations, no markdown."
+)
+
+
+def canonical_args(args: Mapping[str, Any] | str) -> str:
+    """Arguments as canonical JSON (sorted keys, compact), the key for caches and prompts."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return args
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def world_model_prompt(tool: str, args: Mapping[str, Any] | str, satisfied: bool | None = None) -> str:
+    """The user turn of the world model. ``satisfied`` adds the z condition (conditional generator)."""
+    lines = [f"Tool: {tool}", f"Arguments: {canonical_args(args)}"]
+    if satisfied is True:
+        lines.append("Condition: the call succeeds and returns what the caller needs.")
+    elif satisfied is False:
+        lines.append("Condition: the call fails or returns something the caller cannot use.")
+    lines.append("Output:")
+    return "\n".join(lines)
+
+
+def world_model_messages(tool: str, args: Mapping[str, Any] | str, satisfied: bool | None = None) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": WORLD_MODEL_SYSTEM},
+        {"role": "user", "content": world_model_prompt(tool, args, satisfied)},
+    ]
+
+
+def predictor_text(reasoning: str, tool: str, args: Mapping[str, Any] | str, *, max_reasoning_chars: int = 1200) -> str:
+    """The intention predictor's input: the reasoning (what the agent wants) and the call."""
+    reasoning = " ".join((reasoning or "").split())[:max_reasoning_chars]
+    return f"Intention: {reasoning}\nCall: {tool}({canonical_args(args)})"
+
+
+JUDGE_SYSTEM = (
+    "You judge whether a tool call satisfied the intention the agent stated before making it. "
+    "Answer with one word, YES or NO, then a short reason."
+)
+
+
+def judge_prompt(reasoning: str, tool: str, args: Mapping[str, Any] | str, observation: str,
+                 *, max_observation_chars: int = 2000) -> str:
+    return (
+        f"Agent's reasoning: {reasoning}\nTool call: {tool}({canonical_args(args)})\n"
+        f"Tool output: {observation[:max_observation_chars]}\n"
+        "Did the output satisfy the intention of the call? Answer YES or NO."
+    )
+
+
+_YES_NO = re.compile(r"\b(YES|NO)\b", re.I)
+
+
+def parse_judge(text: str) -> int | None:
+    """1 for YES, 0 for NO, None when the reply says neither."""
+    m = _YES_NO.search(text or "")
+    return None if m is None else int(m.group(1).upper() == "YES")

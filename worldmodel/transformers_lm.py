@@ -1,0 +1,69 @@
+"""A world model from a Hugging Face causal LM directory, in-process (CPU here, GPU in production).
+
+``TransformersWorldModel(model_dir, *, device="cpu", max_new_tokens=256, temperature=1.0)``.
+Uses the tokenizer's chat template when it has one (the format ``intent train worldmodel``
+trains on), else the plain prompt of :mod:`worldmodel.formats`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from worldmodel.formats import world_model_messages, world_model_prompt
+from worldmodel.protocols import ModelError
+
+__all__ = ["TransformersWorldModel", "render_prompt"]
+
+
+def render_prompt(tokenizer: Any, tool: str, args: Mapping[str, Any] | str, satisfied: bool | None) -> str:
+    """The exact text the causal LM sees before the observation (shared with training)."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(world_model_messages(tool, args, satisfied), tokenize=False,
+                                             add_generation_prompt=True)
+    return world_model_prompt(tool, args, satisfied) + "\n"
+
+
+class TransformersWorldModel:
+    name = "transformers"
+
+    def __init__(self, model_dir: str | Path, *, device: str = "cpu", max_new_tokens: int = 256,
+                 temperature: float = 1.0, seed: int = 0) -> None:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:  # pragma: no cover
+            raise ImportError("TransformersWorldModel needs torch and transformers: `make install`") from exc
+        path = Path(model_dir)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        self._torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        self.device, self.max_new_tokens, self.temperature = device, max_new_tokens, temperature
+        self._generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._lock = threading.Lock()
+
+    def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None) -> str:
+        return self.simulate_with_usage(tool, args, satisfied=satisfied)[0]
+
+    def simulate_with_usage(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None
+                            ) -> tuple[str, int]:
+        torch = self._torch
+        prompt = render_prompt(self.tokenizer, tool, args, satisfied)
+        enc = self.tokenizer(prompt, return_tensors="pt").to(self.device)
+        sample = self.temperature > 0
+        try:
+            with self._lock, torch.no_grad():
+                torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=self._generator)))
+                out = self.model.generate(
+                    **enc, max_new_tokens=self.max_new_tokens, do_sample=sample,
+                    temperature=self.temperature if sample else None, top_p=None, top_k=None,
+                    pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                )
+        except RuntimeError as exc:
+            raise ModelError(f"transformers world model failed: {exc}") from exc
+        new = out[0, enc["input_ids"].shape[1]:]
+        return self.tokenizer.decode(new, skip_special_tokens=True).strip(), int(out.shape[1])
