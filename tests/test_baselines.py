@@ -9,7 +9,8 @@ from langchain_core.tools import StructuredTool
 
 from baselines.bats import TIER_GUIDELINES, BATSOracle, tier_for, tracker_block
 from baselines.dfsdt import DFSDTRunner, is_give_up
-from baselines.prompt import PromptOracle, price_list
+from baselines.prompt import PromptOracle
+from intent.feedback import price_list
 from eval.runner import BenchConfig, run_benchmark
 from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, PricedTool
 from intent.oracle import Outcome, Proposal
