@@ -16,17 +16,11 @@ class PromptOracle(Oracle):
     name = "prompt"
     enforce = False
 
-    def __init__(self) -> None:
-        self._budgets: dict[str, float] = {}
-
     def decide(self, ctx: DecisionContext) -> Decision:
-        self._budgets[ctx.episode_id] = ctx.budget
         return Decision.accepted()
 
     def prompt_notes(self, market: Market, episode_id: str, spent: float, remaining: float, budget: float) -> str:
-        self._budgets[episode_id] = budget
         return fb.market_notes(market, spent, remaining, budget)
 
     def result_note(self, outcome: Outcome) -> str:
-        budget = self._budgets.get(outcome.episode_id, outcome.spent + outcome.remaining)
-        return fb.budget_status(outcome.spent, max(0.0, budget - outcome.spent), budget)
+        return fb.budget_status(outcome.spent, max(0.0, outcome.budget - outcome.spent), outcome.budget)

@@ -422,7 +422,8 @@ class BudgetGuard:
         status: Literal["ok", "error"] = "error" if getattr(message, "status", "success") == "error" else "ok"
         observation = _text_of(message)
         proposal = Proposal(cid, name, dict(call.get("args") or {}), "")
-        outcome = Outcome(episode_id, proposal, committed.amount, status, observation, snap["spent"], snap["remaining"])
+        outcome = Outcome(episode_id, proposal, committed.amount, status, observation, snap["spent"], snap["remaining"],
+                          snap["budget"])
         self._call_hook("observe", outcome)
         note = self._call_hook("result_note", outcome)
         if note:

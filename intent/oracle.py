@@ -176,6 +176,7 @@ class Outcome:
     observation: str
     spent: float
     remaining: float
+    budget: float = 0.0
 
 
 class Oracle:

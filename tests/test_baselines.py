@@ -62,7 +62,7 @@ def test_prompt_shows_prices_and_status():
     market = Market([PricedTool("a", 5)])
     notes = oracle.prompt_notes(market, "e", 0, 50, 50)
     assert price_list(market) in notes and "hard budget of 50" in notes
-    assert "spent 5 of 50; 45 left" in oracle.result_note(Outcome("e", Proposal("c", "a", {}), 5, "ok", "", 5, 45))
+    assert "spent 5 of 50; 45 left" in oracle.result_note(Outcome("e", Proposal("c", "a", {}), 5, "ok", "", 5, 45, 50))
 
 
 def _tool(name):

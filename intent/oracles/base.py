@@ -69,8 +69,7 @@ class PlanningOracle(Oracle):
     def result_note(self, outcome: Outcome) -> str | None:
         if not self.show_market:
             return None
-        budget = outcome.spent + outcome.remaining
-        return fb.budget_status(outcome.spent, outcome.remaining, budget)
+        return fb.budget_status(outcome.spent, max(0.0, outcome.budget - outcome.spent), outcome.budget)
 
     def visible(self, ctx: DecisionContext) -> list[str]:
         hidden = self.memory.blacklist(ctx.episode_id) | set(ctx.market.banned)

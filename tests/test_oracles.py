@@ -1,0 +1,224 @@
+"""MCO and INTENT: decision arithmetic, caches, blacklist, feedback, failures, concurrency."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from fakes import ScriptedToolModel
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, HumanMessage
+
+from intent import Decision, DecisionContext, Market, PricedTool, Proposal
+from intent.conformance import check_oracle
+from intent.oracles import IntentOracle, MCOOracle, args_match
+from intent.policy import AgentPolicy
+from worldmodel.protocols import ModelError
+
+MARKET = Market([PricedTool("a", 10), PricedTool("b", 20), PricedTool("c", 5)])
+
+
+class RecordingWM:
+    def __init__(self, fail: bool = False):
+        self.calls, self.fail = [], fail
+
+    def simulate(self, tool, args, *, satisfied=None):
+        self.calls.append((tool, satisfied))
+        if self.fail:
+            raise ModelError("world model down")
+        return '{"ok": true}'
+
+
+class TablePredictor:
+    def __init__(self, table, default=1.0):
+        self.table, self.default, self.batches = table, default, 0
+
+    def predict(self, reasoning, tool, args):
+        return self.table.get(tool, self.default)
+
+    def predict_batch(self, items):
+        self.batches += 1
+        return [self.table.get(t, self.default) for _, t, _ in items]
+
+
+class NoPolicy(ScriptedToolModel):
+    def invoke(self, *a, **k):
+        raise AssertionError("the policy must not be called here")
+
+
+def policy(*replies):
+    return AgentPolicy(ScriptedToolModel(messages=iter(list(replies)), bound=[]))
+
+
+def tc(name, cid="x", **args):
+    return {"name": name, "args": args, "id": cid, "type": "tool_call"}
+
+
+def ctx(tool="a", remaining=50.0, episode="e1", args=None, price=None):
+    args = args or {"q": 1}
+    prop = Proposal(f"{episode}-{tool}", tool, args, f"I need {tool}")
+    return DecisionContext(episode, "q", prop, MARKET.price(tool) if price is None else price, 50.0, 50 - remaining,
+                           remaining, MARKET, step=0,
+                           history=[HumanMessage("q"), AIMessage(f"I need {tool}", tool_calls=[tc(tool, prop.call_id, **args)])],
+                           batch=(prop,))
+
+
+def test_intent_decision_arithmetic_and_trace_feedback():
+    pred = TablePredictor({"a": 0.5, "b": 0.8})
+    wm = RecordingWM()
+    accept = IntentOracle(policy(AIMessage("then b", tool_calls=[tc("b", q=2)]), AIMessage("done")), wm, pred, gamma=0.5)
+    d = accept.decide(ctx())
+    assert d.accept and [s.expected_cost for s in d.trace] == [20.0, 25.0]
+    assert d.usage["risk_cost"] == pytest.approx(22.5) and pred.batches == 1  # one batched predictor call
+    assert all(z is True for _, z in wm.calls)  # the ideal trajectory: conditional generator, z = 1
+    reject = IntentOracle(policy(AIMessage("then b", tool_calls=[tc("b", q=2)]), AIMessage("done")),
+                          RecordingWM(), pred, gamma=1.2)
+    d = reject.decide(ctx())
+    assert not d.accept and d.reason == "plan_over_budget"
+    assert "1 | a | 10 | 0.50 | 20" in d.feedback and "2 | b | 20 | 0.80 | 25" in d.feedback
+    assert "q" not in d.feedback.split("Predicted tool trace:")[1].replace("p_success", "")  # no arguments
+    assert '"ok"' not in d.feedback  # no simulated contents
+
+
+def test_the_immediate_price_must_fit():
+    oracle = IntentOracle(policy(AIMessage("done")), RecordingWM(), TablePredictor({}), gamma=0.1)
+    assert not oracle.decide(ctx("b", remaining=15)).accept
+
+
+def test_rollout_cache_hit_pop_and_miss_clear():
+    oracle = IntentOracle(policy(AIMessage("", tool_calls=[tc("b", q=2)]), AIMessage("", tool_calls=[tc("c", q=3)]),
+                                 AIMessage("done")), RecordingWM(), TablePredictor({}))
+    assert oracle.decide(ctx("a")).accept
+    assert [s.tool for s in oracle.memory.rollout("e1")] == ["b", "c"]
+    oracle._policy = AgentPolicy(NoPolicy(messages=iter([]), bound=[]))
+    hit = oracle.decide(ctx("b", remaining=40, args={"q": 2}))
+    assert hit.accept and hit.reason == "cache_hit" and [s.tool for s in oracle.memory.rollout("e1")] == ["c"]
+    miss = oracle.decide(ctx("a", remaining=20))  # a miss clears the cache and simulates again
+    assert miss.reason == "oracle_error"  # (the policy that must not be called was called: fallback)
+    assert oracle.memory.rollout("e1") == []
+
+
+def test_last_call_cache_accepts_a_repeated_rejected_call_once():
+    oracle = IntentOracle(policy(AIMessage("done")), RecordingWM(), TablePredictor({"a": 0.1}), gamma=1.0,
+                          blacklist=False)
+    first = oracle.decide(ctx("a", remaining=50))
+    assert not first.accept  # 10 / 0.1 = 100 > 50
+    again = oracle.decide(ctx("a", remaining=50))
+    assert again.accept and again.reason == "last_call_cache"
+    assert not oracle.memory.is_last_rejected("e1", "a", {"q": 1})
+
+
+def test_blacklist_hides_low_probability_tools():
+    oracle = IntentOracle(policy(AIMessage("", tool_calls=[tc("b")]), AIMessage("done")), RecordingWM(),
+                          TablePredictor({"b": 0.05}), delta=0.1)
+    oracle.decide(ctx("a"))
+    assert oracle.visible_tools(MARKET, "e1") == ["a", "c"]
+    assert oracle.visible_tools(MARKET, "other-episode") is None
+    off = IntentOracle(policy(AIMessage("", tool_calls=[tc("b")]), AIMessage("done")), RecordingWM(),
+                       TablePredictor({"b": 0.05}), blacklist=False)
+    off.decide(ctx("a"))
+    assert off.visible_tools(MARKET, "e1") is None
+
+
+def test_no_trace_and_no_rollout_and_stochastic_switches():
+    no_trace = IntentOracle(policy(AIMessage("", tool_calls=[tc("b")]), AIMessage("done")), RecordingWM(),
+                            TablePredictor({}), gamma=5, trace_feedback=False)
+    d = no_trace.decide(ctx())
+    assert not d.accept and "Predicted tool trace" not in d.feedback and "|" not in d.feedback
+    no_rollout = IntentOracle(AgentPolicy(NoPolicy(messages=iter([]), bound=[])), RecordingWM(),
+                              TablePredictor({"a": 0.25}), gamma=1.0, lookahead=False)
+    d = no_rollout.decide(ctx("a", remaining=45))  # 10 / 0.25 = 40 <= 45
+    assert d.accept and len(d.trace) == 1
+    wm = RecordingWM()
+    IntentOracle(policy(AIMessage("done")), wm, TablePredictor({}), stochastic=True).decide(ctx())
+    assert wm.calls and all(z is None for _, z in wm.calls)
+
+
+def test_mco_compares_the_simulated_total_with_what_is_left():
+    wm = RecordingWM()
+    plan = (AIMessage("", tool_calls=[tc("b")]), AIMessage("", tool_calls=[tc("c")]), AIMessage("done"))
+    d = MCOOracle(policy(*plan), wm, max_depth=5).decide(ctx("a", remaining=35))
+    assert d.accept and sum(s.price for s in d.trace) == 35 and all(z is None for _, z in wm.calls)
+    d = MCOOracle(policy(*plan), RecordingWM(), max_depth=5).decide(ctx("a", remaining=34))
+    assert not d.accept and "1. a(" in d.feedback and "3. c(" in d.feedback  # simulated actions, with args
+    truncated = MCOOracle(policy(AIMessage("", tool_calls=[tc("b")]), AIMessage("", tool_calls=[tc("b")])),
+                          RecordingWM(), max_depth=2).decide(ctx("a"))
+    assert truncated.usage["rollout_turns"] == 2
+
+
+@pytest.mark.parametrize("policy_kind", ["accept_if_fits", "reject"])
+def test_model_failure_falls_back_visibly(policy_kind):
+    oracle = IntentOracle(policy(AIMessage("done")), RecordingWM(fail=True), TablePredictor({}),
+                          on_model_error=policy_kind)
+    d = oracle.decide(ctx("a", remaining=50))
+    assert d.reason == "oracle_error" and d.usage["model_error"] == 1
+    assert d.accept == (policy_kind == "accept_if_fits")
+    assert not oracle.decide(ctx("b", remaining=15)).accept  # never accepts what does not fit
+
+
+def test_two_episodes_in_parallel_never_share_caches():
+    script = [AIMessage("", tool_calls=[tc("b")]), AIMessage("done")] * 50
+    oracle = IntentOracle(AgentPolicy(ScriptedToolModel(messages=iter(script), bound=[])), RecordingWM(),
+                          TablePredictor({"c": 0.01}))
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def run(eid, tool):
+        barrier.wait()
+        for _ in range(10):
+            oracle.decide(ctx(tool, episode=eid))
+        results[eid] = (oracle.memory.rollout(eid), oracle.memory.blacklist(eid))
+
+    threads = [threading.Thread(target=run, args=("ep-A", "a")), threading.Thread(target=run, args=("ep-B", "c"))]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert "c" in results["ep-B"][1] and "c" not in results["ep-A"][1]
+
+
+def test_args_match_is_tolerant():
+    assert args_match({"city": "Oslo", "day": "mon"}, {"city": "oslo ", "day": "tue"})
+    assert not args_match({"city": "Oslo", "day": "mon"}, {"city": "Bergen", "day": "tue"})
+
+
+class WildPredictor:
+    def __init__(self, values, fail):
+        self.values, self.fail, self.i = values, fail, 0
+
+    def predict(self, r, t, a):
+        self.i += 1
+        if self.fail and self.i % 3 == 0:
+            raise ModelError("predictor timeout")
+        return self.values[self.i % len(self.values)]
+
+
+class LoopPolicyModel(ScriptedToolModel):
+    def invoke(self, messages, *a, **k):
+        return AIMessage("more", tool_calls=[tc("pricey", "p"), tc("cheap", "c")])
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(st.floats(0, 1), min_size=1, max_size=5), fail=st.booleans(), gamma=st.floats(0.01, 2),
+       kind=st.sampled_from(["intent", "mco", "intent-norollout"]), budget=st.integers(0, 60))
+def test_no_oracle_lets_the_guard_overspend(values, fail, gamma, kind, budget):
+    def factory():
+        pol = AgentPolicy(LoopPolicyModel(messages=iter([]), bound=[]))
+        if kind == "mco":
+            return MCOOracle(pol, RecordingWM(fail=fail), max_depth=3)
+        return IntentOracle(pol, RecordingWM(fail=fail and len(values) % 2 == 0), WildPredictor(values, fail),
+                            gamma=gamma, max_depth=3, lookahead=kind == "intent")
+
+    check_oracle(factory, budget=float(budget))
+
+
+def test_conformance_of_the_shipped_oracles():
+    from baselines.bats import BATSOracle
+    from baselines.prompt import PromptOracle
+    from baselines.raw import RawOracle
+    from intent import AcceptAll
+
+    for factory in (AcceptAll, RawOracle, PromptOracle, BATSOracle,
+                    lambda: IntentOracle(policy(AIMessage("done")), RecordingWM(), TablePredictor({})),
+                    lambda: MCOOracle(policy(AIMessage("done")), RecordingWM())):
+        check_oracle(factory)
+    assert isinstance(AcceptAll().decide(ctx()), Decision)
