@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TORCH_PIN ?= torch==2.13.0
 
-DEMO_METHODS ?= raw,prompt,tracker
+DEMO_METHODS ?= raw,prompt,tracker,dfsdt,bats,mco,intent
 DEMO_TASKS ?= 300
 DEMO_OUT ?= runs/demo
 

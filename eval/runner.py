@@ -216,7 +216,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
         if not todo:
             continue
         started = time.perf_counter()
-        bar = tqdm(total=len(todo), desc=f"{spec.name:>8}", disable=not progress, leave=False)
+        bar = tqdm(total=len(todo), desc=f"{spec.name:>8}", disable=None if progress else True, leave=False)
         with ThreadPoolExecutor(max_workers=config.workers) as pool:
             futures = [
                 pool.submit(run_episode, spec, market.episode(t, config.seed), config.seed, agent_factory,
