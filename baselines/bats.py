@@ -160,10 +160,11 @@ class SimulatedVerifier:
     estimated as characters / 4 of the prompt it would have sent.
     """
 
-    def __init__(self, needs: Sequence[Any], covers: Mapping[str, frozenset[str]]) -> None:
+    def __init__(self, needs: Sequence[Any], covers: Mapping[str, frozenset[str]], reading: str = "entity") -> None:
         from eval.agents.simulated import looks_successful
 
         self._looks = looks_successful
+        self.reading = reading
         self.needs = list(needs)
         self.covers = covers
         self._lock = threading.Lock()
@@ -172,7 +173,7 @@ class SimulatedVerifier:
     def verify(self, query: str, tool: str, observation: str, episode_id: str) -> Verification:
         with self._lock:
             st = self._state.setdefault(episode_id, {"satisfied": set(), "failed": {}})
-            got = {n.id for n in self.needs if n.id in self.covers.get(tool, ()) and self._looks(n, observation)}
+            got = {n.id for n in self.needs if n.id in self.covers.get(tool, ()) and self._looks(n, observation, self.reading)}
             st["satisfied"] |= got
             if not got:
                 st["failed"][tool] = st["failed"].get(tool, 0) + 1

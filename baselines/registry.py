@@ -14,7 +14,8 @@ def _bats(ctx: MethodContext) -> Oracle:
     verify = ctx.options.get("bats_verify", True)
     verifier: Any = None
     if verify:
-        verifier = (SimulatedVerifier(ctx.env.view.needs, ctx.env.view.covers) if ctx.simulated_agent
+        verifier = (SimulatedVerifier(ctx.env.view.needs, ctx.env.view.covers, ctx.env.view.reading)
+                    if ctx.simulated_agent
                     else LLMVerifier(ctx.model))
     return BATSOracle(verifier=verifier, planning=True, max_verifications=int(ctx.options.get("bats_k", 5)))
 

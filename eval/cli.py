@@ -7,6 +7,8 @@ from typing import Any
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.what == "study":
+        return _study(args)
     from rich.console import Console
 
     from eval.report import markdown_table
@@ -20,6 +22,9 @@ def _bench(args: argparse.Namespace) -> int:
         options["stb_path"] = args.stb_path
     if args.groups:
         options["groups"] = [g.strip() for g in args.groups.split(",")]
+    for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir"):
+        if getattr(args, key, None):
+            options[key] = getattr(args, key)
     config = BenchConfig(market=args.market, methods=methods, agent=args.agent, tasks=args.tasks,
                          workers=args.workers, seed=args.seed, out=args.out, reference=args.reference,
                          event_rate=args.event_rate, budget=args.budget, options=options)
@@ -33,8 +38,24 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _study(args: argparse.Namespace) -> int:
+    from eval.study import StudyConfig, run_study
+
+    kw: dict[str, Any] = {"out": args.out, "seed": args.seed, "workers": args.workers, "agent": args.agent,
+                          "progress": not args.no_progress}
+    if args.base_url:
+        kw["options"] = {"base_url": args.base_url}
+    cfg = StudyConfig.quick(**kw) if args.quick else StudyConfig(**kw)
+    run_study(cfg)
+    print((__import__("pathlib").Path(args.out) / "report.md").read_text())
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="compare methods on the synthetic market or cost-augmented StableToolBench")
+    p.add_argument("what", nargs="?", choices=["run", "study"], default="run",
+                   help="'run' (default): one comparison; 'study': the full study with ablations and robustness")
+    p.add_argument("--quick", action="store_true", help="study: the reduced version that make demo runs")
     p.add_argument("--market", choices=["synthetic", "stabletoolbench"], default="synthetic")
     p.add_argument("--methods", default="raw,prompt,tracker", help="comma-separated method names")
     p.add_argument("--agent", default="sim",
@@ -49,5 +70,12 @@ def register(sub: Any) -> None:
     p.add_argument("--budget", type=float, default=None, help="override every task's budget")
     p.add_argument("--stb-path", help="StableToolBench data root (default ../shared/stabletoolbench)")
     p.add_argument("--groups", help="StableToolBench groups, comma-separated (default: all six)")
+    p.add_argument("--stb-env", choices=["schema", "mirror", "server"], help="StableToolBench tool environment "
+                   "(default schema: simulated from template_response)")
+    p.add_argument("--stb-env-url", help="MirrorAPI-style OpenAI-compatible endpoint, or a StableToolBench server URL")
+    p.add_argument("--stb-env-model", help="model name for --stb-env mirror")
+    p.add_argument("--retriever", choices=["tfidf", "minilm"], help="StableToolBench retrieval of 20 APIs per query")
+    p.add_argument("--oracle-logs", help="interaction logs (intent.logs JSONL) to build the oracle models from")
+    p.add_argument("--predictor-dir", help="a trained intention predictor directory (intent train predictor)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_bench)

@@ -49,6 +49,18 @@ class BenchMarket(Protocol):
     def episode(self, task: Any, seed: int) -> EpisodeEnv: ...
 
 
+def scale_relevant_prices(task: Any, factor: float) -> Any:
+    """The paper's price-robustness study: scale the prices of the reference (relevant) tools.
+
+    In the synthetic market the relevant tools are those that cover at least one need; prices
+    stay integers >= 1 (rounded half to even). Distractors keep their prices.
+    """
+    from dataclasses import replace
+
+    tools = tuple(replace(t, price=max(1, int(round(t.price * factor)))) if t.covers else t for t in task.tools)
+    return replace(task, tools=tools)
+
+
 def tier_from_description(description: str) -> str:
     """How an agent reads a provider's tier off its description (no hidden information)."""
     d = description.lower()
@@ -69,11 +81,16 @@ class SyntheticBenchMarket:
     name = "synthetic"
 
     def __init__(self, n: int, seed: int, *, event_rate: float = 0.0, budget: int | None = None,
-                 budget_scale: float = 1.0) -> None:
+                 budget_scale: float = 1.0, relevant_price_scale: float = 1.0) -> None:
         from eval.synthetic import SIMULATED_LABEL, generate_tasks
 
+        if relevant_price_scale <= 0:
+            raise ValueError(f"relevant_price_scale must be > 0, got {relevant_price_scale}")
         self.label = SIMULATED_LABEL
-        self._tasks = generate_tasks(n, seed, event_rate=event_rate, budget=budget, budget_scale=budget_scale)
+        tasks = generate_tasks(n, seed, event_rate=event_rate, budget=budget, budget_scale=budget_scale)
+        if relevant_price_scale != 1.0:
+            tasks = [scale_relevant_prices(t, relevant_price_scale) for t in tasks]
+        self._tasks = tasks
         self._solvable: dict[str, bool] = {}
         self._lock = threading.Lock()
 

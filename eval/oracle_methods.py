@@ -44,7 +44,9 @@ class OracleResources:
     def records(self) -> list[Any]:
         with self._lock:
             if self._records is None:
-                self._records = self._load_or_collect()
+                records = self._load_or_collect()
+                fraction = float(self.config.options.get("oracle_fraction", 1.0))
+                self._records = subsample_tasks(records, fraction, seed=self.config.seed)
             return self._records
 
     def _load_or_collect(self) -> list[Any]:
@@ -102,6 +104,19 @@ class OracleResources:
         if key == "optimistic":
             return OptimisticPredictor()
         raise KeyError(key)
+
+
+def subsample_tasks(records: list[Any], fraction: float, *, seed: int) -> list[Any]:
+    """Keep the records of a seeded ``fraction`` of the tasks (the data-scaling study)."""
+    import random
+
+    if not 0 < fraction <= 1:
+        raise ValueError(f"oracle_fraction must be in (0, 1], got {fraction}")
+    if fraction == 1:
+        return records
+    tasks = sorted({r.task_id for r in records})
+    keep = set(random.Random(seed).sample(tasks, max(1, round(len(tasks) * fraction))))
+    return [r for r in records if r.task_id in keep]
 
 
 def _replace(config: Any, **changes: Any) -> Any:

@@ -53,6 +53,7 @@ class BenchConfig:
     event_rate: float = 0.0
     budget: float | None = None
     budget_scale: float = 1.0
+    relevant_price_scale: float = 1.0
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -153,7 +154,8 @@ def build_market(config: BenchConfig) -> BenchMarket:
 
         return SyntheticBenchMarket(config.tasks, config.seed, event_rate=config.event_rate,
                                     budget=int(config.budget) if config.budget else None,
-                                    budget_scale=config.budget_scale)
+                                    budget_scale=config.budget_scale,
+                                    relevant_price_scale=config.relevant_price_scale)
     if config.market == "stabletoolbench":
         from eval.stb_market import StableToolBenchMarket
 
@@ -256,7 +258,8 @@ def _judge_label(market: str) -> str:
 def _check_config(out: Path, config: BenchConfig) -> None:
     """A run directory holds one task set: refuse to mix results from another config."""
     path = out / "run_config.json"
-    key = {k: getattr(config, k) for k in ("market", "agent", "tasks", "seed", "event_rate", "budget", "budget_scale")}
+    key = {k: getattr(config, k) for k in ("market", "agent", "tasks", "seed", "event_rate", "budget", "budget_scale",
+                                           "relevant_price_scale")}
     if path.exists():
         old = json.loads(path.read_text())
         if old != key:

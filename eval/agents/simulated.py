@@ -68,6 +68,7 @@ _TRACKER = re.compile(r"<budget>([0-9.]+)/([0-9.]+)</budget>")
 _TIER = re.compile(r"Budget tier (HIGH|MEDIUM|LOW|CRITICAL)")
 _VERIFY = re.compile(r"\[Verify\] (SUCCESS|CONTINUE|PIVOT)")
 _TRIED = re.compile(r"Previously tried actions at this point: ([^\n]+)")
+_ENVELOPE_OK = re.compile(r'^\{\s*"error"\s*:\s*""\s*,\s*"response"\s*:\s*(?!""|\[\]|\{\}|null)\S')
 _ONLY_LEFT = re.compile(r"only\s*([0-9.]+)\s*of the budget")
 _TRACE_ROW = re.compile(r"^\s*\d+\s*\|\s*([\w.\-]+)\s*\|\s*([0-9.]+)\s*\|\s*([0-9.]+)\s*\|", re.M)
 _ERROR_START = re.compile(r"^\s*(\d{3}\b|error\b|\{\s*\"error\"\s*:\s*\"[^\"])", re.I)
@@ -92,6 +93,9 @@ class TaskView:
     needs: tuple[NeedView, ...]
     covers: Mapping[str, frozenset[str]]  # tool -> need ids it can satisfy
     tiers: Mapping[str, str]  # tool -> premium|mid|cheap|composite|unknown (read off descriptions)
+    # How the agent reads a result: "entity" (a JSON payload about what it asked for) or
+    # "envelope" (StableToolBench's {"error": "", "response": ...} with an empty error).
+    reading: str = "entity"
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,15 @@ class SimAgentConfig:
     max_steps: int = 12
 
 
-def looks_successful(need: NeedView, text: str) -> bool:
+def looks_successful(need: NeedView, text: str, reading: str = "entity") -> bool:
     """The agent's reading of a tool result: a JSON payload about the entity it asked for."""
+    if reading == "envelope":
+        body = (text or "").split("\n[Budget status]")[0].split("\n<budget>")[0]
+        try:
+            payload = json.loads(body)
+        except json.JSONDecodeError:  # StableToolBench cuts observations at 1024 characters
+            return bool(_ENVELOPE_OK.match(body))
+        return isinstance(payload, dict) and not payload.get("error") and bool(payload.get("response"))
     if _ERROR_START.match(text or ""):
         return False
     try:
@@ -205,7 +216,7 @@ class SimulatedAgent(BaseChatModel):
                     if v[-1] == "PIVOT":
                         r.avoid.add(tool)
                     r.verified_success = v[-1] == "SUCCESS"
-                got = {n.id for n in self.view.needs if n.id in self.view.covers.get(tool, ()) and looks_successful(n, text)}
+                got = {n.id for n in self.view.needs if n.id in self.view.covers.get(tool, ()) and looks_successful(n, text, self.view.reading)}
                 r.satisfied |= got
                 for nid in self.view.covers.get(tool, ()):
                     r.last_tool_for[nid] = tool

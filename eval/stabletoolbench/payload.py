@@ -72,6 +72,7 @@ def recover_truncated_json(s: str) -> Any | None:
         pass
     stack: list[str] = []
     cuts: list[tuple[int, tuple[str, ...]]] = []
+    openings: list[tuple[int, tuple[str, ...]]] = []
     in_str = esc = False
     for i, ch in enumerate(s):
         if in_str:
@@ -86,14 +87,16 @@ def recover_truncated_json(s: str) -> Any | None:
             in_str = True
         elif ch in "{[":
             stack.append(ch)
-            cuts.append((i + 1, tuple(stack)))
+            openings.append((i + 1, tuple(stack)))
         elif ch in "}]":
             if stack:
                 stack.pop()
             cuts.append((i + 1, tuple(stack)))
         elif ch == ",":
             cuts.append((i, tuple(stack)))
-    for pos, open_ in reversed(cuts):
+    # Prefer cuts after complete values; cutting right after an opening bracket (which adds an
+    # empty container) is the last resort.
+    for pos, open_ in [*reversed(cuts), *reversed(openings)]:
         closing = "".join("}" if c == "{" else "]" for c in reversed(open_))
         try:
             return json.loads(s[:pos] + closing)

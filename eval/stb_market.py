@@ -1,0 +1,185 @@
+"""Cost-augmented StableToolBench as a benchmark market (the INTENT paper's protocol).
+
+* the 765 solvable test queries (``--stb-path``, default ``../shared/stabletoolbench``; never copied);
+* 20 APIs retrieved per query from the pool of all 2,479 APIs (TF-IDF by default, MiniLM with
+  ``retriever="minilm"``); recall@20 of the relevant APIs is reported (``OUT/retrieval.json``);
+* integer prices U{5..50} from the seed, written to ``OUT/prices.json``; budget 50;
+* tool environment: ``schema`` (simulated from ``template_response``, deterministic),
+  ``mirror`` (a MirrorAPI-style model behind ``stb_env_url``) or ``server`` (a running
+  StableToolBench server at ``stb_env_url``); every result says which environment produced it;
+* judge: the deterministic **proxy** pass rate (an answer is given and every relevant API
+  returned a success), reported as "proxy", never as SoPR.
+
+The simulated agent knows a query's needs as the relevant APIs (what a capable model reads off
+the query) and succeeds on a result whose ``error`` is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.tools import StructuredTool
+
+from eval.agents.simulated import NeedView, TaskView
+from eval.markets import EpisodeEnv
+from intent.market import Market, PricedTool
+
+__all__ = ["StableToolBenchMarket"]
+
+BUDGET = 50.0
+_TYPE = {"integer": "integer", "string": "string", "boolean": "boolean", "number": "number"}
+
+
+class StableToolBenchMarket:
+    name = "stabletoolbench"
+
+    def __init__(self, *, root: str | None = None, groups: Sequence[str] | None = None, limit: int | None = None,
+                 seed: int = 0, out: str | Path = "runs/stb", retriever: str = "tfidf", environment: str = "schema",
+                 env_url: str | None = None, env_model: str | None = None, budget: float = BUDGET,
+                 relevant_price_scale: float = 1.0, budget_scale: float = 1.0, progress: bool = False) -> None:
+        from eval.stabletoolbench import (
+            PROXY_LABEL,
+            api_pool,
+            assign_prices,
+            load_queries,
+            price_meta,
+            retrieve,
+            write_prices,
+        )
+
+        queries = load_queries(root, groups)
+        if limit is not None and limit < len(queries):
+            queries = _spread(queries, limit)
+        self.queries = queries
+        self.pool = api_pool(load_queries(root))  # the pool is always all 2,479 APIs
+        embedder = self._embedder(retriever)
+        self.retrieval = retrieve(queries, self.pool, embedder, k=20, progress=progress)
+        prices = assign_prices(self.pool, seed)
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_prices(out / "prices.json", prices, price_meta(seed, budget=int(budget)))
+        (out / "retrieval.json").write_text(json.dumps({k: v for k, v in self.retrieval.to_dict().items()
+                                                        if k != "retrieved"}, indent=2))
+        self.prices = prices
+        self.budget = budget * budget_scale
+        self.relevant_price_scale = relevant_price_scale
+        self.environment_kind = environment
+        self.env_url, self.env_model = env_url, env_model
+        if environment in ("mirror", "server") and not env_url:
+            raise ValueError(f"--stb-env {environment} needs --stb-env-url (the endpoint to call)")
+        if environment not in ("schema", "mirror", "server"):
+            raise ValueError(f"unknown StableToolBench environment {environment!r}; choose schema, mirror or server")
+        self.label = (f"cost-augmented StableToolBench ({len(queries)} queries, 20 retrieved APIs by {embedder_name(retriever)}"
+                      f" with recall@20 {self.retrieval.recall_at_k:.3f}, prices U{{5..50}} seed {seed}, budget "
+                      f"{self.budget:g}; {environment}-environment responses"
+                      + (" (simulated)" if environment == "schema" else "") + f"; {PROXY_LABEL})")
+
+    @staticmethod
+    def _embedder(kind: str) -> Any:
+        from eval.stabletoolbench import MiniLMEmbedder, TfidfEmbedder
+
+        if kind == "tfidf":
+            return TfidfEmbedder()
+        if kind == "minilm":
+            return MiniLMEmbedder()
+        raise ValueError(f"unknown retriever {kind!r}; choose tfidf or minilm")
+
+    @classmethod
+    def from_config(cls, config: Any) -> StableToolBenchMarket:
+        o = config.options
+        return cls(root=o.get("stb_path"), groups=o.get("groups"), limit=config.tasks, seed=config.seed,
+                   out=config.out, retriever=o.get("retriever", "tfidf"), environment=o.get("stb_env", "schema"),
+                   env_url=o.get("stb_env_url"), env_model=o.get("stb_env_model"),
+                   budget=float(config.budget or BUDGET), budget_scale=config.budget_scale,
+                   relevant_price_scale=config.relevant_price_scale)
+
+    def tasks(self) -> Sequence[Any]:
+        return self.queries
+
+    def task_id(self, task: Any) -> str:
+        return f"{task.group}:{task.query_id}"
+
+    def _environment(self, apis: Sequence[Any]) -> Any:
+        from eval.stabletoolbench import OpenAICompatibleSimulator, SchemaSimulator, ServerEnvironment
+
+        if self.environment_kind == "schema":
+            return SchemaSimulator(apis)
+        if self.environment_kind == "mirror":
+            return OpenAICompatibleSimulator(apis, self.env_url, self.env_model or "mirrorapi")
+        return ServerEnvironment(self.env_url, apis)
+
+    def episode(self, task: Any, seed: int) -> EpisodeEnv:
+        from eval.stabletoolbench import openai_tool_schema, proxy_pass
+
+        apis = list(self.retrieval.retrieved_apis[task.query_id])
+        env = self._environment(apis)
+        relevant = set(task.relevant_function_names)
+        scale = self.relevant_price_scale
+        market = Market([PricedTool(a.function_name, max(1, round(self.prices[a.function_name] * scale))
+                                    if a.function_name in relevant else self.prices[a.function_name],
+                                    a.description[:200]) for a in _unique(apis)])
+        successes: set[str] = set()
+        lock = threading.Lock()
+
+        def make_tool(api: Any) -> StructuredTool:
+            fn = openai_tool_schema(api)["function"]
+            params = fn["parameters"]
+            schema = {"title": fn["name"], "type": "object",
+                      "properties": {k: {"type": _TYPE.get(v.get("type"), "string"),
+                                         "description": v.get("description", "")}
+                                     for k, v in params.get("properties", {}).items()},
+                      "required": list(params.get("required", []))}
+
+            def run(**kwargs: Any) -> tuple[str, dict[str, Any]]:
+                result = env.call(fn["name"], kwargs)
+                if result.ok:
+                    with lock:
+                        successes.add(fn["name"])
+                return result.observation, {"z": int(result.ok), "status_code": result.status_code,
+                                            "environment": result.environment}
+
+            return StructuredTool.from_function(run, name=fn["name"], description=fn["description"][:1024],
+                                                args_schema=schema, response_format="content_and_artifact")
+
+        needs = []
+        for i, api in enumerate(a for a in task.api_list if a.function_name in relevant):
+            args = {p.schema_name: (p.default if str(p.default) else _placeholder(p)) for p in api.required}
+            providers = (api.function_name,) if api.function_name in market else ()
+            needs.append(NeedView(f"r{i}", f"result of {api.api_name} ({api.tool_name})", args, providers))
+        view = TaskView(task_id=self.task_id(task), query=task.query, needs=tuple(needs),
+                        covers={n.providers[0]: frozenset({n.id}) for n in needs if n.providers},
+                        tiers={}, reading="envelope")
+        return EpisodeEnv(
+            task_id=self.task_id(task), group=task.group, query=task.query, budget=self.budget, market=market,
+            tools=[make_tool(a) for a in _unique(apis)], view=view, solvable=None,
+            judge=lambda answer: float(proxy_pass(answer, relevant, successes)),
+            environment=getattr(env, "environment", self.environment_kind), relevant=frozenset(relevant),
+        )
+
+
+def embedder_name(kind: str) -> str:
+    return {"tfidf": "TF-IDF", "minilm": "MiniLM (all-MiniLM-L6-v2)"}.get(kind, kind)
+
+
+def _unique(apis: Sequence[Any]) -> list[Any]:
+    seen, out = set(), []
+    for a in apis:
+        if a.function_name not in seen:
+            seen.add(a.function_name)
+            out.append(a)
+    return out
+
+
+def _placeholder(param: Any) -> Any:
+    t = str(param.type).upper()
+    return 1 if t == "NUMBER" else True if t == "BOOLEAN" else "example"
+
+
+def _spread(queries: Sequence[Any], limit: int) -> list[Any]:
+    """A deterministic subset that keeps every group represented (every k-th query)."""
+    step = len(queries) / limit
+    return [queries[int(i * step)] for i in range(limit)]
