@@ -9,8 +9,9 @@ Per method, over its episodes:
   market knows solvability (synthetic: exact search; otherwise ``None``). Counting only solved
   tasks that are solvable keeps OR <= 100 even when an agent gets lucky on an unsolvable task.
 * **WR** win rate against a named reference method, x 100: a task is a win when the method's
-  (score, -cost) is strictly better than the reference's on the same task and seed; ties are
-  not wins (as in StableToolBench's SoWR, which reports ties separately).
+  score is higher than the reference's on the same task and seed, or both pass equally and the
+  method spent less. Two failures are a tie, never a win (as in StableToolBench's SoWR, which
+  reports ties separately).
 * **FR** feasible rate: share of tasks with cost <= budget, x 100.
 * **AC** average cost per task; **AP** average price per executed call (all calls pooled).
 * **time_ratio**: the method's end-to-end wall time over Raw's, both measured in this run with
@@ -58,7 +59,7 @@ def compute_metrics(
             if ref is None:
                 continue
             compared += 1
-            wins += (r.score, -r.cost) > (ref.score, -ref.cost)
+            wins += r.score > ref.score or (r.score == ref.score > 0 and r.cost < ref.cost)
         latencies = [r.wall_s for r in rs]
         decisions = [d for r in rs for d in r.decision_ms]
         out[method] = {
@@ -105,6 +106,7 @@ def _oracle_stats(rs: Sequence[EpisodeResult], decisions: int) -> dict[str, Any]
         "world_model_tokens": int(sums.get("world_model_tokens", 0.0)),
         "cache_hit_rate": round(hits / decisions, 4),
         "model_errors": int(sums.get("model_error", 0.0)),
+        "planning_ms_per_task": round(sums.get("planning_ms", 0.0) / len(rs), 3) if "planning_ms" in sums else None,
     }
 
 

@@ -72,6 +72,12 @@ class OracleResources:
             done.write_text("ok\n")
         return list(read_log(logs))
 
+    def get_or_build(self, key: str, build: Any) -> Any:
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = build()
+            return self._cache[key]
+
     def get(self, key: str) -> Any:
         with self._lock:
             if key not in self._cache:
