@@ -36,6 +36,9 @@ class EpisodeEnv:
     # (CostBench-style events); None when the market is static.
     market_now: Callable[[], Market] | None = None
     relevant: frozenset[str] = field(default_factory=frozenset)
+    # A world model that knows this market's response schemas (StableToolBench), used by the
+    # planning oracles instead of the replay model when present.
+    schema_world_model: Any = None
 
 
 class BenchMarket(Protocol):

@@ -11,12 +11,19 @@ then builds
   temperature-scaled on those logs (a trained encoder directory can be given with
   ``--predictor-dir``), or the ablations.
 
-Labels z come from the synthetic market's ground truth (the tool artifact logged by the guard).
+Labels z come from the environment (the tool artifact logged by the guard): the synthetic
+market's ground truth, or StableToolBench's response status.
+
+StableToolBench has no second task set, so there the logs are collected on the evaluation
+queries themselves (another agent seed) and the models are **cross-fitted**: queries are split
+into two folds by a hash of their id, and an episode's oracle uses models built only from the
+other fold's logs — no query's own logs ever inform the oracle that guards it.
 """
 
 from __future__ import annotations
 
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +46,13 @@ class OracleResources:
         self.agent_factory = agent_factory
         self._lock = threading.RLock()  # held while building, so each model is built once
         self._records: list[Any] | None = None
-        self._cache: dict[str, Any] = {}
+        self._cache: dict[Any, Any] = {}
+        self.notes: list[str] = []
+        self.cross_fit = bool(config.options.get("cross_fit", config.market == "stabletoolbench"))
+
+    def fold_for(self, task_id: str) -> int | None:
+        """The fold of a task under cross-fitting (None when the logs come from other tasks)."""
+        return zlib.crc32(task_id.encode()) % 2 if self.cross_fit else None
 
     def records(self) -> list[Any]:
         with self._lock:
@@ -61,34 +74,43 @@ class OracleResources:
 
             out.mkdir(parents=True, exist_ok=True)
             logs.unlink(missing_ok=True)  # an interrupted collection restarts cleanly
-            n_train = int(self.config.options.get("oracle_train_tasks", max(50, self.config.tasks)))
-            train_cfg = _replace(self.config, tasks=n_train, seed=self.config.seed + TRAIN_SEED_OFFSET)
+            agent_seed = self.config.seed + TRAIN_SEED_OFFSET
+            if self.cross_fit:  # the evaluation tasks themselves, another agent seed (see the module doc)
+                train_cfg = _replace(self.config, out=str(out))
+            else:
+                n_train = int(self.config.options.get("oracle_train_tasks", max(50, self.config.tasks)))
+                train_cfg = _replace(self.config, tasks=n_train, seed=agent_seed, out=str(out))
             market = build_market(train_cfg)
             sink = JsonlLogSink(logs)
             spec = get_method("prompt")
             for task in market.tasks():
-                run_episode(spec, market.episode(task, train_cfg.seed), train_cfg.seed, self.agent_factory,
-                            log_sink=sink)
+                run_episode(spec, market.episode(task, agent_seed), agent_seed, self.agent_factory, log_sink=sink)
             done.write_text("ok\n")
         return list(read_log(logs))
 
-    def get_or_build(self, key: str, build: Any) -> Any:
-        with self._lock:
-            if key not in self._cache:
-                self._cache[key] = build()
-            return self._cache[key]
+    def records_for(self, fold: int | None) -> list[Any]:
+        """The logs an oracle for ``fold`` may use: all of them, or the other fold's."""
+        records = self.records()
+        if fold is None:
+            return records
+        return [r for r in records if self.fold_for(_inner_task_id(r.task_id)) != fold]
 
-    def get(self, key: str) -> Any:
+    def get_or_build(self, key: str, build: Any, fold: int | None = None) -> Any:
         with self._lock:
-            if key not in self._cache:
-                self._cache[key] = self._build(key)
-            return self._cache[key]
+            if (key, fold) not in self._cache:
+                self._cache[(key, fold)] = build(self.records_for(fold))
+            return self._cache[(key, fold)]
 
-    def _build(self, key: str) -> Any:
+    def get(self, key: str, fold: int | None = None) -> Any:
+        with self._lock:
+            if (key, fold) not in self._cache:
+                self._cache[(key, fold)] = self._build(key, self.records_for(fold))
+            return self._cache[(key, fold)]
+
+    def _build(self, key: str, records: list[Any]) -> Any:
         from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, OptimisticPredictor
         from worldmodel.replay import ReplayWorldModel, label_of
 
-        records = self.records()
         if key == "world_model":
             return ReplayWorldModel(records, temperature=1.0, seed=self.config.seed)
         if key == "generator":
@@ -101,7 +123,14 @@ class OracleResources:
                 return EncoderIntentionPredictor(directory, calibrated=key == "predictor")
             labelled = [(r, label_of(r)) for r in records if r.decision == "accept" and label_of(r) is not None]
             items = [(r.reasoning, r.tool, r.args if isinstance(r.args, dict) else {}) for r, _ in labelled]
-            model = HashedLogisticPredictor(seed=self.config.seed).fit(items, [z for _, z in labelled])
+            labels = [z for _, z in labelled]
+            if len(set(labels)) < 2:
+                # A classifier cannot be fitted on one class (e.g. every logged call succeeded);
+                # fall back to the per-tool frequency and say so in results.json.
+                self.notes.append(f"{key}: the oracle logs hold only z={labels[0] if labels else '?'} labels; "
+                                  "used the empirical-mean predictor instead of the trained one")
+                return EmpiricalMeanPredictor(records)
+            model = HashedLogisticPredictor(seed=self.config.seed).fit(items, labels)
             if key == "predictor_uncalibrated":
                 model.calibrated = False
             return model
@@ -110,6 +139,12 @@ class OracleResources:
         if key == "optimistic":
             return OptimisticPredictor()
         raise KeyError(key)
+
+
+def _inner_task_id(episode_id: str) -> str:
+    """``method:task:seed`` (the runner's episode ids) -> ``task``; task ids may contain ':'."""
+    parts = episode_id.split(":")
+    return ":".join(parts[1:-1]) if len(parts) >= 3 else episode_id
 
 
 def subsample_tasks(records: list[Any], fraction: float, *, seed: int) -> list[Any]:
@@ -137,16 +172,26 @@ def _policy(ctx: MethodContext) -> AgentPolicy:
     return AgentPolicy(ctx.model, ctx.env.tools, system_prompt=SYSTEM_PROMPT)
 
 
+def _world_model(ctx: MethodContext, key: str, fold: int | None) -> Any:
+    """The market's schema world model when it has one (StableToolBench), else the replay model."""
+    schema = getattr(ctx.env, "schema_world_model", None)
+    if schema is not None and ctx.options.get("world_model", "schema") == "schema":
+        return schema
+    return ctx.resources.get(key, fold)
+
+
 def _mco(ctx: MethodContext) -> Oracle:
     res = ctx.resources
-    return MCOOracle(_policy(ctx), res.get("world_model"), max_depth=int(ctx.options.get("max_depth", 8)))
+    fold = res.fold_for(ctx.env.task_id)
+    return MCOOracle(_policy(ctx), _world_model(ctx, "world_model", fold), max_depth=int(ctx.options.get("max_depth", 8)))
 
 
 def _intent(predictor: str = "predictor", **switches: Any):  # noqa: ANN202
     def build(ctx: MethodContext) -> Oracle:
         res = ctx.resources
-        generator = res.get("world_model" if switches.get("stochastic") else "generator")
-        return IntentOracle(_policy(ctx), generator, res.get(predictor),
+        fold = res.fold_for(ctx.env.task_id)
+        generator = _world_model(ctx, "world_model" if switches.get("stochastic") else "generator", fold)
+        return IntentOracle(_policy(ctx), generator, res.get(predictor, fold),
                             gamma=float(ctx.options.get("gamma", 0.5)), delta=float(ctx.options.get("delta", 0.1)),
                             max_depth=int(ctx.options.get("max_depth", 8)), **switches)
 

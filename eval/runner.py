@@ -236,7 +236,8 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     summary = {
         "config": {**asdict(config), "methods": list(config.methods), "market_label": market.label,
                    "agent_label": _agent_label(config.agent), "judge": _judge_label(config.market),
-                   "workers": config.workers},
+                   "workers": config.workers, "oracle_notes": sorted(set(resources.notes)),
+                   "oracle_models": "cross-fitted (2 folds)" if resources.cross_fit else "built from other tasks"},
         "methods": {m: metrics[m] for m in config.methods if m in metrics},
         "groups": group_pass_rates(results),
     }

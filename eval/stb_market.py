@@ -158,7 +158,13 @@ class StableToolBenchMarket:
             tools=[make_tool(a) for a in _unique(apis)], view=view, solvable=None,
             judge=lambda answer: float(proxy_pass(answer, relevant, successes)),
             environment=getattr(env, "environment", self.environment_kind), relevant=frozenset(relevant),
+            schema_world_model=self._schema_world_model(apis),
         )
+
+    def _schema_world_model(self, apis: Sequence[Any]) -> Any:
+        from worldmodel.schema import SchemaWorldModel
+
+        return SchemaWorldModel(apis)
 
 
 def embedder_name(kind: str) -> str:

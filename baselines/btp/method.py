@@ -13,7 +13,7 @@ def _btp(ctx: MethodContext) -> Oracle:
     from eval.agents.simulated import looks_successful
 
     res = ctx.resources
-    store = res.get_or_build("btp_store", lambda: ExperienceStore.from_records(res.records()))
+    store = res.get_or_build("btp_store", ExperienceStore.from_records, res.fold_for(ctx.env.task_id))
     view = ctx.env.view
 
     def useful(outcome: Any) -> bool:  # the usefulness judgment: the agent's own reading of the result
