@@ -219,14 +219,16 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
             continue
         started = time.perf_counter()
         bar = tqdm(total=len(todo), desc=f"{spec.name:>8}", disable=None if progress else True, leave=False)
+        def job(task: Any, spec: MethodSpec = spec) -> None:
+            # Each episode is saved the moment it ends, by its own worker: a crash elsewhere
+            # never loses a finished episode.
+            store.append(run_episode(spec, market.episode(task, config.seed), config.seed, agent_factory,
+                                     log_sink=logs, options=config.options, resources=resources))
+
         with ThreadPoolExecutor(max_workers=config.workers) as pool:
-            futures = [
-                pool.submit(run_episode, spec, market.episode(t, config.seed), config.seed, agent_factory,
-                            log_sink=logs, options=config.options, resources=resources)
-                for t in todo
-            ]
+            futures = [pool.submit(job, t) for t in todo]
             for fut in as_completed(futures):
-                store.append(fut.result())
+                fut.result()
                 bar.update(1)
         bar.close()
         timing[spec.name] = timing.get(spec.name, 0.0) + (time.perf_counter() - started)
