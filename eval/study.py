@@ -23,7 +23,7 @@ from eval.runner import BenchConfig, run_benchmark
 
 __all__ = ["StudyConfig", "run_study"]
 
-MAIN_METHODS = ("raw", "prompt", "dfsdt", "btp", "bats", "mco", "intent")
+MAIN_METHODS = ("raw", "prompt", "tracker", "dfsdt", "btp", "bats", "mco", "intent")
 ABLATIONS = ("intent", "intent-optimistic", "intent-uncalibrated", "intent-empirical", "intent-stochastic",
              "intent-norollout", "intent-notrace", "intent-no-rollout-cache", "intent-no-last-call-cache",
              "intent-no-blacklist")
@@ -65,13 +65,15 @@ class StudyConfig:
     fractions: tuple[float, ...] = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
     event_rates: tuple[float, ...] = (0.0, 0.5, 1.0)
     main_methods: tuple[str, ...] = MAIN_METHODS
+    stb_tasks: int = 765  # setting (b): cost-augmented StableToolBench; 0 skips it
     options: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
 
     @classmethod
     def quick(cls, **kw: Any) -> StudyConfig:
         base = dict(main_tasks=300, sweep_tasks=80, price_scales=(0.5, 1.0, 1.5), budget_scales=(0.5, 1.0, 2.0),
-                    gammas=(0.1, 0.5, 1.0, 1.5), fractions=(1 / 32, 1 / 4, 1.0), event_rates=(0.0, 1.0))
+                    gammas=(0.1, 0.5, 1.0, 1.5), fractions=(1 / 32, 1 / 4, 1.0), event_rates=(0.0, 1.0),
+                    stb_tasks=120)
         base.update(kw)
         return cls(**base)
 
@@ -100,6 +102,16 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
     results: dict[str, Any] = {"main": bench("main", ("raw", *[m for m in main_methods if m != "raw"]),
                                              cfg.main_tasks, reference="prompt")}
     results["ablations"] = bench("ablations", ("raw", *ABLATIONS), cfg.sweep_tasks, reference="intent")
+    if cfg.stb_tasks:
+        from eval.stabletoolbench import StbDataError
+
+        try:
+            stb = BenchConfig(market="stabletoolbench", methods=["raw", *[m for m in main_methods if m != "raw"]],
+                              agent=cfg.agent, tasks=cfg.stb_tasks, workers=cfg.workers, seed=cfg.seed,
+                              out=str(out / "stabletoolbench"), reference="prompt", options=dict(cfg.options))
+            results["stabletoolbench"] = run_benchmark(stb, progress=cfg.progress)
+        except StbDataError as exc:  # no data here: say so in the report, run the rest
+            results["stabletoolbench"] = {"skipped": str(exc)}
 
     sweeps: dict[str, dict[str, dict[str, Any]]] = {}
     pair = tuple(m for m in ("prompt", "tracker", "intent") if m in _available(("prompt", "tracker", "intent")))
@@ -221,10 +233,39 @@ def _plots(summary: dict[str, Any], out: Path) -> None:
         plt.close(fig)
 
 
+_LABELS = {"time_ratio": "Time×", "latency_ratio": "Lat.×", "token_ratio": "Tok.×"}
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return "–"
     return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+GROUPS = ("G1_instruction", "G1_category", "G1_tool", "G2_instruction", "G2_category", "G3_instruction")
+
+
+def _stb_section(stb: dict[str, Any] | None, cols: tuple[str, ...]) -> list[str]:
+    if not stb:
+        return []
+    if "skipped" in stb:
+        return ["## Setting (b): cost-augmented StableToolBench", "", f"Skipped: {stb['skipped']}", ""]
+    c = stb["config"]
+    lines = ["## Setting (b): cost-augmented StableToolBench (Table 1 and Table 2 structure)", "",
+             f"- {c['market_label']}", f"- agent: **{c['agent_label']}**; judge: **{c['judge']}**; oracle models: "
+             f"{c.get('oracle_models')}; world model for MCO/INTENT: the schema world model.",
+             *[f"- note: {n}" for n in c.get("oracle_notes", [])],
+             "- With the schema-simulated environment every well-formed call succeeds, so with the simulated agent "
+             "this setting mostly measures budget feasibility and cost, not search quality; OR is not defined "
+             "(no budget-optimal ground truth).", "",
+             "| method | " + " | ".join(_LABELS.get(k, k) for k in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for m, v in stb["methods"].items():
+        lines.append(f"| {m} | " + " | ".join(_cell(v.get(k)) for k in cols) + " |")
+    lines += ["", "Group-wise PR (proxy):", "", "| method | " + " | ".join(GROUPS) + " |",
+              "|---|" + "---:|" * len(GROUPS)]
+    for m, groups in stb.get("groups", {}).items():
+        lines.append(f"| {m} | " + " | ".join(_cell(groups.get(g)) for g in GROUPS) + " |")
+    return [*lines, ""]
 
 
 def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
@@ -251,7 +292,7 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
         "",
         "## Main table (Table 1 structure)",
         "",
-        "| method | " + " | ".join(cols) + " | paper PR | paper FR | paper Time× |",
+        "| method | " + " | ".join(_LABELS.get(k, k) for k in cols) + " | paper PR | paper FR | paper Time× |",
         "|---|" + "---:|" * (len(cols) + 3),
     ]
     for m, v in main["methods"].items():
@@ -259,6 +300,7 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
         lines.append(f"| {m} | " + " | ".join(_cell(v.get(k)) for k in cols)
                      + f" | {_cell(p.get('PR'))} | {_cell(p.get('FR'))} | {_cell(p.get('time_ratio'))} |")
     lines += ["", "PR, OR, WR, FR in %; AC, AP in money; Time×, Lat.×, Tok.× are ratios to Raw in the same run.",
+              "", *_stb_section(summary.get("stabletoolbench"), cols),
               "", "## INTENT ablations (Tables 3 and 4 structure)", "",
               "| variant | PR | FR | AC | Time× | Lat.× | Tok.× | cache hit rate | paper PR |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -39,7 +39,7 @@ def test_study_pipeline_end_to_end(tmp_path):
 
     cfg = StudyConfig(out=str(tmp_path), main_tasks=12, sweep_tasks=8, price_scales=(0.5, 1.0), budget_scales=(1.0,),
                       gammas=(0.5, 1.5), fractions=(0.5, 1.0), event_rates=(0.0,),
-                      main_methods=("raw", "prompt", "tracker", "intent"), progress=False,
+                      main_methods=("raw", "prompt", "tracker", "intent"), progress=False, stb_tasks=12,
                       options={"oracle_train_tasks": 30})
     summary = run_study(cfg)
     report = (tmp_path / "report.md").read_text()
@@ -49,6 +49,8 @@ def test_study_pipeline_end_to_end(tmp_path):
     for png in ("relevant_price_scale", "budget_scale", "gamma", "oracle_fraction", "event_rate", "reliability"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
     assert summary["main"]["methods"]["intent"]["FR"] == 100.0
+    if "methods" in summary["stabletoolbench"]:
+        assert "Group-wise PR (proxy)" in report and summary["stabletoolbench"]["methods"]["intent"]["FR"] == 100.0
     assert set(summary["sweeps"]["gamma"]) == {"0.5", "1.5"}
     cal = summary["calibration"]
     assert cal["n_test"] > 0 and cal["temperature"] > 0
