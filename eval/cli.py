@@ -22,7 +22,8 @@ def _bench(args: argparse.Namespace) -> int:
         options["stb_path"] = args.stb_path
     if args.groups:
         options["groups"] = [g.strip() for g in args.groups.split(",")]
-    for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir"):
+    for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir", "judge",
+                "judge_url", "judge_model", "judge_runs"):
         if getattr(args, key, None):
             options[key] = getattr(args, key)
     config = BenchConfig(market=args.market, methods=methods, agent=args.agent, tasks=args.tasks,
@@ -77,5 +78,10 @@ def register(sub: Any) -> None:
     p.add_argument("--retriever", choices=["tfidf", "minilm"], help="StableToolBench retrieval of 20 APIs per query")
     p.add_argument("--oracle-logs", help="interaction logs (intent.logs JSONL) to build the oracle models from")
     p.add_argument("--predictor-dir", help="a trained intention predictor directory (intent train predictor)")
+    p.add_argument("--judge", choices=["proxy", "sopr"], help="StableToolBench judge (default proxy; sopr needs "
+                   "--judge-url and --judge-model)")
+    p.add_argument("--judge-url", help="OpenAI-compatible endpoint of the SoPR judge")
+    p.add_argument("--judge-model", help="model name of the SoPR judge (the paper: gpt-4.1-mini)")
+    p.add_argument("--judge-runs", type=int, help="SoPR runs per answer (default 3)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_bench)

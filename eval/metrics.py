@@ -65,6 +65,7 @@ def compute_metrics(
         out[method] = {
             "n": n,
             "PR": _pct(sum(r.score for r in rs) / n) if n else None,
+            "PR_std_over_judge_runs": _run_std(rs),
             "OR": _pct(sum(r.score for r in solvable) / len(solvable)) if known and solvable else None,
             "WR": _pct(wins / compared) if compared and method != reference else None,
             "FR": _pct(sum(r.feasible for r in rs) / n) if n else None,
@@ -108,6 +109,17 @@ def _oracle_stats(rs: Sequence[EpisodeResult], decisions: int) -> dict[str, Any]
         "model_errors": int(sums.get("model_error", 0.0)),
         "planning_ms_per_task": round(sums.get("planning_ms", 0.0) / len(rs), 3) if "planning_ms" in sums else None,
     }
+
+
+def _run_std(rs: Sequence[EpisodeResult]) -> float | None:
+    """SoPR's spread: the standard deviation over judge runs of each run's pass rate (x 100)."""
+    runs = [r.extra.get("judge_runs") for r in rs]
+    if not rs or any(not x for x in runs):
+        return None
+    k = min(len(x) for x in runs)
+    per_run = [sum((x[i] if r.feasible else 0.0) for x, r in zip(runs, rs)) / len(rs) for i in range(k)]
+    mean = sum(per_run) / k
+    return round(100 * (sum((p - mean) ** 2 for p in per_run) / k) ** 0.5, 2)
 
 
 def group_pass_rates(results: Iterable[EpisodeResult]) -> dict[str, dict[str, float]]:

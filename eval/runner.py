@@ -114,6 +114,7 @@ def run_episode(
     result.wall_s = time.perf_counter() - started
     result.answered = bool(answer)
     result.passed = env.judge(answer)
+    judge_runs = list(getattr(env.judge, "runs", None) or [])
     result.cost = ledger.spent
     executed = [r for r in records.records if r.charged > 0 or (r.decision == "accept" and r.status in ("ok", "error"))]
     result.n_calls = len(executed)
@@ -132,7 +133,7 @@ def run_episode(
         for key, value in rec.oracle_usage.items():
             usage_sums[key] = usage_sums.get(key, 0.0) + float(value)
     result.extra = {"tool_messages": sum(isinstance(m, ToolMessage) for m in messages),
-                    "oracle_usage": usage_sums,
+                    "oracle_usage": usage_sums, **({"judge_runs": judge_runs} if judge_runs else {}),
                     "environment": env.environment, **extra}
     return result
 
@@ -237,7 +238,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     metrics = compute_metrics(results, reference=config.reference, e2e_seconds=timing)
     summary = {
         "config": {**asdict(config), "methods": list(config.methods), "market_label": market.label,
-                   "agent_label": _agent_label(config.agent), "judge": _judge_label(config.market),
+                   "agent_label": _agent_label(config.agent), "judge": _judge_label(config),
                    "workers": config.workers, "oracle_notes": sorted(set(resources.notes)),
                    "oracle_models": "cross-fitted (2 folds)" if resources.cross_fit else "built from other tasks"},
         "methods": {m: metrics[m] for m in config.methods if m in metrics},
@@ -254,8 +255,13 @@ def _agent_label(agent: str) -> str:
     return SIMULATED_AGENT_LABEL if agent == "sim" else f"LangChain chat model {agent}"
 
 
-def _judge_label(market: str) -> str:
-    return "exact (synthetic ground truth)" if market == "synthetic" else "proxy pass rate (not SoPR)"
+def _judge_label(config: BenchConfig) -> str:
+    if config.market == "synthetic":
+        return "exact (synthetic ground truth)"
+    if config.options.get("judge") == "sopr":
+        return (f"SoPR (StableToolBench rules) by {config.options.get('judge_model')} at "
+                f"{config.options.get('judge_url')}, {config.options.get('judge_runs', 3)} runs")
+    return "proxy pass rate (not SoPR)"
 
 
 def _check_config(out: Path, config: BenchConfig) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from langchain_core.tools import StructuredTool
 
 from eval.agents.simulated import NeedView, TaskView
+from eval.judges import SCORES
 from eval.markets import EpisodeEnv
 from intent.market import Market, PricedTool
 
@@ -40,7 +41,8 @@ class StableToolBenchMarket:
     def __init__(self, *, root: str | None = None, groups: Sequence[str] | None = None, limit: int | None = None,
                  seed: int = 0, out: str | Path = "runs/stb", retriever: str = "tfidf", environment: str = "schema",
                  env_url: str | None = None, env_model: str | None = None, budget: float = BUDGET,
-                 relevant_price_scale: float = 1.0, budget_scale: float = 1.0, progress: bool = False) -> None:
+                 relevant_price_scale: float = 1.0, budget_scale: float = 1.0, progress: bool = False,
+                 sopr: Any = None) -> None:
         from eval.stabletoolbench import (
             PROXY_LABEL,
             api_pool,
@@ -65,6 +67,7 @@ class StableToolBenchMarket:
         (out / "retrieval.json").write_text(json.dumps({k: v for k, v in self.retrieval.to_dict().items()
                                                         if k != "retrieved"}, indent=2))
         self.prices = prices
+        self.sopr = sopr  # an eval.judges.SoPRJudge, or None for the proxy judge
         self.budget = budget * budget_scale
         self.relevant_price_scale = relevant_price_scale
         self.environment_kind = environment
@@ -76,7 +79,8 @@ class StableToolBenchMarket:
         self.label = (f"cost-augmented StableToolBench ({len(queries)} queries, 20 retrieved APIs by {embedder_name(retriever)}"
                       f" with recall@20 {self.retrieval.recall_at_k:.3f}, prices U{{5..50}} seed {seed}, budget "
                       f"{self.budget:g}; {environment}-environment responses"
-                      + (" (simulated)" if environment == "schema" else "") + f"; {PROXY_LABEL})")
+                      + (" (simulated)" if environment == "schema" else "")
+                      + f"; {sopr.label if sopr else PROXY_LABEL})")
 
     @staticmethod
     def _embedder(kind: str) -> Any:
@@ -91,7 +95,14 @@ class StableToolBenchMarket:
     @classmethod
     def from_config(cls, config: Any) -> StableToolBenchMarket:
         o = config.options
-        return cls(root=o.get("stb_path"), groups=o.get("groups"), limit=config.tasks, seed=config.seed,
+        sopr = None
+        if o.get("judge") == "sopr":
+            from eval.judges import SoPRJudge
+
+            if not o.get("judge_url"):
+                raise ValueError("--judge sopr needs --judge-url (an OpenAI-compatible endpoint) and --judge-model")
+            sopr = SoPRJudge(o["judge_url"], o.get("judge_model", "gpt-4.1-mini"), runs=int(o.get("judge_runs", 3)))
+        return cls(sopr=sopr, root=o.get("stb_path"), groups=o.get("groups"), limit=config.tasks, seed=config.seed,
                    out=config.out, retriever=o.get("retriever", "tfidf"), environment=o.get("stb_env", "schema"),
                    env_url=o.get("stb_env_url"), env_model=o.get("stb_env_model"),
                    budget=float(config.budget or BUDGET), budget_scale=config.budget_scale,
@@ -123,6 +134,7 @@ class StableToolBenchMarket:
                                     if a.function_name in relevant else self.prices[a.function_name],
                                     a.description[:200]) for a in _unique(apis)])
         successes: set[str] = set()
+        details: list[dict[str, Any]] = []  # (name, arguments, response) of every executed call, for SoPR
         lock = threading.Lock()
 
         def make_tool(api: Any) -> StructuredTool:
@@ -136,8 +148,9 @@ class StableToolBenchMarket:
 
             def run(**kwargs: Any) -> tuple[str, dict[str, Any]]:
                 result = env.call(fn["name"], kwargs)
-                if result.ok:
-                    with lock:
+                with lock:
+                    details.append({"name": fn["name"], "arguments": kwargs, "response": result.observation})
+                    if result.ok:
                         successes.add(fn["name"])
                 return result.observation, {"z": int(result.ok), "status_code": result.status_code,
                                             "environment": result.environment}
@@ -156,10 +169,21 @@ class StableToolBenchMarket:
         return EpisodeEnv(
             task_id=self.task_id(task), group=task.group, query=task.query, budget=self.budget, market=market,
             tools=[make_tool(a) for a in _unique(apis)], view=view, solvable=None,
-            judge=lambda answer: float(proxy_pass(answer, relevant, successes)),
+            judge=self._judge(task.query, relevant, successes, details),
             environment=getattr(env, "environment", self.environment_kind), relevant=frozenset(relevant),
             schema_world_model=self._schema_world_model(apis),
         )
+
+    def _judge(self, query: str, relevant: set[str], successes: set[str], details: list[dict[str, Any]]) -> Any:
+        if self.sopr is None:
+            return lambda answer: float(proxy_pass(answer, relevant, successes))
+
+        def sopr(answer: str | None) -> float:
+            labels = self.sopr.judge(query, answer, details)
+            sopr.runs = [SCORES[label] for label in labels]  # per-run scores: mean ± std over runs
+            return sum(sopr.runs) / len(sopr.runs)
+
+        return sopr
 
     def _schema_world_model(self, apis: Sequence[Any]) -> Any:
         from worldmodel.schema import SchemaWorldModel

@@ -1,0 +1,104 @@
+"""StableToolBench's SoPR judge through any OpenAI-compatible endpoint.
+
+The rules of ``eval_pass_rate.py`` (``ReinforceToolLearningEvaluator``), reimplemented:
+
+1. no final answer (no Finish) -> Unsolved, without an LLM call; an empty answer or a give-up ->
+   Unsolved;
+2. ``check_answer_status(query, final_answer)`` through a forced function call with an enum
+   (Solved / Unsolved / Unsure) and a required reason, temperature 0.2: a sorry or non-positive
+   answer is Unsolved; a positive one is Solved or Unsolved when the judge is confident, else Unsure;
+3. if Unsure: ``parse_answer_status(query, answer with the tool-call details)``: all calls failed
+   -> Unsolved; the answer is not supported by the tool messages -> Unsolved; cannot verify ->
+   Unsure; successful calls that solve the query -> Solved;
+4. Solved = 1, Unsure = 0.5, Unsolved = 0; ``runs`` independent judgments; the pass rate is the
+   mean over runs of each run's average, with the standard deviation over runs.
+
+Unlike upstream, a missing answer counts as a failure (it is not dropped from the denominator).
+The prompt wording is ours (the rules are StableToolBench's).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["SoPRJudge"]
+
+LABELS = ("Solved", "Unsolved", "Unsure")
+SCORES = {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}
+
+_CHECK = (
+    "Decide whether the final answer solves the user's query.\nQuery: {query}\nFinal answer: {answer}\n"
+    "Rules: an apology or a non-positive answer (it says it cannot help) is Unsolved. A positive answer is Solved "
+    "if you are confident it addresses every part of the query, Unsolved if you are confident it does not, and "
+    "Unsure otherwise."
+)
+_PARSE = (
+    "Decide whether the answer solves the query, using the tool calls it made.\nQuery: {query}\n"
+    "Answer and tool-call details (JSON): {details}\nRules: if every tool call failed, Unsolved; if the final "
+    "answer is not supported by the tool messages, Unsolved; if you cannot verify it, Unsure; if successful "
+    "tool calls solve the query, Solved."
+)
+
+
+def _function(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": "Record the answer status.",
+        "parameters": {"type": "object", "required": ["answer_status", "reason"], "properties": {
+            "answer_status": {"type": "string", "enum": list(LABELS)},
+            "reason": {"type": "string", "description": "why"}}}}}
+
+
+class SoPRJudge:
+    label = "SoPR (StableToolBench rules, LLM judge)"
+
+    def __init__(self, base_url: str, model: str, *, api_key: str = "EMPTY", runs: int = 3, timeout: float = 60.0,
+                 retries: int = 2, transport: Any = None, check: bool = True) -> None:
+        import httpx
+
+        if runs < 1:
+            raise ValueError(f"judge runs must be >= 1 (StableToolBench uses 3), got {runs}")
+        if check:
+            from eval.agents.chat import check_endpoint
+
+            check_endpoint(base_url, api_key=api_key)
+        self.model, self.runs, self.retries = model, runs, retries
+        self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport,
+                                    headers={"Authorization": f"Bearer {api_key}"})
+        self.tokens = 0
+
+    def _ask(self, prompt: str, name: str) -> str:
+        body = {"model": self.model, "temperature": 0.2, "max_tokens": 1000,
+                "messages": [{"role": "user", "content": prompt}], "tools": [_function(name)],
+                "tool_choice": {"type": "function", "function": {"name": name}}}
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._client.post("/chat/completions", json=body)
+                response.raise_for_status()
+                data = response.json()
+                self.tokens += int((data.get("usage") or {}).get("total_tokens") or 0)
+                call = data["choices"][0]["message"]["tool_calls"][0]["function"]
+                status = json.loads(call["arguments"])["answer_status"]
+                if status not in LABELS:
+                    raise ValueError(f"judge answered {status!r}")
+                return status
+            except Exception as exc:  # noqa: BLE001 - retried, then reported as Unsure
+                last = exc
+                time.sleep(0.2 * (attempt + 1))
+        raise RuntimeError(f"the SoPR judge failed after {self.retries + 1} attempts: {last}")
+
+    def judge_once(self, query: str, answer: str | None, details: Sequence[dict[str, Any]]) -> str:
+        if answer is None or not answer.strip() or "give up" in answer.lower() or "give_up_and_restart" in answer:
+            return "Unsolved"
+        status = self._ask(_CHECK.format(query=query, answer=answer), "check_answer_status")
+        if status == "Unsure":
+            payload = json.dumps({"final_answer": answer, "answer_details": list(details)})[:12000]
+            status = self._ask(_PARSE.format(query=query, details=payload), "parse_answer_status")
+        return status
+
+    def judge(self, query: str, answer: str | None, details: Sequence[dict[str, Any]]) -> list[str]:
+        """One label per run."""
+        return [self.judge_once(query, answer, details) for _ in range(self.runs)]

@@ -1,0 +1,84 @@
+"""The SoPR judge's rules against a local OpenAI-compatible stub, and SoPR in the benchmark."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from eval.judges import SoPRJudge
+
+
+class _Judge(BaseHTTPRequestHandler):
+    asked: list[str] = []
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send({"data": [{"id": "judge"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        name = body["tool_choice"]["function"]["name"]
+        type(self).asked.append(name)
+        prompt = body["messages"][0]["content"]
+        status = ("Unsure" if "UNSURE" in prompt else "Solved") if name == "check_answer_status" else "Solved"
+        if "BAD" in prompt:
+            status = "Unsolved"
+        self._send({"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
+                    "function": {"name": name, "arguments": json.dumps({"answer_status": status, "reason": "x"})}}]}}],
+                    "usage": {"total_tokens": 9}})
+
+
+@pytest.fixture()
+def url():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _Judge.asked = []
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def test_sopr_rules(url):
+    judge = SoPRJudge(url, "judge", runs=3)
+    assert judge.judge("q", None, []) == ["Unsolved"] * 3 and _Judge.asked == []  # no answer: no LLM call
+    assert judge.judge("q", "I give up and restart", []) == ["Unsolved"] * 3 and _Judge.asked == []
+    assert judge.judge("q", "Paris", []) == ["Solved"] * 3
+    assert _Judge.asked == ["check_answer_status"] * 3
+    _Judge.asked = []
+    assert judge.judge_once("q", "UNSURE answer", [{"name": "t", "response": "{}"}]) == "Solved"
+    assert _Judge.asked == ["check_answer_status", "parse_answer_status"]  # Unsure -> second look
+    assert judge.judge_once("q", "BAD", []) == "Unsolved" and judge.tokens > 0
+    with pytest.raises(ValueError, match="runs"):
+        SoPRJudge(url, "judge", runs=0)
+
+
+def test_unreachable_judge_fails_at_startup():
+    from eval.agents.chat import EndpointError
+
+    with pytest.raises(EndpointError, match="cannot reach"):
+        SoPRJudge("http://127.0.0.1:9/v1", "judge")
+
+
+def test_sopr_in_the_benchmark(url, tmp_path):
+    from eval.runner import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(market="stabletoolbench", methods=["raw", "tracker"], tasks=6, out=str(tmp_path),
+                      reference="raw", options={"judge": "sopr", "judge_url": url, "judge_model": "judge",
+                                                "judge_runs": 2})
+    try:
+        summary = run_benchmark(cfg, progress=False)
+    except Exception as exc:  # no StableToolBench data on this machine
+        pytest.skip(str(exc))
+    assert summary["config"]["judge"].startswith("SoPR")
+    assert summary["methods"]["tracker"]["PR_std_over_judge_runs"] == 0.0  # the stub is deterministic
