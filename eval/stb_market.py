@@ -124,7 +124,7 @@ class StableToolBenchMarket:
         return ServerEnvironment(self.env_url, apis)
 
     def episode(self, task: Any, seed: int) -> EpisodeEnv:
-        from eval.stabletoolbench import openai_tool_schema, proxy_pass
+        from eval.stabletoolbench import openai_tool_schema
 
         apis = list(self.retrieval.retrieved_apis[task.query_id])
         env = self._environment(apis)
@@ -175,6 +175,8 @@ class StableToolBenchMarket:
         )
 
     def _judge(self, query: str, relevant: set[str], successes: set[str], details: list[dict[str, Any]]) -> Any:
+        from eval.stabletoolbench import proxy_pass
+
         if self.sopr is None:
             return lambda answer: float(proxy_pass(answer, relevant, successes))
 
