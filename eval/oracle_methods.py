@@ -177,7 +177,9 @@ def _world_model(ctx: MethodContext, key: str, fold: int | None) -> Any:
     schema = getattr(ctx.env, "schema_world_model", None)
     if schema is not None and ctx.options.get("world_model", "schema") == "schema":
         return schema
-    return ctx.resources.get(key, fold)
+    model = ctx.resources.get(key, fold)
+    fork = getattr(model, "fork", None)  # one random stream per episode: runs reproduce exactly
+    return fork(zlib.crc32(f"{ctx.seed}:{ctx.env.task_id}".encode())) if callable(fork) else model
 
 
 def _mco(ctx: MethodContext) -> Oracle:

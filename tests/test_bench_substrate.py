@@ -170,9 +170,13 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path):
 
 
 def test_same_seed_reproduces_the_table(tmp_path):
-    a = run_benchmark(BenchConfig(tasks=20, methods=["raw", "prompt", "tracker"], out=str(tmp_path / "a")), progress=False)
-    b = run_benchmark(BenchConfig(tasks=20, methods=["raw", "prompt", "tracker"], out=str(tmp_path / "b")), progress=False)
-    for m in ("raw", "prompt", "tracker"):
+    methods = ["raw", "prompt", "tracker", "btp", "bats", "dfsdt", "mco", "intent", "intent-stochastic"]
+    opts = {"oracle_train_tasks": 30}
+    a = run_benchmark(BenchConfig(tasks=20, methods=methods, out=str(tmp_path / "a"), workers=2, options=opts),
+                      progress=False)
+    b = run_benchmark(BenchConfig(tasks=20, methods=methods, out=str(tmp_path / "b"), workers=2, options=opts),
+                      progress=False)
+    for m in methods:
         for k in ("PR", "OR", "WR", "FR", "AC", "AP", "n"):
             assert a["methods"][m][k] == b["methods"][m][k]
     assert a["methods"]["tracker"]["FR"] == 100.0

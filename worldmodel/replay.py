@@ -53,6 +53,17 @@ class ReplayWorldModel:
         self._lock = threading.Lock()
         self.fallbacks = 0
 
+    def fork(self, seed: int) -> ReplayWorldModel:
+        """A view on the same observations with its own random stream.
+
+        Sampling (temperature > 0) from one shared stream would make results depend on how
+        concurrent episodes interleave; one fork per episode keeps every run reproducible.
+        """
+        twin = object.__new__(ReplayWorldModel)
+        twin._by_tool, twin.temperature, twin.ground = self._by_tool, self.temperature, self.ground
+        twin._rng, twin._lock, twin.fallbacks = random.Random(seed), threading.Lock(), 0
+        return twin
+
     @property
     def tools(self) -> list[str]:
         return sorted(self._by_tool)
