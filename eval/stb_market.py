@@ -76,6 +76,12 @@ class StableToolBenchMarket:
             raise ValueError(f"--stb-env {environment} needs --stb-env-url (the endpoint to call)")
         if environment not in ("schema", "mirror", "server"):
             raise ValueError(f"unknown StableToolBench environment {environment!r}; choose schema, mirror or server")
+        if environment == "mirror":  # fail at startup, not after an hour of episodes
+            from eval.agents.chat import check_endpoint
+
+            check_endpoint(str(env_url))
+        elif environment == "server":
+            _check_reachable(str(env_url))
         self.label = (f"cost-augmented StableToolBench ({len(queries)} queries, 20 retrieved APIs by {embedder_name(retriever)}"
                       f" with recall@20 {self.retrieval.recall_at_k:.3f}, prices U{{5..50}} seed {seed}, budget "
                       f"{self.budget:g}; {environment}-environment responses"
@@ -191,6 +197,20 @@ class StableToolBenchMarket:
         from worldmodel.schema import SchemaWorldModel
 
         return SchemaWorldModel(apis)
+
+
+def _check_reachable(url: str, timeout: float = 5.0) -> None:
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    if not parsed.hostname:
+        raise ValueError(f"--stb-env-url {url!r} is not a URL like http://127.0.0.1:8080/virtual")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ValueError(f"cannot reach the StableToolBench server at {url}: {exc}; is it running?") from exc
 
 
 def embedder_name(kind: str) -> str:

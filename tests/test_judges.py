@@ -82,3 +82,14 @@ def test_sopr_in_the_benchmark(url, tmp_path):
         pytest.skip(str(exc))
     assert summary["config"]["judge"].startswith("SoPR")
     assert summary["methods"]["tracker"]["PR_std_over_judge_runs"] == 0.0  # the stub is deterministic
+
+
+def test_unreachable_stabletoolbench_environments_fail_at_startup(tmp_path):
+    from eval.agents.chat import EndpointError
+    from eval.runner import BenchConfig, run_benchmark
+
+    for env, err in (("server", ValueError), ("mirror", EndpointError)):
+        cfg = BenchConfig(market="stabletoolbench", methods=["raw"], tasks=2, out=str(tmp_path / env), reference="raw",
+                          options={"stb_env": env, "stb_env_url": "http://127.0.0.1:9/virtual"})
+        with pytest.raises(err, match="cannot reach"):
+            run_benchmark(cfg, progress=False)
