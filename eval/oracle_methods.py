@@ -57,7 +57,9 @@ class OracleResources:
     def records(self) -> list[Any]:
         with self._lock:
             if self._records is None:
-                records = self._load_or_collect()
+                # Parallel tool calls are logged in completion order; a canonical order makes every
+                # model built from the logs independent of thread interleaving (reproducible runs).
+                records = sorted(self._load_or_collect(), key=lambda r: (r.task_id, r.step, r.call_id))
                 fraction = float(self.config.options.get("oracle_fraction", 1.0))
                 self._records = subsample_tasks(records, fraction, seed=self.config.seed)
             return self._records

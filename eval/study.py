@@ -299,7 +299,18 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
         p = PAPER_TABLE1.get(m, {})
         lines.append(f"| {m} | " + " | ".join(_cell(v.get(k)) for k in cols)
                      + f" | {_cell(p.get('PR'))} | {_cell(p.get('FR'))} | {_cell(p.get('time_ratio'))} |")
-    lines += ["", "PR, OR, WR, FR in %; AC, AP in money; Time×, Lat.×, Tok.× are ratios to Raw in the same run.",
+    lines += ["", "PR, OR, WR, FR in %; AC, AP in money; Time×, Lat.×, Tok.× are ratios to Raw in the same run.", "",
+              "Per-decision cost of the gate (main run; decision latency includes the oracle's rollout):", "",
+              "| method | decision ms (mean) | decision ms (p95) | rollout steps / decision | policy tokens | "
+              "world-model tokens | cache hit rate | BTP planning ms / task |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for m, v in main["methods"].items():
+        if v.get("decision_ms_mean") is None:
+            continue
+        lines.append(f"| {m} | {_cell(v.get('decision_ms_mean'))} | {_cell(v.get('decision_ms_p95'))} | "
+                     f"{_cell(v.get('rollout_steps_per_decision'))} | {_cell(v.get('policy_tokens'))} | "
+                     f"{_cell(v.get('world_model_tokens'))} | {_cell(v.get('cache_hit_rate'))} | "
+                     f"{_cell(v.get('planning_ms_per_task'))} |")
+    lines += ["",
               "", *_stb_section(summary.get("stabletoolbench"), cols),
               "", "## INTENT ablations (Tables 3 and 4 structure)", "",
               "| variant | PR | FR | AC | Time× | Lat.× | Tok.× | cache hit rate | paper PR |",

@@ -47,6 +47,8 @@ class ReplayWorldModel:
                 continue
             obs = str(get("observation")).split("\n[Budget status]")[0].split("\n<budget>")[0]
             self._by_tool[str(get("tool"))].append((obs, labeler(r)))
+        for pool in self._by_tool.values():  # the log's order (thread interleaving) must not matter
+            pool.sort(key=lambda item: (item[0], -1 if item[1] is None else item[1]))
         self.temperature = temperature
         self.ground = ground
         self._rng = random.Random(seed)
