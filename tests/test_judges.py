@@ -87,6 +87,12 @@ def test_sopr_in_the_benchmark(url, tmp_path):
 def test_unreachable_stabletoolbench_environments_fail_at_startup(tmp_path):
     from eval.agents.chat import EndpointError
     from eval.runner import BenchConfig, run_benchmark
+    from eval.stabletoolbench import StbDataError, resolve_root
+
+    try:
+        resolve_root(None)
+    except StbDataError as exc:
+        pytest.skip(str(exc))
 
     for env, err in (("server", ValueError), ("mirror", EndpointError)):
         cfg = BenchConfig(market="stabletoolbench", methods=["raw"], tasks=2, out=str(tmp_path / env), reference="raw",
