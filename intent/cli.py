@@ -26,13 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _extensions():  # noqa: ANN202 - subcommands that live in other packages register here
+    import importlib
+
     registrars = []
-    try:
-        from eval.cli import register as register_bench
-    except ImportError:
-        pass
-    else:
-        registrars.append(register_bench)
+    for module in ("eval.cli", "training.cli"):  # bench; train and serve
+        try:
+            registrars.append(importlib.import_module(module).register)
+        except ModuleNotFoundError as exc:
+            if exc.name not in (module, module.split(".")[0]):
+                raise
     return registrars
 
 
