@@ -7,11 +7,10 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TORCH_PIN ?= torch==2.13.0
 
-DEMO_METHODS ?= raw,prompt,tracker,dfsdt,bats,mco,intent
-DEMO_TASKS ?= 300
 DEMO_OUT ?= runs/demo
+STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard test bench-guard bench-throughput clean
+.PHONY: install demo demo-guard study test bench-guard bench-throughput bench-knapsack clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +23,17 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 
 install: $(VENV)/.installed
 
-# The main job on the built-in default: every method that exists so far on the synthetic
-# market with the simulated agent. It starts from a clean $(DEMO_OUT).
+# The main job on the built-in default: the reduced but complete study (every method, the
+# ablations and the robustness sweeps on the synthetic market with the simulated agent, replay
+# world model, a quickly trained predictor). It starts from a clean $(DEMO_OUT) and prints the report.
 demo: install
 	rm -rf $(DEMO_OUT)
-	$(VENV)/bin/intent bench --market synthetic --methods $(DEMO_METHODS) --tasks $(DEMO_TASKS) \
-		--workers 2 --seed 0 --out $(DEMO_OUT)
+	$(VENV)/bin/intent bench study --quick --workers 2 --seed 0 --out $(DEMO_OUT)
+
+# The full study: 500 synthetic tasks in the main table, 200 per sweep point, all 765
+# StableToolBench queries (schema-simulated environment, proxy judge).
+study: install
+	$(VENV)/bin/intent bench study --workers 2 --seed 0 --out $(STUDY_OUT)
 
 # A walk-through of the guard alone: a scripted agent, each decision and the ledger.
 demo-guard: install
@@ -43,6 +47,9 @@ bench-guard: install
 
 bench-throughput: install
 	$(PY) -m eval.bench_throughput
+
+bench-knapsack: install
+	$(PY) -m baselines.btp.bench_knapsack
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
