@@ -1,12 +1,20 @@
-"""BTP (Zheng et al. 2024): budget-constrained tool learning with planning.
+"""BTP (Zheng et al. 2024): budget-constrained tool learning with planning, reimplemented.
 
-:func:`plan_quotas` (bounded knapsack), :class:`ExperienceStore` (values and caps from past
-usages, built from ``intent.logs``), :class:`BTPOracle` (quotas, forbidden tools, blacklist).
+:func:`plan_quotas` / :func:`plan_quotas_detailed` (the bounded knapsack, exact, with
+traceback), :class:`ExperienceStore` (values and caps from past usages, e.g. ``intent.logs``
+JSONL), :class:`BTPOracle` (quotas, forbidden tools, blacklist under the guard).
 """
 
-from baselines.btp.experience import Estimates, ExperienceStore, TfidfEmbedder, Usage
+from baselines.btp.experience import (
+    Embedder,
+    Estimates,
+    ExperienceStore,
+    MiniLMEmbedder,
+    TfidfEmbedder,
+    Usage,
+)
 from baselines.btp.knapsack import QuotaPlan, plan_quotas, plan_quotas_detailed
 from baselines.btp.oracle import BTPOracle
 
-__all__ = ["BTPOracle", "Estimates", "ExperienceStore", "QuotaPlan", "TfidfEmbedder", "Usage", "plan_quotas",
-           "plan_quotas_detailed"]
+__all__ = ["BTPOracle", "Embedder", "Estimates", "ExperienceStore", "MiniLMEmbedder", "QuotaPlan", "TfidfEmbedder",
+           "Usage", "plan_quotas", "plan_quotas_detailed"]
