@@ -53,7 +53,7 @@ class TransformersWorldModel:
                             ) -> tuple[str, int]:
         torch = self._torch
         prompt = render_prompt(self.tokenizer, tool, args, satisfied)
-        enc = self.tokenizer(prompt, return_tensors="pt").to(self.device)
+        enc = self.tokenizer(prompt, return_tensors="pt", return_token_type_ids=False).to(self.device)
         sample = self.temperature > 0
         try:
             with self._lock, torch.no_grad():

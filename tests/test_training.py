@@ -1,0 +1,178 @@
+"""Training: datasets and splits, annotation, one tiny step of each trainer, export and reload."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from training.data import load_records, pairs, parse_fraction, split_by_task, subsample, triples
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> Path:
+    """Real guard logs: the Prompt agent on 40 synthetic tasks (simulated), with ground-truth z."""
+    from eval.runner import BenchConfig, run_benchmark
+
+    out = tmp_path_factory.mktemp("logs")
+    run_benchmark(BenchConfig(tasks=40, methods=["prompt"], reference="prompt", out=str(out)), progress=False)
+    return out / "logs.jsonl"
+
+
+def test_datasets_and_task_disjoint_split(logs):
+    records = load_records(logs)
+    tri, prs = triples(records), pairs(records)
+    assert tri and len(prs) >= len(tri) and {t.z for t in tri} == {0, 1}
+    assert all(p.z == 1 for p in pairs(records, only_z=1))
+    splits, manifest = split_by_task(tri, seed=3)
+    tasks = {k: {t.task_id for t in v} for k, v in splits.items()}
+    assert not (tasks["train"] & tasks["dev"]) and not (tasks["train"] & tasks["test"]) and not (tasks["dev"] & tasks["test"])
+    assert sum(manifest["sizes"].values()) == len(tri)
+    assert split_by_task(tri, seed=3)[1] == manifest  # seeded
+    assert parse_fraction("1/32") == 1 / 32 and len({t.task_id for t in subsample(tri, 0.25, seed=0)}) < len(tasks["train"])
+    with pytest.raises(ValueError, match="fraction"):
+        parse_fraction("2")
+
+
+def test_malformed_and_empty_logs_name_the_file(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"schema_version": 1}\n{oops\n{"schema_version": 1}\n')
+    with pytest.raises(Exception, match=r"bad.jsonl:\d"):
+        load_records(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(Exception, match="no executed"):
+        load_records(empty)
+
+
+def test_annotate_ground_truth_and_llm_judge(logs, tmp_path):
+    from training.annotate import LLMJudge, annotate
+
+    counts = annotate(load_records(logs), tmp_path / "z.jsonl")
+    assert counts["labelled"] > 0
+    rows = [json.loads(line) for line in (tmp_path / "z.jsonl").read_text().splitlines()]
+    assert any(r.get("z") == 1 for r in rows) and any(r.get("z") == 0 for r in rows)
+
+    class Judge(BaseHTTPRequestHandler):
+        n = 0
+
+        def log_message(self, *a):
+            pass
+
+        def _send(self, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send({"data": [{"id": "j"}]})
+
+        def do_POST(self):
+            type(self).n += 1
+            self.rfile.read(int(self.headers["Content-Length"]))
+            answer = "NO" if type(self).n % 3 == 0 else "YES, it did"  # votes: YES, YES, NO -> YES
+            self._send({"choices": [{"message": {"content": answer}}]})
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        judge = LLMJudge(f"http://127.0.0.1:{srv.server_address[1]}/v1", "j", votes=3)
+        record = next(r for r in load_records(logs) if r.decision == "accept")
+        assert judge.label(record) == 1 and Judge.n == 3
+    finally:
+        srv.shutdown()
+    with pytest.raises(ValueError, match="odd"):
+        LLMJudge("http://127.0.0.1:9/v1", "j", votes=2)
+
+
+@pytest.mark.ml
+def test_predictor_one_step_export_reload_and_calibrated_output(logs, tmp_path):
+    from training.train_intention import train_predictor
+    from worldmodel.predictors import EncoderIntentionPredictor
+
+    tri = triples(load_records(logs))
+    report = train_predictor(tri, tmp_path / "pred", max_steps=2, batch_size=8, max_length=64, progress=False)
+    for key in ("accuracy", "auroc", "nll", "brier", "ece"):
+        assert key in report["test_calibrated"] and key in report["test_uncalibrated"]
+    assert (tmp_path / "pred" / "reliability.png").stat().st_size > 1000
+    cal = json.loads((tmp_path / "pred" / "calibration.json").read_text())
+    calibrated = EncoderIntentionPredictor(tmp_path / "pred")
+    raw = EncoderIntentionPredictor(tmp_path / "pred", calibrated=False)
+    assert calibrated.temperature == pytest.approx(cal["temperature"]) and raw.temperature == 1.0
+    item = (tri[0].reasoning, tri[0].tool, tri[0].args)
+    p_cal, p_raw = calibrated.predict(*item), raw.predict(*item)
+    assert 0 <= p_cal <= 1 and (abs(p_cal - p_raw) > 1e-6 or abs(cal["temperature"] - 1) < 1e-3)
+
+
+def test_predictor_bad_input_fails_before_training(logs, tmp_path):
+    from training.train_intention import train_predictor
+
+    tri = triples(load_records(logs))
+    with pytest.raises(ValueError, match="one class"):
+        train_predictor([t for t in tri if t.z == 1], tmp_path / "a")
+    with pytest.raises(ValueError, match="too small"):
+        train_predictor(tri[:6], tmp_path / "b")
+    causal = tmp_path / "causal"
+    causal.mkdir()
+    (causal / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ValueError, match="causal LM"):
+        train_predictor(tri, tmp_path / "c", base_model=str(causal))
+
+
+@pytest.fixture()
+def tiny_lm(tmp_path) -> Path:
+    """A tiny random Llama with the MiniLM tokenizer: one training step takes a second."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from training.train_intention import default_encoder
+
+    tok = AutoTokenizer.from_pretrained(default_encoder())
+    cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                      pad_token_id=tok.pad_token_id)
+    path = tmp_path / "tiny"
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.ml
+def test_world_model_one_step_loss_mask_export_and_reload(logs, tiny_lm, tmp_path):
+    from transformers import AutoTokenizer
+
+    from training.train_worldmodel import _examples, train_world_model
+    from worldmodel.conformance import check_world_model
+    from worldmodel.transformers_lm import TransformersWorldModel, render_prompt
+
+    prs = pairs(load_records(logs))
+    tok = AutoTokenizer.from_pretrained(tiny_lm)
+    ids, labels = _examples(tok, prs[:1], True, 512)[0]
+    n_prompt = len(tok(render_prompt(tok, prs[0].tool, prs[0].args, True), add_special_tokens=False)["input_ids"])
+    assert all(x == -100 for x in labels[:n_prompt]) and all(x != -100 for x in labels[n_prompt:])
+    report = train_world_model(prs, tmp_path / "wm", base_model=str(tiny_lm), conditional=True, max_steps=1,
+                               batch_size=2, max_length=96, progress=False, samples=1)
+    assert report["steps"] == 1 and report["perplexity"] > 1 and report["samples"]
+    wm = TransformersWorldModel(tmp_path / "wm", max_new_tokens=8)
+    assert isinstance(wm.simulate("t", {"a": 1}, satisfied=True), str)
+    check_world_model(wm)
+    with pytest.raises(ValueError, match="not a causal LM"):
+        enc = tmp_path / "enc"
+        enc.mkdir()
+        (enc / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+        train_world_model(prs, tmp_path / "x", base_model=str(enc))
+
+
+def test_vllm_command():
+    from training.serve import vllm_command
+
+    cmd = vllm_command("runs/wm", port=8123)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--port" in cmd and "8123" in cmd
+    assert cmd[cmd.index("--served-model-name") + 1] == "wm"

