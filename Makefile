@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test bench-guard bench-throughput bench-knapsack clean
+.PHONY: install demo demo-guard study test bench-guard bench-throughput bench-knapsack vllm-smoke clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ bench-throughput: install
 
 bench-knapsack: install
 	$(PY) -m baselines.btp.bench_knapsack
+
+# The GPU path on this CPU machine (not in CI): vLLM (CPU build, its own venv) serving an exported
+# world model, driven through the OpenAI-compatible backend. WM_DIR defaults to runs/worldmodel.
+WM_DIR ?= runs/worldmodel
+vllm-smoke: install
+	scripts/vllm_smoke.sh $(WM_DIR)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
