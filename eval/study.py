@@ -179,30 +179,11 @@ def calibration_study(logs: Path, out: Path, *, seed: int) -> dict[str, Any]:
         "accuracy": sum((p >= 0.5) == bool(y) for p, y in zip(cal, labels)) / max(1, len(labels)),
         "bins_calibrated": reliability_bins(cal, labels), "bins_uncalibrated": reliability_bins(raw, labels),
     }
-    _reliability_png(report, out / "reliability.png", cal)
+    from training.common import reliability_png
+
+    reliability_png(out / "reliability.png", raw, cal, labels,
+                    f"Intention predictor reliability (T = {model.temperature:.2f}; simulated data)")
     return report
-
-
-def _reliability_png(report: dict[str, Any], path: Path, probs: list[float]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, hx) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
-    for key, style in (("bins_uncalibrated", "o-"), ("bins_calibrated", "s-")):
-        pts = [(c, a) for _, c, a, n in report[key] if n]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=key.split("_")[1])
-    ax.set_ylabel("observed z = 1 rate")
-    ax.set_title(f"Intention predictor reliability (T = {report['temperature']:.2f}; simulated data)")
-    ax.legend()
-    hx.hist(probs, bins=20, range=(0, 1), color="gray")
-    hx.set_xlabel("predicted p (calibrated)")
-    hx.set_ylabel("count")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _plots(summary: dict[str, Any], out: Path) -> None:
