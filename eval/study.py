@@ -273,13 +273,15 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
         "",
         "## Main table (Table 1 structure)",
         "",
-        "| method | " + " | ".join(_LABELS.get(k, k) for k in cols) + " | paper PR | paper FR | paper Time× |",
-        "|---|" + "---:|" * (len(cols) + 3),
+        "| method | " + " | ".join(_LABELS.get(k, k) for k in cols)
+        + " | paper PR | paper FR | paper Time× | paper Lat.× | paper Tok.× |",
+        "|---|" + "---:|" * (len(cols) + 5),
     ]
     for m, v in main["methods"].items():
         p = PAPER_TABLE1.get(m, {})
         lines.append(f"| {m} | " + " | ".join(_cell(v.get(k)) for k in cols)
-                     + f" | {_cell(p.get('PR'))} | {_cell(p.get('FR'))} | {_cell(p.get('time_ratio'))} |")
+                     + f" | {_cell(p.get('PR'))} | {_cell(p.get('FR'))} | {_cell(p.get('time_ratio'))} | "
+                     f"{_cell(p.get('latency_ratio'))} | {_cell(p.get('token_ratio'))} |")
     lines += ["", "PR, OR, WR, FR in %; AC, AP in money; Time×, Lat.×, Tok.× are ratios to Raw in the same run.", "",
               "Per-decision cost of the gate (main run; decision latency includes the oracle's rollout):", "",
               "| method | decision ms (mean) | decision ms (p95) | rollout steps / decision | policy tokens | "
