@@ -20,7 +20,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" \
-  --dtype bfloat16 --served-model-name worldmodel > /tmp/vllm_smoke.log 2>&1 &
+  --dtype bfloat16 --served-model-name worldmodel --max-model-len 2048 \
+  --gpu-memory-utilization "${VLLM_MEM_FRACTION:-0.4}" > /tmp/vllm_smoke.log 2>&1 &
+# (on the CPU backend --gpu-memory-utilization is the share of the host memory vLLM reserves; its
+#  default 0.92 does not fit beside other processes on this machine)
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 
