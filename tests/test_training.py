@@ -111,6 +111,25 @@ def test_predictor_one_step_export_reload_and_calibrated_output(logs, tmp_path):
     p_cal, p_raw = calibrated.predict(*item), raw.predict(*item)
     assert 0 <= p_cal <= 1 and (abs(p_cal - p_raw) > 1e-6 or abs(cal["temperature"] - 1) < 1e-3)
 
+    # ... and the oracle uses the calibrated output: INTENT's trace carries exactly that p.
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from fakes import ScriptedToolModel
+    from intent import DecisionContext, Market, PricedTool, Proposal
+    from intent.oracles import IntentOracle
+    from intent.policy import AgentPolicy
+    from worldmodel.replay import ReplayWorldModel
+
+    call = {"name": item[1], "args": item[2], "id": "c1", "type": "tool_call"}
+    proposal = Proposal("c1", item[1], item[2], item[0])
+    market = Market([PricedTool(item[1], 5)])
+    ctx = DecisionContext("e", "q", proposal, 5.0, 100.0, 0.0, 100.0, market, step=0,
+                          history=[HumanMessage("q"), AIMessage(item[0], tool_calls=[call])], batch=(proposal,))
+    oracle = IntentOracle(AgentPolicy(ScriptedToolModel(messages=iter([AIMessage("done")]), bound=[])),
+                          ReplayWorldModel([]), calibrated)
+    decision = oracle.decide(ctx)
+    assert decision.trace[0].p_success == pytest.approx(max(p_cal, 1e-3))
+
 
 def test_predictor_bad_input_fails_before_training(logs, tmp_path):
     from training.train_intention import train_predictor
