@@ -195,3 +195,17 @@ def test_vllm_command():
     cmd = vllm_command("runs/wm", port=8123)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--port" in cmd and "8123" in cmd
     assert cmd[cmd.index("--served-model-name") + 1] == "wm"
+
+
+@pytest.mark.ml
+def test_interrupted_predictor_training_resumes_from_its_checkpoint(logs, tmp_path):
+    from training.train_intention import train_predictor
+
+    tri = triples(load_records(logs))
+    first = train_predictor(tri, tmp_path / "p", epochs=2, max_steps=1, batch_size=8, max_length=64, progress=False)
+    state = json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())
+    assert first["steps"] == 1 and state == {"epoch": 0}  # "interrupted" after epoch 1 of 2
+    resumed = train_predictor(tri, tmp_path / "p", epochs=2, max_steps=1, batch_size=8, max_length=64,
+                              progress=False)
+    assert resumed["steps"] == 1  # only the remaining epoch ran, starting from the checkpoint
+    assert json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text()) == {"epoch": 1}
