@@ -18,7 +18,7 @@ the guard. Control flow follows StableToolBench's ``DFS_woFilter``:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -49,7 +49,6 @@ class DFSDTResult:
     backtracks: int = 0
     channel: dict[str, Any] | None = None
     tokens: int = 0
-    tried: list[str] = field(default_factory=list)
 
 
 class DFSDTRunner:

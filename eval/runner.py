@@ -172,9 +172,6 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
     if config.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {config.workers}")
     specs = [get_method(m) for m in config.methods]
-    if "raw" not in config.methods:
-        # Ratios are to Raw measured in the same run; without it they are left empty.
-        pass
     if config.reference and config.reference not in config.methods:
         raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}")
     return specs
