@@ -48,6 +48,39 @@ def not_gated(tool: str) -> str:
     )
 
 
+def duplicate_call(tool: str, shared_id: str) -> str:
+    return (
+        f"Budget guard: this call to {tool} reused the id {shared_id!r} of another call in the same message, "
+        "so it was not executed and cost nothing. Call it again if you still need it."
+    )
+
+
+def retry_over_budget(tool: str, price: float, remaining: float, budget: float, run: int) -> str:
+    return (
+        f"Budget guard: run {run} of the call to {tool} (a retry) was not executed and cost nothing. It costs "
+        f"{_money(price)} but only {_money(remaining)} of the budget {_money(budget)} is left."
+    )
+
+
+def repriced_over_budget(tool: str, quoted: float, price: float, remaining: float, budget: float) -> str:
+    return (
+        f"Budget guard: the call to {tool} was not executed and cost nothing. Its price changed from "
+        f"{_money(quoted)} to {_money(price)} before it ran, and only {_money(remaining)} of the budget "
+        f"{_money(budget)} is left."
+    )
+
+
+def overrun_stop(tool: str, overrun: float) -> str:
+    return (
+        f"Budget guard: the call to {tool} was not executed: an earlier call was billed {_money(overrun)} above "
+        "its quoted price, so no further spending is allowed. Give your final answer with what you have."
+    )
+
+
+def cancelled(tool: str) -> str:
+    return f"Error: {tool} was cancelled while running. The call was charged."
+
+
 def already_ran(tool: str) -> str:
     return f"Budget guard: this call to {tool} already ran and was charged once; it is not run again."
 

@@ -13,7 +13,7 @@ edge after ``guard`` sends only the accepted, still-unanswered calls to ``tools`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
@@ -21,9 +21,13 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Send
 
-from intent.guard import LEDGER_KEY, BudgetGuard, GuardState
 from intent.market import Market
+from intent.messages import answered_after, call_key, last_ai
 from intent.oracle import AcceptAll, Oracle
+from intent.state import LEDGER_KEY, GuardState
+
+if TYPE_CHECKING:
+    from intent.guard import BudgetGuard
 
 __all__ = ["guard_node", "guard_react_agent", "guarded_tool_node", "route_after_guard"]
 
@@ -42,17 +46,21 @@ def guarded_tool_node(guard: BudgetGuard, tools: Sequence[Any], **kwargs: Any) -
     return ToolNode(tools, wrap_tool_call=guard.wrap_tool_call, awrap_tool_call=guard.awrap_tool_call, **kwargs)
 
 
-def route_after_guard(state: Mapping[str, Any], *, tools: str = "tools", agent: str = "agent") -> Any:
+def route_after_guard(state: Mapping[str, Any], *, tools: str = "tools", agent: str = "agent", end: str = END) -> Any:
     messages = state.get("messages", [])
-    last_ai = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
-    if last_ai is None:
-        return END
-    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
-    entries = (state.get(LEDGER_KEY) or {}).get("entries", {})
+    index, ai = last_ai(messages)
+    if ai is None:
+        return end
+    answered = answered_after(messages, index)
+    channel = state.get(LEDGER_KEY) or {}
+    entries, decisions = channel.get("entries", {}), channel.get("decisions", {})
+    # Accepted calls run; refused ones get their refusal at the tool step (one answer each).
     sends = [
         Send(tools, [call])
-        for call in last_ai.tool_calls
-        if call["id"] not in answered and entries.get(call["id"], {}).get("status") == "reserved"
+        for call in ai.tool_calls
+        if call["id"] not in answered
+        and ((key := call_key(ai, index, call["id"])) in decisions
+             or entries.get(key, {}).get("status") == "reserved")
     ]
     return sends or agent
 
@@ -62,7 +70,24 @@ def _route_after_agent(state: Mapping[str, Any]) -> str:
     last = messages[-1] if messages else None
     if isinstance(last, AIMessage) and (last.tool_calls or last.invalid_tool_calls):
         return "guard"
-    return END
+    return "budget_end"
+
+
+def _merge(first: dict[str, Any] | None, second: dict[str, Any]) -> dict[str, Any]:
+    """Two updates of one node: the ledger channel merged, the messages concatenated."""
+    if not first:
+        return second
+    out = dict(first)
+    for key, value in second.items():
+        if key == LEDGER_KEY and key in out:
+            from intent.ledger import merge_ledger_states
+
+            out[key] = merge_ledger_states(out[key], value)
+        elif key == "messages" and key in out:
+            out[key] = [*out[key], *value]
+        else:
+            out[key] = value
+    return out
 
 
 def guard_react_agent(
@@ -82,6 +107,8 @@ def guard_react_agent(
     ``model`` is any LangChain chat model with ``bind_tools``. Pass ``guard=`` to reuse a
     configured guard (then ``market``, ``budget`` and ``oracle`` must match it).
     """
+    from intent.guard import BudgetGuard
+
     guard = guard or BudgetGuard(oracle or AcceptAll(), market, budget, **guard_kwargs)
     tools = list(tools)
 
@@ -96,20 +123,28 @@ def guard_react_agent(
         return model.bind_tools(shown) if shown else model, messages
 
     def agent(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        settled = guard.prepare(state, config)  # unused reservations released, oracle started
         bound, messages = _prepare(state, config)
-        return {"messages": [bound.invoke(messages, config)]}
+        return _merge(settled, {"messages": [bound.invoke(messages, config)]})
 
     async def aagent(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        settled = guard.prepare(state, config)
         bound, messages = _prepare(state, config)
-        return {"messages": [await bound.ainvoke(messages, config)]}
+        return _merge(settled, {"messages": [await bound.ainvoke(messages, config)]})
+
+    def budget_end(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        return guard.finish(state, config) or {}
 
     graph = StateGraph(GuardState)
     graph.add_node("agent", RunnableLambda(agent, afunc=aagent, name="agent"))
     graph.add_node("guard", guard.node())
     graph.add_node("tools", guard.tool_node(tools))
+    graph.add_node("budget_end", RunnableLambda(budget_end, name="budget_end"))
     graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", _route_after_agent, ["guard", END])
-    graph.add_conditional_edges("guard", lambda s: route_after_guard(s), ["tools", "agent", END])
+    graph.add_conditional_edges("agent", _route_after_agent, ["guard", "budget_end"])
+    graph.add_edge("budget_end", END)
+    graph.add_conditional_edges("guard", lambda s: route_after_guard(s, end="budget_end"),
+                                ["tools", "agent", "budget_end"])
     graph.add_edge("tools", "agent")
     compiled = graph.compile(checkpointer=checkpointer)
     compiled.guard = guard  # so callers can read the ledger: compiled.guard.ledger(state)

@@ -9,6 +9,17 @@ Money moves in three steps keyed by the tool-call id:
     after the tool ran, whether it succeeded or raised (money spent is spent).
 ``release(call_id)``
     when an accepted call never ran (another middleware answered it, the run moved on).
+``reprice(call_id, amount)``
+    when the price changed between the gate and the run (or a reviewer edited the call):
+    a rise must fit what is left, a fall gives the difference back.
+``top_up(top_up_id, amount)``
+    an explicit, logged raise of the budget (a human approved more money).
+
+Keys are *charge ids*: the guard reserves the first run of a proposed call under the call's
+key and every further run (a retry) under ``key#n``, so each execution is paid.
+A commit may name the amount the provider actually billed. A bill above the reservation
+is an **overrun**: it is recorded (the money was spent), and an enforcing ledger accepts no
+further reservation.
 
 Every operation is idempotent by call id, so a replayed or retried call is charged at
 most once, and the invariant ``spent + reserved <= budget`` holds after every operation
@@ -24,9 +35,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from intent.errors import IntentError
 from intent.market import check_amount
 
 __all__ = [
@@ -44,7 +56,7 @@ _RANK: dict[str, int] = {"reserved": 0, "released": 1, "committed": 2}
 _EPS = 1e-9
 
 
-class LedgerError(RuntimeError):
+class LedgerError(IntentError, RuntimeError):
     """An operation that the ledger cannot perform (unknown call id, released call committed...)."""
 
 
@@ -54,12 +66,17 @@ class BudgetExceededError(LedgerError):
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
+    """One charge: ``call_id`` is the ledger key (a proposed call's key, ``key#n`` for its n-th run)."""
+
     call_id: str
     tool: str
     amount: float
     status: EntryStatus
     seq: int
     market_version: int = 0
+    tool_call_id: str = ""  # the model's tool-call id (several charges may share it)
+    execution: int = 0  # 1-based run number of the proposed call; 0 while only reserved by the gate
+    overrun: float = 0.0  # billed above the reservation
 
 
 class BudgetLedger:
@@ -71,12 +88,15 @@ class BudgetLedger:
         *,
         allow_overspend: bool = False,
         entries: Mapping[str, LedgerEntry] | None = None,
+        top_ups: Mapping[str, float] | None = None,
     ) -> None:
         self._budget = check_amount(budget, "budget")
+        self._top_ups: dict[str, float] = {k: check_amount(v, f"top-up {k!r}") for k, v in (top_ups or {}).items()}
         self._allow_overspend = bool(allow_overspend)
         self._entries: dict[str, LedgerEntry] = {}
         # Running totals per status, so that spent/remaining are O(1) on the hot path.
         self._totals: dict[str, float] = {"reserved": 0.0, "committed": 0.0, "released": 0.0}
+        self._overrun = 0.0
         self._lock = threading.RLock()
         for entry in (entries or {}).values():
             self._put(entry)
@@ -85,13 +105,31 @@ class BudgetLedger:
         old = self._entries.get(entry.call_id)
         if old is not None:
             self._totals[old.status] -= old.amount
+            self._overrun -= old.overrun
         self._entries[entry.call_id] = entry
         self._totals[entry.status] += entry.amount
+        self._overrun += entry.overrun
 
     # ------------------------------------------------------------------ totals
     @property
     def budget(self) -> float:
+        """The budget in force: the base budget plus every top-up."""
+        return self._budget + sum(self._top_ups.values())
+
+    @property
+    def base_budget(self) -> float:
         return self._budget
+
+    @property
+    def top_ups(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._top_ups)
+
+    @property
+    def overrun(self) -> float:
+        """Money billed above reservations (a provider charged more than the quoted price)."""
+        with self._lock:
+            return self._overrun
 
     @property
     def allow_overspend(self) -> bool:
@@ -114,17 +152,20 @@ class BudgetLedger:
     def remaining(self) -> float:
         """Money not yet spent or held by a reservation (never negative)."""
         with self._lock:
-            return max(0.0, self._budget - self._sum("committed") - self._sum("reserved"))
+            return max(0.0, self.budget - self._sum("committed") - self._sum("reserved"))
 
     @property
     def overspent(self) -> float:
         """How far ``spent + reserved`` exceeds the budget (only > 0 with allow_overspend)."""
         with self._lock:
-            return max(0.0, self._sum("committed") + self._sum("reserved") - self._budget)
+            return max(0.0, self._sum("committed") + self._sum("reserved") - self.budget)
 
     def fits(self, amount: float) -> bool:
+        """Whether ``amount`` more can be reserved. After an overrun nothing fits (enforcing ledgers)."""
         with self._lock:
-            return self._sum("committed") + self._sum("reserved") + amount <= self._budget + _EPS
+            if self._overrun > _EPS and not self._allow_overspend:
+                return False
+            return self._sum("committed") + self._sum("reserved") + amount <= self.budget + _EPS
 
     # ------------------------------------------------------------- operations
     def get(self, call_id: str) -> LedgerEntry | None:
@@ -141,7 +182,10 @@ class BudgetLedger:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def reserve(self, call_id: str, tool: str, amount: float, *, market_version: int = 0) -> LedgerEntry:
+    def reserve(
+        self, call_id: str, tool: str, amount: float, *, market_version: int = 0, tool_call_id: str = "",
+        execution: int = 0,
+    ) -> LedgerEntry:
         """Hold ``amount`` for ``call_id``. Idempotent: a known id returns its entry unchanged."""
         if not isinstance(call_id, str) or not call_id:
             raise LedgerError(f"call_id must be a non-empty string, got {call_id!r}")
@@ -151,16 +195,50 @@ class BudgetLedger:
             if existing is not None:
                 return existing
             if not self._allow_overspend and not self.fits(amount):
-                raise BudgetExceededError(
-                    f"call {call_id!r} to {tool!r} costs {amount:g} but only {self.remaining:g} "
-                    f"of the budget {self._budget:g} is left"
-                )
-            entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version)
+                raise BudgetExceededError(self._no_fit(call_id, tool, amount))
+            entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version,
+                                tool_call_id, execution)
             self._put(entry)
             return entry
 
-    def commit(self, call_id: str) -> LedgerEntry:
-        """Turn the reservation into a charge. Idempotent; a released call cannot be committed."""
+    def _no_fit(self, call_id: str, tool: str, amount: float) -> str:
+        if self._overrun > _EPS:
+            return (f"call {call_id!r} to {tool!r} refused: a provider billed {self._overrun:g} above its "
+                    "reservation (overrun), so no further spending is allowed")
+        return (f"call {call_id!r} to {tool!r} costs {amount:g} but only {self.remaining:g} "
+                f"of the budget {self.budget:g} is left")
+
+    def reprice(
+        self, call_id: str, amount: float, *, tool: str | None = None, market_version: int | None = None
+    ) -> LedgerEntry:
+        """Change a reservation's amount (and tool). A rise must fit; a fall gives the rest back."""
+        amount = check_amount(amount, f"amount of call {call_id!r}")
+        with self._lock:
+            entry = self._entries.get(call_id)
+            if entry is None or entry.status != "reserved":
+                raise LedgerError(f"cannot reprice {call_id!r}: it is not a held reservation")
+            rise = amount - entry.amount
+            if rise > _EPS and not self._allow_overspend and not self.fits(rise):
+                raise BudgetExceededError(self._no_fit(call_id, tool or entry.tool, amount))
+            entry = replace(entry, amount=amount, tool=tool or entry.tool,
+                            market_version=entry.market_version if market_version is None else market_version)
+            self._put(entry)
+            return entry
+
+    def mark_run(self, call_id: str, execution: int) -> LedgerEntry:
+        """Record which run of the proposed call a held reservation pays for."""
+        with self._lock:
+            entry = self._entries[call_id]
+            entry = replace(entry, execution=execution)
+            self._put(entry)
+            return entry
+
+    def commit(self, call_id: str, amount: float | None = None) -> LedgerEntry:
+        """Turn the reservation into a charge. Idempotent; a released call cannot be committed.
+
+        ``amount``: what the provider actually billed, if the tool reported it. Below the
+        reservation the rest is given back; above it the excess is recorded as an overrun.
+        """
         with self._lock:
             entry = self._entries.get(call_id)
             if entry is None:
@@ -169,7 +247,12 @@ class BudgetLedger:
                 raise LedgerError(f"cannot commit {call_id!r}: its reservation was released, so the call must not run")
             if entry.status == "committed":
                 return entry
-            entry = _with_status(entry, "committed")
+            if amount is None:
+                entry = _with_status(entry, "committed")
+            else:
+                billed = check_amount(amount, f"billed amount of call {call_id!r}")
+                over = max(0.0, billed - entry.amount)
+                entry = replace(entry, status="committed", amount=billed, overrun=over if over > _EPS else 0.0)
             self._put(entry)
             return entry
 
@@ -183,9 +266,20 @@ class BudgetLedger:
             self._put(entry)
             return entry
 
-    def absorb(self, state: Mapping[str, Any]) -> None:
-        """Merge entries from a serialised ledger; statuses only move forward."""
+    def top_up(self, top_up_id: str, amount: float) -> float:
+        """Raise the budget by ``amount`` (idempotent by id). Returns the new budget."""
+        amount = check_amount(amount, "top-up amount", allow_zero=False)
         with self._lock:
+            self._top_ups.setdefault(top_up_id, amount)
+            return self.budget
+
+    def absorb(self, state: Mapping[str, Any]) -> None:
+        """Merge a serialised ledger; statuses only move forward. The state's budget wins."""
+        with self._lock:
+            if "budget" in state:
+                self._budget = check_amount(state["budget"], "budget")
+            for k, v in (state.get("top_ups") or {}).items():
+                self._top_ups.setdefault(k, float(v))
             entries = self._entries
             for cid, raw in (state.get("entries") or {}).items():
                 old = entries.get(cid)
@@ -199,13 +293,15 @@ class BudgetLedger:
                 "budget": self._budget,
                 "allow_overspend": self._allow_overspend,
                 "entries": {cid: asdict(e) for cid, e in self._entries.items()},
+                "top_ups": dict(self._top_ups),
             }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> BudgetLedger:
         try:
             entries = {cid: LedgerEntry(**e) for cid, e in (state.get("entries") or {}).items()}
-            return cls(state["budget"], allow_overspend=bool(state.get("allow_overspend", False)), entries=entries)
+            return cls(state["budget"], allow_overspend=bool(state.get("allow_overspend", False)), entries=entries,
+                       top_ups=state.get("top_ups") or None)
         except (KeyError, TypeError) as exc:
             raise LedgerError(
                 f"ledger state is malformed ({exc!r}); expected {{'budget': float, 'entries': {{call_id: entry}}}}"
@@ -213,11 +309,13 @@ class BudgetLedger:
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
+            budget = self.budget
             return {
-                "budget": self._budget,
+                "budget": budget,
                 "spent": self._sum("committed"),
                 "reserved": self._sum("reserved"),
-                "remaining": max(0.0, self._budget - self._sum("committed") - self._sum("reserved")),
+                "remaining": max(0.0, budget - self._sum("committed") - self._sum("reserved")),
+                "overrun": self._overrun,
             }
 
     def __repr__(self) -> str:
@@ -226,7 +324,7 @@ class BudgetLedger:
 
 
 def _with_status(entry: LedgerEntry, status: EntryStatus) -> LedgerEntry:
-    return LedgerEntry(entry.call_id, entry.tool, entry.amount, status, entry.seq, entry.market_version)
+    return replace(entry, status=status)
 
 
 def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -253,7 +351,12 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
         if key in _LATEST_WINS or key not in merged:
             merged[key] = value
     merged["entries"] = entries
+    # Top-ups and the gate's decisions are keyed by id and never change once written.
+    for key in _UNION:
+        if left.get(key) or right.get(key):
+            merged[key] = {**(left.get(key) or {}), **(right.get(key) or {})}
     return merged
 
 
 _LATEST_WINS = ("market", "market_version", "market_scope")
+_UNION = ("top_ups", "decisions")

@@ -9,9 +9,14 @@ Each proposal produces exactly one record:
 * rejected by the oracle or the guard: ``decision="reject"``, ``charged=0``;
 * invalid (unknown tool, bad arguments): ``decision="invalid"``, ``charged=0``;
 * accepted and run: ``decision="accept"``, ``charged=price`` and the observation;
-* accepted and never run (reservation released): ``decision="accept"``, ``status="released"``, ``charged=0``.
+* accepted and run: one record **per execution** (a retried call has several),
+  ``decision="accept"``, ``execution`` = 1, 2, ..., ``charged`` = what was billed;
+* accepted and never run (reservation released, e.g. another middleware answered it):
+  ``decision="accept"``, ``status="released"``, ``charged=0``, ``execution=0``;
+* a budget top-up: ``decision="top_up"``, ``price`` = the amount, ``charged=0``.
 
-So the sum of ``charged`` over a task's records equals what the ledger spent.
+So the sum of ``charged`` over a task's records equals what the ledger spent, and the
+records with ``execution > 0`` are exactly the tool's runs.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ __all__ = [
     "read_log",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions read_log still accepts: 2 added execution / overrun / the top_up decision.
+READABLE_VERSIONS = (1, 2)
 
 
 class LogFormatError(ValueError):
@@ -57,7 +64,7 @@ class StepRecord(BaseModel):
     tool: str
     args: dict[str, Any] | str = Field(default_factory=dict)
     price: float | None = None
-    decision: Literal["accept", "reject", "invalid"]
+    decision: Literal["accept", "reject", "invalid", "top_up"]
     reason: str = ""
     oracle: str = ""
     feedback: str = ""
@@ -65,6 +72,8 @@ class StepRecord(BaseModel):
     observation: str = ""
     status: Literal["ok", "error", "rejected", "invalid", "released"]
     charged: float = 0.0
+    execution: int = Field(0, description="1-based run of the proposed call this record charges; 0: no run")
+    overrun: float = Field(0.0, description="billed above the reservation (the provider charged more)")
     spent: float = Field(description="ledger spend after this record")
     remaining: float
     budget: float
@@ -144,9 +153,9 @@ def read_log(path: str | os.PathLike[str], *, skip_torn_tail: bool = True) -> It
                 return
             raise LogFormatError(f"{p}:{i}: not valid JSON ({exc.msg})") from exc
         version = data.get("schema_version") if isinstance(data, dict) else None
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise LogFormatError(
-                f"{p}:{i}: schema_version {version!r} is not {SCHEMA_VERSION}; "
+                f"{p}:{i}: schema_version {version!r} is not one of {READABLE_VERSIONS}; "
                 "the log was written by another version of intent"
             )
         try:

@@ -9,6 +9,8 @@ price it was accepted at).
 
 from __future__ import annotations
 
+from intent.errors import IntentError
+
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -17,7 +19,7 @@ from typing import Any
 __all__ = ["InvalidPriceError", "Market", "MarketError", "PricedTool", "UnpricedToolError", "check_amount"]
 
 
-class MarketError(ValueError):
+class MarketError(IntentError, ValueError):
     """A market was built or updated with bad input."""
 
 

@@ -1,11 +1,15 @@
 """The guard as a LangChain v1 ``AgentMiddleware``.
 
+* ``before_model``: release reservations another middleware answered, write charges state
+  has not seen, start a new episode's oracle (so a plan is in force before the first call);
 * ``wrap_model_call``: hide tools the market banned or the oracle removed, add the
   oracle's prompt notes (prices, quotas, guidelines) to the system message;
-* ``after_model``: gate the new message's tool calls as one batch (:meth:`BudgetGuard.gate`);
-* ``wrap_tool_call``: run an accepted call and commit its charge.
+* ``after_model``: gate the new message's tool calls as one batch;
+* ``wrap_tool_call``: run an accepted call with a metered tool, charging every run;
+* ``after_agent``: nothing stays reserved; the episode's working state is dropped.
 
-Every hook has its async twin, so ``agent.ainvoke`` works with async oracles.
+Every hook has its async twin, so ``agent.ainvoke`` works with async oracles. This module
+knows the guard only through these methods, so it does not import :mod:`intent.guard`.
 """
 
 from __future__ import annotations
@@ -19,19 +23,22 @@ from langchain_core.messages import AIMessage, SystemMessage
 from langgraph.config import get_config
 from typing_extensions import NotRequired
 
-from intent.guard import LEDGER_KEY, BudgetGuard
 from intent.ledger import merge_ledger_states
+from intent.state import LEDGER_KEY, LedgerChannel
 
 if TYPE_CHECKING:
+    from langgraph.prebuilt.tool_node import ToolCallRequest
     from langgraph.runtime import Runtime
+
+    from intent.guard import BudgetGuard
 
 __all__ = ["BudgetGuardMiddleware", "BudgetState"]
 
 
 class BudgetState(AgentState):
-    """Agent state with the guard's ledger channel (merged by call id)."""
+    """Agent state with the guard's ledger channel (merged by charge id)."""
 
-    intent_ledger: NotRequired[Annotated[dict[str, Any] | None, merge_ledger_states]]
+    intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
 
 
 def _config() -> dict[str, Any] | None:
@@ -61,6 +68,19 @@ class BudgetGuardMiddleware(AgentMiddleware):
     @property
     def name(self) -> str:
         return "BudgetGuard"
+
+    # ------------------------------------------------------ model boundary
+    def before_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
+        return self.guard.prepare(state, _config())
+
+    async def abefore_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
+        return self.guard.prepare(state, _config())
+
+    def after_agent(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
+        return self.guard.finish(state, _config())
+
+    async def aafter_agent(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
+        return self.guard.finish(state, _config())
 
     # ---------------------------------------------------------- model call
     def _prepare(self, request: ModelRequest) -> ModelRequest:
@@ -96,10 +116,12 @@ class BudgetGuardMiddleware(AgentMiddleware):
         return _jump_if_only_invalid(state, await self.guard.agate(state, _config()))
 
     # ---------------------------------------------------------- tool calls
-    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+    def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:
         return self.guard.wrap_tool_call(request, handler)
 
-    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+    async def awrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[Any]]
+    ) -> Any:
         return await self.guard.awrap_tool_call(request, handler)
 
 

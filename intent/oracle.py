@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from intent.errors import IntentError
 from intent.market import Market
 
 __all__ = [
@@ -44,7 +45,7 @@ ORACLE_ERROR: ReasonCode = "oracle_error"
 CACHE_HIT: ReasonCode = "cache_hit"
 
 
-class InvalidDecisionError(TypeError):
+class InvalidDecisionError(IntentError, TypeError):
     """An oracle returned something that is not a :class:`Decision`."""
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from intent import feedback as fb
@@ -24,6 +27,9 @@ class PlanningOracle(Oracle):
     rejects. The decision carries ``reason="oracle_error"`` and ``usage["model_error"] = 1``, so
     the failure shows in the logs and in the benchmark's ``oracle_errors``. The guard still
     refuses anything that does not fit.
+
+    :meth:`adecide` never blocks the event loop: it runs :meth:`decide` (policy, world-model and
+    predictor calls are all synchronous) in a worker thread, one decision at a time per episode.
     """
 
     def __init__(self, policy: AgentPolicy | Callable[[DecisionContext], AgentPolicy], *, max_depth: int,
@@ -37,6 +43,9 @@ class PlanningOracle(Oracle):
         self.show_market = show_market
         self.on_model_error = on_model_error
         self.memory = EpisodeMemory()
+        # adecide: one decision at a time per episode (episode id -> [lock, holders + waiters]).
+        self._turns: dict[str, list] = {}
+        self._turns_lock = threading.Lock()
 
     def policy_for(self, ctx: DecisionContext) -> AgentPolicy:
         return self._policy if isinstance(self._policy, AgentPolicy) else self._policy(ctx)
@@ -53,6 +62,40 @@ class PlanningOracle(Oracle):
             text = fb.oracle_failed(ctx.tool, exc, accepted=accept)
             return Decision(accept, "" if accept else text, (), ORACLE_ERROR,
                             {"model_error": 1.0, "error": 0.0})
+
+    async def adecide(self, ctx: DecisionContext) -> Decision:
+        """Async twin of :meth:`decide`, off the event loop: same decision, same cache updates.
+
+        The rollout runs in a worker thread (``asyncio.to_thread``, which carries the context
+        variables, so LangChain callbacks still see the run). Decisions of one episode are
+        serialized, as they were when ``decide`` ran on the loop, so that the rollout cache and
+        the last-call cache see the same sequence of reads and writes; other episodes run in
+        parallel (:class:`EpisodeMemory` is thread-safe; the shipped world models and predictors
+        lock their own shared state). Cancelling the awaiting task does not stop a decision
+        already running: it completes (and updates the caches) in its thread, as a ``decide``
+        on the loop would have.
+        """
+        return await asyncio.to_thread(self._decide_in_turn, ctx)
+
+    def _decide_in_turn(self, ctx: DecisionContext) -> Decision:
+        with self._episode_turn(ctx.episode_id):
+            return self.decide(ctx)
+
+    @contextmanager
+    def _episode_turn(self, episode_id: str) -> Iterator[None]:
+        with self._turns_lock:
+            turn = self._turns.get(episode_id)
+            if turn is None:
+                turn = self._turns[episode_id] = [threading.Lock(), 0]
+            turn[1] += 1
+        try:
+            with turn[0]:
+                yield
+        finally:
+            with self._turns_lock:
+                turn[1] -= 1
+                if turn[1] == 0:  # nobody holds or waits: drop it, so the map does not grow per episode
+                    del self._turns[episode_id]
 
     def _decide(self, ctx: DecisionContext) -> Decision:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -1,0 +1,105 @@
+"""Per-episode state kept in process: the live ledger, the episode's market, run counters.
+
+Graph state is the truth (the ledger channel); this is the working copy that parallel tool
+calls of one episode share, so that they see each other's reservations before their state
+updates merge. It is rebuilt from state when missing (a resume in another process) and
+dropped when the episode ends, so memory stays flat however many episodes a guard serves.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from intent.ledger import BudgetLedger
+from intent.market import Market
+
+__all__ = ["Episode", "EpisodeRegistry"]
+
+
+@dataclass
+class Episode:
+    episode_id: str
+    ledger: BudgetLedger
+    market: Market | None = None  # an episode-scoped market (CostBench events); None: the guard's
+    started: bool = False
+    # Ledger keys of every charge of each proposed call (its gate reservation, then retries).
+    charges: dict[str, list[str]] = field(default_factory=dict)
+    # Top-ups asked for without a graph: written to state at the episode's next hook.
+    pending_top_ups: dict[str, float] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def charge_keys(self, key: str) -> list[str]:
+        with self.lock:
+            return list(self.charges.get(key, ()))
+
+    def add_charge(self, key: str, charge_id: str) -> int:
+        """Remember a charge of the proposed call ``key``; returns its 1-based run number."""
+        with self.lock:
+            keys = self.charges.setdefault(key, [])
+            if charge_id not in keys:
+                keys.append(charge_id)
+            return keys.index(charge_id) + 1
+
+
+class EpisodeRegistry:
+    """Episodes by id, least recently used dropped beyond ``max_episodes``."""
+
+    def __init__(self, default_budget: float, *, allow_overspend: bool, max_episodes: int = 1024) -> None:
+        self.default_budget = default_budget
+        self.allow_overspend = allow_overspend
+        self.max_episodes = max_episodes
+        self._episodes: OrderedDict[str, Episode] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._episodes)
+
+    def __contains__(self, episode_id: object) -> bool:
+        return episode_id in self._episodes
+
+    def peek(self, episode_id: str) -> Episode | None:
+        with self._lock:
+            return self._episodes.get(episode_id)
+
+    def get(self, episode_id: str, channel: Mapping[str, Any] | None = None) -> Episode:
+        """The episode, created (from ``channel`` when given) or brought up to date with it.
+
+        Entries only move forward, so a stale ``channel`` never undoes a charge; the budget
+        in state wins over this guard's default (a resumed thread keeps its own budget).
+        """
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+            if episode is None:
+                ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel
+                          else BudgetLedger(self.default_budget, allow_overspend=self.allow_overspend))
+                episode = Episode(episode_id, ledger)
+                if channel:
+                    _index_charges(episode, channel)
+                self._episodes[episode_id] = episode
+                while len(self._episodes) > self.max_episodes:
+                    self._episodes.popitem(last=False)
+            else:
+                self._episodes.move_to_end(episode_id)
+        if channel and episode is not None and channel is not getattr(episode, "_last_channel", None):
+            episode.ledger.absorb(channel)
+            _index_charges(episode, channel)
+            episode._last_channel = channel  # type: ignore[attr-defined]
+        return episode
+
+    def drop(self, episode_id: str) -> None:
+        with self._lock:
+            self._episodes.pop(episode_id, None)
+
+
+def _index_charges(episode: Episode, channel: Mapping[str, Any]) -> None:
+    for charge_id, raw in (channel.get("entries") or {}).items():
+        key = charge_id.split("#", 1)[0]
+        with episode.lock:
+            keys = episode.charges.setdefault(key, [])
+            if charge_id not in keys:
+                keys.append(charge_id)
+                keys.sort(key=lambda c: (c != key, int(c.split("#", 1)[1]) if "#" in c else 0))

@@ -1,0 +1,163 @@
+"""Message helpers: reading the agent's history and shaping the guard's answers.
+
+Nothing here knows money. The guard facade, the gate and the metered execution use these
+to find which proposed call a request belongs to and to build the messages they return.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langgraph.types import Command
+
+__all__ = [
+    "BILLED_KEY",
+    "answered_after",
+    "argument_problem",
+    "billed_amount",
+    "call_key",
+    "find_call",
+    "first_human_text",
+    "json_artifact",
+    "last_ai",
+    "model_args",
+    "result_message",
+    "text_of",
+    "with_update",
+]
+
+# A tool reports what its provider actually billed in its ToolMessage artifact under this key
+# (0 for a failed call the provider does not bill). Without it the quoted price is charged.
+BILLED_KEY = "intent_billed"
+
+
+def text_of(message: Any) -> str:
+    content = getattr(message, "content", message)
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in content)
+    return str(content)
+
+
+def first_human_text(messages: Sequence[AnyMessage]) -> str:
+    for m in messages:
+        if isinstance(m, HumanMessage):
+            return text_of(m)
+    return ""
+
+
+def last_ai(messages: Sequence[AnyMessage]) -> tuple[int, AIMessage | None]:
+    for i in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[i], AIMessage):
+            return i, messages[i]  # type: ignore[return-value]
+    return -1, None
+
+
+def answered_after(messages: Sequence[AnyMessage], index: int) -> set[str]:
+    """Tool-call ids answered by a ToolMessage after the message at ``index`` (LangChain's own rule)."""
+    return {m.tool_call_id for m in messages[index + 1:] if isinstance(m, ToolMessage)}
+
+
+def call_key(ai: AIMessage, index: int, tool_call_id: str) -> str:
+    """The ledger key of one proposed call: the proposing message and the call's id.
+
+    A model may reuse an id in a later message; that is a new call with a new key. An
+    AIMessage without an id (hand-driven histories) is named by its position.
+    """
+    return f"{ai.id if ai.id else f'm{index}'}:{tool_call_id}"
+
+
+def find_call(messages: Sequence[AnyMessage], tool_call_id: str) -> tuple[int, AIMessage | None]:
+    """The latest AIMessage that proposed ``tool_call_id`` (the one whose call is running)."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, AIMessage) and any(c.get("id") == tool_call_id for c in m.tool_calls):
+            return i, m
+    return -1, None
+
+
+def model_args(tool: Any, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments the model controls: injected ones (state, runtime, store...) left out."""
+    schema = getattr(tool, "tool_call_schema", None)
+    fields = getattr(schema, "model_fields", None)
+    if not isinstance(fields, Mapping):
+        return dict(args)
+    return {k: v for k, v in args.items() if k in fields}
+
+
+def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
+    """Validate the model's arguments against the schema the model sees, before money moves.
+
+    Injected arguments (``ToolRuntime``, ``InjectedState``, ``InjectedStore``,
+    ``InjectedToolCallId``) are not part of that schema: LangGraph fills them in.
+    """
+    schema = getattr(tool, "tool_call_schema", None)
+    validate = getattr(schema, "model_validate", None)
+    if validate is None:
+        return None  # a JSON-schema dict tool: the tool validates its own input
+    try:
+        validate(model_args(tool, args) if isinstance(args, Mapping) else args)
+    except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
+        errors = getattr(exc, "errors", None)
+        if callable(errors):
+            return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}" for e in errors())
+        return str(exc).strip() or type(exc).__name__
+    return None
+
+
+def json_artifact(message: Any) -> dict[str, Any] | None:
+    artifact = getattr(message, "artifact", None)
+    if not isinstance(artifact, dict):
+        return None
+    try:
+        json.dumps(artifact)
+    except (TypeError, ValueError):
+        return None
+    return artifact
+
+
+def result_message(result: Any, tool_call_id: str) -> ToolMessage | None:
+    """The ToolMessage that answers ``tool_call_id`` in a tool's result (message or Command)."""
+    if isinstance(result, ToolMessage):
+        return result
+    if isinstance(result, Command) and isinstance(result.update, Mapping):
+        for m in result.update.get("messages") or []:
+            if isinstance(m, ToolMessage) and m.tool_call_id == tool_call_id:
+                return m
+    return None
+
+
+def billed_amount(result: Any, tool_call_id: str) -> float | None:
+    """What the tool says its provider billed (``artifact["intent_billed"]``), if it says."""
+    message = result_message(result, tool_call_id)
+    artifact = getattr(message, "artifact", None)
+    if isinstance(artifact, Mapping) and BILLED_KEY in artifact:
+        value = artifact[BILLED_KEY]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"artifact[{BILLED_KEY!r}] of the tool's result must be a number, got {value!r}")
+        return float(value)
+    return None
+
+
+def with_update(result: Any, tool_call_id: str, message: ToolMessage | None, update: dict[str, Any]) -> Any:
+    """Return the tool's result with ``update`` merged into its state update.
+
+    A ``Command`` keeps its ``goto``, ``graph`` and ``resume``; its answering ToolMessage is
+    replaced by ``message`` (the same message with a note appended, say).
+    """
+    if isinstance(result, Command):
+        if result.graph == Command.PARENT:
+            # The update goes to the parent graph, whose state has no ledger channel of ours.
+            return result
+        old = dict(result.update) if isinstance(result.update, Mapping) else {}
+        msgs = list(old.get("messages") or [])
+        if message is not None:
+            msgs = [message if isinstance(m, ToolMessage) and m.tool_call_id == tool_call_id else m for m in msgs]
+        if msgs:
+            old["messages"] = msgs
+        return Command(graph=result.graph, update={**old, **update}, resume=result.resume, goto=result.goto)
+    return Command(update={"messages": [message if message is not None else result], **update})

@@ -1,0 +1,344 @@
+"""One guarded tool call at the tool step: every run of the tool is priced, reserved and charged.
+
+The guard cannot know where it sits in a middleware stack. A retry middleware inside it
+calls the tool several times through one ``wrap_tool_call``; a retry middleware outside
+calls the guard several times; a reviewer's edit inside it swaps the tool. So the guard
+hands the rest of the chain a :class:`MeteredTool` (in ``request.tool`` and in
+``request.runtime.tools``, where HumanInTheLoopMiddleware resolves a redirected tool): the
+charge happens where the tool really runs, whatever wraps it.
+
+Per run: validate the model's arguments, re-price from the current market, re-ask the
+oracle if the call was edited, reserve (the first run uses the gate's reservation, each
+further run a new one under ``key#n``), run, and commit what the provider billed.
+A run that does not fit is answered with a refusal ToolMessage and never runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langgraph.errors import GraphBubbleUp
+from langgraph.types import Command
+
+from intent import feedback as fb
+from intent.ledger import BudgetExceededError
+from intent.market import UnpricedToolError
+from intent.messages import (
+    argument_problem,
+    billed_amount,
+    call_key,
+    find_call,
+    first_human_text,
+    json_artifact,
+    model_args,
+    result_message,
+    text_of,
+    with_update,
+)
+from intent.oracle import (
+    BAD_ARGUMENTS,
+    BANNED_TOOL,
+    OVER_BUDGET,
+    UNKNOWN_TOOL,
+    UNPRICED_TOOL,
+    Decision,
+    DecisionContext,
+    Outcome,
+    Proposal,
+)
+from intent.state import LEDGER_KEY, channel_of, entry_dict
+
+if TYPE_CHECKING:
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    from intent.episodes import Episode
+    from intent.guard import BudgetGuard
+
+__all__ = ["CallRun", "MeteredTool", "open_call"]
+
+REFUSED_RUN = "refused_run"
+ANSWERED_WITHOUT_RUN = "answered_without_run"
+CANCELLED = "cancelled"
+
+
+def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMessage:
+    """The metered run of ``request``'s call, or a refusal if the gate never reserved it."""
+    call = request.tool_call
+    cid, name = call["id"], call["name"]
+    state = request.state
+    channel = channel_of(state)
+    messages: list[AnyMessage] = list((state.get("messages") if isinstance(state, Mapping) else None) or [])
+    index, ai = find_call(messages, cid)
+    if not channel or ai is None or not channel.get("episode_id"):
+        return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
+    episode = guard.episodes.get(str(channel["episode_id"]), channel)
+    key = call_key(ai, index, cid)
+    meta = dict((channel.get("decisions") or {}).get(key) or {})
+    if meta and not meta.get("accept", True):
+        # The gate refused it; the answer is given here, where exactly one answer is given.
+        return ToolMessage(str(meta.get("feedback") or fb.generic_rejection(name)), tool_call_id=cid, name=name,
+                           status="error", artifact={"intent_reason": meta.get("reason", "")})
+    if key not in episode.ledger:
+        return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
+    return CallRun(guard, episode, key, request, meta, messages, ai)
+
+
+class MeteredTool:
+    """A tool whose every run goes through :class:`CallRun` (everything else is the tool's own)."""
+
+    __slots__ = ("_run", "_tool")
+
+    def __init__(self, tool: Any, run: CallRun) -> None:
+        object.__setattr__(self, "_tool", tool)
+        object.__setattr__(self, "_run", run)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tool, name)
+
+    def invoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:  # noqa: A002 - BaseTool's name
+        return self._run.execute(self._tool, input, config, kwargs)
+
+    async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:  # noqa: A002
+        return await self._run.aexecute(self._tool, input, config, kwargs)
+
+    def __repr__(self) -> str:
+        return f"MeteredTool({self._tool!r})"
+
+
+def _args_of(tool_input: Any) -> Any:
+    if isinstance(tool_input, Mapping) and tool_input.get("type") == "tool_call":
+        return tool_input.get("args") or {}
+    return tool_input if isinstance(tool_input, Mapping) else {"input": tool_input}
+
+
+class CallRun:
+    """The runs of one proposed call within one ``wrap_tool_call`` of the guard."""
+
+    def __init__(
+        self, guard: BudgetGuard, episode: Episode, key: str, request: ToolCallRequest, meta: dict[str, Any],
+        messages: list[AnyMessage], ai: AIMessage,
+    ) -> None:
+        self.guard, self.episode, self.key, self.request, self.meta = guard, episode, key, request, meta
+        self.tool_call_id: str = request.tool_call["id"]
+        self.name: str = request.tool_call["name"]
+        self.messages = messages
+        self.query = first_human_text(messages)
+        self.reasoning = text_of(ai)
+        self.last_outcome: Outcome | None = None
+        self.regated = False
+
+    # ------------------------------------------------------------------ request
+    def metered_request(self) -> ToolCallRequest:
+        request = self.request
+        overrides: dict[str, Any] = {}
+        if request.tool is not None:
+            overrides["tool"] = MeteredTool(request.tool, self)
+        runtime = request.runtime
+        tools = getattr(runtime, "tools", None)
+        if tools and dataclasses.is_dataclass(runtime):
+            overrides["runtime"] = dataclasses.replace(runtime, tools=[MeteredTool(t, self) for t in tools])
+        return request.override(**overrides) if overrides else request
+
+    # --------------------------------------------------------------- one run
+    def _context(self, name: str, args: Mapping[str, Any], price: float) -> DecisionContext:
+        ledger = self.episode.ledger
+        return DecisionContext(
+            episode_id=self.episode.episode_id, query=self.query,
+            proposal=Proposal(self.tool_call_id, name, dict(args), self.reasoning), price=price,
+            budget=ledger.budget, spent=ledger.spent, remaining=ledger.remaining,
+            market=self.guard.market_for(self.episode.episode_id), step=int(self.meta.get("step", -1)),
+            history=self.messages,
+        )
+
+    def _edited(self, name: str, args: Mapping[str, Any], tool: Any) -> bool:
+        """Whether the call about to run is not the one the gate approved (a reviewer's edit)."""
+        if self.regated or "tool" not in self.meta:
+            return False
+        return name != self.meta["tool"] or model_args(tool, args) != model_args(tool, self.meta.get("args") or {})
+
+    def _price(self, tool: Any, args: Any) -> tuple[float, int] | ToolMessage:
+        name = tool.name
+        problem = argument_problem(tool, args)
+        if problem is not None:
+            return self._refuse(name, args, None, "invalid", BAD_ARGUMENTS, fb.invalid_call(name, problem))
+        market = self.guard.market_for(self.episode.episode_id)
+        if name in market.banned:
+            return self._refuse(name, args, None, "invalid", BANNED_TOOL, fb.banned_tool(name))
+        try:
+            return market.price(name), market.version
+        except UnpricedToolError as exc:
+            reason = UNPRICED_TOOL if name in market else UNKNOWN_TOOL
+            return self._refuse(name, args, None, "invalid", reason, fb.unpriced_tool(name, str(exc)))
+
+    def _reserve(self, name: str, args: Any, price: float, version: int) -> str | ToolMessage:
+        """Hold the money for the next run. Returns its charge id, or the refusal."""
+        episode, ledger = self.episode, self.episode.ledger
+        with episode.lock:
+            keys = episode.charge_keys(self.key)
+            runs = sum(1 for k in keys if (e := ledger.get(k)) is not None and e.execution > 0)
+            gated = ledger.get(self.key)
+            try:
+                if gated is not None and gated.status == "reserved" and gated.execution == 0:
+                    charge_id = self.key
+                    if abs(price - gated.amount) > 1e-12 or name != gated.tool:
+                        ledger.reprice(charge_id, price, tool=name, market_version=version)
+                else:
+                    charge_id = f"{self.key}#{runs + 1}"
+                    ledger.reserve(charge_id, name, price, market_version=version, tool_call_id=self.tool_call_id)
+            except BudgetExceededError:
+                if ledger.overrun > 0:
+                    text = fb.overrun_stop(name, ledger.overrun)
+                elif runs:
+                    text = fb.retry_over_budget(name, price, ledger.remaining, ledger.budget, runs + 1)
+                elif gated is not None and gated.status == "reserved":
+                    text = fb.repriced_over_budget(name, gated.amount, price, ledger.remaining + gated.amount,
+                                                   ledger.budget)
+                else:
+                    text = fb.over_budget(name, price, ledger.remaining, ledger.budget)
+                return self._refuse(name, args, price, "reject", OVER_BUDGET, text)
+            ledger.mark_run(charge_id, runs + 1)
+            episode.add_charge(self.key, charge_id)
+            return charge_id
+
+    def _refuse(self, name: str, args: Any, price: float | None, kind: Literal["reject", "invalid"], reason: str,
+                text: str, decision: Decision | None = None) -> ToolMessage:
+        self.guard.records.refusal(
+            self.episode.ledger, episode_id=self.episode.episode_id, step=int(self.meta.get("step", -1)),
+            query=self.query, reasoning=self.reasoning, call_id=self.tool_call_id, tool=name, args=args, price=price,
+            kind=kind, reason=reason, text=text, market_version=self.guard.market_for(self.episode.episode_id).version,
+            decision=decision,
+        )
+        return ToolMessage(text, tool_call_id=self.tool_call_id, name=name, status="error",
+                           artifact={"intent_reason": reason})
+
+    def _regate(self, decision: Decision | BaseException, ctx: DecisionContext) -> ToolMessage | None:
+        self.regated = True
+        checked = self.guard.check_decision(decision, ctx)
+        if checked.accept:
+            return None
+        return self._refuse(ctx.tool, ctx.args, ctx.price, "reject", checked.reason,
+                            checked.feedback or fb.generic_rejection(ctx.tool), checked)
+
+    def execute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
+        args = _args_of(tool_input)
+        priced = self._price(tool, args)
+        if isinstance(priced, ToolMessage):
+            return priced
+        price, version = priced
+        if self._edited(tool.name, args, tool):
+            ctx = self._context(tool.name, model_args(tool, args), price)
+            refusal = self._regate(self.guard.decide(ctx), ctx)
+            if refusal is not None:
+                return refusal
+        charge_id = self._reserve(tool.name, args, price, version)
+        if isinstance(charge_id, ToolMessage):
+            return charge_id
+        started = self.guard._clock()
+        try:
+            out = tool.invoke(tool_input, config, **kwargs)
+        except GraphBubbleUp:
+            self._abort(charge_id)
+            raise
+        except BaseException as exc:
+            self._charge(charge_id, args, exc, started)
+            raise
+        self._charge(charge_id, args, out, started)
+        return out
+
+    async def aexecute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
+        args = _args_of(tool_input)
+        priced = self._price(tool, args)
+        if isinstance(priced, ToolMessage):
+            return priced
+        price, version = priced
+        if self._edited(tool.name, args, tool):
+            ctx = self._context(tool.name, model_args(tool, args), price)
+            refusal = self._regate(await self.guard.adecide(ctx), ctx)
+            if refusal is not None:
+                return refusal
+        charge_id = self._reserve(tool.name, args, price, version)
+        if isinstance(charge_id, ToolMessage):
+            return charge_id
+        started = self.guard._clock()
+        try:
+            out = await tool.ainvoke(tool_input, config, **kwargs)
+        except GraphBubbleUp:
+            self._abort(charge_id)
+            raise
+        except BaseException as exc:  # CancelledError included: a cancelled run was still paid for
+            self._charge(charge_id, args, exc, started)
+            raise
+        self._charge(charge_id, args, out, started)
+        return out
+
+    def _abort(self, charge_id: str) -> None:
+        """An interrupt inside the tool: it did not finish and re-runs on resume."""
+        ledger = self.episode.ledger
+        if charge_id == self.key:
+            ledger.mark_run(charge_id, 0)  # the gate's reservation waits for the re-run
+        else:
+            ledger.release(charge_id)
+
+    def _charge(self, charge_id: str, args: Any, result: Any, started: float) -> None:
+        tool_ms = (self.guard._clock() - started) * 1000.0
+        ledger = self.episode.ledger
+        reason: str | None = None
+        artifact = None
+        if isinstance(result, BaseException):
+            billed = getattr(result, "intent_billed", None)
+            status: Literal["ok", "error"] = "error"
+            if isinstance(result, asyncio.CancelledError):
+                observation, reason = fb.cancelled(self.name), CANCELLED
+            else:
+                observation = fb.tool_raised(self.name, result)
+        else:
+            billed = billed_amount(result, self.tool_call_id)
+            message = result_message(result, self.tool_call_id)
+            status = "error" if getattr(message, "status", "success") == "error" else "ok"
+            observation = text_of(message) if message is not None else text_of(result)
+            artifact = json_artifact(message)
+        entry = ledger.commit(charge_id, billed)
+        self.guard.records.execution(
+            ledger, entry, episode_id=self.episode.episode_id, meta=self.meta, query=self.query,
+            reasoning=self.reasoning, args=args, observation=observation, status=status, tool_ms=tool_ms,
+            artifact=artifact, reason=reason,
+        )
+        snap = ledger.snapshot()
+        outcome = Outcome(self.episode.episode_id, Proposal(self.tool_call_id, entry.tool, dict(args), ""),
+                          entry.amount, status, observation, snap["spent"], snap["remaining"], snap["budget"])
+        self.last_outcome = outcome
+        self.guard._call_hook("observe", outcome)
+
+    # ------------------------------------------------------------ the answer
+    def failed(self, exc: Exception) -> ToolMessage:
+        """The tool (or something inside the guard) raised: re-raise, or answer with the error."""
+        if self.guard.tool_errors == "raise":
+            raise exc
+        return ToolMessage(fb.tool_raised(self.name, exc), tool_call_id=self.tool_call_id, name=self.name,
+                           status="error")
+
+    def finish(self, result: Any) -> Any:
+        """The call's answer with every charge of the call, and its unused reservation released."""
+        episode, ledger = self.episode, self.episode.ledger
+        with episode.lock:
+            gated = ledger.get(self.key)
+            if gated is not None and gated.status == "reserved" and gated.execution == 0:
+                released = ledger.release(self.key)
+                assert released is not None
+                self.guard.records.release(ledger, released, episode_id=episode.episode_id, meta=self.meta,
+                                           reason=ANSWERED_WITHOUT_RUN)
+            entries = {k: e for k in episode.charge_keys(self.key) if (e := ledger.get(k)) is not None}
+        message = result_message(result, self.tool_call_id)
+        if message is None and not isinstance(result, Command):
+            message = ToolMessage(text_of(result), tool_call_id=self.tool_call_id, name=self.name)
+        if message is not None and self.last_outcome is not None:
+            note = self.guard._call_hook("result_note", self.last_outcome)
+            if note:
+                message = message.model_copy(update={"content": f"{text_of(message)}\n{note}"})
+        update = {LEDGER_KEY: self.guard._channel_base(episode) | {
+            "entries": {k: entry_dict(e) for k, e in entries.items()}}}
+        return with_update(result, self.tool_call_id, message, update)

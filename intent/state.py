@@ -1,0 +1,86 @@
+"""The guard's graph-state channel: its name, its typed shape and the state schemas.
+
+The gate writes its reservations *and its decisions* here; the tool step reads them back
+from ``request.state`` (as HumanInTheLoopMiddleware passes its edits), so nothing the tool
+step needs travels through process memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from langchain_core.messages import AnyMessage
+from langgraph.graph.message import add_messages
+from typing_extensions import NotRequired, TypedDict
+
+from intent.ledger import LedgerEntry, merge_ledger_states
+
+__all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "channel_of", "entry_dict"]
+
+LEDGER_KEY = "intent_ledger"
+
+
+class EntryDict(TypedDict):
+    """One charge, as :class:`~intent.ledger.LedgerEntry` serialises it."""
+
+    call_id: str  # the ledger key: "<message id>:<tool call id>", "...#n" for the n-th run
+    tool: str
+    amount: float
+    status: str  # reserved -> released | committed
+    seq: int
+    market_version: int
+    tool_call_id: str
+    execution: int
+    overrun: float
+
+
+class DecisionDict(TypedDict, total=False):
+    """What the gate decided about one proposed call (read by the tool step for its record)."""
+
+    tool: str
+    args: dict[str, Any]
+    price: float
+    step: int
+    reason: str
+    feedback: str
+    trace: list[dict[str, Any]]
+    decision_ms: float
+    usage: dict[str, float]
+
+
+class LedgerChannel(TypedDict, total=False):
+    episode_id: str
+    budget: float  # the base budget; top-ups are added on top
+    allow_overspend: bool
+    entries: dict[str, EntryDict]
+    decisions: dict[str, DecisionDict]
+    top_ups: dict[str, float]
+    market_version: int
+    market: dict[str, Any]
+    market_scope: str
+
+
+class GuardState(TypedDict):
+    """Graph state for hand-built graphs: messages plus the guard's ledger channel.
+
+    Extend it like ``MessagesState``: ``class MyState(GuardState): ...``.
+    """
+
+    messages: Annotated[list[AnyMessage], add_messages]
+    intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
+
+
+def channel_of(state: Any) -> LedgerChannel | None:
+    """The ledger channel of a state (a dict, or an object with the attribute)."""
+    if isinstance(state, Mapping):
+        return state.get(LEDGER_KEY)
+    return getattr(state, LEDGER_KEY, None)
+
+
+def entry_dict(entry: LedgerEntry) -> EntryDict:
+    return {
+        "call_id": entry.call_id, "tool": entry.tool, "amount": entry.amount, "status": entry.status,
+        "seq": entry.seq, "market_version": entry.market_version, "tool_call_id": entry.tool_call_id,
+        "execution": entry.execution, "overrun": entry.overrun,
+    }

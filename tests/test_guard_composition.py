@@ -1,0 +1,551 @@
+"""The guard composed with LangChain's own middleware and LangGraph features.
+
+Regression tests for the guard rewrite. Each test asserts the guard's invariants:
+
+* ``ledger.spent == Σ executions × price`` (or the billed amount) ``<= budget``;
+* ``ledger.reserved == 0`` once the run is over;
+* every proposed tool call gets exactly one ToolMessage answering it (a ToolMessage with
+  its id after its AIMessage and before the next AIMessage).
+
+Executions are counted inside the tools themselves (:class:`Runs`), never inferred from
+the guard's own bookkeeping.
+"""
+
+import threading
+from collections import Counter
+from typing import Annotated, Any
+
+import pytest
+from fakes import ai, call, scripted
+from langchain.agents import create_agent
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    HumanInTheLoopMiddleware,
+    ToolCallLimitMiddleware,
+    ToolRetryMiddleware,
+)
+from langchain.tools import InjectedState, InjectedStore, InjectedToolCallId, ToolRuntime
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import StructuredTool, tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.store.memory import InMemoryStore
+from langgraph.types import Command
+
+from intent import AcceptAll, BudgetGuard, Decision, GuardState, Market, MemoryLogSink, Oracle, PricedTool  # noqa: F401
+
+# ====================================================================== helpers
+ORDERS = ["guard_first", "guard_last"]
+
+
+class Runs:
+    """Counts real executions per tool name (thread-safe: ToolNode runs calls in parallel)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def hit(self, name: str) -> None:
+        with self._lock:
+            self.counts[name] += 1
+
+    def __getitem__(self, name: str) -> int:
+        return self.counts[name]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def make_tool(name: str, runs: Runs, *, raises: bool = False) -> StructuredTool:
+    """A plain tool ``name(x: int = 0)`` that counts its executions; optionally always raises."""
+
+    def fn(x: int = 0) -> str:
+        runs.hit(name)
+        if raises:
+            raise RuntimeError("upstream 503")
+        return f"{name} ran with {x}"
+
+    return StructuredTool.from_function(fn, name=name, description=f"Tool {name}.")
+
+
+def billing_tool(name: str, runs: Runs, billed: float, content: str = "done") -> StructuredTool:
+    """A tool that reports what the provider billed via the ``intent_billed`` artifact key."""
+
+    def fn(x: int = 0) -> tuple[str, dict[str, Any]]:
+        runs.hit(name)
+        return content, {"intent_billed": billed}
+
+    return StructuredTool.from_function(fn, name=name, description=f"Tool {name}.",
+                                        response_format="content_and_artifact")
+
+
+def market(**prices: float) -> Market:
+    return Market([PricedTool(n, p) for n, p in prices.items()])
+
+
+def tc(name: str, cid: str, **args: Any) -> dict[str, Any]:
+    """A tool call with an explicit id (fakes.call numbers ids itself)."""
+    return {"name": name, "args": args, "id": cid, "type": "tool_call"}
+
+
+def with_guard(guard: BudgetGuard, other: list[Any] | Any, order: str) -> list[Any]:
+    other = other if isinstance(other, list) else [other]
+    return [guard.middleware(), *other] if order == "guard_first" else [*other, guard.middleware()]
+
+
+def msgs_of(out: Any) -> list[Any]:
+    return list(out["messages"])
+
+
+def assert_each_call_answered_once(messages: list[Any]) -> None:
+    """Every tool call of every AIMessage has exactly one ToolMessage with its id, after that
+    AIMessage and before the next one; and there is no ToolMessage that answers nothing."""
+    ai_idx = [i for i, m in enumerate(messages) if isinstance(m, AIMessage)]
+    n_calls = 0
+    for k, i in enumerate(ai_idx):
+        end = ai_idx[k + 1] if k + 1 < len(ai_idx) else len(messages)
+        segment = [m for m in messages[i + 1:end] if isinstance(m, ToolMessage)]
+        ids = [c["id"] for c in messages[i].tool_calls]
+        assert len(ids) == len(set(ids)), f"AIMessage #{k} has duplicate tool call ids {ids}"
+        for cid in ids:
+            answers = [m for m in segment if m.tool_call_id == cid]
+            assert len(answers) == 1, (
+                f"tool call {cid!r} of AIMessage #{k} has {len(answers)} ToolMessages: "
+                f"{[m.content for m in answers]}")
+        n_calls += len(ids)
+    n_tool_messages = sum(isinstance(m, ToolMessage) for m in messages)
+    assert n_tool_messages == n_calls, f"{n_tool_messages} ToolMessages for {n_calls} tool calls"
+
+
+def assert_invariants(guard: BudgetGuard, out: Any, runs: Runs, prices: dict[str, float], budget: float,
+                      sink: MemoryLogSink | None = None) -> Any:
+    """spent == Σ executions × price <= budget, reserved == 0, each call answered once."""
+    ledger = guard.ledger(out)
+    expected = sum(runs[name] * price for name, price in prices.items())
+    assert ledger.reserved == 0, f"a reservation leaked: reserved={ledger.reserved}"
+    assert ledger.spent == pytest.approx(expected), (
+        f"spent {ledger.spent} but the tools ran {dict(runs.counts)} at {prices} = {expected}")
+    assert ledger.spent <= budget + 1e-9
+    assert ledger.budget == budget
+    assert ledger.remaining == pytest.approx(budget - ledger.spent)
+    assert_each_call_answered_once(msgs_of(out))
+    if sink is not None:
+        assert sum(r.charged for r in sink.records) == pytest.approx(ledger.spent)
+    return ledger
+
+
+def executions(sink: MemoryLogSink, call_id: str | None = None) -> list[Any]:
+    """The log records of real executions (``execution > 0``), optionally of one call."""
+    return [r for r in sink.records if r.decision == "accept" and r.execution > 0
+            and (call_id is None or r.call_id == call_id)]
+
+
+def tool_message(out: Any, call_id: str) -> ToolMessage:
+    found = [m for m in msgs_of(out) if isinstance(m, ToolMessage) and m.tool_call_id == call_id]
+    assert len(found) == 1, f"{len(found)} ToolMessages for {call_id!r}"
+    return found[0]
+
+
+USER = {"messages": [("user", "go")]}
+
+
+def gave_up(exc: Exception) -> str:
+    return f"gave up: {exc}"
+
+
+def retry() -> ToolRetryMiddleware:
+    return ToolRetryMiddleware(max_retries=3, initial_delay=0, jitter=False, on_failure=gave_up)
+
+
+# ============================================= row 1: ToolRetryMiddleware
+def _retry_case(order: str, budget: float):
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), budget, log_sink=sink)
+    c = call("a", x=1)
+    agent = create_agent(scripted([ai(c), AIMessage("done")]), [make_tool("a", runs, raises=True)],
+                         middleware=with_guard(guard, retry(), order))
+    return guard, runs, sink, c, agent
+
+
+def _check_retry_case(guard, runs, sink, c, out, budget):
+    if budget == 30:
+        # the first execution is charged; the retry (20 more) does not fit in the 10 left
+        assert runs["a"] == 1
+        assert guard.ledger(out).spent == 20
+        msg = tool_message(out, c["id"])
+        assert msg.status == "error"
+        assert not str(msg.content).startswith("gave up"), (
+            f"the refused retry should answer the call with the guard's refusal, got {msg.content!r}")
+        assert any(r.decision == "reject" and r.call_id == c["id"] and r.charged == 0 for r in sink.records), (
+            "the retry should reach the guard and be refused (a 'reject' record for the call, charged 0); "
+            f"records: {[(r.decision, r.charged) for r in sink.records]}")
+    else:
+        # 1 execution + 3 retries, each one charged
+        assert runs["a"] == 4
+        assert guard.ledger(out).spent == 80
+        assert tool_message(out, c["id"]).content == "gave up: upstream 503"
+    execs = executions(sink, c["id"])
+    assert [r.execution for r in execs] == list(range(1, runs["a"] + 1))
+    assert all(r.charged == 20 for r in execs)
+    assert_invariants(guard, out, runs, {"a": 20.0}, budget, sink)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("budget", [30, 100])
+def test_retry_middleware_each_execution_is_gated_and_charged(order, budget):
+    guard, runs, sink, c, agent = _retry_case(order, budget)
+    out = agent.invoke(USER)
+    _check_retry_case(guard, runs, sink, c, out, budget)
+
+
+def test_tool_errors_raise_reraises_the_tools_exception_after_charging():
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink)  # tool_errors="raise" is the default
+    agent = create_agent(scripted([ai(call("a")), AIMessage("done")]), [make_tool("a", runs, raises=True)],
+                         middleware=[guard.middleware()])
+    with pytest.raises(RuntimeError, match="upstream 503"):
+        agent.invoke(USER)
+    assert runs["a"] == 1
+    assert [(r.charged, r.execution) for r in executions(sink)] == [(20, 1)]
+
+
+def test_tool_errors_message_turns_the_exception_into_a_charged_error_message():
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink, tool_errors="message")
+    c = call("a")
+    agent = create_agent(scripted([ai(c), AIMessage("done")]), [make_tool("a", runs, raises=True)],
+                         middleware=[guard.middleware()])
+    out = agent.invoke(USER)
+    assert tool_message(out, c["id"]).status == "error"
+    assert runs["a"] == 1
+    assert_invariants(guard, out, runs, {"a": 20.0}, 100, sink)
+
+
+# ========================================== row 2: duplicate ids in one message
+def test_duplicate_call_ids_in_one_message_are_each_answered_once():
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), 30, log_sink=sink)
+    agent = create_agent(scripted([ai(tc("a", "dup", x=1), tc("a", "dup", x=2)), AIMessage("done")]),
+                         [make_tool("a", runs)], middleware=[guard.middleware()])
+    out = agent.invoke(USER)
+    first_ai = next(m for m in msgs_of(out) if isinstance(m, AIMessage))
+    assert len(first_ai.tool_calls) == 2, "both proposed calls stay in the AIMessage (the guard may rename one id)"
+    assert runs["a"] == 1, "the first 'dup' call runs, the second is refused (20 + 20 > 30)"
+    assert guard.ledger(out).spent == 20
+    assert_invariants(guard, out, runs, {"a": 20.0}, 30, sink)
+
+
+# ================================== row 3: an id reused in a later message
+def test_call_id_reused_in_a_later_message_runs_and_is_charged_again():
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0, b=7.0), 100, log_sink=sink)
+    agent = create_agent(scripted([ai(tc("a", "call_0")), ai(tc("b", "call_0")), AIMessage("done")]),
+                         [make_tool("a", runs), make_tool("b", runs)], middleware=[guard.middleware()])
+    out = agent.invoke(USER)
+    assert (runs["a"], runs["b"]) == (1, 1), "b reuses a's id in a later message and must still run"
+    messages = msgs_of(out)
+    second_ai = [i for i, m in enumerate(messages) if isinstance(m, AIMessage)][1]
+    b_answer = [m for m in messages[second_ai + 1:] if isinstance(m, ToolMessage)]
+    assert len(b_answer) == 1 and b_answer[0].content == "b ran with 0", (
+        "b gets its own fresh ToolMessage after the second AIMessage, not a's cached result")
+    assert sorted((r.tool, r.charged) for r in executions(sink)) == [("a", 20), ("b", 7)]
+    assert guard.ledger(out).spent == 27
+    assert_invariants(guard, out, runs, {"a": 20.0, "b": 7.0}, 100, sink)
+
+
+# =============================================== row 4: ToolCallLimitMiddleware
+def _limit_case(order: str, budget: float):
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), budget, log_sink=sink)
+    limiter = ToolCallLimitMiddleware(run_limit=1, exit_behavior="continue")
+    agent = create_agent(scripted([ai(call("a", x=1), call("a", x=2)), AIMessage("done")]),
+                         [make_tool("a", runs)], middleware=with_guard(guard, limiter, order))
+    return guard, runs, sink, agent
+
+
+def _check_limit_case(guard, runs, sink, out, budget):
+    assert runs["a"] == 1, "the limiter lets one call through"
+    ledger = assert_invariants(guard, out, runs, {"a": 20.0}, budget, sink)
+    assert ledger.spent == 20 and ledger.remaining == budget - 20
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("budget", [100, 30])
+def test_tool_call_limit_blocked_call_keeps_no_reservation(order, budget):
+    guard, runs, sink, agent = _limit_case(order, budget)
+    out = agent.invoke(USER)
+    _check_limit_case(guard, runs, sink, out, budget)
+
+
+# ============================================ row 5: HumanInTheLoopMiddleware
+def _hitl_case(order: str, budget: float, thread: str):
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0, b=50.0), budget, log_sink=sink)
+    c = call("a", x=1)
+    agent = create_agent(scripted([ai(c), AIMessage("done")]), [make_tool("a", runs), make_tool("b", runs)],
+                         middleware=with_guard(guard, HumanInTheLoopMiddleware(interrupt_on={"a": True}), order),
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": thread}}
+    first = agent.invoke(USER, config)
+    assert "__interrupt__" in first, "the human-in-the-loop middleware should pause before a runs"
+    assert runs.total == 0
+    return guard, runs, sink, c, agent, config
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_hitl_reject_releases_the_reservation(order):
+    guard, runs, sink, c, agent, config = _hitl_case(order, 100, f"hitl-reject-{order}")
+    out = agent.invoke(Command(resume={"decisions": [{"type": "reject", "message": "no"}]}), config)
+    assert runs.total == 0
+    assert "no" in tool_message(out, c["id"]).content
+    ledger = assert_invariants(guard, out, runs, {"a": 20.0, "b": 50.0}, 100, sink)
+    assert ledger.spent == 0 and ledger.reserved == 0
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("budget", [60, 40])
+def test_hitl_edit_to_a_pricier_tool_is_repriced(order, budget):
+    guard, runs, sink, c, agent, config = _hitl_case(order, budget, f"hitl-edit-{order}-{budget}")
+    edit = {"type": "edit", "edited_action": {"name": "b", "args": {"x": 2}}}
+    out = agent.invoke(Command(resume={"decisions": [edit]}), config)
+    assert runs["a"] == 0
+    if budget == 60:  # b (50) fits: charged at b's price, not a's 20
+        assert runs["b"] == 1
+        assert guard.ledger(out).spent == 50, "the edited call runs b and is charged b's price 50, not a's 20"
+        assert [r.charged for r in executions(sink)] == [50]
+    else:  # b (50) does not fit in 40: refused, not run, nothing charged
+        assert runs["b"] == 0, "b costs 50 and the budget is 40: the edited call must be refused"
+        assert guard.ledger(out).spent == 0
+        assert tool_message(out, c["id"]).status == "error"
+    assert_invariants(guard, out, runs, {"a": 20.0, "b": 50.0}, budget, sink)
+
+
+# ======================================================= row 6: injected args
+def _injected_tools(runs: Runs) -> list[Any]:
+    @tool
+    def with_runtime(x: int, runtime: ToolRuntime) -> str:
+        """Uses the tool runtime."""
+        runs.hit("with_runtime")
+        return f"runtime:{runtime.tool_call_id}"
+
+    @tool
+    def with_state(x: int, state: Annotated[dict, InjectedState]) -> str:
+        """Uses the graph state."""
+        runs.hit("with_state")
+        return f"state:{len(state['messages'])}"
+
+    @tool
+    def with_store(x: int, store: Annotated[Any, InjectedStore()]) -> str:
+        """Uses the store."""
+        runs.hit("with_store")
+        store.put(("ns",), "k", {"x": x})
+        return "store:ok"
+
+    @tool
+    def with_call_id(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """Uses its own tool call id."""
+        runs.hit("with_call_id")
+        return f"id:{tool_call_id}"
+
+    return [with_runtime, with_state, with_store, with_call_id]
+
+
+def test_tools_with_injected_arguments_run_and_are_charged():
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"with_runtime": 1.0, "with_state": 2.0, "with_store": 3.0, "with_call_id": 4.0}
+    guard = BudgetGuard(AcceptAll(), market(**prices), 100, log_sink=sink)
+    calls = [call(name, x=1) for name in prices]
+    store = InMemoryStore()
+    agent = create_agent(scripted([ai(*calls), AIMessage("done")]), _injected_tools(runs),
+                         middleware=[guard.middleware()], store=store)
+    out = agent.invoke(USER)
+    assert dict(runs.counts) == {name: 1 for name in prices}, [
+        m.content for m in msgs_of(out) if isinstance(m, ToolMessage)]
+    by_name = {c["name"]: c["id"] for c in calls}
+    assert tool_message(out, by_name["with_runtime"]).content == f"runtime:{by_name['with_runtime']}"
+    assert tool_message(out, by_name["with_call_id"]).content == f"id:{by_name['with_call_id']}"
+    assert tool_message(out, by_name["with_state"]).content.startswith("state:")
+    assert store.get(("ns",), "k").value == {"x": 1}
+    assert guard.ledger(out).spent == 10
+    assert sorted(r.charged for r in executions(sink)) == [1, 2, 3, 4]
+    assert_invariants(guard, out, runs, prices, 100, sink)
+
+
+# ================================================ row 7: Command.PARENT handoff
+def test_handoff_command_to_parent_graph_reaches_the_target_and_is_charged():
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(handoff=5.0), 100, log_sink=sink)
+
+    @tool
+    def handoff(tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        """Hand the conversation over to the other agent."""
+        runs.hit("handoff")
+        return Command(goto="other", graph=Command.PARENT,
+                       update={"messages": [ToolMessage("handed off", tool_call_id=tool_call_id)]})
+
+    agent = create_agent(scripted([ai(call("handoff")), AIMessage("not handed off")]), [handoff],
+                         middleware=[guard.middleware()])
+    reached: list[str] = []
+
+    def other(state: GuardState) -> dict[str, Any]:
+        reached.append("other")
+        return {"messages": [AIMessage("other agent here")]}
+
+    parent = StateGraph(GuardState)
+    parent.add_node("agent", agent)
+    parent.add_node("other", other)
+    parent.add_edge(START, "agent")
+    parent.add_edge("agent", END)
+    parent.add_edge("other", END)
+    out = parent.compile().invoke(USER)
+    assert reached == ["other"], "the parent graph should follow the tool's Command(goto='other', graph=PARENT)"
+    assert out["messages"][-1].content == "other agent here"
+    assert runs["handoff"] == 1
+    charged = [r for r in sink.records if r.charged]
+    assert len(charged) == 1 and charged[0].charged == 5.0 and charged[0].tool == "handoff"
+
+
+# ======================================================== row 8: re-pricing
+class Repricer(AgentMiddleware):
+    """Changes the price of a tool between the gate and the execution."""
+
+    name = "TestRepricer"
+
+    def __init__(self, guard: BudgetGuard, tool_name: str, price: float) -> None:
+        super().__init__()
+        self.guard, self.tool_name, self.price = guard, tool_name, price
+
+    def _reprice(self) -> None:
+        self.guard.update_market(lambda m: m.with_price(self.tool_name, self.price))
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        self._reprice()
+        return handler(request)
+
+    async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+        self._reprice()
+        return await handler(request)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_price_change_between_gate_and_execution_charges_the_new_price(order):
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=10.0), 40, log_sink=sink)
+    agent = create_agent(scripted([ai(call("a", x=1), call("a", x=2)), AIMessage("done")]), [make_tool("a", runs)],
+                         middleware=with_guard(guard, Repricer(guard, "a", 25.0), order))
+    out = agent.invoke(USER)
+    # both gated at 10 (20 <= 40); at execution each costs 25: one fits, 25 + 25 > 40 does not
+    assert runs["a"] == 1, "the second call at the new price 25 does not fit (25 + 25 > 40) and must not run"
+    assert guard.ledger(out).spent == 25
+    assert [r.charged for r in executions(sink)] == [25]
+    assert_invariants(guard, out, runs, {"a": 25.0}, 40, sink)
+
+
+def test_tool_that_reports_a_zero_bill_on_failure_is_charged_nothing():
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink)
+    c = call("a")
+    agent = create_agent(scripted([ai(c), AIMessage("done")]), [billing_tool("a", runs, 0.0, "quota error")],
+                         middleware=[guard.middleware()])
+    out = agent.invoke(USER)
+    assert runs["a"] == 1
+    ledger = guard.ledger(out)
+    assert ledger.spent == 0 and ledger.reserved == 0 and ledger.remaining == 100
+    assert [r.charged for r in executions(sink)] == [0]
+    assert sum(r.charged for r in sink.records) == 0
+    assert_each_call_answered_once(msgs_of(out))
+
+
+def test_bill_above_the_price_is_an_overrun_and_refuses_further_calls():
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=10.0), 100, log_sink=sink)
+    first, second = call("a", x=1), call("a", x=2)
+    agent = create_agent(scripted([ai(first), ai(second), AIMessage("done")]), [billing_tool("a", runs, 15.0)],
+                         middleware=[guard.middleware()])
+    out = agent.invoke(USER)
+    assert runs["a"] == 1, "after an overrun no further call is accepted"
+    ledger = guard.ledger(out)
+    assert ledger.spent == 15 and ledger.reserved == 0  # the overrun is committed as billed
+    assert [r.charged for r in executions(sink, first["id"])] == [15]
+    assert executions(sink, second["id"]) == []
+    assert tool_message(out, second["id"]).status == "error"
+    assert sum(r.charged for r in sink.records) == 15
+    assert_each_call_answered_once(msgs_of(out))
+
+
+# ============================================ row 9: resume with another budget
+def _first_run(saver: InMemorySaver, config: dict[str, Any], runs: Runs):
+    guard1 = BudgetGuard(AcceptAll(), market(a=20.0, b=40.0), 50)
+    agent1 = create_agent(scripted([ai(call("a")), AIMessage("done")]), [make_tool("a", runs), make_tool("b", runs)],
+                          middleware=[guard1.middleware()], checkpointer=saver)
+    agent1.invoke(USER, config)
+    assert guard1.ledger(agent1.get_state(config).values).spent == 20
+
+
+def _second_agent(saver: InMemorySaver, runs: Runs, sink: MemoryLogSink, b_call: dict[str, Any]):
+    guard2 = BudgetGuard(AcceptAll(), market(a=20.0, b=40.0), 500, log_sink=sink)
+    agent2 = create_agent(scripted([ai(b_call), AIMessage("done again")]), [make_tool("a", runs), make_tool("b", runs)],
+                          middleware=[guard2.middleware()], checkpointer=saver)
+    return guard2, agent2
+
+
+def test_resumed_thread_keeps_the_budget_in_state():
+    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    config = {"configurable": {"thread_id": "resume-budget"}}
+    _first_run(saver, config, runs)
+    b = call("b")
+    guard2, agent2 = _second_agent(saver, runs, sink, b)
+    assert guard2.ledger(agent2.get_state(config).values).budget == 50  # the ledger in state wins over 500
+    out = agent2.invoke({"messages": [("user", "more")]}, config)
+    assert runs["b"] == 0 and tool_message(out, b["id"]).status == "error"  # 20 + 40 > 50
+    assert_invariants(guard2, out, runs, {"a": 20.0, "b": 40.0}, 50, sink=None)
+
+
+def test_top_up_with_graph_writes_the_new_budget_to_state():
+    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    config = {"configurable": {"thread_id": "top-up-graph"}}
+    _first_run(saver, config, runs)
+    b = call("b")
+    guard2, agent2 = _second_agent(saver, runs, sink, b)
+    assert guard2.ledger(agent2.get_state(config).values).budget == 50
+    guard2.top_up(config, 25, graph=agent2, reason="grant")
+    ledger = guard2.ledger(agent2.get_state(config).values)
+    assert (ledger.budget, ledger.spent, ledger.remaining) == (75, 20, 55)
+    top_ups = [r for r in sink.records if r.decision == "top_up"]
+    assert len(top_ups) == 1 and top_ups[0].reason == "grant" and top_ups[0].charged == 0
+    out = agent2.invoke({"messages": [("user", "more")]}, config)
+    assert runs["b"] == 1  # 20 + 40 <= 75
+    assert_invariants(guard2, out, runs, {"a": 20.0, "b": 40.0}, 75, sink=None)
+
+
+def test_top_up_without_graph_applies_at_the_next_model_step():
+    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    config = {"configurable": {"thread_id": "top-up-later"}}
+    _first_run(saver, config, runs)
+    b = call("b")
+    guard2, agent2 = _second_agent(saver, runs, sink, b)
+    guard2.top_up(config, 25)
+    assert len([r for r in sink.records if r.decision == "top_up"]) == 1
+    out = agent2.invoke({"messages": [("user", "more")]}, config)
+    assert runs["b"] == 1  # 20 + 40 <= 75
+    assert_invariants(guard2, out, runs, {"a": 20.0, "b": 40.0}, 75, sink=None)
+
+
+# ================================================================ row 10: async
+@pytest.mark.asyncio
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("budget", [30, 100])
+async def test_async_retry_middleware_each_execution_is_gated_and_charged(order, budget):
+    guard, runs, sink, c, agent = _retry_case(order, budget)
+    out = await agent.ainvoke(USER)
+    _check_retry_case(guard, runs, sink, c, out, budget)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("budget", [100, 30])
+async def test_async_tool_call_limit_blocked_call_keeps_no_reservation(order, budget):
+    guard, runs, sink, agent = _limit_case(order, budget)
+    out = await agent.ainvoke(USER)
+    _check_limit_case(guard, runs, sink, out, budget)
