@@ -17,6 +17,7 @@ the guard. Control flow follows StableToolBench's ``DFS_woFilter``:
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +26,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from intent.guard import LEDGER_KEY, BudgetGuard
+from intent.guard import BudgetGuard
 from intent.ledger import merge_ledger_states
+from intent.state import LEDGER_KEY
 from intent.oracle import OVER_BUDGET, PLAN_OVER_BUDGET, QUOTA_EXHAUSTED
 
 __all__ = ["DFSDTResult", "DFSDTRunner", "is_give_up"]
@@ -83,16 +85,23 @@ class DFSDTRunner:
             self._channel = merge_ledger_states(self._channel, update[LEDGER_KEY])
         return list(update.get("messages", []))
 
-    def _execute(self, history: list[BaseMessage], ai: AIMessage) -> tuple[list[BaseMessage], bool]:
-        """Gate the calls of ``ai`` against the shared ledger, run the accepted ones."""
+    def _execute(self, history: list[BaseMessage], ai: AIMessage) -> tuple[AIMessage, list[BaseMessage], bool]:
+        """Gate the calls of ``ai`` against the shared ledger; each call then gets one answer
+        from the guard's tool step (its result if accepted and run, its refusal otherwise)."""
+        if not ai.id:
+            # Sibling branches may reuse call ids; the proposing message's id keeps their keys apart.
+            ai = ai.model_copy(update={"id": f"dfsdt-{uuid.uuid4().hex[:12]}"})
         state = {"messages": [*history, ai], LEDGER_KEY: self._channel}
-        rejected = self._merge(self.guard.gate(state, self._config))
-        over_budget = any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict)
-                          and m.artifact.get("intent_reason") in _PRUNE_REASONS for m in rejected)
-        results: list[BaseMessage] = list(rejected)
-        entries = (self._channel or {}).get("entries", {})
+        answered: list[BaseMessage] = []
+        for m in self._merge(self.guard.gate(state, self._config)):
+            if isinstance(m, AIMessage) and m.id == ai.id:
+                ai = m  # the gate renamed a duplicated call id
+            else:
+                answered.append(m)
+        results: list[BaseMessage] = list(answered)
+        done = {m.tool_call_id for m in answered if isinstance(m, ToolMessage)}
         for call in ai.tool_calls:
-            if entries.get(call["id"], {}).get("status") != "reserved":
+            if call["id"] in done:
                 continue
             request = ToolCallRequest(tool_call=call, tool=self.tools.get(call["name"]),
                                       state={"messages": [*history, ai], LEDGER_KEY: self._channel}, runtime=None)
@@ -101,7 +110,9 @@ class DFSDTRunner:
                 results += self._merge(out.update if isinstance(out.update, dict) else None)
             else:
                 results.append(out)
-        return results, over_budget
+        over_budget = any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict)
+                          and m.artifact.get("intent_reason") in _PRUNE_REASONS for m in results)
+        return ai, results, over_budget
 
     @staticmethod
     def _run_tool(request: ToolCallRequest) -> ToolMessage:
@@ -146,7 +157,7 @@ class DFSDTRunner:
                 res.backtracks += 1
                 return None
             tried.append("+".join(c["name"] for c in ai.tool_calls))
-            results, over_budget = self._execute(history, ai)
+            ai, results, over_budget = self._execute(history, ai)
             if over_budget:
                 res.pruned += 1  # the next call does not fit: prune, try a sibling
                 continue

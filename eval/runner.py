@@ -86,7 +86,8 @@ def run_episode(
     model = agent_factory(env, seed)
     oracle = spec.build(MethodContext(env=env, seed=seed, options=dict(options or {}), model=model,
                                       simulated_agent=_is_simulated(model), resources=resources))
-    guard = BudgetGuard(oracle, env.market, env.budget, enforce=spec.enforce,
+    # The benchmark's agents see a failed tool as an error message (money spent is spent).
+    guard = BudgetGuard(oracle, env.market, env.budget, enforce=spec.enforce, tool_errors="message",
                         log_sink=FanoutLogSink([records, log_sink]) if log_sink else records)
     middleware: list[Any] = [guard.middleware()]
     if env.market_now is not None:

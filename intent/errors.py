@@ -9,7 +9,7 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     ├── LedgerError (RuntimeError)        a money operation the ledger cannot do
     │   └── BudgetExceededError           a reservation that does not fit
     ├── InvalidDecisionError (TypeError)  an oracle returned something that is not a Decision
-    └── GuardConfigError (ValueError)     a BudgetGuard built with a bad argument
+    └── GuardConfigError (ValueError, TypeError)  a BudgetGuard built with a bad argument
 
 A tool's own exception is never wrapped: the guard charges the run and re-raises it
 unchanged (``tool_errors="raise"``), so retries and ``handle_tool_errors`` see what they
@@ -25,5 +25,5 @@ class IntentError(Exception):
     """Base class of every error ``intent`` raises on purpose."""
 
 
-class GuardConfigError(IntentError, ValueError):
+class GuardConfigError(IntentError, ValueError, TypeError):
     """A :class:`~intent.BudgetGuard` argument is invalid; the message names it and the fix."""

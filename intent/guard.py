@@ -412,7 +412,7 @@ class BudgetGuard:
         if episode.market is not None:
             channel_update["market"] = market.to_dict()
             channel_update["market_scope"] = "episode"
-        if settled or not channel or new_entries or channel.get("market_version") != market.version:
+        if settled or not channel or decisions or channel.get("market_version") != market.version:
             update[LEDGER_KEY] = channel_update
         return update or None
 

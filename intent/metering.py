@@ -130,6 +130,7 @@ class CallRun:
         self.reasoning = text_of(ai)
         self.last_outcome: Outcome | None = None
         self.regated = False
+        self.refused = False  # a run was refused: its record already says why the reservation went unused
 
     # ------------------------------------------------------------------ request
     def metered_request(self) -> ToolCallRequest:
@@ -206,6 +207,7 @@ class CallRun:
 
     def _refuse(self, name: str, args: Any, price: float | None, kind: Literal["reject", "invalid"], reason: str,
                 text: str, decision: Decision | None = None) -> ToolMessage:
+        self.refused = True
         self.guard.records.refusal(
             self.episode.ledger, episode_id=self.episode.episode_id, step=int(self.meta.get("step", -1)),
             query=self.query, reasoning=self.reasoning, call_id=self.tool_call_id, tool=name, args=args, price=price,
@@ -329,8 +331,9 @@ class CallRun:
             if gated is not None and gated.status == "reserved" and gated.execution == 0:
                 released = ledger.release(self.key)
                 assert released is not None
-                self.guard.records.release(ledger, released, episode_id=episode.episode_id, meta=self.meta,
-                                           reason=ANSWERED_WITHOUT_RUN)
+                if not self.refused:
+                    self.guard.records.release(ledger, released, episode_id=episode.episode_id, meta=self.meta,
+                                               reason=ANSWERED_WITHOUT_RUN)
             entries = {k: e for k in episode.charge_keys(self.key) if (e := ledger.get(k)) is not None}
         message = result_message(result, self.tool_call_id)
         if message is None and not isinstance(result, Command):

@@ -45,7 +45,7 @@ def run_agent(guard, script, **kw):
 
 def test_parallel_batch_is_gated_in_order_and_charges_once():
     sink = MemoryLogSink()
-    guard = BudgetGuard(AcceptAll(), market(), 20, log_sink=sink)
+    guard = BudgetGuard(AcceptAll(), market(), 20, log_sink=sink, tool_errors="message")
     a, b, c = call("get_quote", symbol="A"), call("get_quote", symbol="B"), call("flaky", x=1)
     _, out = run_agent(guard, [ai(a, b, c), AIMessage("done")])
     msgs = tool_messages(out)

@@ -99,7 +99,7 @@ def test_budget_is_never_exceeded_and_every_charge_logged_once(sc):
         graph.interrupt_after_nodes = ["tools"]
         return graph
 
-    guard = BudgetGuard(oracle, market, sc["budget"], log_sink=sink)
+    guard = BudgetGuard(oracle, market, sc["budget"], log_sink=sink, tool_errors="message")
     agent = new_agent(guard)
     out = agent.invoke({"messages": [("user", "go")]}, config)
     updates = list(sc["updates"])
@@ -111,7 +111,7 @@ def test_budget_is_never_exceeded_and_every_charge_logged_once(sc):
             guard.update_market(lambda m, n=name, p=new_price, b=ban: m.ban(n) if b else m.with_price(n, p))
         if i in sc["resume_after"]:  # a new process resumes the thread from the checkpointer
             event("resumed in a fresh guard")
-            guard = BudgetGuard(oracle, guard.market, sc["budget"], log_sink=sink)
+            guard = BudgetGuard(oracle, guard.market, sc["budget"], log_sink=sink, tool_errors="message")
             agent = new_agent(guard)
         out = agent.invoke(None, config)
 
@@ -120,7 +120,7 @@ def test_budget_is_never_exceeded_and_every_charge_logged_once(sc):
     assert ledger.spent <= sc["budget"] + 1e-9
     assert ledger.reserved == 0 or agent.get_state(config).next != ()
     charged = [r for r in sink.records if r.charged > 0]
-    assert Counter(r.call_id for r in charged) == Counter(e.call_id for e in ledger if e.status == "committed" and e.amount > 0)
+    assert Counter(r.call_id for r in charged) == Counter(e.tool_call_id for e in ledger if e.status == "committed" and e.amount > 0)
     assert abs(sum(r.charged for r in sink.records) - ledger.spent) < 1e-6
     assert max(Counter(r.call_id for r in sink.records).values(), default=1) == 1
     event(f"shape={sc['shape']}")
