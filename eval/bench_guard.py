@@ -32,7 +32,6 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 
 from intent import AcceptAll, BudgetGuard, Market, PricedTool
-from intent.guard import LEDGER_KEY
 
 
 class _Model(GenericFakeChatModel):
@@ -53,10 +52,16 @@ def _echo() -> StructuredTool:
 class _NoopHooks(AgentMiddleware):
     """The guard's hook shape, doing nothing: isolates LangChain's middleware cost."""
 
+    def before_model(self, state: Any, runtime: Any) -> None:
+        return None
+
     def wrap_model_call(self, request: Any, handler: Any) -> Any:
         return handler(request)
 
     def after_model(self, state: Any, runtime: Any) -> None:
+        return None
+
+    def after_agent(self, state: Any, runtime: Any) -> None:
         return None
 
     def wrap_tool_call(self, request: Any, handler: Any) -> Any:
@@ -78,22 +83,14 @@ def _episode(calls: int, arm: str) -> float:
 
 
 def _guard_only(calls: int) -> float:
-    """Gate + charge for ``calls`` calls, driving the guard directly (no graph)."""
-    from langgraph.prebuilt.tool_node import ToolCallRequest
+    """Gate + metered run + charge for ``calls`` calls, driving the guard directly (no graph)."""
+    from intent.testing import GuardDriver
 
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), float(calls))
-    state: dict[str, Any] = {"messages": [HumanMessage("go")], LEDGER_KEY: None}
+    driver = GuardDriver(guard, tools={"echo": _ECHO})
     started = time.perf_counter()
     for i in range(calls):
-        ai = AIMessage("", tool_calls=[{"name": "echo", "args": {"x": i}, "id": f"c{i}", "type": "tool_call"}])
-        state["messages"].append(ai)
-        update = guard.gate(state) or {}
-        state[LEDGER_KEY] = update.get(LEDGER_KEY, state[LEDGER_KEY]) if i == 0 else state[LEDGER_KEY]
-        if i:
-            state[LEDGER_KEY]["entries"].update(update.get(LEDGER_KEY, {}).get("entries", {}))
-        req = ToolCallRequest(tool_call=ai.tool_calls[0], tool=_ECHO, state=state, runtime=None)
-        guard.wrap_tool_call(req, lambda r: ToolMessage(str(i), tool_call_id=f"c{i}", name="echo"))
-        state["messages"].append(ToolMessage(str(i), tool_call_id=f"c{i}"))
+        driver.step(AIMessage("", tool_calls=[{"name": "echo", "args": {"x": i}, "id": f"c{i}", "type": "tool_call"}]))
     return time.perf_counter() - started
 
 

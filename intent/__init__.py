@@ -4,61 +4,81 @@ A :class:`BudgetGuard` sees every priced tool call before it runs; a pluggable
 :class:`Oracle` accepts it or sends the agent feedback to re-plan, and the
 :class:`BudgetLedger` guarantees that a hard money budget is never exceeded.
 
-``import intent`` stays light: no torch, transformers or vllm.
+``import intent`` is lazy: names load on first use, so ``import intent.market`` does not
+pull in LangGraph, and nothing here needs torch, transformers or vllm.
 """
 
-from intent.guard import LEDGER_KEY, BudgetGuard, GuardState
-from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry, LedgerError
-from intent.logs import SCHEMA_VERSION, JsonlLogSink, MemoryLogSink, StepRecord, read_log
-from intent.market import InvalidPriceError, Market, MarketError, PricedTool, UnpricedToolError
-from intent.oracle import (
-    AcceptAll,
-    Decision,
-    DecisionContext,
-    EpisodeInfo,
-    InvalidDecisionError,
-    Oracle,
-    Outcome,
-    PlannedStep,
-    Proposal,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+_EXPORTS: dict[str, str] = {
+    "LEDGER_KEY": "intent.state",
+    "GuardState": "intent.state",
+    "BudgetGuard": "intent.guard",
+    "BudgetExceededError": "intent.ledger",
+    "BudgetLedger": "intent.ledger",
+    "LedgerEntry": "intent.ledger",
+    "LedgerError": "intent.ledger",
+    "GuardConfigError": "intent.errors",
+    "IntentError": "intent.errors",
+    "SCHEMA_VERSION": "intent.logs",
+    "JsonlLogSink": "intent.logs",
+    "MemoryLogSink": "intent.logs",
+    "StepRecord": "intent.logs",
+    "read_log": "intent.logs",
+    "InvalidPriceError": "intent.market",
+    "Market": "intent.market",
+    "MarketError": "intent.market",
+    "PricedTool": "intent.market",
+    "UnpricedToolError": "intent.market",
+    "AcceptAll": "intent.oracle",
+    "Decision": "intent.oracle",
+    "DecisionContext": "intent.oracle",
+    "EpisodeInfo": "intent.oracle",
+    "InvalidDecisionError": "intent.oracle",
+    "Oracle": "intent.oracle",
+    "Outcome": "intent.oracle",
+    "PlannedStep": "intent.oracle",
+    "Proposal": "intent.oracle",
+    "guard_react_agent": "intent.graph",
+}
 
-def guard_react_agent(*args, **kwargs):  # noqa: ANN002, ANN003 - see intent.graph.guard_react_agent
-    """A compiled LangGraph ReAct agent with the guard between the agent and its tools."""
-    from intent.graph import guard_react_agent as _build
-
-    return _build(*args, **kwargs)
+__all__ = sorted(_EXPORTS)
 
 
-__all__ = [
-    "LEDGER_KEY",
-    "SCHEMA_VERSION",
-    "AcceptAll",
-    "BudgetExceededError",
-    "BudgetGuard",
-    "BudgetLedger",
-    "Decision",
-    "DecisionContext",
-    "EpisodeInfo",
-    "GuardState",
-    "InvalidDecisionError",
-    "InvalidPriceError",
-    "JsonlLogSink",
-    "LedgerEntry",
-    "LedgerError",
-    "Market",
-    "MarketError",
-    "MemoryLogSink",
-    "Oracle",
-    "Outcome",
-    "PlannedStep",
-    "PricedTool",
-    "Proposal",
-    "StepRecord",
-    "UnpricedToolError",
-    "guard_react_agent",
-    "read_log",
-]
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'intent' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from intent.errors import GuardConfigError, IntentError
+    from intent.graph import guard_react_agent
+    from intent.guard import BudgetGuard
+    from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry, LedgerError
+    from intent.logs import SCHEMA_VERSION, JsonlLogSink, MemoryLogSink, StepRecord, read_log
+    from intent.market import InvalidPriceError, Market, MarketError, PricedTool, UnpricedToolError
+    from intent.oracle import (
+        AcceptAll,
+        Decision,
+        DecisionContext,
+        EpisodeInfo,
+        InvalidDecisionError,
+        Oracle,
+        Outcome,
+        PlannedStep,
+        Proposal,
+    )
+    from intent.state import LEDGER_KEY, GuardState

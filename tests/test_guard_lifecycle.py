@@ -1,0 +1,84 @@
+"""Episode lifecycle: bounded memory, cancellation, a light import, the exception tree."""
+
+import asyncio
+import subprocess
+import sys
+import tracemalloc
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage
+from langchain_core.tools import StructuredTool
+
+from intent import AcceptAll, BudgetGuard, GuardConfigError, IntentError, Market, MemoryLogSink, PricedTool
+from intent.testing import GuardDriver, ai, call, scripted
+
+
+def test_ten_thousand_episodes_keep_memory_flat():
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), 5.0)
+
+    def episodes(n, offset):
+        for i in range(n):
+            driver = GuardDriver(guard, thread_id=f"ep-{offset + i}")
+            driver.step(ai(call("echo", x=i)))
+            driver.finish()
+            assert driver.ledger.spent == 1.0 and driver.ledger.reserved == 0
+
+    episodes(1000, 0)  # warm up caches
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    episodes(9000, 1000)
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert len(guard.episodes) == 0, "every finished episode's working state is dropped"
+    assert grown < 2_000_000, f"memory grew by {grown} bytes over 9,000 episodes"
+
+
+def test_unfinished_episodes_are_bounded_by_max_episodes():
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), 5.0, max_episodes=50)
+    for i in range(500):
+        GuardDriver(guard, thread_id=f"open-{i}").step(ai(call("echo")))
+    assert len(guard.episodes) == 50
+
+
+def test_a_tool_cancelled_mid_run_is_charged_and_logged():
+    started = asyncio.Event()
+
+    async def slow(x: int = 0) -> str:
+        started.set()
+        await asyncio.sleep(10)
+        return "never"
+
+    tool = StructuredTool.from_function(coroutine=slow, name="slow", description="slow")
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("slow", 7.0)]), 50, log_sink=sink)
+    agent = create_agent(scripted([ai(call("slow")), AIMessage("done")]), [tool], middleware=[guard.middleware()])
+
+    async def main():
+        task = asyncio.create_task(agent.ainvoke({"messages": [("user", "go")]},
+                                                 {"configurable": {"thread_id": "cancel"}}))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    runs = [r for r in sink.records if r.execution > 0]
+    assert [(r.charged, r.reason, r.status) for r in runs] == [(7.0, "cancelled", "error")]
+    assert guard.episodes.peek("cancel").ledger.spent == 7.0  # money spent is spent
+
+
+def test_import_intent_market_stays_light():
+    code = "import sys, intent.market; print(any(m.split('.')[0] in ('langgraph', 'langchain', 'torch') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_one_exception_tree():
+    with pytest.raises(IntentError):
+        BudgetGuard(AcceptAll(), Market([]), 1.0, tool_errors="swallow")
+    with pytest.raises(GuardConfigError, match="tool_errors"):
+        BudgetGuard(AcceptAll(), Market([]), 1.0, tool_errors="swallow")
+    with pytest.raises(IntentError):
+        Market([PricedTool("a", -1.0)])
