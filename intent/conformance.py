@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage
 
-from intent.guard import LEDGER_KEY, BudgetGuard
-from intent.ledger import merge_ledger_states
+from intent.guard import BudgetGuard
 from intent.market import Market, PricedTool
 from intent.oracle import Decision, DecisionContext, EpisodeInfo, Outcome, Proposal
 
@@ -40,30 +39,13 @@ def check_oracle(factory: Callable[[], Any], *, budget: float = 30.0) -> None:
             fn(*args)
 
     # Adversarial episode: every turn proposes all three tools in parallel, 8 turns, through the
-    # guard's real gate and charge (gate -> wrap_tool_call), as the middleware does.
-    from langchain_core.tools import StructuredTool
-    from langgraph.prebuilt.tool_node import ToolCallRequest
-    from langgraph.types import Command
+    # guard's real gate and tool step, as the middleware drives them.
+    from intent.testing import GuardDriver
 
-    tools = {n: StructuredTool.from_function(lambda x=0: "{}", name=n, description=n) for n in market.names}
     guard = BudgetGuard(factory(), market, budget)
-    config = {"configurable": {"thread_id": "conf-2"}}
-    state: dict[str, Any] = {"messages": [HumanMessage("spend it all")], LEDGER_KEY: None}
-
-    def apply(update: dict[str, Any] | None) -> None:
-        if update:
-            state[LEDGER_KEY] = merge_ledger_states(state[LEDGER_KEY], update.get(LEDGER_KEY))
-            state["messages"] = [*state["messages"], *update.get("messages", [])]
-
+    driver = GuardDriver(guard, thread_id="conf-2", query="spend it all")
     for turn in range(8):
         calls = [{"name": n, "args": {"x": turn}, "id": f"t{turn}-{n}", "type": "tool_call"} for n in market.names]
-        state["messages"] = [*state["messages"], AIMessage("buy everything", tool_calls=calls)]
-        apply(guard.gate(state, config))
-        for call in calls:
-            request = ToolCallRequest(tool_call=call, tool=tools[call["name"]], state=dict(state), runtime=None)
-            out = guard.wrap_tool_call(
-                request, lambda r: ToolMessage("{}", tool_call_id=r.tool_call["id"], name=r.tool_call["name"]))
-            if isinstance(out, Command):
-                apply(out.update)
-        spent = guard.ledger(state).spent
+        driver.step(AIMessage("buy everything", tool_calls=calls))
+        spent = driver.ledger.spent
         assert spent <= budget + 1e-9, f"oracle let the guard overspend: {spent} > {budget}"

@@ -26,23 +26,11 @@ class Episode:
     ledger: BudgetLedger
     market: Market | None = None  # an episode-scoped market (CostBench events); None: the guard's
     started: bool = False
-    # Ledger keys of every charge of each proposed call (its gate reservation, then retries).
-    charges: dict[str, list[str]] = field(default_factory=dict)
     # Top-ups asked for without a graph: written to state at the episode's next hook.
     pending_top_ups: dict[str, float] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
-
-    def charge_keys(self, key: str) -> list[str]:
-        with self.lock:
-            return list(self.charges.get(key, ()))
-
-    def add_charge(self, key: str, charge_id: str) -> int:
-        """Remember a charge of the proposed call ``key``; returns its 1-based run number."""
-        with self.lock:
-            keys = self.charges.setdefault(key, [])
-            if charge_id not in keys:
-                keys.append(charge_id)
-            return keys.index(charge_id) + 1
+    # The last channel absorbed: the same state object is not merged twice.
+    absorbed: Any = field(default=None, repr=False)
 
 
 class EpisodeRegistry:
@@ -76,30 +64,18 @@ class EpisodeRegistry:
             if episode is None:
                 ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel
                           else BudgetLedger(self.default_budget, allow_overspend=self.allow_overspend))
-                episode = Episode(episode_id, ledger)
-                if channel:
-                    _index_charges(episode, channel)
+                episode = Episode(episode_id, ledger, absorbed=channel)
                 self._episodes[episode_id] = episode
                 while len(self._episodes) > self.max_episodes:
                     self._episodes.popitem(last=False)
             else:
                 self._episodes.move_to_end(episode_id)
-        if channel and episode is not None and channel is not getattr(episode, "_last_channel", None):
+        if channel and channel is not episode.absorbed:
             episode.ledger.absorb(channel)
-            _index_charges(episode, channel)
-            episode._last_channel = channel  # type: ignore[attr-defined]
+            episode.absorbed = channel
         return episode
 
     def drop(self, episode_id: str) -> None:
         with self._lock:
             self._episodes.pop(episode_id, None)
 
-
-def _index_charges(episode: Episode, channel: Mapping[str, Any]) -> None:
-    for charge_id, raw in (channel.get("entries") or {}).items():
-        key = charge_id.split("#", 1)[0]
-        with episode.lock:
-            keys = episode.charges.setdefault(key, [])
-            if charge_id not in keys:
-                keys.append(charge_id)
-                keys.sort(key=lambda c: (c != key, int(c.split("#", 1)[1]) if "#" in c else 0))

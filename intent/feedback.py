@@ -81,10 +81,6 @@ def cancelled(tool: str) -> str:
     return f"Error: {tool} was cancelled while running. The call was charged."
 
 
-def already_ran(tool: str) -> str:
-    return f"Budget guard: this call to {tool} already ran and was charged once; it is not run again."
-
-
 def tool_raised(tool: str, exc: BaseException) -> str:
     return f"Error: {tool} failed ({type(exc).__name__}: {exc}). The call was charged."
 

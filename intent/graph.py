@@ -21,6 +21,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Send
 
+from intent.ledger import merge_ledger_states
 from intent.market import Market
 from intent.messages import answered_after, call_key, last_ai
 from intent.oracle import AcceptAll, Oracle
@@ -80,8 +81,6 @@ def _merge(first: dict[str, Any] | None, second: dict[str, Any]) -> dict[str, An
     out = dict(first)
     for key, value in second.items():
         if key == LEDGER_KEY and key in out:
-            from intent.ledger import merge_ledger_states
-
             out[key] = merge_ledger_states(out[key], value)
         elif key == "messages" and key in out:
             out[key] = [*out[key], *value]

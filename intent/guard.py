@@ -57,7 +57,8 @@ from intent.oracle import (
     Proposal,
 )
 from intent.records import Recorder
-from intent.state import LEDGER_KEY, GuardState, channel_of, entry_dict
+from intent.metering import open_call
+from intent.state import LEDGER_KEY, GuardState, channel_of
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -255,7 +256,7 @@ class BudgetGuard:
                 self.records.release(ledger, released, episode_id=episode.episode_id,
                                      meta=decisions.get(entry.call_id.split("#", 1)[0], {}), reason=reason)
         known = channel.get("entries") or {}
-        changed = {e.call_id: entry_dict(e) for e in ledger
+        changed = {e.call_id: e.to_dict() for e in ledger
                    if e.call_id not in known or known[e.call_id]["status"] != e.status}
         with episode.lock:
             top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
@@ -387,7 +388,6 @@ class BudgetGuard:
             if decision.accept:
                 entry = ledger.reserve(item.key, item.proposal.tool, item.price, market_version=market.version,
                                        tool_call_id=item.proposal.call_id)
-                episode.add_charge(item.key, item.key)
                 new_entries[entry.call_id] = entry
                 decisions[item.key] = {
                     "accept": True, "tool": item.proposal.tool, "args": dict(item.proposal.args), "price": item.price, "step": step,
@@ -405,7 +405,7 @@ class BudgetGuard:
             update["messages"] = out_messages
         channel_update = dict((settled or {}).get(LEDGER_KEY) or self._channel_base(episode))
         channel_update["entries"] = {**channel_update.get("entries", {}),
-                                     **{k: entry_dict(e) for k, e in new_entries.items()}}
+                                     **{k: e.to_dict() for k, e in new_entries.items()}}
         if decisions:
             channel_update["decisions"] = decisions
         channel_update["market_version"] = market.version
@@ -468,8 +468,6 @@ class BudgetGuard:
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command]
     ) -> ToolMessage | Command:
         """Run a gated call with a metered tool and return its answer with every charge."""
-        from intent.metering import open_call
-
         run = open_call(self, request)
         if not hasattr(run, "metered_request"):
             return run  # type: ignore[return-value]  # refused before anything ran
@@ -483,8 +481,6 @@ class BudgetGuard:
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]]
     ) -> ToolMessage | Command:
         """Async twin of :meth:`wrap_tool_call`."""
-        from intent.metering import open_call
-
         run = open_call(self, request)
         if not hasattr(run, "metered_request"):
             return run  # type: ignore[return-value]

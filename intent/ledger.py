@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from intent.errors import IntentError
@@ -78,6 +78,18 @@ class LedgerEntry:
     execution: int = 0  # 1-based run number of the proposed call; 0 while only reserved by the gate
     overrun: float = 0.0  # billed above the reservation
 
+    @property
+    def call_key(self) -> str:
+        """The proposed call this charge belongs to (the ledger key without its ``#n``)."""
+        return self.call_id.split("#", 1)[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id, "tool": self.tool, "amount": self.amount, "status": self.status,
+            "seq": self.seq, "market_version": self.market_version, "tool_call_id": self.tool_call_id,
+            "execution": self.execution, "overrun": self.overrun,
+        }
+
 
 class BudgetLedger:
     """Thread-safe reserve/commit/release ledger for one episode (one graph thread)."""
@@ -94,6 +106,8 @@ class BudgetLedger:
         self._top_ups: dict[str, float] = {k: check_amount(v, f"top-up {k!r}") for k, v in (top_ups or {}).items()}
         self._allow_overspend = bool(allow_overspend)
         self._entries: dict[str, LedgerEntry] = {}
+        # Charge ids of each proposed call, in the order they were made (the gate's, then retries).
+        self._by_call: dict[str, list[str]] = {}
         # Running totals per status, so that spent/remaining are O(1) on the hot path.
         self._totals: dict[str, float] = {"reserved": 0.0, "committed": 0.0, "released": 0.0}
         self._overrun = 0.0
@@ -106,6 +120,8 @@ class BudgetLedger:
         if old is not None:
             self._totals[old.status] -= old.amount
             self._overrun -= old.overrun
+        else:
+            self._by_call.setdefault(entry.call_key, []).append(entry.call_id)
         self._entries[entry.call_id] = entry
         self._totals[entry.status] += entry.amount
         self._overrun += entry.overrun
@@ -171,6 +187,11 @@ class BudgetLedger:
     def get(self, call_id: str) -> LedgerEntry | None:
         with self._lock:
             return self._entries.get(call_id)
+
+    def charges_of(self, call_key: str) -> list[LedgerEntry]:
+        """Every charge of one proposed call: its gate reservation, then one per further run."""
+        with self._lock:
+            return [self._entries[c] for c in self._by_call.get(call_key, ())]
 
     def __contains__(self, call_id: object) -> bool:
         return call_id in self._entries
@@ -292,7 +313,7 @@ class BudgetLedger:
             return {
                 "budget": self._budget,
                 "allow_overspend": self._allow_overspend,
-                "entries": {cid: asdict(e) for cid, e in self._entries.items()},
+                "entries": {cid: e.to_dict() for cid, e in self._entries.items()},
                 "top_ups": dict(self._top_ups),
             }
 

@@ -13,6 +13,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
+from intent.market import check_amount
+
 __all__ = [
     "BILLED_KEY",
     "answered_after",
@@ -138,8 +140,9 @@ def billed_amount(result: Any, tool_call_id: str) -> float | None:
     if isinstance(artifact, Mapping) and BILLED_KEY in artifact:
         value = artifact[BILLED_KEY]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"artifact[{BILLED_KEY!r}] of the tool's result must be a number, got {value!r}")
-        return float(value)
+            raise TypeError(f"artifact[{BILLED_KEY!r}] of the tool's result must be a number, got {value!r}; "
+                            "report the amount the provider billed, e.g. {'intent_billed': 0.0}")
+        return check_amount(value, f"artifact[{BILLED_KEY!r}] of the tool's result")
     return None
 
 

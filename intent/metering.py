@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
@@ -50,7 +50,7 @@ from intent.oracle import (
     Outcome,
     Proposal,
 )
-from intent.state import LEDGER_KEY, channel_of, entry_dict
+from intent.state import LEDGER_KEY, channel_of
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -179,8 +179,7 @@ class CallRun:
         """Hold the money for the next run. Returns its charge id, or the refusal."""
         episode, ledger = self.episode, self.episode.ledger
         with episode.lock:
-            keys = episode.charge_keys(self.key)
-            runs = sum(1 for k in keys if (e := ledger.get(k)) is not None and e.execution > 0)
+            runs = sum(1 for e in ledger.charges_of(self.key) if e.execution > 0)
             gated = ledger.get(self.key)
             try:
                 if gated is not None and gated.status == "reserved" and gated.execution == 0:
@@ -202,7 +201,6 @@ class CallRun:
                     text = fb.over_budget(name, price, ledger.remaining, ledger.budget)
                 return self._refuse(name, args, price, "reject", OVER_BUDGET, text)
             ledger.mark_run(charge_id, runs + 1)
-            episode.add_charge(self.key, charge_id)
             return charge_id
 
     def _refuse(self, name: str, args: Any, price: float | None, kind: Literal["reject", "invalid"], reason: str,
@@ -225,18 +223,31 @@ class CallRun:
         return self._refuse(ctx.tool, ctx.args, ctx.price, "reject", checked.reason,
                             checked.feedback or fb.generic_rejection(ctx.tool), checked)
 
-    def execute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
-        args = _args_of(tool_input)
+    def _admit(self, tool: Any, args: Any) -> Generator[DecisionContext, Decision | BaseException, str | ToolMessage]:
+        """Price, re-gate an edited call (yields the context for the oracle), reserve.
+
+        Written once as a generator, like the gate, and driven by :meth:`execute` (sync
+        oracle) and :meth:`aexecute` (async oracle). Returns the charge id or the refusal.
+        """
         priced = self._price(tool, args)
         if isinstance(priced, ToolMessage):
             return priced
         price, version = priced
         if self._edited(tool.name, args, tool):
             ctx = self._context(tool.name, model_args(tool, args), price)
-            refusal = self._regate(self.guard.decide(ctx), ctx)
+            refusal = self._regate((yield ctx), ctx)
             if refusal is not None:
                 return refusal
-        charge_id = self._reserve(tool.name, args, price, version)
+        return self._reserve(tool.name, args, price, version)
+
+    def execute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
+        args = _args_of(tool_input)
+        admit = self._admit(tool, args)
+        try:
+            ctx = next(admit)
+            admit.send(self.guard.decide(ctx))
+        except StopIteration as stop:
+            charge_id = stop.value
         if isinstance(charge_id, ToolMessage):
             return charge_id
         started = self.guard._clock()
@@ -253,16 +264,12 @@ class CallRun:
 
     async def aexecute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
         args = _args_of(tool_input)
-        priced = self._price(tool, args)
-        if isinstance(priced, ToolMessage):
-            return priced
-        price, version = priced
-        if self._edited(tool.name, args, tool):
-            ctx = self._context(tool.name, model_args(tool, args), price)
-            refusal = self._regate(await self.guard.adecide(ctx), ctx)
-            if refusal is not None:
-                return refusal
-        charge_id = self._reserve(tool.name, args, price, version)
+        admit = self._admit(tool, args)
+        try:
+            ctx = next(admit)
+            admit.send(await self.guard.adecide(ctx))
+        except StopIteration as stop:
+            charge_id = stop.value
         if isinstance(charge_id, ToolMessage):
             return charge_id
         started = self.guard._clock()
@@ -290,6 +297,7 @@ class CallRun:
         ledger = self.episode.ledger
         reason: str | None = None
         artifact = None
+        bad_bill: Exception | None = None
         if isinstance(result, BaseException):
             billed = getattr(result, "intent_billed", None)
             status: Literal["ok", "error"] = "error"
@@ -298,7 +306,11 @@ class CallRun:
             else:
                 observation = fb.tool_raised(self.name, result)
         else:
-            billed = billed_amount(result, self.tool_call_id)
+            try:
+                billed = billed_amount(result, self.tool_call_id)
+            except (TypeError, ValueError) as exc:
+                # The tool's bill is malformed: the run happened, so charge the quote, then fail loudly.
+                bad_bill, billed = exc, None
             message = result_message(result, self.tool_call_id)
             status = "error" if getattr(message, "status", "success") == "error" else "ok"
             observation = text_of(message) if message is not None else text_of(result)
@@ -314,6 +326,8 @@ class CallRun:
                           entry.amount, status, observation, snap["spent"], snap["remaining"], snap["budget"])
         self.last_outcome = outcome
         self.guard._call_hook("observe", outcome)
+        if bad_bill is not None:
+            raise bad_bill
 
     # ------------------------------------------------------------ the answer
     def failed(self, exc: Exception) -> ToolMessage:
@@ -334,7 +348,7 @@ class CallRun:
                 if not self.refused:
                     self.guard.records.release(ledger, released, episode_id=episode.episode_id, meta=self.meta,
                                                reason=ANSWERED_WITHOUT_RUN)
-            entries = {k: e for k in episode.charge_keys(self.key) if (e := ledger.get(k)) is not None}
+            entries = ledger.charges_of(self.key)
         message = result_message(result, self.tool_call_id)
         if message is None and not isinstance(result, Command):
             message = ToolMessage(text_of(result), tool_call_id=self.tool_call_id, name=self.name)
@@ -343,5 +357,5 @@ class CallRun:
             if note:
                 message = message.model_copy(update={"content": f"{text_of(message)}\n{note}"})
         update = {LEDGER_KEY: self.guard._channel_base(episode) | {
-            "entries": {k: entry_dict(e) for k, e in entries.items()}}}
+            "entries": {e.call_id: e.to_dict() for e in entries}}}
         return with_update(result, self.tool_call_id, message, update)

@@ -14,9 +14,9 @@ from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
 from typing_extensions import NotRequired, TypedDict
 
-from intent.ledger import LedgerEntry, merge_ledger_states
+from intent.ledger import merge_ledger_states
 
-__all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "channel_of", "entry_dict"]
+__all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "channel_of"]
 
 LEDGER_KEY = "intent_ledger"
 
@@ -77,10 +77,3 @@ def channel_of(state: Any) -> LedgerChannel | None:
         return state.get(LEDGER_KEY)
     return getattr(state, LEDGER_KEY, None)
 
-
-def entry_dict(entry: LedgerEntry) -> EntryDict:
-    return {
-        "call_id": entry.call_id, "tool": entry.tool, "amount": entry.amount, "status": entry.status,
-        "seq": entry.seq, "market_version": entry.market_version, "tool_call_id": entry.tool_call_id,
-        "execution": entry.execution, "overrun": entry.overrun,
-    }

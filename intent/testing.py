@@ -91,6 +91,9 @@ class GuardDriver:
         self.tools = tools or {}
 
     def apply(self, update: Any) -> list[AnyMessage]:
+        """Merge a node's output (a state update, a ``Command`` or a bare ``ToolMessage``)."""
+        if isinstance(update, ToolMessage):
+            update = {"messages": [update]}
         if isinstance(update, Command):
             update = update.update
         if not update:

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Sequence
-from typing import Any
-
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 
 from intent.testing import ScriptedToolModel, ai, call, scripted  # noqa: F401 - re-exported

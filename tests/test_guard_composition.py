@@ -33,6 +33,7 @@ from langgraph.store.memory import InMemoryStore
 from langgraph.types import Command
 
 from intent import AcceptAll, BudgetGuard, Decision, GuardState, Market, MemoryLogSink, Oracle, PricedTool  # noqa: F401
+from intent.testing import assert_each_call_answered_once
 
 # ====================================================================== helpers
 ORDERS = ["guard_first", "guard_last"]
@@ -96,26 +97,6 @@ def with_guard(guard: BudgetGuard, other: list[Any] | Any, order: str) -> list[A
 
 def msgs_of(out: Any) -> list[Any]:
     return list(out["messages"])
-
-
-def assert_each_call_answered_once(messages: list[Any]) -> None:
-    """Every tool call of every AIMessage has exactly one ToolMessage with its id, after that
-    AIMessage and before the next one; and there is no ToolMessage that answers nothing."""
-    ai_idx = [i for i, m in enumerate(messages) if isinstance(m, AIMessage)]
-    n_calls = 0
-    for k, i in enumerate(ai_idx):
-        end = ai_idx[k + 1] if k + 1 < len(ai_idx) else len(messages)
-        segment = [m for m in messages[i + 1:end] if isinstance(m, ToolMessage)]
-        ids = [c["id"] for c in messages[i].tool_calls]
-        assert len(ids) == len(set(ids)), f"AIMessage #{k} has duplicate tool call ids {ids}"
-        for cid in ids:
-            answers = [m for m in segment if m.tool_call_id == cid]
-            assert len(answers) == 1, (
-                f"tool call {cid!r} of AIMessage #{k} has {len(answers)} ToolMessages: "
-                f"{[m.content for m in answers]}")
-        n_calls += len(ids)
-    n_tool_messages = sum(isinstance(m, ToolMessage) for m in messages)
-    assert n_tool_messages == n_calls, f"{n_tool_messages} ToolMessages for {n_calls} tool calls"
 
 
 def assert_invariants(guard: BudgetGuard, out: Any, runs: Runs, prices: dict[str, float], budget: float,
@@ -502,31 +483,23 @@ def test_resumed_thread_keeps_the_budget_in_state():
     assert_invariants(guard2, out, runs, {"a": 20.0, "b": 40.0}, 50, sink=None)
 
 
-def test_top_up_with_graph_writes_the_new_budget_to_state():
+@pytest.mark.parametrize("with_graph", [True, False])
+def test_top_up_raises_the_budget_in_state_and_is_logged(with_graph):
+    """With ``graph=`` the top-up is in state at once; without, from the thread's next model step."""
     saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
-    config = {"configurable": {"thread_id": "top-up-graph"}}
+    config = {"configurable": {"thread_id": f"top-up-{with_graph}"}}
     _first_run(saver, config, runs)
     b = call("b")
     guard2, agent2 = _second_agent(saver, runs, sink, b)
     assert guard2.ledger(agent2.get_state(config).values).budget == 50
-    guard2.top_up(config, 25, graph=agent2, reason="grant")
-    ledger = guard2.ledger(agent2.get_state(config).values)
-    assert (ledger.budget, ledger.spent, ledger.remaining) == (75, 20, 55)
+    if with_graph:
+        guard2.top_up(config, 25, graph=agent2, reason="grant")
+        ledger = guard2.ledger(agent2.get_state(config).values)
+        assert (ledger.budget, ledger.spent, ledger.remaining) == (75, 20, 55)
+    else:
+        guard2.top_up(config, 25, reason="grant")
     top_ups = [r for r in sink.records if r.decision == "top_up"]
     assert len(top_ups) == 1 and top_ups[0].reason == "grant" and top_ups[0].charged == 0
-    out = agent2.invoke({"messages": [("user", "more")]}, config)
-    assert runs["b"] == 1  # 20 + 40 <= 75
-    assert_invariants(guard2, out, runs, {"a": 20.0, "b": 40.0}, 75, sink=None)
-
-
-def test_top_up_without_graph_applies_at_the_next_model_step():
-    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
-    config = {"configurable": {"thread_id": "top-up-later"}}
-    _first_run(saver, config, runs)
-    b = call("b")
-    guard2, agent2 = _second_agent(saver, runs, sink, b)
-    guard2.top_up(config, 25)
-    assert len([r for r in sink.records if r.decision == "top_up"]) == 1
     out = agent2.invoke({"messages": [("user", "more")]}, config)
     assert runs["b"] == 1  # 20 + 40 <= 75
     assert_invariants(guard2, out, runs, {"a": 20.0, "b": 40.0}, 75, sink=None)
@@ -549,3 +522,22 @@ async def test_async_tool_call_limit_blocked_call_keeps_no_reservation(order, bu
     guard, runs, sink, agent = _limit_case(order, budget)
     out = await agent.ainvoke(USER)
     _check_limit_case(guard, runs, sink, out, budget)
+
+
+def test_a_malformed_bill_fails_loudly_and_the_run_is_still_charged():
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink)
+
+    def run() -> tuple[str, dict]:
+        runs.hit("a")
+        return "done", {"intent_billed": "lots"}
+
+    tool_ = StructuredTool.from_function(run, name="a", description="a", response_format="content_and_artifact")
+    agent = create_agent(scripted([ai(call("a")), AIMessage("done")]), [tool_], middleware=[guard.middleware()],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "bad-bill"}}
+    with pytest.raises(TypeError, match="intent_billed"):
+        agent.invoke(USER, config)
+    assert runs["a"] == 1
+    assert guard.ledger(agent.get_state(config).values).spent == 20  # the quote, not forgotten
+    assert [r.charged for r in executions(sink)] == [20]
