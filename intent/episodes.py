@@ -29,8 +29,9 @@ class Episode:
     # Top-ups asked for without a graph: written to state at the episode's next hook.
     pending_top_ups: dict[str, float] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
-    # The last channel absorbed: the same state object is not merged twice.
-    absorbed: Any = field(default=None, repr=False)
+    # Whether graph state was merged in. After that the working copy is ahead of state by
+    # construction (every money move of the episode goes through it), so it is merged once.
+    synced: bool = False
 
 
 class EpisodeRegistry:
@@ -58,21 +59,23 @@ class EpisodeRegistry:
 
         Entries only move forward, so a stale ``channel`` never undoes a charge; the budget
         in state wins over this guard's default (a resumed thread keeps its own budget).
+        State is merged the first time an episode sees it (an episode made before its state
+        existed, by a market update, say); later calls skip the merge.
         """
         with self._lock:
             episode = self._episodes.get(episode_id)
             if episode is None:
                 ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel
                           else BudgetLedger(self.default_budget, allow_overspend=self.allow_overspend))
-                episode = Episode(episode_id, ledger, absorbed=channel)
+                episode = Episode(episode_id, ledger, synced=bool(channel))
                 self._episodes[episode_id] = episode
                 while len(self._episodes) > self.max_episodes:
                     self._episodes.popitem(last=False)
             else:
                 self._episodes.move_to_end(episode_id)
-        if channel and channel is not episode.absorbed:
+        if channel and not episode.synced:
             episode.ledger.absorb(channel)
-            episode.absorbed = channel
+            episode.synced = True
         return episode
 
     def drop(self, episode_id: str) -> None:

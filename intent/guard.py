@@ -140,6 +140,7 @@ class BudgetGuard:
         self._clock = clock
         self._market = market
         self.episodes = EpisodeRegistry(self.budget, allow_overspend=not self.enforce, max_episodes=max_episodes)
+        self._hooks: dict[str, bool] = {}  # which optional oracle hooks are really implemented
         self.records = Recorder(log_sink, str(getattr(oracle, "name", None) or type(oracle).__name__), self.enforce)
 
     # ================================================================== market
@@ -249,14 +250,13 @@ class BudgetGuard:
         channel = channel_of(state) or {}
         ledger = episode.ledger
         decisions = channel.get("decisions") or {}
-        for entry in list(ledger):
-            if entry.status == "reserved":
-                released = ledger.release(entry.call_id)
-                assert released is not None
-                self.records.release(ledger, released, episode_id=episode.episode_id,
-                                     meta=decisions.get(entry.call_id.split("#", 1)[0], {}), reason=reason)
+        for entry in ledger.held():
+            released = ledger.release(entry.call_id)
+            assert released is not None
+            self.records.release(ledger, released, episode_id=episode.episode_id,
+                                 meta=decisions.get(entry.call_key, {}), reason=reason)
         known = channel.get("entries") or {}
-        changed = {e.call_id: e.to_dict() for e in ledger
+        changed = {e.call_id: e.to_dict() for e in ledger.entries()
                    if e.call_id not in known or known[e.call_id]["status"] != e.status}
         with episode.lock:
             top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
@@ -290,7 +290,7 @@ class BudgetGuard:
 
     # ============================================================ the gate
     def _gate(
-        self, state: Any, config: Mapping[str, Any] | None
+        self, state: Any, config: Mapping[str, Any] | None, settle: bool = True
     ) -> Generator[DecisionContext, Decision | BaseException, dict[str, Any] | None]:
         """The batch gate as a generator: yields each context, receives the oracle's decision.
 
@@ -304,7 +304,8 @@ class BudgetGuard:
         episode_id = self.episode_id(state, config)
         episode = self.episodes.get(episode_id, channel)
         self._start(episode, channel, messages)
-        settled = self._settle(episode, state, reason=RELEASED_UNUSED)
+        # A graph whose agent node did not call prepare() (a hand-built one) is settled here.
+        settled = self._settle(episode, state, reason=RELEASED_UNUSED) if settle else None
         ledger = episode.ledger
         market = self.market_for(episode_id, channel)
         query = first_human_text(messages)
@@ -443,9 +444,13 @@ class BudgetGuard:
         except Exception as exc:  # noqa: BLE001
             return exc
 
-    def gate(self, state: Any, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        """Gate the last AIMessage's tool calls (sync). Returns a state update."""
-        gen = self._gate(state, config)
+    def gate(self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True) -> dict[str, Any] | None:
+        """Gate the last AIMessage's tool calls (sync). Returns a state update.
+
+        ``settle=False`` when :meth:`prepare` already ran since the last tool step (the
+        middleware's ``before_model``), so unused reservations are not looked for twice.
+        """
+        gen = self._gate(state, config, settle)
         try:
             ctx = next(gen)
             while True:
@@ -453,9 +458,11 @@ class BudgetGuard:
         except StopIteration as stop:
             return stop.value
 
-    async def agate(self, state: Any, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    async def agate(
+        self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True
+    ) -> dict[str, Any] | None:
         """Async twin of :meth:`gate`, using the oracle's ``adecide`` when it has one."""
-        gen = self._gate(state, config)
+        gen = self._gate(state, config, settle)
         try:
             ctx = next(gen)
             while True:
@@ -502,6 +509,8 @@ class BudgetGuard:
         return names - set(market.banned)
 
     def system_notes(self, state: Any, config: Mapping[str, Any] | None = None) -> str | None:
+        if not self._has_hook("prompt_notes"):
+            return None  # the no-op default: skip reading the ledger on every model call
         episode_id = self.episode_id(state, config)
         ledger = self.ledger(state)
         return self._call_hook(
@@ -535,8 +544,19 @@ class BudgetGuard:
         return route_after_guard(state, tools=tools, agent=agent)
 
     def _call_hook(self, name: str, *args: Any) -> Any:
+        if not self._has_hook(name):
+            return None
         hook = getattr(self.oracle, name, None)
         return hook(*args) if callable(hook) else None
+
+    def _has_hook(self, name: str) -> bool:
+        """Whether the oracle has ``name`` and it is not :class:`Oracle`'s no-op default."""
+        known = self._hooks.get(name)
+        if known is None:
+            mine = getattr(type(self.oracle), name, None)
+            known = self._hooks[name] = callable(getattr(self.oracle, name, None)) and mine is not getattr(
+                Oracle, name, object())
+        return known
 
 
 def _dedupe(ai: AIMessage) -> tuple[list[dict[str, Any]], dict[str, str]]:

@@ -188,6 +188,16 @@ class BudgetLedger:
         with self._lock:
             return self._entries.get(call_id)
 
+    def entries(self) -> list[LedgerEntry]:
+        """Every entry, in the order made (cheaper than iterating, which sorts by ``seq``)."""
+        with self._lock:
+            return list(self._entries.values())
+
+    def held(self) -> list[LedgerEntry]:
+        """Reservations not yet committed or released."""
+        with self._lock:
+            return [e for e in self._entries.values() if e.status == "reserved"]
+
     def charges_of(self, call_key: str) -> list[LedgerEntry]:
         """Every charge of one proposed call: its gate reservation, then one per further run."""
         with self._lock:

@@ -7,6 +7,7 @@ to find which proposed call a request belongs to and to build the messages they 
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "json_artifact",
     "last_ai",
     "model_args",
+    "model_schema",
     "result_message",
     "text_of",
     "with_update",
@@ -82,11 +84,34 @@ def find_call(messages: Sequence[AnyMessage], tool_call_id: str) -> tuple[int, A
     return -1, None
 
 
-def model_args(tool: Any, args: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments the model controls: injected ones (state, runtime, store...) left out."""
+# id(tool) -> (weak reference, the schema the model sees, its field names): LangChain rebuilds
+# nothing here, but reading the property costs more than the check it feeds on every run.
+_SCHEMAS: dict[int, tuple[weakref.ref[Any], Any, frozenset[str] | None]] = {}
+
+
+def model_schema(tool: Any) -> tuple[Any, frozenset[str] | None]:
+    """The tool's ``tool_call_schema`` (what the model sees) and its field names, cached per tool."""
+    hit = _SCHEMAS.get(id(tool))
+    if hit is not None and hit[0]() is tool:
+        return hit[1], hit[2]
     schema = getattr(tool, "tool_call_schema", None)
     fields = getattr(schema, "model_fields", None)
-    if not isinstance(fields, Mapping):
+    names = frozenset(fields) if isinstance(fields, Mapping) else None
+    try:
+        ref = weakref.ref(tool)
+    except TypeError:
+        return schema, names
+    if len(_SCHEMAS) >= 1024:
+        for key in [k for k, v in _SCHEMAS.items() if v[0]() is None]:
+            _SCHEMAS.pop(key, None)
+    _SCHEMAS[id(tool)] = (ref, schema, names)
+    return schema, names
+
+
+def model_args(tool: Any, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments the model controls: injected ones (state, runtime, store...) left out."""
+    _, fields = model_schema(tool)
+    if fields is None:
         return dict(args)
     return {k: v for k, v in args.items() if k in fields}
 
@@ -97,7 +122,7 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
     Injected arguments (``ToolRuntime``, ``InjectedState``, ``InjectedStore``,
     ``InjectedToolCallId``) are not part of that schema: LangGraph fills them in.
     """
-    schema = getattr(tool, "tool_call_schema", None)
+    schema, _ = model_schema(tool)
     validate = getattr(schema, "model_validate", None)
     if validate is None:
         return None  # a JSON-schema dict tool: the tool validates its own input

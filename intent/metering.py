@@ -159,7 +159,10 @@ class CallRun:
         """Whether the call about to run is not the one the gate approved (a reviewer's edit)."""
         if self.regated or "tool" not in self.meta:
             return False
-        return name != self.meta["tool"] or model_args(tool, args) != model_args(tool, self.meta.get("args") or {})
+        if name != self.meta["tool"]:
+            return True
+        gated = self.meta.get("args") or {}
+        return args != gated and model_args(tool, args) != model_args(tool, gated)
 
     def _price(self, tool: Any, args: Any) -> tuple[float, int] | ToolMessage:
         name = tool.name

@@ -109,11 +109,12 @@ class BudgetGuardMiddleware(AgentMiddleware):
     # ---------------------------------------------------------------- gate
     @hook_config(can_jump_to=["model"])
     def after_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return _jump_if_only_invalid(state, self.guard.gate(state, _config()))
+        # before_model settled this step already
+        return _jump_if_only_invalid(state, self.guard.gate(state, _config(), settle=False))
 
     @hook_config(can_jump_to=["model"])
     async def aafter_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return _jump_if_only_invalid(state, await self.guard.agate(state, _config()))
+        return _jump_if_only_invalid(state, await self.guard.agate(state, _config(), settle=False))
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:
