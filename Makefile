@@ -45,7 +45,7 @@ test: install
 	$(PY) -m pytest
 
 bench-guard: install
-	$(PY) -m eval.bench_guard
+	$(PY) -m eval.bench_guard --repeats 9
 
 bench-throughput: install
 	$(PY) -m eval.bench_throughput

@@ -6,21 +6,21 @@ Three arms run in this one process, interleaved, with the AcceptAll oracle, a sc
 model (simulated) and a tool that returns at once:
 
 * ``plain``: ``create_agent`` with no middleware;
-* ``noop_hooks``: a middleware with the same hooks as the guard that do nothing (an
-  ``after_model`` node, ``wrap_model_call``, a ``wrap_tool_call`` returning a ``Command``):
-  the price of LangChain's middleware plumbing itself;
+* ``noop_hooks``: a middleware with the same hooks as the guard that do nothing
+  (``before_model``, ``wrap_model_call``, ``after_model``, a ``wrap_tool_call`` returning a
+  ``Command``, ``after_agent``): the price of LangChain's middleware plumbing itself;
 * ``guarded``: ``BudgetGuard(AcceptAll(), ...).middleware()``.
 
 ``guard_own_ms_per_call`` = guarded - noop_hooks is what the guard's code adds inside that
 plumbing; ``added_ms_per_call`` = guarded - plain is what a user pays in total. A last figure
-times the guard's code with no graph at all (gate + charge on a prepared state).
+times the guard's code with no graph at all (:class:`intent.testing.GuardDriver`: settle, gate,
+metered run and charge, with a stand-in tool). Each arm reports its fastest repeat.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from typing import Any
 
