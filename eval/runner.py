@@ -103,7 +103,12 @@ def run_episode(
         else:
             agent = create_agent(model, env.tools, middleware=middleware, system_prompt=SYSTEM_PROMPT)
             out = agent.invoke({"messages": [("user", env.query)]},
-                               {"configurable": {"thread_id": episode_id}, "recursion_limit": 200})
+                               {"configurable": {"thread_id": episode_id}, "recursion_limit": 200,
+                                # One episode's parallel tool calls run one at a time, in the order
+                                # the model proposed them: what each call sees (the budget status, the
+                                # environment's call counters, the oracle's caches) must not depend
+                                # on thread timing. Episodes still run in parallel across workers.
+                                "max_concurrency": 1})
             messages = out["messages"]
             last = messages[-1] if messages else None
             answer = str(last.content) if isinstance(last, AIMessage) and not last.tool_calls else None
