@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -160,10 +160,11 @@ class SimulatedVerifier:
     estimated as characters / 4 of the prompt it would have sent.
     """
 
-    def __init__(self, needs: Sequence[Any], covers: Mapping[str, frozenset[str]], reading: str = "entity") -> None:
-        from eval.agents.simulated import looks_successful
-
-        self._looks = looks_successful
+    def __init__(self, needs: Sequence[Any], covers: Mapping[str, frozenset[str]], reading: str = "entity", *,
+                 looks: Callable[[Any, str, str], bool]) -> None:
+        # ``looks(need, observation, reading)``: the simulated agent's own reading of a result,
+        # passed in by the benchmark (baselines do not import the benchmark).
+        self._looks = looks
         self.reading = reading
         self.needs = list(needs)
         self.covers = covers

@@ -13,12 +13,24 @@ the guard. Control flow follows StableToolBench's ``DFS_woFilter``:
 * an answer that gives up ("give up") backtracks; the first real answer stops the search;
 * ``max_depth`` model turns per branch and ``max_llm_calls`` in total bound the search; if no
   answer is found, the last give-up answer is returned.
+
+Three hooks serve the exhaustive search behind OR's denominator (paper B.3); the baseline
+leaves them off:
+
+* ``per_path_budget=True`` gives every branch its own copy of the budget, holding only what its
+  own path spent (each branch is a separate guard episode seeded with its parent's ledger), so
+  a solution is in budget when its own trajectory is;
+* ``prune_partial_batches=False`` prunes a node only when none of its parallel calls could run;
+  when some ran, the branch goes on with their results and the refusals (upstream, parallel
+  calls are a chain of single-call nodes, and the call that does not fit prunes only itself);
+* ``on_answer(messages, gave_up)`` sees every final message, give-ups included, and returns
+  True to stop the search there, or False to end that branch and keep searching.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,11 +63,18 @@ class DFSDTResult:
     backtracks: int = 0
     channel: dict[str, Any] | None = None
     tokens: int = 0
+    # Calls the search submitted to the guard, and the ToolMessages the guard's tool step
+    # returned for them (over every branch, kept or abandoned): the runner checks they agree.
+    proposed_calls: int = 0
+    answered_calls: int = 0
+    cut_at_depth: int = 0  # expansions whose calls were dropped at max_depth, before the guard saw them
 
 
 class DFSDTRunner:
     def __init__(self, guard: BudgetGuard, tools: Sequence[Any], *, width: int = 10, max_depth: int = 12,
-                 max_llm_calls: int = 200, system_prompt: str | None = None) -> None:
+                 max_llm_calls: int = 200, system_prompt: str | None = None, per_path_budget: bool = False,
+                 prune_partial_batches: bool = True,
+                 on_answer: Callable[[list[BaseMessage], bool], bool] | None = None) -> None:
         if width < 1 or max_depth < 1 or max_llm_calls < 1:
             raise ValueError(f"width, max_depth and max_llm_calls must be >= 1, got {width}, {max_depth}, "
                              f"{max_llm_calls}")
@@ -63,6 +82,8 @@ class DFSDTRunner:
         self.tools = {t.name: t for t in tools}
         self.width, self.max_depth, self.max_llm_calls = width, max_depth, max_llm_calls
         self.system_prompt = system_prompt
+        self.per_path_budget, self.prune_partial_batches, self.on_answer = (per_path_budget, prune_partial_batches,
+                                                                            on_answer)
 
     # ------------------------------------------------------------ one step
     def _model_input(self, model: Any, history: list[BaseMessage], tried: list[str]) -> tuple[Any, list[BaseMessage]]:
@@ -91,6 +112,7 @@ class DFSDTRunner:
         if not ai.id:
             # Sibling branches may reuse call ids; the proposing message's id keeps their keys apart.
             ai = ai.model_copy(update={"id": f"dfsdt-{uuid.uuid4().hex[:12]}"})
+        self._result.proposed_calls += len(ai.tool_calls)
         state = {"messages": [*history, ai], LEDGER_KEY: self._channel}
         answered: list[BaseMessage] = []
         for m in self._merge(self.guard.gate(state, self._config)):
@@ -110,6 +132,8 @@ class DFSDTRunner:
                 results += self._merge(out.update if isinstance(out.update, dict) else None)
             else:
                 results.append(out)
+        ids = {c["id"] for c in ai.tool_calls}
+        self._result.answered_calls += sum(isinstance(m, ToolMessage) and m.tool_call_id in ids for m in results)
         over_budget = any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict)
                           and m.artifact.get("intent_reason") in _PRUNE_REASONS for m in results)
         return ai, results, over_budget
@@ -123,6 +147,7 @@ class DFSDTRunner:
     # ------------------------------------------------------------- search
     def run(self, model: Any, query: str, *, episode_id: str = "dfsdt", channel: dict[str, Any] | None = None
             ) -> DFSDTResult:
+        self._episode_id = episode_id
         self._config = {"configurable": {"thread_id": episode_id}}
         self._channel = channel
         self._result = DFSDTResult(messages=[], answer=None)
@@ -136,10 +161,20 @@ class DFSDTRunner:
         res.channel = self._channel
         return res
 
-    def _dfs(self, model: Any, history: list[BaseMessage], depth: int) -> list[BaseMessage] | None:
+    def _enter_branch(self, path: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """Per-path budget: the branch at ``path`` becomes its own guard episode, seeded with the
+        parent's ledger (the channel); returns what to restore when the search leaves it."""
+        saved = (self._channel, self._config)
+        branch = f"{self._episode_id}/{path}"
+        self._config = {"configurable": {"thread_id": branch}}
+        if self._channel:
+            self._channel = {**self._channel, "episode_id": branch}
+        return saved
+
+    def _dfs(self, model: Any, history: list[BaseMessage], depth: int, path: str = "0") -> list[BaseMessage] | None:
         res = self._result
         tried: list[str] = []
-        for _child in range(self.width):
+        for child in range(self.width):
             if res.llm_calls >= self.max_llm_calls:
                 return None
             bound, messages = self._model_input(model, history, tried)
@@ -148,21 +183,32 @@ class DFSDTRunner:
             res.nodes += 1
             res.tokens += int((ai.usage_metadata or {}).get("total_tokens", 0))
             if not ai.tool_calls:
-                if is_give_up(ai) or depth >= self.max_depth:
-                    self._fallback = ([*history, ai], str(ai.content))
-                    res.backtracks += 1
-                    return None  # give-up: backtrack one level
-                return [*history, ai]
+                final = [*history, ai]
+                gave_up = is_give_up(ai) or depth >= self.max_depth
+                if self.on_answer(final, gave_up) if self.on_answer is not None else not gave_up:
+                    return final
+                if gave_up:
+                    self._fallback = (final, str(ai.content))
+                res.backtracks += 1
+                return None  # a give-up, or an answer the caller searches past: backtrack one level
             if depth + 1 >= self.max_depth:
                 res.backtracks += 1
+                res.cut_at_depth += 1
                 return None
             tried.append("+".join(c["name"] for c in ai.tool_calls))
+            saved = self._enter_branch(f"{path}.{child}") if self.per_path_budget else None
             ai, results, over_budget = self._execute(history, ai)
-            if over_budget:
+            if over_budget and not self.prune_partial_batches and any(
+                    isinstance(m, ToolMessage) and not (isinstance(m.artifact, dict) and "intent_reason" in m.artifact)
+                    for m in results):
+                over_budget = False  # some calls ran: the branch goes on with what they returned
+            if not over_budget:
+                found = self._dfs(model, [*history, ai, *results], depth + 1, f"{path}.{child}")
+                if found is not None:
+                    return found
+            else:
                 res.pruned += 1  # the next call does not fit: prune, try a sibling
-                continue
-            found = self._dfs(model, [*history, ai, *results], depth + 1)
-            if found is not None:
-                return found
+            if saved is not None:  # a sibling starts from this node's ledger, not the abandoned branch's
+                self._channel, self._config = saved
         return None
 

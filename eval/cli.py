@@ -22,8 +22,10 @@ def _bench(args: argparse.Namespace) -> int:
         options["stb_path"] = args.stb_path
     if args.groups:
         options["groups"] = [g.strip() for g in args.groups.split(",")]
+    if args.no_solvability:
+        options["solvability"] = False
     for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir", "judge",
-                "judge_url", "judge_model", "judge_runs"):
+                "judge_url", "judge_model", "judge_runs", "world_model"):
         if getattr(args, key, None):
             options[key] = getattr(args, key)
     config = BenchConfig(market=args.market, methods=methods, agent=args.agent, tasks=args.tasks,
@@ -66,9 +68,11 @@ def register(sub: Any) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench")
-    p.add_argument("--reference", default="prompt", help="the method WR is measured against")
+    p.add_argument("--reference", default=None,
+                   help="the method WR is measured against (default: prompt when listed, else the first method)")
     p.add_argument("--event-rate", type=float, default=0.0, help="share of synthetic tasks with market events")
-    p.add_argument("--budget", type=float, default=None, help="override every task's budget")
+    p.add_argument("--budget", type=float, default=None,
+                   help="override every task's budget (a number > 0; leave out for each task's own budget)")
     p.add_argument("--stb-path", help="StableToolBench data root (default ../shared/stabletoolbench)")
     p.add_argument("--groups", help="StableToolBench groups, comma-separated (default: all six)")
     p.add_argument("--stb-env", choices=["schema", "mirror", "server"], help="StableToolBench tool environment "
@@ -76,6 +80,11 @@ def register(sub: Any) -> None:
     p.add_argument("--stb-env-url", help="MirrorAPI-style OpenAI-compatible endpoint, or a StableToolBench server URL")
     p.add_argument("--stb-env-model", help="model name for --stb-env mirror")
     p.add_argument("--retriever", choices=["tfidf", "minilm"], help="StableToolBench retrieval of 20 APIs per query")
+    p.add_argument("--world-model", choices=["replay", "schema"],
+                   help="MCO/INTENT world model: replay (default; built from other queries' logs) or schema "
+                        "(StableToolBench's own simulator: an upper bound that leaks, labelled as such)")
+    p.add_argument("--no-solvability", action="store_true",
+                   help="StableToolBench: skip the exhaustive DFSDT search that defines OR's denominator (OR is null)")
     p.add_argument("--oracle-logs", help="interaction logs (intent.logs JSONL) to build the oracle models from")
     p.add_argument("--predictor-dir", help="a trained intention predictor directory (intent train predictor)")
     p.add_argument("--judge", choices=["proxy", "sopr"], help="StableToolBench judge (default proxy; sopr needs "

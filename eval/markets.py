@@ -39,6 +39,9 @@ class EpisodeEnv:
     # A world model that knows this market's response schemas (StableToolBench), used by the
     # planning oracles instead of the replay model when present.
     schema_world_model: Any = None
+    # The environment's hidden state (synthetic: eval.optimal.SyntheticTruth). Only upper bounds
+    # (the ``optimal`` gate) and measurements (decision regret) may read it, never an oracle under test.
+    ground_truth: Any = None
 
 
 class BenchMarket(Protocol):
@@ -83,7 +86,7 @@ class SyntheticBenchMarket:
 
     name = "synthetic"
 
-    def __init__(self, n: int, seed: int, *, event_rate: float = 0.0, budget: int | None = None,
+    def __init__(self, n: int, seed: int, *, event_rate: float = 0.0, budget: float | None = None,
                  budget_scale: float = 1.0, relevant_price_scale: float = 1.0) -> None:
         from eval.synthetic import SIMULATED_LABEL, generate_tasks
 
@@ -94,8 +97,6 @@ class SyntheticBenchMarket:
         if relevant_price_scale != 1.0:
             tasks = [scale_relevant_prices(t, relevant_price_scale) for t in tasks]
         self._tasks = tasks
-        self._solvable: dict[str, bool] = {}
-        self._lock = threading.Lock()
 
     def tasks(self) -> Sequence[Any]:
         return self._tasks
@@ -103,15 +104,14 @@ class SyntheticBenchMarket:
     def task_id(self, task: Any) -> str:
         return str(task.task_id)
 
-    def solvable(self, task: Any) -> bool:
-        from eval.synthetic import optimal_plan
+    def solvable(self, task: Any, seed: int) -> bool:
+        """OR's denominator: can a policy that knows every call's outcome solve this episode in budget?"""
+        from eval.synthetic import clairvoyant_plan
 
-        with self._lock:
-            if task.task_id not in self._solvable:
-                self._solvable[task.task_id] = bool(optimal_plan(task).solvable)
-            return self._solvable[task.task_id]
+        return clairvoyant_plan(task, seed).solvable
 
     def episode(self, task: Any, seed: int) -> EpisodeEnv:
+        from eval.optimal import SyntheticTruth
         from eval.synthetic import ENVIRONMENT_LABEL, SyntheticEnvironment, judge
 
         env = SyntheticEnvironment(task, seed)
@@ -160,8 +160,9 @@ class SyntheticBenchMarket:
             market=task.market(),
             tools=[make_tool(s) for s in task.tools],
             view=view,
-            solvable=self.solvable(task),
+            solvable=self.solvable(task, seed),
             judge=lambda answer: float(judge(env.truth, bool(answer))),
             environment=ENVIRONMENT_LABEL,
             market_now=market_now if task.events else None,
+            ground_truth=SyntheticTruth(task, env, lock),
         )

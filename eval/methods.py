@@ -1,73 +1,62 @@
-"""The methods the benchmark compares, by name. Each builds a fresh oracle per episode.
+"""The one registry of benchmark methods, by name.
 
-A method is a :class:`MethodSpec`: a name, whether the guard's hard gate is on, and a
-factory ``build(ctx) -> Oracle``. Later modules add themselves with :func:`register`.
+Built-in methods come from the modules that define them (:mod:`eval.baseline_methods`,
+:mod:`eval.oracle_methods`, :mod:`eval.optimal`), each a tuple ``METHODS`` of
+:class:`~eval.method_spec.MethodSpec`. Other packages add methods through the entry-point
+group ``intent.methods`` (each entry point names a ``MethodSpec`` or an iterable of them)::
+
+    [project.entry-points."intent.methods"]
+    my-oracle = "my_package.bench:METHODS"
+
+or, in-process, with :func:`register`. A name is taken once: a plugin cannot silently replace
+a built-in method.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+import threading
+from collections.abc import Iterable
+from importlib.metadata import entry_points
 
-from intent.oracle import Oracle
+from eval import baseline_methods, optimal, oracle_methods
+from eval.method_spec import SYSTEM_PROMPT, EpisodeLoop, MethodContext, MethodSpec
 
-__all__ = ["MethodContext", "MethodSpec", "available_methods", "get_method", "register"]
+__all__ = ["SYSTEM_PROMPT", "EpisodeLoop", "MethodContext", "MethodSpec", "available_methods", "get_method",
+           "register"]
 
+ENTRY_POINT_GROUP = "intent.methods"
 
-@dataclass(frozen=True)
-class MethodContext:
-    """What a method may use to build its oracle for one episode."""
-
-    env: Any  # eval.markets.EpisodeEnv
-    seed: int
-    options: dict[str, Any] = field(default_factory=dict)
-    model: Any = None  # the agent's chat model (a verifier or policy may reuse it)
-    simulated_agent: bool = True
-    resources: Any = None  # eval.oracle_methods.OracleResources: logs and oracle models, built lazily
+_REGISTRY: dict[str, MethodSpec] = {}
+_lock = threading.Lock()
+_plugins_loaded = False
 
 
-# A custom episode loop (e.g. DFSDT's search): (env, model, guard, episode_id) ->
-# (final message list, answer or None, extra diagnostics). It must go through the guard.
-EpisodeLoop = Callable[[Any, Any, Any, str], tuple[list[Any], "str | None", dict[str, Any]]]
+def register(spec: MethodSpec, *, replace: bool = False) -> None:
+    """Add a method. ``replace=True`` is needed to swap out one that is already registered."""
+    if not isinstance(spec, MethodSpec):
+        raise TypeError(f"register() takes a MethodSpec, got {type(spec).__name__}")
+    with _lock:
+        if spec.name in _REGISTRY and not replace and _REGISTRY[spec.name] is not spec:
+            raise ValueError(f"method {spec.name!r} is already registered; pass replace=True to replace it")
+        _REGISTRY[spec.name] = spec
 
 
-@dataclass(frozen=True)
-class MethodSpec:
-    name: str
-    enforce: bool
-    build: Callable[[MethodContext], Oracle]
-    description: str = ""
-    episode: EpisodeLoop | None = None
+def _register_all(specs: Iterable[MethodSpec]) -> None:
+    for spec in specs:
+        register(spec)
 
 
-def _raw(ctx: MethodContext) -> Oracle:
-    from baselines.raw import RawOracle
-
-    return RawOracle()
+_register_all((*baseline_methods.METHODS, *oracle_methods.METHODS, *optimal.METHODS))
 
 
-def _prompt(ctx: MethodContext) -> Oracle:
-    from baselines.prompt import PromptOracle
-
-    return PromptOracle()
-
-
-def _tracker(ctx: MethodContext) -> Oracle:
-    from baselines.prompt import PromptOracle
-
-    return PromptOracle()
-
-
-_REGISTRY: dict[str, MethodSpec] = {
-    "raw": MethodSpec("raw", False, _raw, "no cost information, no gate (soft)"),
-    "prompt": MethodSpec("prompt", False, _prompt, "prices and budget status in the prompt, no gate (soft)"),
-    "tracker": MethodSpec("tracker", True, _tracker, "Prompt with the guard's hard gate on (production tracker)"),
-}
-
-
-def register(spec: MethodSpec) -> None:
-    _REGISTRY[spec.name] = spec
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        loaded = ep.load()
+        _register_all([loaded] if isinstance(loaded, MethodSpec) else loaded)
 
 
 def available_methods() -> list[str]:
@@ -81,15 +70,3 @@ def get_method(name: str) -> MethodSpec:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(sorted(_REGISTRY))}") from None
-
-
-def _load_plugins() -> None:
-    """Modules that define more methods register them on import."""
-    import importlib
-
-    for module in ("baselines.registry", "eval.oracle_methods"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name not in (module, module.rsplit(".", 1)[0]):
-                raise

@@ -4,10 +4,19 @@ Per method, over its episodes:
 
 * **PR** pass rate: mean of ``passed * 1[cost <= B]`` x 100 (a solution must be feasible; a
   judge's Unsure counts 0.5). Missing answers count as failures.
-* **OR** budget-optimal pass rate: tasks solved (as in PR) *among the tasks that are solvable
-  under the budget*, divided by the number of solvable tasks, x 100. Only defined where the
-  market knows solvability (synthetic: exact search; otherwise ``None``). Counting only solved
-  tasks that are solvable keeps OR <= 100 even when an agent gets lucky on an unsolvable task.
+* **OR** budget-optimal pass rate (the INTENT paper's definition): tasks solved (as in PR)
+  *among the tasks that are solvable under the same budget*, divided by the number of solvable
+  tasks, x 100. Synthetic market: an episode is solvable when a policy that knows every call's
+  realised outcome can solve it within budget (exact, :func:`eval.synthetic.clairvoyant_plan`),
+  so a clairvoyant agent scores 100. StableToolBench: the paper's exhaustive search (see
+  ``eval.stabletoolbench``). ``None`` where solvability is unknown. Counting only solved tasks
+  that are solvable keeps OR <= 100.
+* **decision_regret** (synthetic market, enforcing methods): per gate decision, the optimal
+  success probability ``V*(needs left, budget left)`` minus the value of the decision taken
+  (exact DP, :mod:`eval.optimal`), averaged per episode, then over episodes. 0 for ``optimal``.
+  The agent-independent measure of an oracle.
+* A **crashed** episode (an exception in the harness, agent or oracle) counts as failed and
+  infeasible, and is listed by task id under ``crashed``.
 * **WR** win rate against a named reference method, x 100: a task is a win when the method's
   score is higher than the reference's on the same task and seed, or both pass equally and the
   method spent less. Two failures are a tie, never a win (as in StableToolBench's SoWR, which
@@ -60,6 +69,7 @@ def compute_metrics(
                 continue
             compared += 1
             wins += r.score > ref.score or (r.score == ref.score > 0 and r.cost < ref.cost)
+        regrets = [r.extra["decision_regret"] for r in rs if r.extra.get("decision_regret") is not None]
         latencies = [r.wall_s for r in rs]
         decisions = [d for r in rs for d in r.decision_ms]
         out[method] = {
@@ -82,7 +92,12 @@ def compute_metrics(
             "decision_ms_p95": round(_quantile(decisions, 0.95), 4) if decisions else None,
             "overspend_tasks": sum(not r.feasible for r in rs),
             **_oracle_stats(rs, len(decisions)),
-            "episode_errors": sum(bool(r.error) for r in rs),
+            "opened_with_rejection": _pct(sum(bool(r.extra.get("opened_with_rejection")) for r in rs) / n) if n else None,
+            "decision_regret": round(statistics.fmean(regrets), 5) if regrets else None,
+            "proposed_calls": sum(r.proposed_calls for r in rs),
+            "answered_calls": sum(r.answered_calls for r in rs),
+            "episode_errors": sum(r.crashed for r in rs),
+            "crashed": sorted(r.task_id for r in rs if r.crashed),
         }
     base = out.get(ratio_base)
     for m in out.values():

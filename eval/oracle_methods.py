@@ -27,13 +27,13 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from eval.methods import MethodContext, MethodSpec, register
+from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec
 from intent.logs import JsonlLogSink, read_log
 from intent.oracle import Oracle
 from intent.oracles import IntentOracle, MCOOracle
 from intent.policy import AgentPolicy
 
-__all__ = ["OracleResources"]
+__all__ = ["METHODS", "OracleResources"]
 
 TRAIN_SEED_OFFSET = 10007
 
@@ -41,9 +41,13 @@ TRAIN_SEED_OFFSET = 10007
 class OracleResources:
     """Lazily collects the training logs and builds the oracle models, once per run."""
 
-    def __init__(self, config: Any, *, agent_factory: Any) -> None:
+    def __init__(self, config: Any, *, agent_factory: Any, collect: Any = None) -> None:
+        # ``collect(config, out_dir, agent_seed, sink)`` runs the Prompt agent over a market built
+        # from ``config`` and writes its guard logs to ``sink``: the runner passes its own episode
+        # loop, so that this module does not import the runner (imports point down).
         self.config = config
         self.agent_factory = agent_factory
+        self.collect = collect
         self._lock = threading.RLock()  # held while building, so each model is built once
         self._records: list[Any] | None = None
         self._cache: dict[Any, Any] = {}
@@ -71,9 +75,9 @@ class OracleResources:
         out = Path(self.config.out) / "oracle_data"
         logs, done = out / "logs.jsonl", out / "COMPLETE"
         if not done.exists():
-            from eval.methods import get_method
-            from eval.runner import build_market, run_episode
-
+            if self.collect is None:
+                raise ValueError("OracleResources needs oracle logs: pass options['oracle_logs'] (a guard log "
+                                 "JSONL) or collect= (eval.runner passes its episode loop)")
             out.mkdir(parents=True, exist_ok=True)
             logs.unlink(missing_ok=True)  # an interrupted collection restarts cleanly
             agent_seed = self.config.seed + TRAIN_SEED_OFFSET
@@ -82,11 +86,7 @@ class OracleResources:
             else:
                 n_train = int(self.config.options.get("oracle_train_tasks", max(50, self.config.tasks)))
                 train_cfg = _replace(self.config, tasks=n_train, seed=agent_seed, out=str(out))
-            market = build_market(train_cfg)
-            sink = JsonlLogSink(logs)
-            spec = get_method("prompt")
-            for task in market.tasks():
-                run_episode(spec, market.episode(task, agent_seed), agent_seed, self.agent_factory, log_sink=sink)
+            self.collect(train_cfg, agent_seed, JsonlLogSink(logs))
             done.write_text("ok\n")
         return list(read_log(logs))
 
@@ -169,17 +169,33 @@ def _replace(config: Any, **changes: Any) -> Any:
 
 
 def _policy(ctx: MethodContext) -> AgentPolicy:
-    from eval.runner import SYSTEM_PROMPT
-
     return AgentPolicy(ctx.model, ctx.env.tools, system_prompt=SYSTEM_PROMPT)
 
 
 def _world_model(ctx: MethodContext, key: str, fold: int | None) -> Any:
-    """The market's schema world model when it has one (StableToolBench), else the replay model."""
-    schema = getattr(ctx.env, "schema_world_model", None)
-    if schema is not None and ctx.options.get("world_model", "schema") == "schema":
+    """The oracle's world model: by default the replay model built from other tasks' logs
+    (on StableToolBench, the other query fold's); ``options["world_model"] == "schema"`` asks for
+    the environment's own simulator instead, an upper bound that leaks the environment.
+
+    The choice is recorded as ``ctx.resources.world_model_label`` for results.json.
+    """
+    choice = ctx.options.get("world_model", "replay")
+    if choice not in ("replay", "schema"):
+        raise ValueError(f"options['world_model'] (--world-model) is {choice!r}; choose 'replay' (default: built "
+                         "from other tasks' logs) or 'schema' (the environment's simulator, an upper bound)")
+    res = ctx.resources
+    if choice == "schema":
+        schema = getattr(ctx.env, "schema_world_model", None)
+        if schema is None:
+            raise ValueError(f"--world-model schema: the {ctx.env.environment!r} environment has no simulator to "
+                             "use as a world model (only StableToolBench's schema environment has one); drop "
+                             "--world-model or use --world-model replay")
+        res.world_model_label = schema.label
         return schema
-    model = ctx.resources.get(key, fold)
+    res.world_model_label = ("world model = replay of logged observations from other queries (cross-fitted by "
+                             "query fold)" if res.cross_fit else
+                             "world model = replay of logged observations from a separate task set")
+    model = res.get(key, fold)
     fork = getattr(model, "fork", None)  # one random stream per episode: runs reproduce exactly
     return fork(zlib.crc32(f"{ctx.seed}:{ctx.env.task_id}".encode())) if callable(fork) else model
 
@@ -202,8 +218,11 @@ def _intent(predictor: str = "predictor", **switches: Any):  # noqa: ANN202
     return build
 
 
-register(MethodSpec("mco", True, _mco, "MCO: one stochastic rollout (replay world model, T=1.0)"))
-register(MethodSpec("intent", True, _intent(), "INTENT: ideal-trajectory rollout, calibrated predictor, gamma 0.5"))
+_MAIN = (
+    MethodSpec("mco", True, _mco, "MCO: one stochastic rollout (replay world model, T=1.0)", needs_oracle_logs=True),
+    MethodSpec("intent", True, _intent(), "INTENT: ideal-trajectory rollout, calibrated predictor, gamma 0.5",
+               needs_oracle_logs=True),
+)
 _ABLATIONS = {
     "intent-optimistic": ("optimistic", {}, "predictor Optimistic (p = 1)"),
     "intent-uncalibrated": ("predictor_uncalibrated", {}, "predictor Uncalibrated (no temperature scaling)"),
@@ -215,5 +234,7 @@ _ABLATIONS = {
     "intent-no-last-call-cache": ("predictor", {"last_call_cache": False}, "without the last-call cache"),
     "intent-no-blacklist": ("predictor", {"blacklist": False}, "without the blacklist"),
 }
-for _name, (_pred, _switches, _desc) in _ABLATIONS.items():
-    register(MethodSpec(_name, True, _intent(_pred, **_switches), f"INTENT ablation: {_desc}"))
+METHODS: tuple[MethodSpec, ...] = (*_MAIN, *(
+    MethodSpec(name, True, _intent(pred, **switches), f"INTENT ablation: {desc}", needs_oracle_logs=True)
+    for name, (pred, switches, desc) in _ABLATIONS.items()
+))

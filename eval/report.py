@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = (
-    ("PR", "PR"), ("OR", "OR"), ("WR", "WR"), ("FR", "FR"), ("AC", "AC"), ("AP", "AP"),
+    ("PR", "PR"), ("decision_regret", "Regret"), ("OR", "OR"), ("WR", "WR"), ("FR", "FR"), ("AC", "AC"), ("AP", "AP"),
     ("time_ratio", "Time×"), ("latency_ratio", "Lat.×"), ("token_ratio", "Tok.×"), ("n", "n"),
 )
 
@@ -35,6 +35,12 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
         f"- market: {cfg['market_label']}",
         f"- agent: {cfg['agent_label']}",
         f"- judge: {cfg['judge']}",
+        f"- world model (MCO/INTENT): {cfg.get('world_model')}; oracle models: {cfg.get('oracle_models')}",
+        *([f"- agent's needs: {cfg['agent_needs']}"] if cfg.get("agent_needs") else []),
+        *([f"- upper bounds (read the ground truth; not deployable): {', '.join(cfg['upper_bounds'])}"]
+          if cfg.get("upper_bounds") else []),
+        "- Regret: decision regret (exact DP; synthetic market, enforcing methods); collecting the oracle logs took "
+        f"{cfg.get('oracle_data_collection_s', 0.0):.1f} s, not in any Time×",
         f"- WR reference: {cfg['reference']}; Time/Lat./Tok. are ratios to `raw` measured in this run",
         "- PR, OR, WR, FR in percent; AC = average cost per task; AP = average price per executed call",
         "",

@@ -14,9 +14,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from intent.ledger import BUDGET_EPS
+
 __all__ = ["EpisodeResult", "ResultStore", "ResultsFormatError"]
 
-RESULT_SCHEMA = 1
+RESULT_SCHEMA = 2  # 2: proposed_calls, answered_calls; a crashed episode is infeasible
 
 
 class ResultsFormatError(ValueError):
@@ -37,6 +39,8 @@ class EpisodeResult:
     budget: float = 0.0
     cost: float = 0.0
     n_calls: int = 0  # executed (charged) calls
+    proposed_calls: int = 0  # tool calls the model proposed (the runner checks each got one answer)
+    answered_calls: int = 0
     price_sum: float = 0.0  # sum of the prices of executed calls (for AP)
     n_rejected: int = 0
     n_invalid: int = 0
@@ -50,8 +54,13 @@ class EpisodeResult:
     schema: int = RESULT_SCHEMA
 
     @property
+    def crashed(self) -> bool:
+        return bool(self.error)
+
+    @property
     def feasible(self) -> bool:
-        return self.cost <= self.budget + 1e-9
+        # A crashed episode's spend is unknown: it cannot count as within budget.
+        return not self.crashed and self.cost <= self.budget + BUDGET_EPS
 
     @property
     def score(self) -> float:

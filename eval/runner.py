@@ -23,15 +23,20 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
 from eval.markets import BenchMarket, EpisodeEnv
-from eval.methods import MethodContext, MethodSpec, get_method
+from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec
+from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
 from intent.guard import LEDGER_KEY, BudgetGuard
 from intent.logs import FanoutLogSink, JsonlLogSink, LogSink, MemoryLogSink
 
-__all__ = ["BenchConfig", "run_benchmark", "run_episode"]
+__all__ = ["SYSTEM_PROMPT", "BenchConfig", "HarnessError", "run_benchmark", "run_episode"]
 
 AgentFactory = Callable[[EpisodeEnv, int], Any]
-SYSTEM_PROMPT = "You are a tool-using assistant. Answer the user's question using the tools."
+
+
+class HarnessError(RuntimeError):
+    """The benchmark itself went wrong (e.g. a proposed tool call got no answer): the run stops,
+    because every number it would print is suspect."""
 
 
 def _is_simulated(model: Any) -> bool:
@@ -49,7 +54,7 @@ class BenchConfig:
     workers: int = 2
     seed: int = 0
     out: str = "runs/bench"
-    reference: str = "prompt"
+    reference: str | None = None  # None: prompt when it is among the methods, else the first method
     event_rate: float = 0.0
     budget: float | None = None
     budget_scale: float = 1.0
@@ -86,6 +91,13 @@ def run_episode(
     model = agent_factory(env, seed)
     oracle = spec.build(MethodContext(env=env, seed=seed, options=dict(options or {}), model=model,
                                       simulated_agent=_is_simulated(model), resources=resources))
+    audit = None
+    if spec.enforce and env.ground_truth is not None:
+        # Exact decision regret beside the oracle under test (synthetic market only); the audit
+        # reads the ground truth after each decision and never changes one.
+        from eval.optimal import DecisionAudit
+
+        oracle = audit = DecisionAudit(oracle, env.ground_truth)
     # The benchmark's agents see a failed tool as an error message (money spent is spent).
     guard = BudgetGuard(oracle, env.market, env.budget, enforce=spec.enforce, tool_errors="message",
                         log_sink=FanoutLogSink([records, log_sink]) if log_sink else records)
@@ -113,10 +125,19 @@ def run_episode(
             last = messages[-1] if messages else None
             answer = str(last.content) if isinstance(last, AIMessage) and not last.tool_calls else None
             ledger = guard.ledger(out)
-    except Exception as exc:  # noqa: BLE001 - one broken episode must not stop the run
+            extra["proposed_calls"], extra["answered_calls"] = _calls_and_answers(messages)
+    except Exception as exc:  # noqa: BLE001 - a crashed episode is recorded, counted as failed and listed
         result.error = f"{type(exc).__name__}: {exc}"
         result.wall_s = time.perf_counter() - started
         return result
+    if "proposed_calls" not in extra or "answered_calls" not in extra:
+        raise HarnessError(f"method {spec.name!r}: its episode loop must report proposed_calls and answered_calls")
+    result.proposed_calls = int(extra.pop("proposed_calls"))
+    result.answered_calls = int(extra.pop("answered_calls"))
+    if result.proposed_calls != result.answered_calls:
+        raise HarnessError(f"{episode_id}: {result.proposed_calls} tool calls proposed but {result.answered_calls} "
+                           "answered; every proposed call must get exactly one ToolMessage (an agent reusing call "
+                           "ids, or a middleware dropping answers?)")
     result.wall_s = time.perf_counter() - started
     result.answered = bool(answer)
     result.passed = env.judge(answer)
@@ -128,6 +149,10 @@ def run_episode(
     result.n_rejected = sum(r.decision == "reject" for r in records.records)
     result.n_invalid = sum(r.decision == "invalid" for r in records.records)
     result.oracle_errors = sum(r.reason == "oracle_error" for r in records.records)
+    decisions = [r.decision for r in records.records if r.decision in ("accept", "reject")]
+    # Whether the episode's first gate decision was a refusal (BTP's plan must be in force from
+    # the first model call, so its first proposal should rarely be refused).
+    extra["opened_with_rejection"] = bool(decisions) and decisions[0] == "reject"
     result.decision_ms = [round(r.decision_ms, 4) for r in records.records if r.decision in ("accept", "reject")]
     result.agent_tokens = int(extra.pop("agent_tokens", 0)) or sum(
         (m.usage_metadata or {}).get("total_tokens", 0) for m in messages if isinstance(m, AIMessage))
@@ -138,10 +163,28 @@ def run_episode(
     for rec in records.records:
         for key, value in rec.oracle_usage.items():
             usage_sums[key] = usage_sums.get(key, 0.0) + float(value)
+    if audit is not None:
+        extra["decision_regret"] = (sum(audit.regrets) / len(audit.regrets)) if audit.regrets else None
+        extra["decisions_audited"] = len(audit.regrets)
     result.extra = {"tool_messages": sum(isinstance(m, ToolMessage) for m in messages),
                     "oracle_usage": usage_sums, **({"judge_runs": judge_runs} if judge_runs else {}),
                     "environment": env.environment, **extra}
     return result
+
+
+def _calls_and_answers(messages: Sequence[Any]) -> tuple[int, int]:
+    """Tool calls the model proposed, and those of them answered by exactly one ToolMessage after
+    the message that proposed them (an id reused by a later message is a new call)."""
+    proposed = answered = 0
+    open_calls: set[str] = set()
+    for m in messages:
+        if isinstance(m, AIMessage):
+            open_calls = {c["id"] for c in m.tool_calls}
+            proposed += len(m.tool_calls)
+        elif isinstance(m, ToolMessage) and m.tool_call_id in open_calls:
+            open_calls.discard(m.tool_call_id)  # a second answer to the same call does not count
+            answered += 1
+    return proposed, answered
 
 
 def sim_agent_factory(config: dict[str, Any] | None = None) -> AgentFactory:
@@ -160,7 +203,7 @@ def build_market(config: BenchConfig) -> BenchMarket:
         from eval.markets import SyntheticBenchMarket
 
         return SyntheticBenchMarket(config.tasks, config.seed, event_rate=config.event_rate,
-                                    budget=int(config.budget) if config.budget else None,
+                                    budget=config.budget,
                                     budget_scale=config.budget_scale,
                                     relevant_price_scale=config.relevant_price_scale)
     if config.market == "stabletoolbench":
@@ -177,10 +220,21 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
         raise ValueError(f"--tasks must be >= 1, got {config.tasks}")
     if config.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {config.workers}")
+    if config.budget is not None and not (isinstance(config.budget, (int, float)) and 0 < config.budget < float("inf")):
+        raise ValueError(f"--budget must be a number > 0, got {config.budget!r}; leave it out to use each task's "
+                         "own budget")
+    if not config.methods:
+        raise ValueError("--methods is empty; name at least one method, e.g. --methods raw,prompt")
     specs = [get_method(m) for m in config.methods]
     if config.reference and config.reference not in config.methods:
-        raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}")
+        raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}; "
+                         "leave it out to use prompt (when listed) or the first method")
     return specs
+
+
+def default_reference(methods: Sequence[str]) -> str:
+    """WR's reference when none is named: Prompt when it runs, else the first method."""
+    return "prompt" if "prompt" in methods else methods[0]
 
 
 def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = None,
@@ -191,6 +245,10 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     from eval.report import write_reports
 
     specs = validate(config)
+    if not config.reference:
+        from dataclasses import replace
+
+        config = replace(config, reference=default_reference(list(config.methods)))
     if agent_factory is None:
         if config.agent != "sim":
             from eval.agents.chat import chat_agent_factory
@@ -202,9 +260,22 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, config)
+    if config.market == "stabletoolbench" and config.options.get("solvability", True):
+        # OR's denominator, the paper's procedure: an exhaustive DFSDT search per query (cached in
+        # OUT/solvability.json); it must exist before any episode records its ``solvable``.
+        from eval.stabletoolbench.solvability import ensure_solvability
+
+        ensure_solvability(market, agent_factory, seed=config.seed, agent_label=_agent_label(config.agent),
+                           workers=config.workers, progress=progress)
     from eval.oracle_methods import OracleResources
 
-    resources = OracleResources(config, agent_factory=agent_factory)
+    def collect(train_cfg: BenchConfig, agent_seed: int, sink: LogSink) -> None:
+        train_market = build_market(train_cfg)
+        prompt = get_method("prompt")
+        for task in train_market.tasks():
+            run_episode(prompt, train_market.episode(task, agent_seed), agent_seed, agent_factory, log_sink=sink)
+
+    resources = OracleResources(config, agent_factory=agent_factory, collect=collect)
     store = ResultStore(out / "episodes.jsonl")
     done = store.done()
     logs = JsonlLogSink(out / "logs.jsonl")
@@ -221,6 +292,12 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
         todo = [t for t in tasks if (spec.name, market.task_id(t), config.seed) not in done]
         if not todo:
             continue
+        if spec.needs_oracle_logs and "oracle_data_collection" not in timing:
+            # Collecting the oracle's training logs is timed on its own, not charged to the first
+            # method that happens to need them.
+            collect_started = time.perf_counter()
+            resources.records()
+            timing["oracle_data_collection"] = time.perf_counter() - collect_started
         started = time.perf_counter()
         bar = tqdm(total=len(todo), desc=f"{spec.name:>8}", disable=None if progress else True, leave=False)
         def job(task: Any, spec: MethodSpec = spec) -> None:
@@ -237,13 +314,23 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
         bar.close()
         timing[spec.name] = timing.get(spec.name, 0.0) + (time.perf_counter() - started)
         _atomic_write(timing_path, json.dumps(timing, indent=2))
-    results = [r for r in store.load() if r.seed == config.seed and r.method in config.methods]
+    latest: dict[tuple[str, str], EpisodeResult] = {}
+    for r in store.load():  # a crashed episode re-run on resume: its latest result counts
+        if r.seed == config.seed and r.method in config.methods:
+            latest[(r.method, r.task_id)] = r
+    results = list(latest.values())
     metrics = compute_metrics(results, reference=config.reference, e2e_seconds=timing)
     summary = {
         "config": {**asdict(config), "methods": list(config.methods), "market_label": market.label,
                    "agent_label": _agent_label(config.agent), "judge": _judge_label(config),
                    "workers": config.workers, "oracle_notes": sorted(set(resources.notes)),
-                   "oracle_models": "cross-fitted (2 folds)" if resources.cross_fit else "built from other tasks"},
+                   "oracle_models": "cross-fitted (2 folds)" if resources.cross_fit else "built from other tasks",
+                   "world_model": getattr(resources, "world_model_label", "replay of the oracle logs"),
+                   "oracle_data_collection_s": round(timing.get("oracle_data_collection", 0.0), 3),
+                   "upper_bounds": [s.name for s in specs if s.upper_bound],
+                   **({"agent_needs": market.need_inference_label,
+                       "agent_need_recall": getattr(market, "need_recall", None)}
+                      if getattr(market, "need_inference_label", None) else {})},
         "methods": {m: metrics[m] for m in config.methods if m in metrics},
         "groups": group_pass_rates(results),
     }

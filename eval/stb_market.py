@@ -10,8 +10,15 @@
 * judge: the deterministic **proxy** pass rate (an answer is given and every relevant API
   returned a success), reported as "proxy", never as SoPR.
 
-The simulated agent knows a query's needs as the relevant APIs (what a capable model reads off
-the query) and succeeds on a result whose ``error`` is empty.
+The simulated agent infers what it needs from the query text alone (:mod:`eval.stabletoolbench.needs`:
+retrieval scores between the query's clauses and its retrieved APIs); the answer key
+(``relevant APIs``) is read only by the judge, the recall report and the price-robustness
+study. Its need recall against the answer key is in ``OUT/retrieval.json``. It succeeds on a
+result whose ``error`` is empty.
+
+OR's denominator comes from ``OUT/solvability.json`` when an exhaustive DFSDT search was run
+for this configuration (:mod:`eval.stabletoolbench.solvability`); otherwise ``solvable`` is
+None and OR is not reported.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ class StableToolBenchMarket:
             retrieve,
             write_prices,
         )
+        from eval.stabletoolbench.needs import NeedInference, need_recall, summarize
+        from eval.stabletoolbench.solvability import load_solvable
 
         queries = load_queries(root, groups)
         if limit is not None and limit < len(queries):
@@ -60,13 +69,30 @@ class StableToolBenchMarket:
         self.pool = api_pool(load_queries(root))  # the pool is always all 2,479 APIs
         embedder = self._embedder(retriever)
         self.retrieval = retrieve(queries, self.pool, embedder, k=20, progress=progress)
+        # The agent's needs, from the query text and the retrieved APIs only (never the answer key).
+        self.need_inference = NeedInference(embedder)
+        inferred = self.need_inference.infer_many([(q.query, self.retrieval.retrieved_apis[q.query_id])
+                                                   for q in queries])
+        self.needs = {q.query_id: needs for q, needs in zip(queries, inferred)}
+        # Reporting only: how well those needs match the answer key.
+        per_query = {str(q.query_id): need_recall((n.api.function_name for n in self.needs[q.query_id]),
+                                                  q.relevant_function_names) for q in queries}
+        needs_report = summarize(per_query, {str(q.query_id): q.group for q in queries})
+        self.need_recall = needs_report["need_recall"]
         prices = assign_prices(self.pool, seed)
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
+        self.out = out
         write_prices(out / "prices.json", prices, price_meta(seed, budget=int(budget)))
-        (out / "retrieval.json").write_text(json.dumps({k: v for k, v in self.retrieval.to_dict().items()
-                                                        if k != "retrieved"}, indent=2))
+        report = {k: v for k, v in self.retrieval.to_dict().items() if k != "retrieved"}
+        report["agent_needs"] = {
+            "label": "needs inferred by the simulated agent from the query text (scored against the answer key "
+                     "here only)", "min_score": self.need_inference.min_score,
+            "query_weight": self.need_inference.query_weight, **needs_report,
+            "per_query": {qid: {"recall": r, "precision": p} for qid, (r, p) in per_query.items()}}
+        (out / "retrieval.json").write_text(json.dumps(report, indent=2))
         self.prices = prices
+        self.seed, self.retriever = seed, retriever
         self.sopr = sopr  # an eval.judges.SoPRJudge, or None for the proxy judge
         self.budget = budget * budget_scale
         self.relevant_price_scale = relevant_price_scale
@@ -82,6 +108,11 @@ class StableToolBenchMarket:
             check_endpoint(str(env_url))
         elif environment == "server":
             _check_reachable(str(env_url))
+        self.need_inference_label = (
+            f"agent's needs inferred from the query text by {embedder_name(retriever)} scores against the retrieved "
+            f"APIs (need recall {self.need_recall:.3f} of the answer key, which only the judge reads)")
+        # OR's denominator, when an exhaustive search was run for exactly this configuration.
+        self.solvable_table: dict[str, bool] = load_solvable(out, self)
         self.label = (f"cost-augmented StableToolBench ({len(queries)} queries, 20 retrieved APIs by {embedder_name(retriever)}"
                       f" with recall@20 {self.retrieval.recall_at_k:.3f}, prices U{{5..50}} seed {seed}, budget "
                       f"{self.budget:g}; {environment}-environment responses"
@@ -164,21 +195,50 @@ class StableToolBenchMarket:
             return StructuredTool.from_function(run, name=fn["name"], description=fn["description"][:1024],
                                                 args_schema=schema, response_format="content_and_artifact")
 
-        needs = []
-        for i, api in enumerate(a for a in task.api_list if a.function_name in relevant):
-            args = {p.schema_name: (p.default if str(p.default) else _placeholder(p)) for p in api.required}
-            providers = (api.function_name,) if api.function_name in market else ()
-            needs.append(NeedView(f"r{i}", f"result of {api.api_name} ({api.tool_name})", args, providers))
-        view = TaskView(task_id=self.task_id(task), query=task.query, needs=tuple(needs),
-                        covers={n.providers[0]: frozenset({n.id}) for n in needs if n.providers},
-                        tiers={}, reading="envelope")
         return EpisodeEnv(
             task_id=self.task_id(task), group=task.group, query=task.query, budget=self.budget, market=market,
-            tools=[make_tool(a) for a in _unique(apis)], view=view, solvable=None,
+            tools=[make_tool(a) for a in _unique(apis)], view=self.view(task, market),
+            solvable=self.solvable_table.get(self.task_id(task)),
             judge=self._judge(task.query, relevant, successes, details),
             environment=getattr(env, "environment", self.environment_kind), relevant=frozenset(relevant),
             schema_world_model=self._schema_world_model(apis),
         )
+
+    def view(self, task: Any, market: Market) -> TaskView:
+        """What the agent knows before it starts: the query and the needs inferred from it
+        (computed in ``__init__`` from the query text and the retrieved APIs; no answer key)."""
+        needs = []
+        for i, need in enumerate(self.needs[task.query_id]):
+            api = need.api
+            args = {p.schema_name: (p.default if str(p.default) else _placeholder(p)) for p in api.required}
+            providers = (api.function_name,) if api.function_name in market else ()
+            needs.append(NeedView(f"n{i}", f"result of {api.api_name} ({api.tool_name})", args, providers))
+        return TaskView(task_id=self.task_id(task), query=task.query, needs=tuple(needs),
+                        covers={n.providers[0]: frozenset({n.id}) for n in needs if n.providers},
+                        tiers={}, reading="envelope")
+
+    def judge_path(self, task: Any, answer: str | None, messages: Sequence[Any]) -> float:
+        """The episode's judge applied to one search branch: what its own calls returned.
+
+        For OR's exhaustive search, where branches share an episode but not their evidence.
+        """
+        from langchain_core.messages import AIMessage, ToolMessage
+
+        names: dict[str, tuple[str, Any]] = {}
+        successes: set[str] = set()
+        details: list[dict[str, Any]] = []
+        for m in messages:
+            if isinstance(m, AIMessage):
+                names.update({c["id"]: (c["name"], c.get("args", {})) for c in m.tool_calls})
+            elif isinstance(m, ToolMessage) and m.tool_call_id in names:
+                name, args = names[m.tool_call_id]
+                artifact = m.artifact if isinstance(m.artifact, dict) else {}
+                if "intent_reason" in artifact:
+                    continue  # refused by the guard: never ran
+                details.append({"name": name, "arguments": args, "response": str(m.content)})
+                if artifact.get("z") == 1:
+                    successes.add(name)
+        return self._judge(task.query, set(task.relevant_function_names), successes, details)(answer)
 
     def _judge(self, query: str, relevant: set[str], successes: set[str], details: list[dict[str, Any]]) -> Any:
         from eval.stabletoolbench import proxy_pass
@@ -194,9 +254,10 @@ class StableToolBenchMarket:
         return sopr
 
     def _schema_world_model(self, apis: Sequence[Any]) -> Any:
-        from worldmodel.schema import SchemaWorldModel
+        from eval.stabletoolbench.schema_world_model import SchemaWorldModel
 
-        return SchemaWorldModel(apis)
+        # The environment's own simulator only when the episodes run against it (a leak, labelled).
+        return SchemaWorldModel(apis, leaks=self.environment_kind == "schema")
 
 
 def _check_reachable(url: str, timeout: float = 5.0) -> None:

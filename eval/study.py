@@ -23,7 +23,7 @@ from eval.runner import BenchConfig, run_benchmark
 
 __all__ = ["StudyConfig", "run_study"]
 
-MAIN_METHODS = ("raw", "prompt", "tracker", "dfsdt", "btp", "bats", "mco", "intent")
+MAIN_METHODS = ("raw", "prompt", "tracker", "dfsdt", "btp", "bats", "mco", "intent", "optimal")
 ABLATIONS = ("intent", "intent-optimistic", "intent-uncalibrated", "intent-empirical", "intent-stochastic",
              "intent-norollout", "intent-notrace", "intent-no-rollout-cache", "intent-no-last-call-cache",
              "intent-no-blacklist")
@@ -103,10 +103,12 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
                                              cfg.main_tasks, reference="prompt")}
     results["ablations"] = bench("ablations", ("raw", *ABLATIONS), cfg.sweep_tasks, reference="intent")
     if cfg.stb_tasks:
+        from eval.methods import get_method
         from eval.stabletoolbench import StbDataError
 
         try:
-            stb = BenchConfig(market="stabletoolbench", methods=["raw", *[m for m in main_methods if m != "raw"]],
+            stb_methods = ["raw", *[m for m in main_methods if m != "raw" and not get_method(m).upper_bound]]
+            stb = BenchConfig(market="stabletoolbench", methods=stb_methods,
                               agent=cfg.agent, tasks=cfg.stb_tasks, workers=cfg.workers, seed=cfg.seed,
                               out=str(out / "stabletoolbench"), reference="prompt", options=dict(cfg.options))
             results["stabletoolbench"] = run_benchmark(stb, progress=cfg.progress)
@@ -214,7 +216,7 @@ def _plots(summary: dict[str, Any], out: Path) -> None:
         plt.close(fig)
 
 
-_LABELS = {"time_ratio": "Time×", "latency_ratio": "Lat.×", "token_ratio": "Tok.×"}
+_LABELS = {"time_ratio": "Time×", "latency_ratio": "Lat.×", "token_ratio": "Tok.×", "decision_regret": "Regret"}
 
 
 def _cell(v: Any) -> str:
@@ -234,11 +236,12 @@ def _stb_section(stb: dict[str, Any] | None, cols: tuple[str, ...]) -> list[str]
     c = stb["config"]
     lines = ["## Setting (b): cost-augmented StableToolBench (Table 1 and Table 2 structure)", "",
              f"- {c['market_label']}", f"- agent: **{c['agent_label']}**; judge: **{c['judge']}**; oracle models: "
-             f"{c.get('oracle_models')}; world model for MCO/INTENT: the schema world model.",
+             f"{c.get('oracle_models')}; world model for MCO/INTENT: {c.get('world_model')}.",
+             *([f"- agent's needs: {c['agent_needs']}"] if c.get("agent_needs") else []),
              *[f"- note: {n}" for n in c.get("oracle_notes", [])],
-             "- With the schema-simulated environment every well-formed call succeeds, so with the simulated agent "
-             "this setting mostly measures budget feasibility and cost, not search quality; OR is not defined "
-             "(no budget-optimal ground truth).", "",
+             "- The simulated agent infers its needs from the query by retrieval (never from the answer key), "
+             "so it misses some; OR's denominator is the paper's exhaustive DFSDT search (width 10) with the "
+             "same agent, environment and judge (`OUT/solvability.json`).", "",
              "| method | " + " | ".join(_LABELS.get(k, k) for k in cols) + " |", "|---|" + "---:|" * len(cols)]
     for m, v in stb["methods"].items():
         lines.append(f"| {m} | " + " | ".join(_cell(v.get(k)) for k in cols) + " |")
@@ -249,10 +252,20 @@ def _stb_section(stb: dict[str, Any] | None, cols: tuple[str, ...]) -> list[str]
     return [*lines, ""]
 
 
+def _provenance(run: dict[str, Any], command: str) -> str:
+    """One line naming what produced a table: command, run directory, agent, environment, judge, models."""
+    c = run["config"]
+    return (f"Produced by `{command}` (run directory `{c['out']}`); agent: {c['agent_label']}; environment: "
+            f"{c['market_label']}; judge: {c['judge']}; world model: {c.get('world_model', 'replay of the oracle logs')}"
+            f"; oracle models: {c.get('oracle_models')}.")
+
+
 def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
     main = summary["main"]
     c = main["config"]
-    cols = ("PR", "OR", "WR", "FR", "AC", "AP", "time_ratio", "latency_ratio", "token_ratio")
+    command = ("make demo" if cfg.main_tasks <= 300 else "make study") + " (`intent bench study" + (
+        " --quick" if cfg.main_tasks <= 300 else "") + f" --workers {cfg.workers} --seed {cfg.seed} --out {cfg.out}`)"
+    cols = ("PR", "decision_regret", "OR", "WR", "FR", "AC", "AP", "time_ratio", "latency_ratio", "token_ratio")
     lines = [
         "# intent comparison study",
         "",
@@ -267,11 +280,14 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
         "logs on a separate task set (seed + 10007); the synthetic market's ground truth labels z.",
         "- **Where this differs from the paper**: the agent is a simulated behaviour model, not GPT-4.1-mini; the "
         "tools are the synthetic market's, not StableToolBench's RapidAPI; the judge is exact ground truth, not an "
-        "LLM judge; OR's denominator is an exact budget-optimal bound, not a DFSDT search; world models are "
+        "LLM judge; OR's denominator counts the episodes a policy knowing every call's realised outcome solves "
+        "within budget (exact), not a DFSDT search; world models are "
         "replayed logs, not a fine-tuned 3B LM; token counts of the simulated agent are estimates (chars/4). The "
         "paper's numbers are shown for orientation only: they measure a different agent on a different benchmark.",
         "",
         "## Main table (Table 1 structure)",
+        "",
+        _provenance(main, command),
         "",
         "| method | " + " | ".join(_LABELS.get(k, k) for k in cols)
         + " | paper PR | paper FR | paper Time× | paper Lat.× | paper Tok.× |",
@@ -282,10 +298,16 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
         lines.append(f"| {m} | " + " | ".join(_cell(v.get(k)) for k in cols)
                      + f" | {_cell(p.get('PR'))} | {_cell(p.get('FR'))} | {_cell(p.get('time_ratio'))} | "
                      f"{_cell(p.get('latency_ratio'))} | {_cell(p.get('token_ratio'))} |")
-    lines += ["", "PR, OR, WR, FR in %; AC, AP in money; Time×, Lat.×, Tok.× are ratios to Raw in the same run.", "",
+    lines += ["", "PR, OR, WR, FR in %; AC, AP in money; Time×, Lat.×, Tok.× are ratios to Raw in the same run. "
+              "Regret = decision regret: per gate decision, the exact optimal success probability minus the value of "
+              "the decision taken, averaged per episode (synthetic market; enforcing methods; 0 for `optimal`). "
+              "`optimal` is an **upper bound**: it reads the hidden success probabilities and the satisfied needs.",
+              f"Collecting the oracle models' training logs (Prompt agent, separate tasks) took "
+              f"{c.get('oracle_data_collection_s', 0.0):.1f} s, reported apart: it is not in any method's Time×.", "",
               "Per-decision cost of the gate (main run; decision latency includes the oracle's rollout):", "",
               "| method | decision ms (mean) | decision ms (p95) | rollout steps / decision | policy tokens | "
-              "world-model tokens | cache hit rate | BTP planning ms / task |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "world-model tokens (replay model: no LLM, so 0) | cache hit rate | BTP planning ms / task |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for m, v in main["methods"].items():
         if v.get("decision_ms_mean") is None:
             continue
@@ -296,6 +318,7 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
     lines += ["",
               "", *_stb_section(summary.get("stabletoolbench"), cols),
               "", "## INTENT ablations (Tables 3 and 4 structure)", "",
+              _provenance(summary["ablations"], command), "",
               "| variant | PR | FR | AC | Time× | Lat.× | Tok.× | cache hit rate | paper PR |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m, v in summary["ablations"]["methods"].items():
@@ -311,7 +334,8 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
     for sweep, runs in summary["sweeps"].items():
         xs = sorted(runs, key=float)
         methods = [m for m in runs[xs[0]]["methods"] if m != "raw"]
-        lines += ["", f"## {titles[sweep]}", "", f"![{sweep}]({sweep}.png)", "",
+        lines += ["", f"## {titles[sweep]}", "", _provenance(runs[xs[0]], command) + f" One run per {sweep} value.",
+                  "", f"![{sweep}]({sweep}.png)", "",
                   "| " + sweep + " | " + " | ".join(f"{m} PR | {m} FR | {m} AC" for m in methods) + " |",
                   "|---:|" + "---:|" * (3 * len(methods))]
         for x in xs:
@@ -326,6 +350,15 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
     for k in ("uncalibrated", "calibrated"):
         lines.append(f"| {k} | {cal[k]['NLL']:.4f} | {cal[k]['Brier']:.4f} | {cal[k]['ECE']:.4f} |")
     lines += ["", "## Checks", ""]
+    unanswered = [m for m, v in main["methods"].items() if v.get("proposed_calls") != v.get("answered_calls")]
+    lines.append("- Every proposed tool call was answered exactly once, for every method (the runner checks each "
+                 "episode)." if not unanswered else f"- **Unanswered calls**: {', '.join(unanswered)}")
+    crashed = {m: v.get("crashed") for m, v in main["methods"].items() if v.get("crashed")}
+    lines.append("- Crashed episodes (counted as failed): " + (", ".join(f"{m}: {', '.join(t)}" for m, t in
+                                                                         crashed.items()) if crashed else "none."))
+    if "btp" in main["methods"]:
+        lines.append(f"- BTP episodes whose first proposal was refused: {main['methods']['btp'].get('opened_with_rejection')}%"
+                     " (its plan is in force from the first model call).")
     enforcing = [m for m, v in main["methods"].items() if m not in ("raw", "prompt")]
     bad = [m for m in enforcing if main["methods"][m]["FR"] != 100.0]
     lines.append(f"- Enforcing methods with FR = 100 on the main run: {', '.join(m for m in enforcing if m not in bad)}"

@@ -1,23 +1,53 @@
 """Conformance checks every oracle must pass (run them in your oracle's tests).
 
 ``check_oracle(factory)`` takes a zero-argument factory returning a fresh oracle and checks:
-it returns :class:`~intent.Decision` objects; its hooks accept the documented arguments; and
-under a :class:`~intent.BudgetGuard` with adversarial proposals (parallel batches of calls
-bigger than the budget) the executed spend never exceeds the budget.
+
+1. it returns :class:`~intent.Decision` objects and its hooks accept the documented arguments;
+2. under a :class:`~intent.BudgetGuard`, through the guard's real gate and tool step, with
+   adversarial proposals (every turn proposes every tool in parallel, more than the budget):
+
+   * the money of the tool runs **counted inside the tools themselves** (runs x price, never
+     read back from the guard) never exceeds the budget;
+   * the ledger charged exactly that money (nothing unpaid, nothing paid twice), also on the
+     turns where another middleware answers a call without running it (a cache, a limit);
+   * after the episode nothing is still reserved;
+   * every proposed call got exactly one ToolMessage.
+
+The facts are observed independently of the guard's bookkeeping, so a guard that charged
+nothing, charged twice, let a call through unpaid or dropped an answer fails the check.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from intent.guard import BudgetGuard
 from intent.market import Market, PricedTool
 from intent.oracle import Decision, DecisionContext, EpisodeInfo, Outcome, Proposal
 
-__all__ = ["check_oracle"]
+__all__ = ["CountingTool", "check_oracle"]
+
+_EPS = 1e-9
+
+
+class CountingTool:
+    """A stand-in tool that counts its real executions by name (what the guard cannot fake)."""
+
+    def __init__(self, name: str, runs: Counter[str], lock: threading.Lock | None = None) -> None:
+        self.name = name
+        self.runs = runs
+        self._lock = lock or threading.Lock()
+
+    def invoke(self, tool_input: Any, config: Any = None, **_: Any) -> ToolMessage:
+        with self._lock:
+            self.runs[self.name] += 1
+        call_id = tool_input["id"] if isinstance(tool_input, dict) and "id" in tool_input else ""
+        return ToolMessage(f"{self.name} ran", tool_call_id=call_id, name=self.name)
 
 
 def check_oracle(factory: Callable[[], Any], *, budget: float = 30.0) -> None:
@@ -38,14 +68,35 @@ def check_oracle(factory: Callable[[], Any], *, budget: float = 30.0) -> None:
         if callable(fn):
             fn(*args)
 
-    # Adversarial episode: every turn proposes all three tools in parallel, 8 turns, through the
-    # guard's real gate and tool step, as the middleware drives them.
-    from intent.testing import GuardDriver
+    # Adversarial episode: every turn proposes all three tools in parallel (41 > budget when
+    # budget = 30), 8 turns, through the guard's real gate and tool step, as the middleware
+    # drives them. The tools count their own runs.
+    from intent.testing import GuardDriver, assert_each_call_answered_once
 
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+    tools = {name: CountingTool(name, runs, lock) for name in market.names}
     guard = BudgetGuard(factory(), market, budget)
-    driver = GuardDriver(guard, thread_id="conf-2", query="spend it all")
+    driver = GuardDriver(guard, thread_id="conf-2", query="spend it all", tools=tools)
+
+    def answered_elsewhere(request: Any) -> ToolMessage:
+        # Stands for a middleware inside the guard that answers without running the tool:
+        # the guard must not charge it and must give its reservation back.
+        c = request.tool_call
+        if c["name"] == "cheap":
+            return ToolMessage("served from a cache", tool_call_id=c["id"], name=c["name"])
+        return GuardDriver._run(request)
+
     for turn in range(8):
         calls = [{"name": n, "args": {"x": turn}, "id": f"t{turn}-{n}", "type": "tool_call"} for n in market.names]
-        driver.step(AIMessage("buy everything", tool_calls=calls))
+        driver.step(AIMessage("buy everything", tool_calls=calls), run_tool=answered_elsewhere if turn % 2 else None)
+        ran = sum(runs[n] * market.price(n) for n in market.names)  # the market never changes here
+        assert ran <= budget + _EPS, (
+            f"turn {turn}: the tools ran for {ran:g} ({dict(runs)}) but the budget is {budget:g}: overspent")
         spent = driver.ledger.spent
-        assert spent <= budget + 1e-9, f"oracle let the guard overspend: {spent} > {budget}"
+        assert abs(spent - ran) <= _EPS, (
+            f"turn {turn}: the tools ran for {ran:g} ({dict(runs)}) but the ledger charged {spent:g}")
+    driver.finish()
+    ledger = driver.ledger
+    assert ledger.reserved <= _EPS, f"{ledger.reserved:g} still reserved after the episode ended"
+    assert_each_call_answered_once(driver.state["messages"])

@@ -9,16 +9,53 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     ├── LedgerError (RuntimeError)        a money operation the ledger cannot do
     │   └── BudgetExceededError           a reservation that does not fit
     ├── InvalidDecisionError (TypeError)  an oracle returned something that is not a Decision
-    └── GuardConfigError (ValueError, TypeError)  a BudgetGuard built with a bad argument
+    ├── GuardConfigError (ValueError, TypeError)  a BudgetGuard built with a bad argument
+    ├── OracleUnavailableError (RuntimeError)     the model behind an oracle could not answer
+    │   ├── OracleTimeoutError (TimeoutError)           it did not answer in time
+    │   ├── ModelUnreachableError (ConnectionError)     its server is down or overloaded
+    │   └── MalformedModelOutputError (ValueError)      it answered something unreadable
+    └── ModelRequestError (ValueError)    the model server refused the request itself (HTTP 4xx)
 
 A tool's own exception is never wrapped: the guard charges the run and re-raises it
 unchanged (``tool_errors="raise"``), so retries and ``handle_tool_errors`` see what they
 would see without the guard.
+
+**Oracle failures.** Only an :class:`OracleUnavailableError` is *recoverable*: the guard (and
+the planning oracles) then apply the documented fallback (``on_oracle_error`` /
+``on_model_error``: accept a call only if it fits, or reject it) and log
+``reason="oracle_error"``. :func:`as_oracle_unavailable` decides what counts as one:
+
+* an :class:`OracleUnavailableError` (what the shipped backends raise);
+* the standard library's ``TimeoutError`` and ``ConnectionError``;
+* the timeout and connection errors of ``httpx`` and ``openai`` (and the ``openai`` client's
+  5xx / 429 errors: the server is up but cannot answer now), the clients LangChain chat models
+  and the OpenAI-compatible world model use;
+* :class:`worldmodel.ModelError`, the world-model / predictor protocol's documented failure
+  (server down, timeout, malformed reply).
+
+Everything else raised inside an oracle (a ``KeyError``, ``TypeError``, ``AttributeError`` in
+its code, a :class:`ModelRequestError` from a misconfigured model name or URL) is a bug or a
+configuration error: it propagates out of the guard unchanged, so the run fails loudly instead
+of being silently decided by the fallback.
 """
 
 from __future__ import annotations
 
-__all__ = ["GuardConfigError", "IntentError"]
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = [
+    "GuardConfigError",
+    "IntentError",
+    "MalformedModelOutputError",
+    "ModelRequestError",
+    "ModelUnreachableError",
+    "OracleTimeoutError",
+    "OracleUnavailableError",
+    "as_oracle_unavailable",
+    "model_call",
+]
 
 
 class IntentError(Exception):
@@ -27,3 +64,100 @@ class IntentError(Exception):
 
 class GuardConfigError(IntentError, ValueError, TypeError):
     """A :class:`~intent.BudgetGuard` argument is invalid; the message names it and the fix."""
+
+
+class OracleUnavailableError(IntentError, RuntimeError):
+    """The model behind an oracle (agent policy, world model, predictor) could not answer.
+
+    The only recoverable oracle failure: the guard and the planning oracles fall back as
+    documented (``on_oracle_error`` / ``on_model_error``) instead of failing the run.
+    """
+
+
+class OracleTimeoutError(OracleUnavailableError, TimeoutError):
+    """A model call behind an oracle timed out (after the backend's own retries)."""
+
+
+class ModelUnreachableError(OracleUnavailableError, ConnectionError):
+    """The model server could not be reached, dropped the connection, or answered 5xx / 429."""
+
+
+class MalformedModelOutputError(OracleUnavailableError, ValueError):
+    """A model answered, but not in the documented shape (no content, a probability outside [0, 1]...)."""
+
+
+class ModelRequestError(IntentError, ValueError):
+    """The model server refused the request itself (HTTP 4xx other than 429): a wrong model name,
+    URL or key. Never recoverable: retrying or falling back would hide the misconfiguration."""
+
+
+# Optional backends' recoverable errors, by module: (class name, typed error). Looked up in
+# sys.modules only, never imported: an exception of a module nobody imported cannot have been
+# raised, and checking must not pull httpx or openai into ``import intent``.
+_BACKEND_ERRORS: dict[str, tuple[tuple[str, type[OracleUnavailableError]], ...]] = {
+    "httpx": (
+        ("TimeoutException", OracleTimeoutError),  # connect / read / write / pool timeouts
+        ("NetworkError", ModelUnreachableError),  # connect, read, write, close errors
+        ("RemoteProtocolError", ModelUnreachableError),  # the server closed the connection mid-answer
+    ),
+    "openai": (
+        ("APITimeoutError", OracleTimeoutError),  # before APIConnectionError: it subclasses it
+        ("APIConnectionError", ModelUnreachableError),
+        ("InternalServerError", ModelUnreachableError),  # 5xx
+        ("RateLimitError", ModelUnreachableError),  # 429
+    ),
+    # The world-model / predictor protocol's failure (server down, timeout, malformed reply).
+    "worldmodel.protocols": (("ModelError", OracleUnavailableError),),
+}
+
+
+def as_oracle_unavailable(exc: BaseException, what: str = "the oracle's model") -> OracleUnavailableError | None:
+    """``exc`` as the recoverable error it is, or ``None`` if it is not recoverable (a bug).
+
+    An :class:`OracleUnavailableError` is returned as is; a recoverable error of the standard
+    library or of a backend is returned wrapped in the matching subclass (``__cause__`` is
+    ``exc``); anything else gives ``None``: the caller must re-raise it.
+    """
+    if isinstance(exc, OracleUnavailableError):
+        return exc
+    if isinstance(exc, ModelRequestError):
+        return None
+    kind: type[OracleUnavailableError] | None = None
+    if isinstance(exc, TimeoutError):
+        kind = OracleTimeoutError
+    elif isinstance(exc, ConnectionError):
+        kind = ModelUnreachableError
+    else:
+        for module_name, classes in _BACKEND_ERRORS.items():
+            module = sys.modules.get(module_name)
+            if module is None:
+                continue
+            for class_name, typed in classes:
+                cls = getattr(module, class_name, None)
+                if isinstance(cls, type) and isinstance(exc, cls):
+                    kind = typed
+                    break
+            if kind is not None:
+                break
+    if kind is None:
+        return None
+    typed_exc = kind(f"{what} failed: {type(exc).__name__}: {exc}")
+    typed_exc.__cause__ = exc
+    return typed_exc
+
+
+@contextmanager
+def model_call(what: str) -> Iterator[None]:
+    """Around a model call inside an oracle: recoverable failures leave as typed errors.
+
+    A timeout, an unreachable server or a malformed answer is re-raised as the matching
+    :class:`OracleUnavailableError` subclass (naming ``what``, chained to the original); any
+    other exception (a bug) leaves unchanged.
+    """
+    try:
+        yield
+    except Exception as exc:
+        typed = as_oracle_unavailable(exc, what)
+        if typed is None or typed is exc:
+            raise
+        raise typed from exc

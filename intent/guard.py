@@ -37,7 +37,7 @@ from langgraph.types import Command
 
 from intent import feedback as fb
 from intent.episodes import Episode, EpisodeRegistry
-from intent.errors import GuardConfigError
+from intent.errors import GuardConfigError, OracleUnavailableError, as_oracle_unavailable
 from intent.ledger import BudgetLedger, LedgerEntry
 from intent.logs import LogSink
 from intent.market import Market, UnpricedToolError, check_amount
@@ -93,9 +93,18 @@ class BudgetGuard:
 
     * ``enforce=False`` is for the soft benchmark baselines only: calls that do not fit are
       still run, and the overspend is recorded in the ledger (``overspent``) and the logs.
-    * ``on_oracle_error``: what to do when the oracle raises (a world-model server down, a
-      timeout). ``"accept_if_fits"`` accepts only a call that fits; ``"reject"`` rejects.
-      An oracle that returns something other than a :class:`Decision` raises.
+    * ``on_oracle_error``: what to do when the oracle fails in a *recoverable* way: a timeout,
+      an unreachable model server, a malformed model answer (an
+      :class:`~intent.errors.OracleUnavailableError`, or what
+      :func:`~intent.errors.as_oracle_unavailable` maps to one: ``TimeoutError``,
+      ``ConnectionError``, httpx / openai timeouts and connection errors, ``worldmodel.ModelError``).
+      ``"accept_if_fits"`` accepts only a call that fits; ``"reject"`` rejects; the decision
+      is logged with ``reason="oracle_error"``. Any other exception from the oracle (a bug in
+      its code: ``KeyError``, ``TypeError``, ...) is not a fallback case: it propagates
+      unchanged out of the gate (``invoke`` / ``ainvoke`` raise it), whatever
+      ``tool_errors`` says, and the batch being gated is left undecided (nothing of it is
+      reserved, charged or logged). An oracle that returns something other than a
+      :class:`Decision` raises :class:`~intent.oracle.InvalidDecisionError`.
     * ``tool_errors``: a tool that raises is charged (money spent is spent), then
       ``"raise"`` (default) re-raises the exception unchanged, so ToolRetryMiddleware and
       ``handle_tool_errors`` behave as without the guard; ``"message"`` answers the call
@@ -316,12 +325,17 @@ class BudgetGuard:
         out_messages: list[Any] = []
         new_entries: dict[str, LedgerEntry] = {}
         decisions: dict[str, dict[str, Any]] = {}
+        # The batch's reservations and log records, applied in order once every decision is in:
+        # an oracle that raises mid-batch (a bug, not a fallback case) leaves nothing of the
+        # batch reserved or logged, so a resumed run gates the message afresh.
+        effects: list[Callable[[], None]] = []
 
         def record(cid: str, name: str, args: Any, price: float | None, kind: Literal["reject", "invalid"],
                    reason: str, text: str, decision: Decision | None = None, decision_ms: float = 0.0) -> None:
-            self.records.refusal(ledger, episode_id=episode_id, step=step, query=query, reasoning=reasoning,
-                                 call_id=cid, tool=name, args=args, price=price, kind=kind, reason=reason, text=text,
-                                 market_version=market.version, decision=decision, decision_ms=decision_ms)
+            effects.append(lambda: self.records.refusal(
+                ledger, episode_id=episode_id, step=step, query=query, reasoning=reasoning, call_id=cid, tool=name,
+                args=args, price=price, kind=kind, reason=reason, text=text, market_version=market.version,
+                decision=decision, decision_ms=decision_ms))
 
         def refuse(key: str, cid: str, name: str, args: Any, price: float | None, kind: Literal["reject", "invalid"],
                    reason: str, text: str, decision: Decision | None = None, decision_ms: float = 0.0) -> None:
@@ -370,26 +384,33 @@ class BudgetGuard:
                        fb.unpriced_tool(name, str(exc)))
 
         batch = tuple(p.proposal for p in pending)
+        held = 0.0  # accepted earlier in this batch: reserved once the whole batch is decided
         for batch_index, item in enumerate(pending):
+            left = max(0.0, ledger.remaining - held)
             ctx = DecisionContext(
                 episode_id=episode_id, query=query, proposal=item.proposal, price=item.price, budget=ledger.budget,
-                spent=ledger.spent, remaining=ledger.remaining, market=market, step=step, history=messages,
+                spent=ledger.spent, remaining=left, market=market, step=step, history=messages,
                 batch=batch, batch_index=batch_index,
             )
             started = self._clock()
             answer = yield ctx
             decision_ms = (self._clock() - started) * 1000.0
             decision = self.check_decision(answer, ctx)
-            if decision.accept and self.enforce and not ledger.fits(item.price):
+            if decision.accept and self.enforce and not ledger.fits(held + item.price):
                 # The guard's own check: no oracle can overspend the budget.
                 decision = Decision.rejected(
-                    fb.over_budget(item.proposal.tool, item.price, ledger.remaining, ledger.budget),
+                    fb.over_budget(item.proposal.tool, item.price, left, ledger.budget),
                     reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
                 )
             if decision.accept:
-                entry = ledger.reserve(item.key, item.proposal.tool, item.price, market_version=market.version,
-                                       tool_call_id=item.proposal.call_id)
-                new_entries[entry.call_id] = entry
+                held += item.price
+
+                def reserve(item: _Pending = item) -> None:
+                    entry = ledger.reserve(item.key, item.proposal.tool, item.price, market_version=market.version,
+                                           tool_call_id=item.proposal.call_id)
+                    new_entries[entry.call_id] = entry
+
+                effects.append(reserve)
                 decisions[item.key] = {
                     "accept": True, "tool": item.proposal.tool, "args": dict(item.proposal.args), "price": item.price, "step": step,
                     "reason": decision.reason, "feedback": decision.feedback,
@@ -400,6 +421,8 @@ class BudgetGuard:
                 refuse(item.key, item.proposal.call_id, item.proposal.tool, item.proposal.args, item.price, "reject",
                        decision.reason, decision.feedback or fb.generic_rejection(item.proposal.tool), decision,
                        decision_ms)
+        for effect in effects:
+            effect()
 
         update: dict[str, Any] = {}
         if out_messages:
@@ -417,8 +440,12 @@ class BudgetGuard:
             update[LEDGER_KEY] = channel_update
         return update or None
 
-    def check_decision(self, answer: Decision | BaseException, ctx: DecisionContext) -> Decision:
-        """The oracle's answer, or the documented fallback when it raised."""
+    def check_decision(self, answer: Decision | OracleUnavailableError, ctx: DecisionContext) -> Decision:
+        """The oracle's answer, or the documented fallback when it failed recoverably.
+
+        :meth:`decide` only ever hands over a recoverable failure (an
+        :class:`~intent.errors.OracleUnavailableError`); any other exception has already left.
+        """
         if isinstance(answer, BaseException):
             if self.on_oracle_error == "reject":
                 return Decision.rejected(fb.oracle_failed(ctx.tool, answer, accepted=False), reason=ORACLE_ERROR)
@@ -431,18 +458,30 @@ class BudgetGuard:
             )
         return answer
 
-    def decide(self, ctx: DecisionContext) -> Decision | BaseException:
+    def decide(self, ctx: DecisionContext) -> Decision | OracleUnavailableError:
+        """The oracle's decision, or its recoverable failure (for :meth:`check_decision`'s fallback).
+
+        Any other exception is re-raised unchanged: a bug in an oracle must fail the run, not
+        be decided by ``on_oracle_error`` (see :mod:`intent.errors`).
+        """
         try:
             return self.oracle.decide(ctx)
-        except Exception as exc:  # noqa: BLE001 - the documented fallback policy decides
-            return exc
+        except Exception as exc:
+            typed = _recoverable(exc, self.oracle)
+            if typed is None:
+                raise
+            return typed
 
-    async def adecide(self, ctx: DecisionContext) -> Decision | BaseException:
+    async def adecide(self, ctx: DecisionContext) -> Decision | OracleUnavailableError:
+        """Async twin of :meth:`decide`, using the oracle's ``adecide`` when it has one."""
         adecide = getattr(self.oracle, "adecide", None)
         try:
             return await adecide(ctx) if adecide is not None else self.oracle.decide(ctx)
-        except Exception as exc:  # noqa: BLE001
-            return exc
+        except Exception as exc:
+            typed = _recoverable(exc, self.oracle)
+            if typed is None:
+                raise
+            return typed
 
     def gate(self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True) -> dict[str, Any] | None:
         """Gate the last AIMessage's tool calls (sync). Returns a state update.
@@ -454,9 +493,12 @@ class BudgetGuard:
         try:
             ctx = next(gen)
             while True:
-                ctx = gen.send(self.decide(ctx))
-        except StopIteration as stop:
+                answer = self.decide(ctx)  # may raise (a bug): the batch is then dropped undecided
+                ctx = gen.send(answer)
+        except StopIteration as stop:  # only the gate's own end: decide() never lets one out
             return stop.value
+        finally:
+            gen.close()
 
     async def agate(
         self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True
@@ -466,9 +508,12 @@ class BudgetGuard:
         try:
             ctx = next(gen)
             while True:
-                ctx = gen.send(await self.adecide(ctx))
+                answer = await self.adecide(ctx)
+                ctx = gen.send(answer)
         except StopIteration as stop:
             return stop.value
+        finally:
+            gen.close()
 
     # ===================================================== running a tool call
     def wrap_tool_call(
@@ -481,6 +526,9 @@ class BudgetGuard:
         try:
             result = handler(run.metered_request())
         except Exception as exc:
+            if _is_oracle_bug(exc):
+                run.finish(None)  # the re-gate crashed before the run: its reservation is given back
+                raise
             result = run.failed(exc)
         return run.finish(result)
 
@@ -494,6 +542,9 @@ class BudgetGuard:
         try:
             result = await handler(run.metered_request())
         except Exception as exc:
+            if _is_oracle_bug(exc):
+                run.finish(None)
+                raise
             result = run.failed(exc)
         return run.finish(result)
 
@@ -557,6 +608,34 @@ class BudgetGuard:
             known = self._hooks[name] = callable(getattr(self.oracle, name, None)) and mine is not getattr(
                 Oracle, name, object())
         return known
+
+
+# Set on an exception an oracle raised that is not a recoverable failure, so that the tool
+# step (where an edited call is re-gated) re-raises it even with tool_errors="message": a bug
+# in the oracle is not the tool's error.
+_ORACLE_BUG = "_intent_oracle_bug"
+
+
+def _recoverable(exc: Exception, oracle: Any) -> OracleUnavailableError | None:
+    """``exc`` as a recoverable :class:`OracleUnavailableError`; ``None`` (and ``exc`` marked) for a bug.
+
+    A ``StopIteration`` (say, a scripted model that ran out of replies) is re-raised as a
+    ``RuntimeError``, as PEP 479 does in generators: the gate and the metered run are driven as
+    generators, where a stray StopIteration would read as "no more calls" and skip the batch.
+    """
+    if isinstance(exc, StopIteration):
+        err = RuntimeError(f"{type(oracle).__name__}.decide() raised StopIteration (an exhausted iterator in "
+                           "the oracle or its model?)")
+        setattr(err, _ORACLE_BUG, True)
+        raise err from exc
+    typed = as_oracle_unavailable(exc, f"oracle {type(oracle).__name__}")
+    if typed is None:
+        setattr(exc, _ORACLE_BUG, True)
+    return typed
+
+
+def _is_oracle_bug(exc: BaseException) -> bool:
+    return bool(getattr(exc, _ORACLE_BUG, False))
 
 
 def _dedupe(ai: AIMessage) -> tuple[list[dict[str, Any]], dict[str, str]]:

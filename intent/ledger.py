@@ -42,6 +42,7 @@ from intent.errors import IntentError
 from intent.market import check_amount
 
 __all__ = [
+    "BUDGET_EPS",
     "BudgetExceededError",
     "BudgetLedger",
     "LedgerEntry",
@@ -53,7 +54,10 @@ EntryStatus = Literal["reserved", "committed", "released"]
 # A later status never goes back to an earlier one: committed is final.
 _RANK: dict[str, int] = {"reserved": 0, "released": 1, "committed": 2}
 # Float sums of prices: tolerate rounding noise, never a real cent.
-_EPS = 1e-9
+# The one tolerance for "fits the budget", used by the ledger and by every metric that
+# compares a spend with a budget (float sums of prices).
+BUDGET_EPS = 1e-9
+_EPS = BUDGET_EPS
 
 
 class LedgerError(IntentError, RuntimeError):

@@ -17,19 +17,25 @@ Each proposal produces exactly one record:
 
 So the sum of ``charged`` over a task's records equals what the ledger spent, and the
 records with ``execution > 0`` are exactly the tool's runs.
+
+Reading: :func:`read_log` (validated :class:`StepRecord` objects) and :func:`read_log_rows`
+(the checked JSON objects, for readers that also take hand-made records, like BTP's
+experience) are the project's only readers of these files; :func:`label_of` is its only
+extraction of a record's label z.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -38,7 +44,9 @@ __all__ = [
     "LogSink",
     "MemoryLogSink",
     "StepRecord",
+    "label_of",
     "read_log",
+    "read_log_rows",
 ]
 
 SCHEMA_VERSION = 2
@@ -139,6 +147,29 @@ class FanoutLogSink:
 
 def read_log(path: str | os.PathLike[str], *, skip_torn_tail: bool = True) -> Iterator[StepRecord]:
     """Yield the records of a JSONL log, raising :class:`LogFormatError` with the line number."""
+    for where, data in _rows(path, skip_torn_tail=skip_torn_tail, require_version=True):
+        try:
+            yield StepRecord.model_validate(data)
+        except ValidationError as exc:  # the message names the fields
+            raise LogFormatError(f"{where}: not a StepRecord: {exc}") from exc
+
+
+def read_log_rows(path: str | os.PathLike[str], *, skip_torn_tail: bool = True,
+                  require_version: bool = True) -> Iterator[dict[str, Any]]:
+    """Yield the JSON objects of a JSONL log, checked but not validated as :class:`StepRecord`.
+
+    Each non-blank line must be a JSON object whose ``schema_version`` is one this version of
+    intent reads. ``require_version=False`` also accepts an object with no ``schema_version``
+    at all (a hand-made record); one that names a version still has it checked, so a guard
+    log written by another version of intent is refused, never misread. Errors are
+    :class:`LogFormatError` (a ``ValueError``) naming ``file:line``.
+    """
+    for _, data in _rows(path, skip_torn_tail=skip_torn_tail, require_version=require_version):
+        yield data
+
+
+def _rows(path: str | os.PathLike[str], *, skip_torn_tail: bool, require_version: bool
+          ) -> Iterator[tuple[str, dict[str, Any]]]:
     p = Path(path)
     if not p.exists():
         raise LogFormatError(f"log file {p} does not exist; pass the JSONL written by intent.logs.JsonlLogSink")
@@ -150,15 +181,70 @@ def read_log(path: str | os.PathLike[str], *, skip_torn_tail: bool = True) -> It
             data = json.loads(line)
         except json.JSONDecodeError as exc:
             if skip_torn_tail and i == len(lines):
-                return
-            raise LogFormatError(f"{p}:{i}: not valid JSON ({exc.msg})") from exc
-        version = data.get("schema_version") if isinstance(data, dict) else None
-        if version not in READABLE_VERSIONS:
+                return  # a crash mid-write leaves at most a torn last line (JsonlLogSink)
+            raise LogFormatError(f"{p}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); expected one "
+                                 "interaction-log record (a JSON object) per line") from exc
+        if not isinstance(data, dict):
+            raise LogFormatError(f"{p}:{i}: expected a JSON object (an interaction-log record), got "
+                                 f"{type(data).__name__}")
+        version = data.get("schema_version")
+        if (require_version or version is not None) and version not in READABLE_VERSIONS:
             raise LogFormatError(
                 f"{p}:{i}: schema_version {version!r} is not one of {READABLE_VERSIONS}; "
                 "the log was written by another version of intent"
             )
-        try:
-            yield StepRecord.model_validate(data)
-        except Exception as exc:  # pydantic.ValidationError, with the field names in it
-            raise LogFormatError(f"{p}:{i}: not a StepRecord: {exc}") from exc
+        yield f"{p}:{i}", data
+
+
+# Where a record's label z is read, in order: a hand annotation (``useful``, BTP's name for it;
+# ``z``, what ``intent train annotate`` adds), then the environment's ground truth in the tool's
+# artifact (``artifact["z"]``, e.g. the synthetic market's).
+_LABEL_KEYS = ("useful", "z")
+_TRUE = ("1", "true", "yes", "useful")
+_FALSE = ("0", "false", "no", "useless")
+
+
+def label_of(record: Any, *, ground_truth_only: bool = False) -> int | None:
+    """The label z of a logged call (did it satisfy the need?): 1, 0, or ``None`` if unlabelled.
+
+    ``record`` is a :class:`StepRecord` (annotations live in its extra fields), a dict, or any
+    object with those attributes. The label is read from ``useful``, else ``z``, else
+    ``artifact["z"]`` (only the artifact with ``ground_truth_only=True``). A value may be
+    0/1, a bool, or ``"0"``/``"1"``/``"true"``/``"false"``/``"yes"``/``"no"``; ``None`` and
+    NaN (an empty cell of an exported table) mean unlabelled. Anything else raises
+    :class:`LogFormatError` naming the field: a label that cannot be read must not silently
+    become a 1 or drop the call from the data.
+    """
+    if isinstance(record, Mapping):
+        get = record.get
+    else:
+        extra = getattr(record, "model_extra", None) or {}
+
+        def get(key: str) -> Any:
+            value = getattr(record, key, None)
+            return extra.get(key) if value is None else value
+
+    if not ground_truth_only:
+        for key in _LABEL_KEYS:
+            z = _label_value(get(key), key)
+            if z is not None:
+                return z
+    artifact = get("artifact")
+    if artifact is None:
+        return None
+    if not isinstance(artifact, Mapping):
+        raise LogFormatError(f"artifact={artifact!r} is not a JSON object; the label z is read from artifact['z']")
+    return _label_value(artifact.get("z"), "artifact['z']")
+
+
+def _label_value(value: Any, field: str) -> int | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return int(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return int(value.strip().lower() in _TRUE)
+    raise LogFormatError(f"label {field}={value!r} is not 0/1, a bool or '0'/'1'; fix the annotation "
+                         "(z = 1: the call satisfied the need, 0: it did not)")

@@ -219,8 +219,10 @@ class CallRun:
                            artifact={"intent_reason": reason})
 
     def _regate(self, decision: Decision | BaseException, ctx: DecisionContext) -> ToolMessage | None:
+        checked = self.guard.check_decision(decision, ctx)  # raises an oracle's crash
+        # Only a decision that came in marks the edited call as re-gated: a retry middleware inside
+        # the guard that swallowed the oracle's crash must not run the call undecided.
         self.regated = True
-        checked = self.guard.check_decision(decision, ctx)
         if checked.accept:
             return None
         return self._refuse(ctx.tool, ctx.args, ctx.price, "reject", checked.reason,

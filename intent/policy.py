@@ -3,6 +3,9 @@
 Rollouts (MCO, INTENT) call the agent's own model on a simulated history. It works over any
 LangChain chat model with ``bind_tools`` — which includes the benchmark's simulated agent —
 and counts the tokens it spends (``usage_metadata``), so the oracle's cost is reported.
+A timeout or an unreachable server (``TimeoutError``, ``ConnectionError``, the httpx / openai
+clients' errors) leaves as an :class:`~intent.errors.OracleUnavailableError` subclass, which
+the planning oracles' fallback handles; any other exception from the model propagates.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
+
+from intent.errors import model_call
 
 __all__ = ["AgentPolicy"]
 
@@ -32,7 +37,8 @@ class AgentPolicy:
         messages = ([SystemMessage(system)] if system else []) + [m for m in history
                                                                    if not isinstance(m, SystemMessage)]
         bound = self.model.bind_tools(tools) if tools and hasattr(self.model, "bind_tools") else self.model
-        reply = bound.invoke(messages)
+        with model_call(f"the agent policy's model ({type(self.model).__name__})"):
+            reply = bound.invoke(messages)
         if not isinstance(reply, AIMessage):
             reply = AIMessage(str(getattr(reply, "content", reply)))
         tokens = int((reply.usage_metadata or {}).get("total_tokens", 0))

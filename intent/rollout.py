@@ -3,7 +3,9 @@
 From the current history, the proposal (and the calls after it in the same batch) is
 executed against a world model instead of the real tool; then the agent's own policy proposes
 each next step, whose calls are simulated too, until the agent answers or ``max_depth`` model
-turns are reached. Nothing here charges money or runs a real tool.
+turns are reached. Nothing here charges money or runs a real tool. A world model that times
+out, cannot be reached or answers garbage raises an :class:`~intent.errors.OracleUnavailableError`
+(see :func:`intent.errors.model_call`); other exceptions propagate unchanged.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
+from intent.errors import model_call
 from intent.market import Market
 from intent.oracle import DecisionContext
 from intent.policy import AgentPolicy
@@ -73,7 +76,8 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
         messages.append(ai)
         for call in calls:
             price = _price(ctx.market, call["name"])
-            text, tokens = simulate_counted(world_model, call["name"], call["args"], satisfied=satisfied)
+            with model_call(f"world model {type(world_model).__name__}"):
+                text, tokens = simulate_counted(world_model, call["name"], call["args"], satisfied=satisfied)
             out.world_model_tokens += tokens
             if price is not None:
                 out.steps.append(SimStep(call["name"], dict(call["args"]), str(ai.content), price, text, depth))

@@ -96,11 +96,59 @@ def test_dfsdt_branches_share_one_budget_and_prune():
     assert sum(r.charged for r in sink.records) == 30
 
 
-def test_every_baseline_runs_end_to_end_and_enforcing_ones_never_overspend(tmp_path):
+def test_every_baseline_runs_end_to_end_and_enforcing_ones_never_overspend(tmp_path, monkeypatch):
+    """FR = 100 is read off the guard's own ledger, so for an enforcing method it holds by
+    construction. Here the money is observed independently, by the tools themselves (each run
+    adds its price), and the budgets are tight enough to bind: the soft baselines really
+    overspend on some tasks, the guard really refuses calls for the enforcing ones, and yet no
+    enforcing episode's tools ever ran for more than its budget."""
+    import dataclasses
+    import threading
+    from collections import Counter
+
+    import eval.runner as runner
+    from eval.results import ResultStore
+    from intent.logs import read_log
+
+    ran: dict[tuple[str, str], float] = {}  # (method, task) -> money the tools ran for
+    run_episode = runner.run_episode
+
+    def counted(spec, env, seed, agent_factory, **kw):
+        money, lock = [0.0], threading.Lock()
+
+        def counting(tool):
+            fn = tool.func
+
+            def run(*args, **kwargs):
+                with lock:  # the market is static here (event_rate=0): the listed price is what runs cost
+                    money[0] += env.market.price(tool.name)
+                return fn(*args, **kwargs)
+
+            return tool.model_copy(update={"func": run})
+
+        result = run_episode(spec, dataclasses.replace(env, tools=[counting(t) for t in env.tools]), seed,
+                             agent_factory, **kw)
+        ran[(spec.name, env.task_id)] = money[0]  # the warm-up episode is overwritten by the real one
+        return result
+
+    monkeypatch.setattr(runner, "run_episode", counted)
     methods = ["raw", "prompt", "tracker", "bats", "dfsdt"]
+    enforcing = ("tracker", "bats", "dfsdt")
     summary = run_benchmark(BenchConfig(tasks=25, methods=methods, out=str(tmp_path)), progress=False)
     m = summary["methods"]
-    for name in ("tracker", "bats", "dfsdt"):
+    episodes = ResultStore(tmp_path / "episodes.jsonl").load()
+    assert len(episodes) == 25 * len(methods)
+    over: Counter[str] = Counter()
+    for e in episodes:
+        money = ran[(e.method, e.task_id)]
+        assert e.cost == pytest.approx(money), f"{e.method}/{e.task_id}: ledger {e.cost} but the tools ran {money}"
+        over[e.method] += money > e.budget + 1e-9
+    for name in ("raw", "prompt"):  # soft: the budget binds and they overspend on some tasks
+        assert over[name] > 0 and m[name]["FR"] < 100.0
+        assert m[name]["overspend_tasks"] == over[name]
+    refused = Counter(r.task_id.split(":")[0] for r in read_log(tmp_path / "logs.jsonl") if r.reason == "over_budget")
+    for name in enforcing:
+        assert over[name] == 0, f"{name}: the tools ran over budget on {over[name]} tasks"
         assert m[name]["FR"] == 100.0 and m[name]["episode_errors"] == 0
-    assert m["raw"]["FR"] < 100.0  # the soft baseline shows its overspending
+    assert refused["tracker"] > 0 and refused["bats"] > 0  # the guard had something to enforce
     assert m["bats"]["oracle_tokens"] > 0  # the verifier's cost is counted

@@ -179,7 +179,10 @@ def test_same_seed_reproduces_the_table(tmp_path):
     for m in methods:
         for k in ("PR", "OR", "WR", "FR", "AC", "AP", "n"):
             assert a["methods"][m][k] == b["methods"][m][k]
-    assert a["methods"]["tracker"]["FR"] == 100.0
+    # The budgets bind in this run (the soft baseline overspends), so the equal FRs above compare
+    # numbers that could differ; an enforcing method's FR = 100 is checked against what the tools
+    # observed in test_baselines, not re-read from the guard's ledger here.
+    assert a["methods"]["raw"]["FR"] < 100.0 and a["methods"]["raw"]["overspend_tasks"] > 0
     assert a["config"]["agent_label"].startswith("simulated")
     assert set(json.loads((tmp_path / "a" / "results.json").read_text())) == {"config", "methods", "groups"}
 

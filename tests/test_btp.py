@@ -143,4 +143,6 @@ def test_btp_runs_end_to_end_under_the_guard(tmp_path):
 
     summary = run_benchmark(BenchConfig(tasks=15, methods=["raw", "btp"], out=str(tmp_path), reference="raw",
                                         options={"oracle_train_tasks": 30}), progress=False)
-    assert summary["methods"]["btp"]["FR"] == 100.0 and summary["methods"]["btp"]["episode_errors"] == 0
+    # The budgets bind (Raw overspends on some tasks), and BTP under the guard never does.
+    assert summary["methods"]["raw"]["overspend_tasks"] > 0
+    assert summary["methods"]["btp"]["overspend_tasks"] == 0 and summary["methods"]["btp"]["episode_errors"] == 0

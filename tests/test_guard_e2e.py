@@ -136,7 +136,7 @@ def test_enforce_false_records_overspend():
 
 
 def test_market_update_applies_from_next_decision_and_hooks_shape_the_prompt():
-    class Hider(Oracle):
+    class Hider(AcceptAll):
         def visible_tools(self, market, episode_id):
             return [n for n in market.names if n != "flaky"]
 
@@ -148,9 +148,6 @@ def test_market_update_applies_from_next_decision_and_hooks_shape_the_prompt():
 
     guard = BudgetGuard(Hider(), market(), 50)
     q1, q2 = call("get_quote", symbol="A"), call("get_quote", symbol="B")
-
-    class Bump(AcceptAll):
-        pass
 
     model = scripted([ai(q1), ai(q2), AIMessage("x")])
     agent = create_agent(model, TOOLS, middleware=[guard.middleware()])

@@ -70,16 +70,24 @@ def test_unreachable_judge_fails_at_startup():
         SoPRJudge("http://127.0.0.1:9/v1", "judge")
 
 
+def _stabletoolbench_root_or_skip() -> None:
+    """Skip (with the loader's reason) only when the StableToolBench data is not on this machine."""
+    from eval.stabletoolbench import StbDataError, resolve_root
+
+    try:
+        resolve_root(None)
+    except StbDataError as exc:  # the data is an optional download; anything else is a failure
+        pytest.skip(f"StableToolBench data not available: {exc}")
+
+
 def test_sopr_in_the_benchmark(url, tmp_path):
     from eval.runner import BenchConfig, run_benchmark
 
+    _stabletoolbench_root_or_skip()
     cfg = BenchConfig(market="stabletoolbench", methods=["raw", "tracker"], tasks=6, out=str(tmp_path),
                       reference="raw", options={"judge": "sopr", "judge_url": url, "judge_model": "judge",
                                                 "judge_runs": 2})
-    try:
-        summary = run_benchmark(cfg, progress=False)
-    except Exception as exc:  # no StableToolBench data on this machine
-        pytest.skip(str(exc))
+    summary = run_benchmark(cfg, progress=False)
     assert summary["config"]["judge"].startswith("SoPR")
     assert summary["methods"]["tracker"]["PR_std_over_judge_runs"] == 0.0  # the stub is deterministic
 
@@ -87,13 +95,8 @@ def test_sopr_in_the_benchmark(url, tmp_path):
 def test_unreachable_stabletoolbench_environments_fail_at_startup(tmp_path):
     from eval.agents.chat import EndpointError
     from eval.runner import BenchConfig, run_benchmark
-    from eval.stabletoolbench import StbDataError, resolve_root
 
-    try:
-        resolve_root(None)
-    except StbDataError as exc:
-        pytest.skip(str(exc))
-
+    _stabletoolbench_root_or_skip()
     for env, err in (("server", ValueError), ("mirror", EndpointError)):
         cfg = BenchConfig(market="stabletoolbench", methods=["raw"], tasks=2, out=str(tmp_path / env), reference="raw",
                           options={"stb_env": env, "stb_env_url": "http://127.0.0.1:9/virtual"})

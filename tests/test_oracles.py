@@ -94,8 +94,10 @@ def test_rollout_cache_hit_pop_and_miss_clear():
     oracle._policy = AgentPolicy(NoPolicy(messages=iter([]), bound=[]))
     hit = oracle.decide(ctx("b", remaining=40, args={"q": 2}))
     assert hit.accept and hit.reason == "cache_hit" and [s.tool for s in oracle.memory.rollout("e1")] == ["c"]
-    miss = oracle.decide(ctx("a", remaining=20))  # a miss clears the cache and simulates again
-    assert miss.reason == "oracle_error"  # (the policy that must not be called was called: fallback)
+    # A miss clears the cache and simulates again: the policy is called, and its AssertionError
+    # is a bug, not an unavailable model, so it leaves decide() instead of becoming a fallback.
+    with pytest.raises(AssertionError, match="must not be called"):
+        oracle.decide(ctx("a", remaining=20))
     assert oracle.memory.rollout("e1") == []
 
 
@@ -192,6 +194,11 @@ class WildPredictor:
         return self.values[self.i % len(self.values)]
 
 
+class AlwaysAnswers(ScriptedToolModel):
+    def invoke(self, messages, *a, **k):
+        return AIMessage("done")
+
+
 class LoopPolicyModel(ScriptedToolModel):
     def invoke(self, messages, *a, **k):
         return AIMessage("more", tool_calls=[tc("pricey", "p"), tc("cheap", "c")])
@@ -211,14 +218,65 @@ def test_no_oracle_lets_the_guard_overspend(values, fail, gamma, kind, budget):
     check_oracle(factory, budget=float(budget))
 
 
+# The conformance checks must be able to fail: each guard below is broken on purpose.
+def test_conformance_fails_a_guard_that_overspends(monkeypatch):
+    import functools
+
+    import intent.conformance as conformance
+    from intent import AcceptAll, BudgetGuard
+
+    monkeypatch.setattr(conformance, "BudgetGuard", functools.partial(BudgetGuard, enforce=False))
+    with pytest.raises(AssertionError, match="overspent"):
+        check_oracle(AcceptAll)
+
+
+def test_conformance_fails_a_guard_that_charges_nothing(monkeypatch):
+    from intent import AcceptAll, BudgetLedger
+
+    commit = BudgetLedger.commit
+    monkeypatch.setattr(BudgetLedger, "commit", lambda self, call_id, amount=None: commit(self, call_id, 0.0))
+    with pytest.raises(AssertionError, match="but the ledger charged 0"):
+        check_oracle(AcceptAll)
+
+
+def test_conformance_fails_a_guard_that_keeps_unused_reservations(monkeypatch):
+    from intent import AcceptAll, BudgetLedger
+
+    monkeypatch.setattr(BudgetLedger, "release", lambda self, call_id: self.get(call_id))
+    with pytest.raises(AssertionError, match="still reserved"):
+        check_oracle(AcceptAll)
+
+
+def test_conformance_fails_a_guard_that_answers_a_call_twice(monkeypatch):
+    from intent import AcceptAll, BudgetGuard
+
+    wrap = BudgetGuard.wrap_tool_call
+
+    def twice(self, request, handler):
+        from langgraph.types import Command
+
+        out = wrap(self, request, handler)
+        if not isinstance(out, Command):  # a refusal is a bare ToolMessage
+            return Command(update={"messages": [out, out]})
+        out.update["messages"] = [*out.update["messages"], *out.update["messages"]]
+        return out
+
+    monkeypatch.setattr(BudgetGuard, "wrap_tool_call", twice)
+    with pytest.raises(AssertionError, match="has 2 ToolMessages"):
+        check_oracle(AcceptAll)
+
+
 def test_conformance_of_the_shipped_oracles():
     from baselines.bats import BATSOracle
     from baselines.prompt import PromptOracle
     from baselines.raw import RawOracle
     from intent import AcceptAll
 
+    def answers():  # the agent always answers: a policy that never runs out of replies
+        return AgentPolicy(AlwaysAnswers(messages=iter([]), bound=[]))
+
     for factory in (AcceptAll, RawOracle, PromptOracle, BATSOracle,
-                    lambda: IntentOracle(policy(AIMessage("done")), RecordingWM(), TablePredictor({})),
-                    lambda: MCOOracle(policy(AIMessage("done")), RecordingWM())):
+                    lambda: IntentOracle(answers(), RecordingWM(), TablePredictor({})),
+                    lambda: MCOOracle(answers(), RecordingWM())):
         check_oracle(factory)
     assert isinstance(AcceptAll().decide(ctx()), Decision)

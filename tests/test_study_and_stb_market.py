@@ -7,13 +7,13 @@ import json
 import pytest
 
 from eval.runner import BenchConfig, run_benchmark
-from eval.stabletoolbench import resolve_root
+from eval.stabletoolbench import StbDataError, resolve_root
 
 
 def _stb_available() -> bool:
     try:
         resolve_root(None)
-    except Exception:
+    except StbDataError:
         return False
     return True
 
@@ -25,7 +25,9 @@ def test_stabletoolbench_market_end_to_end(tmp_path):
     summary = run_benchmark(cfg, progress=False)
     assert "proxy" in summary["config"]["judge"] and "not SoPR" in summary["config"]["judge"]
     assert "schema-environment responses (simulated)" in summary["config"]["market_label"]
-    assert summary["methods"]["tracker"]["FR"] == 100.0 and summary["methods"]["tracker"]["OR"] is None
+    # The budgets bind (Raw overspends on some queries); the guarded tracker never does.
+    assert summary["methods"]["raw"]["overspend_tasks"] > 0
+    assert summary["methods"]["tracker"]["overspend_tasks"] == 0
     assert set(summary["groups"]["raw"]) <= {"G1_instruction", "G1_category", "G1_tool", "G2_instruction",
                                              "G2_category", "G3_instruction"}
     assert len(summary["groups"]["raw"]) == 6  # the subset keeps every group
@@ -48,9 +50,12 @@ def test_study_pipeline_end_to_end(tmp_path):
         assert needle in report
     for png in ("relevant_price_scale", "budget_scale", "gamma", "oracle_fraction", "event_rate", "reliability"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
-    assert summary["main"]["methods"]["intent"]["FR"] == 100.0
+    main = summary["main"]["methods"]
+    assert main["raw"]["overspend_tasks"] > 0 and main["intent"]["overspend_tasks"] == 0
     if "methods" in summary["stabletoolbench"]:
-        assert "Group-wise PR (proxy)" in report and summary["stabletoolbench"]["methods"]["intent"]["FR"] == 100.0
+        stb = summary["stabletoolbench"]["methods"]
+        assert "Group-wise PR (proxy)" in report
+        assert stb["raw"]["overspend_tasks"] > 0 and stb["intent"]["overspend_tasks"] == 0
     assert set(summary["sweeps"]["gamma"]) == {"0.5", "1.5"}
     cal = summary["calibration"]
     assert cal["n_test"] > 0 and cal["temperature"] > 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from intent.logs import LogFormatError
 from training.data import load_records, pairs, parse_fraction, split_by_task, subsample, triples
 
 torch = pytest.importorskip("torch")
@@ -41,13 +42,17 @@ def test_datasets_and_task_disjoint_split(logs):
 
 
 def test_malformed_and_empty_logs_name_the_file(tmp_path):
+    from intent.logs import StepRecord
+
+    good = StepRecord(task_id="t", step=0, call_id="c", tool="a", decision="accept", status="ok", spent=1.0,
+                      remaining=1.0, budget=2.0).model_dump_json()
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"schema_version": 1}\n{oops\n{"schema_version": 1}\n')
-    with pytest.raises(Exception, match=r"bad.jsonl:\d"):
+    bad.write_text(f"{good}\n{{oops\n{good}\n")  # a torn line in the middle: not skipped
+    with pytest.raises(LogFormatError, match=r"bad\.jsonl:2: not valid JSON"):
         load_records(bad)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(Exception, match="no executed"):
+    with pytest.raises(LogFormatError, match="no executed"):
         load_records(empty)
 
 

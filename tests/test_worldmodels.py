@@ -152,3 +152,161 @@ def test_formats_are_shared_and_stable():
     assert "Condition" not in world_model_prompt("t", {}, None)
     assert predictor_text("  I  need\nx ", "t", {"a": 1}) == 'Intention: I need x\nCall: t({"a":1})'
     assert (parse_judge("YES, it did"), parse_judge("no."), parse_judge("maybe")) == (1, 0, None)
+
+
+# ------------------------------------------------------------------ replay: nested payloads, temperature
+def _composite_record():
+    """A real composite ("bundle") observation of the synthetic executor, as the guard logs it."""
+    from eval.synthetic import SyntheticEnvironment, generate_tasks
+
+    for task in generate_tasks(20, 0):
+        for spec in task.tools:
+            if len(spec.covers) < 2:
+                continue
+            args = {k: v for n in sorted(spec.covers) for k, v in task.canonical_args[n].items()}
+            env = SyntheticEnvironment(task, 0)
+            for _ in range(6):
+                obs = env.call(spec.name, args)
+                if obs.kind == "ok" and len(obs.satisfied) == len(spec.covers):
+                    record = {"decision": "accept", "status": "ok", "tool": spec.name, "observation": obs.text,
+                              "artifact": {"z": 1}, "args": args}
+                    return record, task, spec
+    raise AssertionError("no successful composite call in the first 20 synthetic tasks")
+
+
+def test_replayed_composite_observation_reads_as_success_for_new_arguments():
+    from eval.agents.simulated import NeedView, looks_successful
+    from eval.synthetic.domains import DOMAINS
+
+    record, task, spec = _composite_record()
+    assert "results" in json.loads(record["observation"])  # nested: one sub-payload per need
+    new_args, needs = {}, []
+    for n in sorted(spec.covers):
+        need = task.need(n)
+        other = next(e for e in DOMAINS[need.domain].entities if dict(e) != task.canonical_args[n])
+        new_args.update(other)
+        needs.append(NeedView(n, need.domain, dict(other), (spec.name,)))
+    wm = ReplayWorldModel([record])
+    text = wm.simulate(spec.name, new_args, satisfied=True)
+    assert all(looks_successful(n, text) for n in needs), text
+    # every field named like an argument, at any depth, now holds the new argument
+    def fields(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from ([(k, v)] if not isinstance(v, (dict, list)) else fields(v))
+        elif isinstance(node, list):
+            for v in node:
+                yield from fields(v)
+
+    named = [(k, v) for k, v in fields(json.loads(text)) if k in new_args]
+    assert named and all(v == new_args[k] for k, v in named)
+
+
+def test_retargeting_recurses_into_lists_and_keeps_sub_objects():
+    wm = ReplayWorldModel([{"decision": "accept", "status": "ok", "tool": "t", "artifact": {"z": 1},
+                            "observation": json.dumps({"items": [{"city": "Bergen"}, {"city": "Rome", "n": 1}],
+                                                       "city": {"name": "Bergen"}})}])
+    out = json.loads(wm.simulate("t", {"city": "Oslo"}))
+    assert out == {"items": [{"city": "Oslo"}, {"city": "Oslo", "n": 1}], "city": {"name": "Bergen"}}
+
+
+def _replay_with_candidates(n=8, temperature=0.0):
+    records = [{"decision": "accept", "status": "ok", "tool": "a", "artifact": {"z": 1},
+                "observation": json.dumps({"id": i})} for i in range(n)]
+    return ReplayWorldModel(records, temperature=temperature, seed=7)
+
+
+class _Spy:
+    """Records what the wrapped world model returned, at which temperature it was asked."""
+
+    def __init__(self, model):
+        self.model, self.seen = model, []
+
+    def simulate(self, tool, args, *, satisfied=None, temperature=None):
+        text = self.model.simulate(tool, args, satisfied=satisfied, temperature=temperature)
+        self.seen.append((temperature, text))
+        return text
+
+
+def _mco_observations(world_model, temperature, decisions=25):
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from intent import DecisionContext, Market, PricedTool, Proposal
+    from intent.oracles import MCOOracle
+    from intent.policy import AgentPolicy
+    from intent.testing import ScriptedToolModel
+
+    market = Market([PricedTool("a", 10)])
+    spy = _Spy(world_model)
+    policy = AgentPolicy(ScriptedToolModel(messages=iter([AIMessage("done")] * decisions), bound=[]))
+    oracle = MCOOracle(policy, spy, temperature=temperature, rollout_cache=False)
+    for i in range(decisions):
+        prop = Proposal(f"c{i}", "a", {"q": 1}, "need a")
+        call = {"name": "a", "args": {"q": 1}, "id": f"c{i}", "type": "tool_call"}
+        ctx = DecisionContext(f"e{i}", "q", prop, 10.0, 50.0, 0.0, 50.0, market, step=0,
+                              history=[HumanMessage("q"), AIMessage("need a", tool_calls=[call])], batch=(prop,))
+        assert oracle.decide(ctx).accept
+    return oracle, spy.seen
+
+
+def test_mco_samples_the_world_model_at_its_own_temperature():
+    # The world model is built deterministic (T = 0); MCO at T = 1 must still sample.
+    oracle, seen = _mco_observations(_replay_with_candidates(temperature=0.0), temperature=1.0)
+    assert oracle.temperature_applied and {t for t, _ in seen} == {1.0}
+    assert len({text for _, text in seen}) > 1
+    # ...and a world model built to sample (T = 1) is deterministic under MCO at T = 0.
+    oracle, seen = _mco_observations(_replay_with_candidates(temperature=1.0), temperature=0.0)
+    assert {t for t, _ in seen} == {0.0} and len({text for _, text in seen}) == 1
+
+
+def test_mco_sampling_reproduces_per_episode_fork():
+    base = _replay_with_candidates(temperature=0.0)
+    _, a = _mco_observations(base.fork(123), temperature=1.0)
+    _, b = _mco_observations(base.fork(123), temperature=1.0)
+    _, c = _mco_observations(base.fork(124), temperature=1.0)
+    assert a == b and a != c
+
+
+def test_mco_leaves_a_model_without_temperature_alone():
+    from intent.oracles import MCOOracle
+
+    class Plain:
+        def simulate(self, tool, args, *, satisfied=None):
+            return "{}"
+
+    plain = Plain()
+    oracle = MCOOracle(lambda ctx: None, plain, temperature=1.0)
+    assert oracle.world_model is plain and not oracle.temperature_applied
+    from worldmodel.protocols import AtTemperature, simulate_counted
+
+    with pytest.raises(TypeError, match="temperature"):
+        simulate_counted(plain, "t", {}, satisfied=None, temperature=0.5)
+    with pytest.raises(TypeError, match="temperature"):
+        AtTemperature(plain, 0.5)
+
+
+def test_replay_temperature_sharpens_and_flattens():
+    records = [{"decision": "accept", "status": "ok", "tool": "a", "artifact": {"z": 1},
+                "observation": json.dumps({"v": "common" if i < 4 else "rare"})} for i in range(5)]
+    wm = ReplayWorldModel(records, seed=1)
+    cold = [wm.simulate("a", {}, temperature=0.05) for _ in range(200)]
+    hot = [wm.simulate("a", {}, temperature=50.0) for _ in range(400)]
+    assert all("common" in t for t in cold)  # weight 4 ** 20 vs 1
+    assert 0.35 < sum("rare" in t for t in hot) / len(hot) < 0.65  # nearly uniform over the two
+    with pytest.raises(ValueError, match="temperature"):
+        wm.simulate("a", {}, temperature=-1)
+
+
+def test_openai_compatible_world_model_passes_the_call_temperature():
+    import httpx
+
+    bodies = []
+
+    def handler(request):
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
+
+    wm = OpenAICompatibleWorldModel("http://wm.test/v1", "wm", temperature=1.0, transport=httpx.MockTransport(handler))
+    wm.simulate("t", {}, temperature=0.25)
+    wm.simulate("t", {})
+    assert [b["temperature"] for b in bodies] == [0.25, 1.0]

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from intent.logs import StepRecord
+from intent.logs import StepRecord, label_of
 from worldmodel.formats import JUDGE_SYSTEM, judge_prompt, parse_judge
 
 __all__ = ["LLMJudge", "annotate"]
@@ -64,10 +64,11 @@ def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "
             data = json.loads(r.model_dump_json())
             if r.decision == "accept" and r.status in ("ok", "error"):
                 if method == "ground_truth":
-                    z = (r.artifact or {}).get("z")
+                    # The environment's label only: an older annotation in the file is replaced.
+                    z = label_of(r, ground_truth_only=True)
                 else:
                     z = judge.label(r)  # type: ignore[union-attr]
-                data["z"] = None if z is None else int(z)
+                data["z"] = z
                 counts["labelled" if z is not None else "unlabelled"] += 1
             fh.write(json.dumps(data) + "\n")
     if counts["labelled"] == 0:

@@ -10,8 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from intent.logs import LogFormatError, StepRecord, read_log
-from worldmodel.replay import label_of
+from intent.logs import LogFormatError, StepRecord, label_of, read_log
 
 __all__ = ["Pair", "Triple", "load_records", "parse_fraction", "split_by_task", "subsample", "triples", "pairs"]
 

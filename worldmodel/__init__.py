@@ -1,7 +1,7 @@
 """World models, conditional generators and intention predictors (inference side).
 
 Protocols live in :mod:`worldmodel.protocols`; prompts and serialisations shared with training
-in :mod:`worldmodel.formats`. Backends: replay from logs, schema-based (StableToolBench),
+in :mod:`worldmodel.formats`. Backends: replay from logs,
 OpenAI-compatible HTTP (vLLM in production), in-process transformers, and the ablation
 predictors. Heavy dependencies (torch, transformers) are imported only by the backends that
 need them.

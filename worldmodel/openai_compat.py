@@ -1,10 +1,22 @@
 """World models behind any OpenAI-compatible server (vLLM in production, llama.cpp, a test stub).
 
 ``OpenAICompatibleWorldModel(base_url, model, *, timeout=30, retries=2, max_concurrency=8,
-temperature=1.0, max_tokens=512)``. The prompts are :mod:`worldmodel.formats`'s, so a model
+temperature=1.0, max_tokens=512)``; ``simulate(..., temperature=t)`` overrides the temperature for
+one request (how MCO samples at its own setting). The prompts are :mod:`worldmodel.formats`'s, so a model
 trained by ``intent train worldmodel`` and served with ``intent serve worldmodel DIR`` answers
-in the format it was trained on. Errors (connection, timeout after the retries, HTTP errors,
-replies without content) raise :class:`~worldmodel.protocols.ModelError`.
+in the format it was trained on.
+
+Every error is a :class:`~worldmodel.protocols.ModelError` and also says whether an oracle may
+fall back on it (:mod:`intent.errors`):
+
+* :class:`WorldModelTimeout` (an :class:`~intent.errors.OracleTimeoutError`): no answer in
+  ``timeout`` seconds, after the retries;
+* :class:`WorldModelUnreachable` (a :class:`~intent.errors.ModelUnreachableError`): connection
+  refused or dropped, or HTTP 5xx / 429, after the retries;
+* :class:`MalformedWorldModelReply` (a :class:`~intent.errors.MalformedModelOutputError`): a
+  reply without ``choices[0].message.content`` (not retried);
+* :class:`WorldModelRequestRejected` (a :class:`~intent.errors.ModelRequestError`, *not*
+  recoverable): any other HTTP 4xx, i.e. a wrong model name, path or key (not retried).
 """
 
 from __future__ import annotations
@@ -14,10 +26,33 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from intent.errors import MalformedModelOutputError, ModelRequestError, ModelUnreachableError, OracleTimeoutError
 from worldmodel.formats import world_model_messages
 from worldmodel.protocols import ModelError
 
-__all__ = ["OpenAICompatibleWorldModel"]
+__all__ = [
+    "MalformedWorldModelReply",
+    "OpenAICompatibleWorldModel",
+    "WorldModelRequestRejected",
+    "WorldModelTimeout",
+    "WorldModelUnreachable",
+]
+
+
+class WorldModelTimeout(ModelError, OracleTimeoutError):
+    """The server did not answer within the timeout, after the retries (recoverable)."""
+
+
+class WorldModelUnreachable(ModelError, ModelUnreachableError):
+    """The server could not be reached, dropped the connection, or answered 5xx / 429 (recoverable)."""
+
+
+class MalformedWorldModelReply(ModelError, MalformedModelOutputError):
+    """The server answered without ``choices[0].message.content`` (recoverable)."""
+
+
+class WorldModelRequestRejected(ModelError, ModelRequestError):
+    """HTTP 4xx (not 429): the request itself is wrong (model name, path, key). Not recoverable."""
 
 
 class OpenAICompatibleWorldModel:
@@ -46,37 +81,46 @@ class OpenAICompatibleWorldModel:
     def close(self) -> None:
         self._client.close()
 
-    def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None) -> str:
-        return self.simulate_with_usage(tool, args, satisfied=satisfied)[0]
+    def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None,
+                 temperature: float | None = None) -> str:
+        return self.simulate_with_usage(tool, args, satisfied=satisfied, temperature=temperature)[0]
 
-    def simulate_with_usage(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None
-                            ) -> tuple[str, int]:
+    def simulate_with_usage(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None,
+                            temperature: float | None = None) -> tuple[str, int]:
+        """``temperature`` is this request's sampling temperature (None: the one set at construction)."""
         body = {
             "model": self.model,
             "messages": world_model_messages(tool, args, satisfied),
-            "temperature": self.temperature,
+            "temperature": self.temperature if temperature is None else float(temperature),
             "max_tokens": self.max_tokens,
         }
-        last: Exception | None = None
+        last: ModelError | None = None
         for attempt in range(self.retries + 1):
+            # Retried: timeouts, connection failures, 5xx / 429. Raised at once: a 4xx (the
+            # request itself is wrong) and a malformed reply (asking again gives the same).
             try:
                 with self._slots:
                     response = self._client.post("/chat/completions", json=body)
+            except self._httpx.TimeoutException as exc:
+                last = WorldModelTimeout(f"world model server {self.base_url} failed: {type(exc).__name__}: "
+                                         f"no answer within the timeout ({exc})")
+            except self._httpx.TransportError as exc:  # connect / read / write errors, dropped connections
+                last = WorldModelUnreachable(f"world model server {self.base_url} failed: {type(exc).__name__}: "
+                                             f"{exc}")
+            else:
                 if response.status_code >= 500 or response.status_code == 429:
-                    raise ModelError(f"world model server answered HTTP {response.status_code}")
-                if response.status_code >= 400:
-                    raise ModelError(f"world model request rejected: HTTP {response.status_code}: "
-                                     f"{response.text[:200]}")  # not retried: the request itself is wrong
-                return self._parse(response)
-            except ModelError as exc:
-                if "rejected" in str(exc) or "malformed" in str(exc):
-                    raise
-                last = exc
-            except self._httpx.HTTPError as exc:  # connect errors, timeouts
-                last = ModelError(f"world model server {self.base_url} failed: {type(exc).__name__}: {exc}")
+                    last = WorldModelUnreachable(f"world model server {self.base_url} failed: answered HTTP "
+                                                 f"{response.status_code}")
+                elif response.status_code >= 400:
+                    raise WorldModelRequestRejected(
+                        f"world model request rejected: HTTP {response.status_code}: {response.text[:200]}; "
+                        f"check the model name ({self.model!r}), the base URL ({self.base_url}) and the API key")
+                else:
+                    return self._parse(response)
             if attempt < self.retries:
                 time.sleep(self.backoff * (2 ** attempt))
-        raise last if isinstance(last, ModelError) else ModelError(str(last))
+        assert last is not None  # the loop ran at least once (retries >= 0) and only failures get here
+        raise last
 
     @staticmethod
     def _parse(response: Any) -> tuple[str, int]:
@@ -84,9 +128,9 @@ class OpenAICompatibleWorldModel:
             data = response.json()
             content = data["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ModelError(f"malformed world model reply (no choices[0].message.content): "
-                             f"{response.text[:200]!r}") from exc
+            raise MalformedWorldModelReply(f"malformed world model reply (no choices[0].message.content): "
+                                           f"{response.text[:200]!r}") from exc
         if not isinstance(content, str):
-            raise ModelError(f"malformed world model reply: content is {type(content).__name__}")
+            raise MalformedWorldModelReply(f"malformed world model reply: content is {type(content).__name__}")
         tokens = int((data.get("usage") or {}).get("total_tokens") or 0)
         return content, tokens

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["IntentionPredictor", "ModelError", "PredictorInput", "WorldModel", "predict_many", "simulate_counted"]
+__all__ = ["AtTemperature", "IntentionPredictor", "ModelError", "PredictorInput", "WorldModel", "accepts_temperature",
+           "predict_many", "simulate_counted"]
 
 
 class ModelError(RuntimeError):
@@ -22,7 +24,10 @@ class WorldModel(Protocol):
     ``satisfied=None``: unconditional, W_phi(o | T, u) (MCO). ``satisfied=True``: the
     conditional generator W_psi(o | T, u, z=1) (INTENT's ideal trajectory).
 
-    Optional: ``simulate_with_usage(...) -> tuple[str, int]`` also returns the tokens spent.
+    Optional: ``simulate_with_usage(...) -> tuple[str, int]`` also returns the tokens spent, and
+    a ``temperature: float | None = None`` keyword on both, the sampling temperature of this
+    call (None: the model's own setting). MCO samples its rollouts at its own temperature
+    through it (:class:`AtTemperature`); a model without the keyword samples as it always does.
     """
 
     def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None) -> str: ...
@@ -41,12 +46,68 @@ class IntentionPredictor(Protocol):
     def predict(self, reasoning: str, tool: str, args: Mapping[str, Any]) -> float: ...
 
 
-def simulate_counted(model: Any, tool: str, args: Mapping[str, Any], *, satisfied: bool | None) -> tuple[str, int]:
+def accepts_temperature(model: Any) -> bool:
+    """Whether ``model`` takes a per-call ``temperature`` keyword (on ``simulate`` and, when it
+    has one, on ``simulate_with_usage``)."""
+    fns = [getattr(model, "simulate", None), getattr(model, "simulate_with_usage", None)]
+    fns = [f for f in fns if callable(f)]
+    if not fns:
+        return False
+    for fn in fns:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable without a signature
+            return False
+        if not any(p.name == "temperature" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return False
+    return True
+
+
+def simulate_counted(model: Any, tool: str, args: Mapping[str, Any], *, satisfied: bool | None,
+                     temperature: float | None = None) -> tuple[str, int]:
+    """``(observation, tokens)`` from any world model; ``temperature`` is passed on when given
+    (a TypeError names the fix when the model has no such keyword)."""
+    kw: dict[str, Any] = {"satisfied": satisfied}
+    if temperature is not None:
+        if not accepts_temperature(model):
+            raise TypeError(f"{type(model).__name__}.simulate takes no 'temperature' keyword; add "
+                            "`temperature: float | None = None` to it (and to simulate_with_usage) to sample at a "
+                            "given temperature, or pass temperature=None to use the model's own setting")
+        kw["temperature"] = temperature
     fn = getattr(model, "simulate_with_usage", None)
     if callable(fn):
-        text, tokens = fn(tool, args, satisfied=satisfied)
+        text, tokens = fn(tool, args, **kw)
         return str(text), int(tokens)
-    return str(model.simulate(tool, args, satisfied=satisfied)), 0
+    return str(model.simulate(tool, args, **kw)), 0
+
+
+class AtTemperature:
+    """``model`` seen at a fixed sampling temperature: every call passes ``temperature`` on.
+
+    An oracle that owns a temperature (MCO samples at 1.0, paper B.2) wraps its world model in
+    this, so the setting takes effect whatever temperature the model was built with.
+    ``fork(seed)`` forks the inner model's random stream, when it has one.
+    """
+
+    def __init__(self, model: Any, temperature: float) -> None:
+        if not float(temperature) >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        if not accepts_temperature(model):
+            raise TypeError(f"{type(model).__name__}.simulate takes no 'temperature' keyword; add "
+                            "`temperature: float | None = None` to sample at a given temperature")
+        self.model, self.temperature = model, float(temperature)
+        self.name = f"{getattr(model, 'name', type(model).__name__)}@T={self.temperature:g}"
+
+    def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None) -> str:
+        return self.simulate_with_usage(tool, args, satisfied=satisfied)[0]
+
+    def simulate_with_usage(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None
+                            ) -> tuple[str, int]:
+        return simulate_counted(self.model, tool, args, satisfied=satisfied, temperature=self.temperature)
+
+    def fork(self, seed: int) -> AtTemperature:
+        fork = getattr(self.model, "fork", None)
+        return AtTemperature(fork(seed), self.temperature) if callable(fork) else self
 
 
 def predict_many(predictor: Any, items: Sequence[PredictorInput]) -> list[float]:

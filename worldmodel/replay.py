@@ -2,14 +2,21 @@
 
 The fast, model-free option: ``simulate(tool, args, satisfied=z)`` samples an observation this
 tool really returned before, keeping only those whose label z matches when ``satisfied`` is
-given. With ``ground=True`` a JSON payload is re-targeted at the call's arguments (keys that
-appear in both take the argument's value), which is what a conditional generator does.
-``temperature`` 0 picks deterministically per (tool, arguments); > 0 samples.
+given. With ``ground=True`` a JSON payload is re-targeted at the call's arguments, at every
+depth: a key of any nested object that is also an argument takes the argument's value (a
+bundle's ``{"source": ..., "results": {"weather": {"city": ...}, ...}}`` is about the city
+asked for, not the logged one), which is what a conditional generator does.
+
+``temperature`` (set here, or per call: ``simulate(..., temperature=t)``) 0 picks
+deterministically per (tool, arguments); t > 0 samples a distinct logged observation with
+probability proportional to ``count ** (1 / t)``: t = 1 is the log's own frequencies, t < 1
+sharpens towards the most frequent observation, t > 1 flattens towards uniform.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import threading
 import zlib
@@ -23,16 +30,10 @@ __all__ = ["ReplayWorldModel", "label_of"]
 
 
 def label_of(record: Any) -> int | None:
-    """The z label of a log record: an annotation (``z``) if present, else the artifact's ground truth."""
-    get = record.get if isinstance(record, Mapping) else lambda k, d=None: getattr(record, k, d)
-    z = get("z")
-    if z is None:
-        extra = getattr(record, "model_extra", None) or {}
-        z = extra.get("z")
-    if z is None:
-        artifact = get("artifact") or {}
-        z = artifact.get("z") if isinstance(artifact, Mapping) else None
-    return None if z is None else int(bool(z))
+    """The z label of a log record: :func:`intent.logs.label_of`, the project's one label extraction."""
+    from intent.logs import label_of as shared_label_of
+
+    return shared_label_of(record)
 
 
 class ReplayWorldModel:
@@ -73,7 +74,11 @@ class ReplayWorldModel:
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_tool.values())
 
-    def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None) -> str:
+    def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None,
+                 temperature: float | None = None) -> str:
+        t = self.temperature if temperature is None else float(temperature)
+        if not t >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
         pool = self._by_tool.get(tool, [])
         if satisfied is not None:
             pool = [p for p in pool if p[1] == int(satisfied)]
@@ -82,12 +87,22 @@ class ReplayWorldModel:
                 self.fallbacks += 1
             payload = {"tool": tool, **dict(args)} if satisfied is not False else {"error": "no result"}
             return json.dumps(payload)
-        if self.temperature <= 0:
-            index = zlib.crc32(f"{tool}|{canonical_args(args)}".encode()) % len(pool)
-        else:
+        if t <= 0:
+            text = pool[zlib.crc32(f"{tool}|{canonical_args(args)}".encode()) % len(pool)][0]
+        elif t == 1:
+            # Uniform over the logged entries is sampling by the log's frequencies (one draw).
             with self._lock:
-                index = self._rng.randrange(len(pool))
-        text = pool[index][0]
+                text = pool[self._rng.randrange(len(pool))][0]
+        else:
+            counts: dict[str, int] = {}
+            for obs, _ in pool:  # the pool is sorted, so this order is reproducible
+                counts[obs] = counts.get(obs, 0) + 1
+            distinct = list(counts)
+            # In log space: count ** (1 / t) overflows for small t.
+            logw = [math.log(counts[o]) / t for o in distinct]
+            top = max(logw)
+            with self._lock:
+                text = self._rng.choices(distinct, weights=[math.exp(w - top) for w in logw])[0]
         return self._ground(text, args) if self.ground else text
 
     @staticmethod
@@ -96,9 +111,18 @@ class ReplayWorldModel:
             payload = json.loads(text)
         except json.JSONDecodeError:
             return text
-        if not isinstance(payload, dict):
+        if not isinstance(payload, (dict, list)):
             return text
-        for key, value in args.items():
-            if key in payload:
-                payload[key] = value
-        return json.dumps(payload)
+        return json.dumps(_retarget(payload, args))
+
+
+def _retarget(node: Any, args: Mapping[str, Any]) -> Any:
+    """``node`` with every scalar under a key named like an argument set to that argument's value,
+    at any depth (objects and lists). Nested objects are recursed into, never replaced: an
+    argument never stands for a whole sub-payload."""
+    if isinstance(node, dict):
+        return {k: args[k] if k in args and not isinstance(v, (dict, list)) else _retarget(v, args)
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_retarget(v, args) for v in node]
+    return node

@@ -1,6 +1,7 @@
 """A world model from a Hugging Face causal LM directory, in-process (CPU here, GPU in production).
 
-``TransformersWorldModel(model_dir, *, device="cpu", max_new_tokens=256, temperature=1.0)``.
+``TransformersWorldModel(model_dir, *, device="cpu", max_new_tokens=256, temperature=1.0)``;
+``simulate(..., temperature=t)`` overrides the temperature for one call (0: greedy decoding).
 Uses the tokenizer's chat template when it has one (the format ``intent train worldmodel``
 trains on), else the plain prompt of :mod:`worldmodel.formats`.
 """
@@ -46,21 +47,24 @@ class TransformersWorldModel:
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
         self._lock = threading.Lock()
 
-    def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None) -> str:
-        return self.simulate_with_usage(tool, args, satisfied=satisfied)[0]
+    def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None,
+                 temperature: float | None = None) -> str:
+        return self.simulate_with_usage(tool, args, satisfied=satisfied, temperature=temperature)[0]
 
-    def simulate_with_usage(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None
-                            ) -> tuple[str, int]:
+    def simulate_with_usage(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None,
+                            temperature: float | None = None) -> tuple[str, int]:
+        """``temperature`` is this call's sampling temperature (None: the one set at construction; 0: greedy)."""
         torch = self._torch
+        t = self.temperature if temperature is None else float(temperature)
         prompt = render_prompt(self.tokenizer, tool, args, satisfied)
         enc = self.tokenizer(prompt, return_tensors="pt", return_token_type_ids=False).to(self.device)
-        sample = self.temperature > 0
+        sample = t > 0
         try:
             with self._lock, torch.no_grad():
                 torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=self._generator)))
                 out = self.model.generate(
                     **enc, max_new_tokens=self.max_new_tokens, do_sample=sample,
-                    temperature=self.temperature if sample else None, top_p=None, top_k=None,
+                    temperature=t if sample else None, top_p=None, top_k=None,
                     pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
                 )
         except RuntimeError as exc:

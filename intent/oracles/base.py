@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 from intent import feedback as fb
+from intent.errors import as_oracle_unavailable
 from intent.market import Market
 from intent.oracle import ORACLE_ERROR, Decision, DecisionContext, EpisodeInfo, Oracle, Outcome
 from intent.oracles.caches import EpisodeMemory
@@ -20,13 +21,16 @@ ModelErrorPolicy = Literal["accept_if_fits", "reject"]
 class PlanningOracle(Oracle):
     """Base of the lookahead oracles. Subclasses implement :meth:`_decide`.
 
-    If the world model, the predictor or the policy fails (a :class:`worldmodel.ModelError`,
-    a timeout, any exception), :meth:`decide` returns the documented fallback: with
+    If the world model, the predictor or the policy fails *recoverably* (a timeout, an
+    unreachable server, a malformed answer: an :class:`~intent.errors.OracleUnavailableError`,
+    a :class:`worldmodel.ModelError`, or what :func:`~intent.errors.as_oracle_unavailable`
+    maps, see :mod:`intent.errors`), :meth:`decide` returns the documented fallback: with
     ``on_model_error="accept_if_fits"`` (default) it accepts only a call whose own price fits
     what is left (the conservative floor: nothing is predicted beyond it); with ``"reject"`` it
     rejects. The decision carries ``reason="oracle_error"`` and ``usage["model_error"] = 1``, so
     the failure shows in the logs and in the benchmark's ``oracle_errors``. The guard still
-    refuses anything that does not fit.
+    refuses anything that does not fit. Any other exception (a bug in the oracle, the policy's
+    or a model adapter's code) propagates unchanged: a fallback would hide it.
 
     :meth:`adecide` never blocks the event loop: it runs :meth:`decide` (policy, world-model and
     predictor calls are all synchronous) in a worker thread, one decision at a time per episode.
@@ -56,7 +60,10 @@ class PlanningOracle(Oracle):
     def decide(self, ctx: DecisionContext) -> Decision:
         try:
             return self._decide(ctx)
-        except Exception as exc:  # noqa: BLE001 - the documented fallback, visible in logs and metrics
+        except Exception as exc:
+            if as_oracle_unavailable(exc) is None:
+                raise  # a bug, not an unavailable model: fail loudly
+            # The documented fallback, visible in logs and metrics.
             fits = ctx.price <= ctx.remaining + 1e-9
             accept = fits and self.on_model_error == "accept_if_fits"
             text = fb.oracle_failed(ctx.tool, exc, accepted=accept)

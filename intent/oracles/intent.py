@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from intent import feedback as fb
+from intent.errors import model_call
 from intent.market import Market
 from intent.oracle import ACCEPTED, CACHE_HIT, PLAN_OVER_BUDGET, Decision, DecisionContext, PlannedStep
 from intent.oracles.base import ModelErrorPolicy, PlanningOracle, usage
@@ -102,7 +103,8 @@ class IntentOracle(PlanningOracle):
             steps = [SimStep(tool, args, ctx.reasoning, price, "", 0)]
         if not steps or steps[0].tool != tool:
             steps = [SimStep(tool, args, ctx.reasoning, price, "", 0), *steps]
-        ps = predict_many(self.predictor, [(s.reasoning, s.tool, s.args) for s in steps])
+        with model_call(f"intention predictor {type(self.predictor).__name__}"):
+            ps = predict_many(self.predictor, [(s.reasoning, s.tool, s.args) for s in steps])
         ps = [min(1.0, max(P_FLOOR, p)) for p in ps]
         if self.use_blacklist:
             low = {s.tool for s, p in zip(steps, ps) if p < self.delta}

@@ -1,8 +1,12 @@
 """MCO: the Monte Carlo oracle (paper, section 3.2, Algorithm 2).
 
 One lookahead rollout: the agent's own policy against the unconditional world model
-``W_phi(o | T, u)`` (sampled; temperature 1.0 is the world model's setting), to an answer or
-``max_depth`` turns. Accept iff the simulated plan's total price is at most ``B_t``; otherwise
+``W_phi(o | T, u)``, sampled at the oracle's ``temperature`` (1.0, the paper's B.2), to an
+answer or ``max_depth`` turns. The temperature reaches the world model on every call
+(:class:`worldmodel.protocols.AtTemperature`) when the model takes a per-call ``temperature``
+(every shipped sampling backend does); a model without that keyword samples at its own
+setting, and ``temperature_applied`` is then False. ``temperature=None`` also leaves the
+model's own setting. Accept iff the simulated plan's total price is at most ``B_t``; otherwise
 reject with the simulated future actions as feedback. The optional rollout cache accepts a
 proposal that matches the head of the last accepted plan without simulating.
 """
@@ -20,6 +24,7 @@ from intent.oracles.caches import CachedStep
 from intent.policy import AgentPolicy
 from intent.rollout import simulate_rollout
 from worldmodel.formats import canonical_args
+from worldmodel.protocols import AtTemperature, accepts_temperature
 
 __all__ = ["MCOOracle"]
 
@@ -28,11 +33,12 @@ class MCOOracle(PlanningOracle):
     name = "mco"
 
     def __init__(self, policy: AgentPolicy | Callable[[DecisionContext], AgentPolicy], world_model: Any, *,
-                 max_depth: int = 8, temperature: float = 1.0, rollout_cache: bool = True,
+                 max_depth: int = 8, temperature: float | None = 1.0, rollout_cache: bool = True,
                  show_market: bool = True, on_model_error: ModelErrorPolicy = "accept_if_fits") -> None:
         super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error)
-        self.world_model = world_model
-        self.temperature = temperature  # recorded; the world model backend applies it
+        self.temperature = temperature
+        self.temperature_applied = temperature is not None and accepts_temperature(world_model)
+        self.world_model = AtTemperature(world_model, temperature) if self.temperature_applied else world_model
         self.rollout_cache = rollout_cache
 
     def _decide(self, ctx: DecisionContext) -> Decision:
