@@ -239,7 +239,7 @@ def default_reference(methods: Sequence[str]) -> str:
 
 def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = None,
                   progress: bool = True) -> dict[str, Any]:
-    from tqdm import tqdm
+    from eval.progress import progress as progress_bar
 
     from eval.metrics import compute_metrics, group_pass_rates
     from eval.report import write_reports
@@ -299,19 +299,18 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
             resources.records()
             timing["oracle_data_collection"] = time.perf_counter() - collect_started
         started = time.perf_counter()
-        bar = tqdm(total=len(todo), desc=f"{spec.name:>8}", disable=None if progress else True, leave=False)
         def job(task: Any, spec: MethodSpec = spec) -> None:
             # Each episode is saved the moment it ends, by its own worker: a crash elsewhere
             # never loses a finished episode.
             store.append(run_episode(spec, market.episode(task, config.seed), config.seed, agent_factory,
                                      log_sink=logs, options=config.options, resources=resources))
 
-        with ThreadPoolExecutor(max_workers=config.workers) as pool:
+        with progress_bar(len(todo), f"{spec.name:>8}", enabled=progress) as bar, \
+                ThreadPoolExecutor(max_workers=config.workers) as pool:
             futures = [pool.submit(job, t) for t in todo]
             for fut in as_completed(futures):
                 fut.result()
                 bar.update(1)
-        bar.close()
         timing[spec.name] = timing.get(spec.name, 0.0) + (time.perf_counter() - started)
         _atomic_write(timing_path, json.dumps(timing, indent=2))
     latest: dict[tuple[str, str], EpisodeResult] = {}

@@ -228,13 +228,14 @@ def _cell(v: Any) -> str:
 GROUPS = ("G1_instruction", "G1_category", "G1_tool", "G2_instruction", "G2_category", "G3_instruction")
 
 
-def _stb_section(stb: dict[str, Any] | None, cols: tuple[str, ...]) -> list[str]:
+def _stb_section(stb: dict[str, Any] | None, cols: tuple[str, ...], command: str = "") -> list[str]:
     if not stb:
         return []
     if "skipped" in stb:
         return ["## Setting (b): cost-augmented StableToolBench", "", f"Skipped: {stb['skipped']}", ""]
     c = stb["config"]
     lines = ["## Setting (b): cost-augmented StableToolBench (Table 1 and Table 2 structure)", "",
+             *([_provenance(stb, command), ""] if command else []),
              f"- {c['market_label']}", f"- agent: **{c['agent_label']}**; judge: **{c['judge']}**; oracle models: "
              f"{c.get('oracle_models')}; world model for MCO/INTENT: {c.get('world_model')}.",
              *([f"- agent's needs: {c['agent_needs']}"] if c.get("agent_needs") else []),
@@ -255,7 +256,7 @@ def _stb_section(stb: dict[str, Any] | None, cols: tuple[str, ...]) -> list[str]
 def _provenance(run: dict[str, Any], command: str) -> str:
     """One line naming what produced a table: command, run directory, agent, environment, judge, models."""
     c = run["config"]
-    return (f"Produced by `{command}` (run directory `{c['out']}`); agent: {c['agent_label']}; environment: "
+    return (f"Produced by {command} (run directory `{c['out']}`); agent: {c['agent_label']}; environment: "
             f"{c['market_label']}; judge: {c['judge']}; world model: {c.get('world_model', 'replay of the oracle logs')}"
             f"; oracle models: {c.get('oracle_models')}.")
 
@@ -263,8 +264,8 @@ def _provenance(run: dict[str, Any], command: str) -> str:
 def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
     main = summary["main"]
     c = main["config"]
-    command = ("make demo" if cfg.main_tasks <= 300 else "make study") + " (`intent bench study" + (
-        " --quick" if cfg.main_tasks <= 300 else "") + f" --workers {cfg.workers} --seed {cfg.seed} --out {cfg.out}`)"
+    command = ("`make demo`" if cfg.main_tasks <= 300 else "`make study`") + " = `intent bench study" + (
+        " --quick" if cfg.main_tasks <= 300 else "") + f" --workers {cfg.workers} --seed {cfg.seed} --out {cfg.out}`"
     cols = ("PR", "decision_regret", "OR", "WR", "FR", "AC", "AP", "time_ratio", "latency_ratio", "token_ratio")
     lines = [
         "# intent comparison study",
@@ -316,7 +317,8 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
                      f"{_cell(v.get('world_model_tokens'))} | {_cell(v.get('cache_hit_rate'))} | "
                      f"{_cell(v.get('planning_ms_per_task'))} |")
     lines += ["",
-              "", *_stb_section(summary.get("stabletoolbench"), cols),
+              "", *_stb_section(summary.get("stabletoolbench"), tuple(k for k in cols if k != "decision_regret"),
+                                 command),
               "", "## INTENT ablations (Tables 3 and 4 structure)", "",
               _provenance(summary["ablations"], command), "",
               "| variant | PR | FR | AC | Time× | Lat.× | Tok.× | cache hit rate | paper PR |",

@@ -173,7 +173,7 @@ def ensure_solvability(market: Any, agent_factory: Callable[[Any, int], Any], *,
                        progress: bool = False) -> dict[str, bool]:
     """Run the searches ``OUT/solvability.json`` lacks for ``market``'s configuration, save each
     verdict as it comes, and give the market its table (task id -> solvable)."""
-    from tqdm.auto import tqdm
+    from eval.progress import progress as progress_bar
 
     path = market.out / SOLVABILITY_FILE
     key = _key(market)
@@ -193,9 +193,9 @@ def ensure_solvability(market: Any, agent_factory: Callable[[Any, int], Any], *,
             entry["tasks"][market.task_id(task)] = asdict(result)
             _atomic_write(path, json.dumps(data, indent=2))
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for _ in tqdm(pool.map(run, todo), total=len(todo), desc="solvability", disable=not progress, leave=False):
-            pass
+    with progress_bar(len(todo), "solvability", enabled=progress) as bar, ThreadPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(run, todo):
+            bar.update(1)
     market.solvable_table = {tid: bool(r["solvable"]) for tid, r in entry["tasks"].items()}
     return market.solvable_table
 
