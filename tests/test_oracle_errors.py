@@ -356,3 +356,42 @@ def test_openai_compatible_world_model_4xx_is_a_configuration_error_that_fails_l
         wm.simulate("a", {})
     with pytest.raises(ModelError, match="HTTP 404"):
         planners(wm)["mco"].decide(ctx())  # not a fallback: the run must stop
+
+
+def test_an_edited_call_whose_regate_crashed_never_runs_undecided():
+    """A handler inside the guard edits the call (as a reviewer does), the oracle crashes on the
+    re-gate, and the handler swallows the crash and runs the tool again: the second run must be
+    re-gated (and crash again), never run without a decision."""
+
+    class CrashOnRegate(Oracle):
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def decide(self, ctx: DecisionContext) -> Decision:
+            self.calls += 1
+            if self.calls > 1:
+                raise KeyError("bug in the oracle")
+            return Decision.accepted()
+
+    runs: list[str] = []
+
+    def quote(symbol: str) -> str:
+        runs.append(symbol)
+        return f"{symbol}: 1.0"
+
+    tool = StructuredTool.from_function(quote, name="quote", description="a quote")
+    guard = BudgetGuard(CrashOnRegate(), Market([PricedTool("quote", 5.0)]), 50.0)
+    driver = GuardDriver(guard, tools={"quote": tool})
+
+    def edit_then_retry(request: Any) -> Any:
+        edited = {**request.tool_call, "args": {"symbol": "EDITED"}}
+        try:
+            return request.tool.invoke({**edited, "type": "tool_call"})
+        except KeyError:  # a careless retry middleware swallowing the oracle's crash
+            return request.tool.invoke({**edited, "type": "tool_call"})
+
+    with pytest.raises(KeyError, match="bug in the oracle"):
+        driver.step(AIMessage("", tool_calls=[{"name": "quote", "args": {"symbol": "A"}, "id": "c1",
+                                               "type": "tool_call"}]), edit_then_retry)
+    assert runs == []  # the edited call never ran undecided
+    assert driver.guard.oracle.calls == 3  # the gate, then a re-gate for each attempt
