@@ -33,8 +33,15 @@ def unpriced_tool(tool: str, detail: str) -> str:
     return f"Budget guard: the call to {tool} was refused and cost nothing: {detail}"
 
 
-def unknown_tool(tool: str) -> str:
-    return f"Error: {tool} is not a valid tool; the call cost nothing. Use one of the tools you were given."
+def unknown_tool(tool: str, available: Sequence[str] = ()) -> str:
+    # Spoken to the agent (not the developer): an invented name needs the real list.
+    listed = f" The available tools are: {', '.join(available)}." if available else ""
+    return f"Error: there is no tool named {tool}; the call was not made and cost nothing.{listed}"
+
+
+def merged_call(tool: str, kept_id: str) -> str:
+    return (f"Budget guard: an identical call to {tool} (same arguments) is already in this message as "
+            f"{kept_id!r}; it runs once and is charged once.")
 
 
 def invalid_call(tool: str | None, problem: str) -> str:

@@ -115,10 +115,13 @@ def guard_react_agent(
         visible = guard.visible_tool_names(state, config)
         shown = [t for t in tools if visible is None or t.name in visible]
         notes = guard.system_notes(state, config)
-        system = "\n\n".join(x for x in (system_prompt, notes) if x)
+        tail = guard.notes_at == "end"  # per-turn notes after the history keep the prefix cacheable
+        system = "\n\n".join(x for x in (system_prompt, None if tail else notes) if x)
         messages = list(state["messages"])
         if system:
             messages = [SystemMessage(system), *messages]
+        if tail and notes:
+            messages.append(SystemMessage(notes))
         return model.bind_tools(shown) if shown else model, messages
 
     def agent(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from intent.market import Market, UnpricedToolError, check_amount
 from intent.messages import answered_after, call_key, first_human_text, last_ai, text_of
 from intent.oracle import (
     BAD_ARGUMENTS,
+    DUPLICATE_CALL,
     BANNED_TOOL,
     ORACLE_ERROR,
     OVER_BUDGET,
@@ -89,7 +90,8 @@ class BudgetGuard:
     """Gate every priced tool call of an agent through an oracle and a hard budget.
 
     ``BudgetGuard(oracle, market, budget, *, enforce=True, log_sink=None,
-    on_oracle_error="accept_if_fits", tool_errors="raise", max_episodes=1024)``
+    on_oracle_error="accept_if_fits", tool_errors="raise", max_episodes=1024,
+    merge_identical_calls=True, notes_at="end")``
 
     * ``enforce=False`` is for the soft benchmark baselines only: calls that do not fit are
       still run, and the overspend is recorded in the ledger (``overspent``) and the logs.
@@ -111,6 +113,15 @@ class BudgetGuard:
       with an error ToolMessage instead.
     * ``max_episodes``: episodes whose working state is kept in memory at once (an
       episode's state is dropped when it ends; graph state stays the truth).
+    * ``merge_identical_calls``: identical calls (same tool, same arguments) in one model message
+      run once and are charged once: the later copies are removed from the message (recorded in
+      its ``additional_kwargs["intent_merged_calls"]`` as ``{dropped id: kept id}`` and logged
+      with ``reason="duplicate_call"``), so the oracle judges the call once and the model sees
+      one call with one result. Small models repeat a call 5-16 times in one reply.
+    * ``notes_at``: where the oracle's per-turn prompt notes go. ``"end"`` (default): a
+      trailing system message after the conversation, so the stable prefix (system prompt,
+      history) stays cacheable by the server's prefix cache; ``"system"``: appended to the
+      system prompt (for providers that accept only a leading system message).
     """
 
     def __init__(
@@ -124,6 +135,8 @@ class BudgetGuard:
         on_oracle_error: OracleErrorPolicy = "accept_if_fits",
         tool_errors: ToolErrorPolicy = "raise",
         max_episodes: int = 1024,
+        merge_identical_calls: bool = True,
+        notes_at: Literal["end", "system"] = "end",
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not callable(getattr(oracle, "decide", None)):
@@ -140,6 +153,10 @@ class BudgetGuard:
             raise GuardConfigError(f"tool_errors must be 'raise' or 'message', got {tool_errors!r}")
         if not isinstance(max_episodes, int) or max_episodes < 1:
             raise GuardConfigError(f"max_episodes must be a positive int, got {max_episodes!r}")
+        if notes_at not in ("end", "system"):
+            raise GuardConfigError(f"notes_at must be 'end' or 'system', got {notes_at!r}")
+        self.merge_identical_calls = bool(merge_identical_calls)
+        self.notes_at = notes_at
         self.oracle = oracle
         self.budget = check_amount(budget, "budget")
         self.enforce = bool(enforce)
@@ -359,8 +376,22 @@ class BudgetGuard:
         # Two calls sharing an id cannot each get their own answer (answers match by id), so
         # the later one is renamed in the message and refused: each call answered once.
         calls, renamed = _dedupe(ai) if ai.id else (list(ai.tool_calls), {})
-        if renamed and ai.id:
-            out_messages.insert(0, ai.model_copy(update={"tool_calls": calls}))
+        merged: dict[str, str] = {}
+        if self.merge_identical_calls and ai.id:
+            calls, merged = _merge_identical(calls, renamed, answered)
+        if (renamed or merged) and ai.id:
+            update: dict[str, Any] = {"tool_calls": calls}
+            if merged:
+                update["additional_kwargs"] = {**ai.additional_kwargs,
+                                               "intent_merged_calls": {**ai.additional_kwargs.get(
+                                                   "intent_merged_calls", {}), **merged}}
+            out_messages.insert(0, ai.model_copy(update=update))
+        for dropped, kept in merged.items():
+            # Not a proposed call any more (removed from the message), but logged: the
+            # duplicate-call rate of a model is read from these records.
+            dup = next(c for c in ai.tool_calls if c.get("id") == dropped)
+            record(dropped, dup["name"], dict(dup.get("args") or {}), None, "invalid", DUPLICATE_CALL,
+                   fb.merged_call(dup["name"], kept))
         pending: list[_Pending] = []
         for call in calls:
             cid = call["id"]
@@ -381,7 +412,8 @@ class BudgetGuard:
                 pending.append(_Pending(key, proposal, market.price(name)))
             except UnpricedToolError as exc:
                 refuse(key, cid, name, args, None, "invalid", UNPRICED_TOOL if name in market else UNKNOWN_TOOL,
-                       fb.unpriced_tool(name, str(exc)))
+                       fb.unpriced_tool(name, str(exc)) if name in market
+                       else fb.unknown_tool(name, self._visible_names(state, config, market)))
 
         batch = tuple(p.proposal for p in pending)
         held = 0.0  # accepted earlier in this batch: reserved once the whole batch is decided
@@ -549,6 +581,10 @@ class BudgetGuard:
         return run.finish(result)
 
     # ================================================= what the model is shown
+    def _visible_names(self, state: Any, config: Mapping[str, Any] | None, market: Market) -> list[str]:
+        visible = self.visible_tool_names(state, config)
+        return sorted(set(market.names) - set(market.banned) if visible is None else visible)
+
     def visible_tool_names(self, state: Any, config: Mapping[str, Any] | None = None) -> set[str] | None:
         """Tools the agent may see now: not banned, and allowed by the oracle. ``None``: no filter."""
         episode_id = self.episode_id(state, config)
@@ -636,6 +672,34 @@ def _recoverable(exc: Exception, oracle: Any) -> OracleUnavailableError | None:
 
 def _is_oracle_bug(exc: BaseException) -> bool:
     return bool(getattr(exc, _ORACLE_BUG, False))
+
+
+def _merge_identical(calls: list[dict[str, Any]], renamed: Mapping[str, str], answered: Any = ()
+                     ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The calls with later copies of an identical (tool, arguments) call removed; ``{dropped: kept}``.
+    A call renamed for a reused id, or one another middleware already answered (a call limit, a
+    reviewer), is left alone: removing it would orphan its answer."""
+    import json
+
+    first: dict[str, str] = {}
+    keep: list[dict[str, Any]] = []
+    merged: dict[str, str] = {}
+    for call in calls:
+        cid = call.get("id")
+        if cid is None or cid in renamed or cid in answered:
+            keep.append(call)
+            continue
+        try:
+            sig = call["name"] + "\x00" + json.dumps(call.get("args") or {}, sort_keys=True, default=str)
+        except (TypeError, ValueError):
+            keep.append(call)  # arguments that do not serialise are never merged
+            continue
+        if sig in first:
+            merged[cid] = first[sig]
+            continue
+        first[sig] = cid
+        keep.append(call)
+    return keep, merged
 
 
 def _dedupe(ai: AIMessage) -> tuple[list[dict[str, Any]], dict[str, str]]:

@@ -93,7 +93,11 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 t for t in request.tools if (t.get("name") if isinstance(t, dict) else t.name) in visible
             ]
         notes = self.guard.system_notes(state, config)
-        if notes:
+        if notes and self.guard.notes_at == "end":
+            # After the conversation, not in the system prompt: the notes change every turn, and
+            # a changing prefix defeats the server's prefix cache. Not written to graph state.
+            overrides["messages"] = [*request.messages, SystemMessage(content=notes)]
+        elif notes:
             base = request.system_prompt or ""
             overrides["system_message"] = SystemMessage(content=f"{base}\n\n{notes}".strip())
         return request.override(**overrides) if overrides else request

@@ -40,6 +40,7 @@ UNKNOWN_TOOL: ReasonCode = "unknown_tool"
 BANNED_TOOL: ReasonCode = "banned_tool"
 BAD_ARGUMENTS: ReasonCode = "bad_arguments"
 QUOTA_EXHAUSTED: ReasonCode = "quota_exhausted"
+DUPLICATE_CALL: ReasonCode = "duplicate_call"  # an identical call earlier in the same message (merged)
 BLACKLISTED: ReasonCode = "blacklisted"
 ORACLE_ERROR: ReasonCode = "oracle_error"
 CACHE_HIT: ReasonCode = "cache_hit"

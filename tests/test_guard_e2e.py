@@ -109,7 +109,8 @@ def test_unknown_tool_bad_args_and_malformed_calls_cost_nothing():
         {"name": "get_quote", "args": "{not json", "id": "bad_json", "error": "JSON decode error", "type": "invalid_tool_call"}])
     _, out = run_agent(guard, [ai(unknown, bad_args), malformed, AIMessage("done")])
     msgs = tool_messages(out)
-    assert "'nope' has no price" in msgs[unknown["id"]].content
+    assert "no tool named nope" in msgs[unknown["id"]].content
+    assert "The available tools are: flaky, get_quote, search_news." in msgs[unknown["id"]].content
     assert "malformed" in msgs[bad_args["id"]].content and "symbol" in msgs[bad_args["id"]].content
     assert "JSON decode error" in msgs["bad_json"].content  # and the loop went back to the model
     assert out["messages"][-1].content == "done"

@@ -186,7 +186,11 @@ class SimulatedAgent(BaseChatModel):
     def _read(self, messages: Sequence[BaseMessage]) -> _Reading:
         r = _Reading()
         calls: dict[str, dict[str, Any]] = {}
-        for m in messages:
+        # System notes first, wherever they sit (the guard puts per-turn notes after the
+        # conversation, for the prefix cache): the agent reads the prompt before the history.
+        ordered = [m for m in messages if isinstance(m, SystemMessage)] + [
+            m for m in messages if not isinstance(m, SystemMessage)]
+        for m in ordered:
             if isinstance(m, SystemMessage):
                 text = str(m.content)
                 r.prices.update({n: float(p) for n, p in _PRICE_LINE.findall(text)})
