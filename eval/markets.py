@@ -166,3 +166,37 @@ class SyntheticBenchMarket:
             market_now=market_now if task.events else None,
             ground_truth=SyntheticTruth(task, env, lock),
         )
+
+
+class SyntheticV2BenchMarket(SyntheticBenchMarket):
+    """Market v2 (``--market synthetic-v2``): dependencies, cost traps, query-dependent quality
+    (:mod:`eval.synthetic.generator_v2`), exact ground truth kept. Budgets are 50-equivalent:
+    ``--budget`` sets the budget and every price scales with it."""
+
+    name = "synthetic-v2"
+
+    def __init__(self, n: int, seed: int, *, event_rate: float = 0.0, budget: float | None = None,
+                 budget_scale: float = 1.0, relevant_price_scale: float = 1.0) -> None:
+        from eval.synthetic import SIMULATED_LABEL
+        from eval.synthetic.generator_v2 import generate_tasks_v2
+
+        if relevant_price_scale <= 0:
+            raise ValueError(f"relevant_price_scale must be > 0, got {relevant_price_scale}")
+        self.label = SIMULATED_LABEL + "; market v2 (dependencies, cost traps, query-dependent quality)"
+        tasks = generate_tasks_v2(n, seed, event_rate=event_rate, budget=budget, budget_scale=budget_scale)
+        if relevant_price_scale != 1.0:
+            tasks = [scale_relevant_prices(t, relevant_price_scale) for t in tasks]
+        self._tasks = tasks
+
+    def episode(self, task: Any, seed: int) -> EpisodeEnv:
+        from dataclasses import fields
+
+        from eval.agents.llm_like import TaskViewV2
+
+        env = super().episode(task, seed)
+        # The query states which need takes another's result ("then, using that result"), so
+        # the agent's view carries it; the hidden probabilities stay out of the view.
+        base = {f.name: getattr(env.view, f.name) for f in fields(env.view)}
+        env.view = TaskViewV2(**base, requires={n.id: tuple(n.requires) for n in task.needs if n.requires})
+        env.group = f"{len(task.needs)}-need" + ("+dep" if task.has_dependencies else "")
+        return env

@@ -19,6 +19,9 @@ canonical arguments). The value of a gate decision on a proposed call ``(tool, a
 ``optimal`` gate accepts exactly the calls whose value is ``V*`` (so its regret is 0) and
 rejects the others naming the best call in its feedback (``Suggested call: tool {args}``).
 
+With sequential dependencies (market v2), a call only counts for the covered needs whose
+prerequisites are already satisfied, both in ``V*`` and in the value of a decision.
+
 In a batch of parallel calls, a later call's state counts the money reserved for the earlier
 accepted ones but not their outcomes (unknown when the gate decides).
 """
@@ -90,7 +93,9 @@ class StateValues:
             return 0.0
         rest = b - price
         stay = plan.probability(satisfied, rest)
-        open_needs = sorted(set(spec.covers) - satisfied)
+        # With sequential dependencies (market v2) a need whose prerequisites are not yet
+        # satisfied cannot be satisfied by this call: only the enabled open needs count.
+        open_needs = sorted(task.enabled(spec.covers, satisfied) - satisfied)
         if not open_needs:
             return stay
         q = [arg_quality(args or {}, task.canonical_args[n]) ** spec.arg_sensitivity for n in open_needs]
@@ -224,7 +229,8 @@ class DecisionAudit(Oracle):
 def _optimal(ctx: MethodContext) -> Oracle:
     truth = getattr(ctx.env, "ground_truth", None)
     if not isinstance(truth, SyntheticTruth):
-        raise ValueError("method 'optimal' needs the synthetic market's ground truth; run it with --market synthetic")
+        raise ValueError("method 'optimal' needs the synthetic market's ground truth; run it with --market synthetic "
+                         "or --market synthetic-v2")
     return OptimalGate(truth)
 
 

@@ -169,7 +169,12 @@ def _replace(config: Any, **changes: Any) -> Any:
 
 
 def _policy(ctx: MethodContext) -> AgentPolicy:
-    return AgentPolicy(ctx.model, ctx.env.tools, system_prompt=SYSTEM_PROMPT)
+    # An agent that offers a rollout copy (eval.agents.llm_like) gets its rollouts from that copy,
+    # seeded on another stream: a rollout must never replay the episode agent's own future draws.
+    # Other models (the old 'sim' agent, real LLMs) are used as they are.
+    for_rollout = getattr(ctx.model, "for_rollout", None)
+    model = for_rollout() if callable(for_rollout) else ctx.model
+    return AgentPolicy(model, ctx.env.tools, system_prompt=SYSTEM_PROMPT)
 
 
 def _world_model(ctx: MethodContext, key: str, fold: int | None) -> Any:

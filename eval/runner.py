@@ -206,11 +206,17 @@ def build_market(config: BenchConfig) -> BenchMarket:
                                     budget=config.budget,
                                     budget_scale=config.budget_scale,
                                     relevant_price_scale=config.relevant_price_scale)
+    if config.market == "synthetic-v2":
+        from eval.markets import SyntheticV2BenchMarket
+
+        return SyntheticV2BenchMarket(config.tasks, config.seed, event_rate=config.event_rate,
+                                      budget=config.budget, budget_scale=config.budget_scale,
+                                      relevant_price_scale=config.relevant_price_scale)
     if config.market == "stabletoolbench":
         from eval.stb_market import StableToolBenchMarket
 
         return StableToolBenchMarket.from_config(config)
-    raise ValueError(f"unknown market {config.market!r}; choose 'synthetic' or 'stabletoolbench'")
+    raise ValueError(f"unknown market {config.market!r}; choose 'synthetic', 'synthetic-v2' or 'stabletoolbench'")
 
 
 def validate(config: BenchConfig) -> list[MethodSpec]:
@@ -250,7 +256,11 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
 
         config = replace(config, reference=default_reference(list(config.methods)))
     if agent_factory is None:
-        if config.agent != "sim":
+        if config.agent == "sim-llm":  # the pre-registered LLM-like simulated agent (issue 16)
+            from eval.agents.llm_like import llm_agent_factory
+
+            agent_factory = llm_agent_factory(config.options.get("sim_llm_agent"))
+        elif config.agent != "sim":
             from eval.agents.chat import chat_agent_factory
 
             agent_factory = chat_agent_factory(config.agent, config.options)
@@ -270,10 +280,23 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     from eval.oracle_methods import OracleResources
 
     def collect(train_cfg: BenchConfig, agent_seed: int, sink: LogSink) -> None:
+        import sys
+
+        from eval.progress import progress as progress_bar
+
         train_market = build_market(train_cfg)
         prompt = get_method("prompt")
-        for task in train_market.tasks():
-            run_episode(prompt, train_market.episode(task, agent_seed), agent_seed, agent_factory, log_sink=sink)
+        tasks_ = list(train_market.tasks())
+        if progress:
+            # With a real model this is the long part of a first run: say what it is and how to skip it.
+            print(f"Collecting the oracle models' training logs: the Prompt agent on {len(tasks_)} tasks "
+                  f"({'the evaluation tasks, another agent seed; cross-fitted' if train_cfg.tasks == config.tasks and train_cfg.seed == config.seed else 'a separate task set'}) "
+                  f"into {train_cfg.out}/logs.jsonl; reuse them later with --oracle-logs {train_cfg.out}/logs.jsonl",
+                  file=sys.stderr, flush=True)
+        with progress_bar(len(tasks_), "oracle logs", enabled=progress) as bar:
+            for task in tasks_:
+                run_episode(prompt, train_market.episode(task, agent_seed), agent_seed, agent_factory, log_sink=sink)
+                bar.update(1)
 
     resources = OracleResources(config, agent_factory=agent_factory, collect=collect)
     store = ResultStore(out / "episodes.jsonl")
@@ -285,7 +308,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     # One discarded episode first, so that import and first-call costs do not land on
     # whichever method happens to run first (the time ratios compare methods). Only for the
     # simulated agent: with a real endpoint a warm-up episode would cost real tokens.
-    if config.agent == "sim":
+    if config.agent in ("sim", "sim-llm"):
         run_episode(specs[0], market.episode(tasks[0], config.seed), config.seed, agent_factory,
                     options=config.options, resources=resources)
     for spec in specs:
@@ -339,13 +362,14 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
 
 
 def _agent_label(agent: str) -> str:
+    from eval.agents.llm_like import LLM_AGENT_LABEL
     from eval.agents.simulated import SIMULATED_AGENT_LABEL
 
-    return SIMULATED_AGENT_LABEL if agent == "sim" else f"LangChain chat model {agent}"
+    return {"sim": SIMULATED_AGENT_LABEL, "sim-llm": LLM_AGENT_LABEL}.get(agent, f"LangChain chat model {agent}")
 
 
 def _judge_label(config: BenchConfig) -> str:
-    if config.market == "synthetic":
+    if config.market in ("synthetic", "synthetic-v2"):
         return "exact (synthetic ground truth)"
     if config.options.get("judge") == "sopr":
         return (f"SoPR (StableToolBench rules) by {config.options.get('judge_model')} at "

@@ -19,6 +19,7 @@ from .executor import (  # noqa: E402
     task_solved,
 )
 from .generator import generate_task, generate_tasks  # noqa: E402
+from .generator_v2 import generate_task_v2, generate_tasks_v2  # noqa: E402
 from .oracle_bound import DEFAULT_CONFIDENCE, ClairvoyantPlan, OptimalPlan, clairvoyant_plan, PolicySummary, optimal_plan, solvable  # noqa: E402
 from .world import (  # noqa: E402
     EVENT_KINDS,
@@ -59,6 +60,8 @@ __all__ = [
     "arg_quality",
     "generate_task",
     "generate_tasks",
+    "generate_task_v2",
+    "generate_tasks_v2",
     "optimal_plan",
     "solvable",
     "success_probability",

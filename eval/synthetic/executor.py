@@ -20,7 +20,9 @@ Outcomes of a call to a task tool that is on the market:
   mismatch), or "400 Bad Request" when its identifying arguments are missing altogether.
 
 Unknown tools get "404 Not Found", removed tools "410 Gone", banned tools "403 Forbidden";
-none of these satisfies anything. ``step`` (calls made so far, all kinds) decides which
+none of these satisfies anything. A need with prerequisites (``Need.requires``, market v2) is
+satisfied only if they were all satisfied by earlier calls; otherwise the call's answer for it
+is "400 Bad Request: the arguments ... come from the result of ...". ``step`` (calls made so far, all kinds) decides which
 market events have happened: an event with ``at_step = s`` is in force from the call with
 index ``s`` (0-based) on.
 """
@@ -232,6 +234,14 @@ class SyntheticEnvironment:
         missing_all: list[str] = []
         for n in needs:
             canonical = task.canonical_args[n.id]
+            if n.requires and not set(n.requires) <= self._truth.satisfied:
+                # A sequential dependency (market v2): this need's argument is another need's
+                # result, which the episode has not obtained yet, so the call cannot satisfy it.
+                first = ", ".join(task.need(r).description for r in n.requires if r not in self._truth.satisfied)
+                missing_all.append(f"the arguments for {n.description} come from the result of {first}; "
+                                   "look that up first")
+                parts[n.domain] = {"error": f"400 Bad Request: {missing_all[-1]}"}
+                continue
             q = arg_quality(args, canonical)
             if self._u(spec.name, index, "need", n.id) < q ** spec.arg_sensitivity:
                 satisfied.add(n.id)

@@ -18,6 +18,8 @@ total spend may never exceed the budget ``B``. The **budget-optimal success prob
     V(S, b) = max(0, max_{t : price(t) <= b, covers(t) not in S}
                      p_t * V(S | covers(t), b - price(t)) + (1 - p_t) * V(S, b - price(t)))
 
+(with sequential dependencies, market v2, ``covers(t)`` above means the covered needs whose
+prerequisites are all in ``S``: a call cannot satisfy a need before its prerequisites are met)
 evaluated at ``V({}, B)``: the best probability, over all adaptive call policies whose spend
 never exceeds ``B``, that every need gets satisfied. This is an upper bound on the pass rate
 of any agent (worse arguments only lower ``p_t``), and it is at least the value of the best
@@ -161,10 +163,25 @@ def _actions(task: Task, market: Market, need_bits: dict[str, int]) -> list[tupl
     return keep
 
 
+def _enabled(s: int, reqs: tuple[int, ...] | None) -> int:
+    """The need bits whose prerequisites are all in ``s`` (every bit when there are no dependencies)."""
+    if reqs is None:
+        return -1
+    m = 0
+    for bit, r in enumerate(reqs):
+        if r & ~s == 0:
+            m |= 1 << bit
+    return m
+
+
 def _solve(
-    n_needs: int, acts: list[tuple[str, int, float, int]], budget: int
+    n_needs: int, acts: list[tuple[str, int, float, int]], budget: int, reqs: tuple[int, ...] | None = None,
 ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], dict[int, np.ndarray]]:
-    """Value, expected cost and argmax-action tables for every non-full satisfied mask."""
+    """Value, expected cost and argmax-action tables for every non-full satisfied mask.
+
+    ``reqs[i]`` is the prerequisite mask of need bit ``i`` (market v2): in state ``s`` a
+    successful call satisfies only the covered needs whose prerequisites are in ``s``.
+    """
     full = (1 << n_needs) - 1
     size = budget + 1
     value: dict[int, np.ndarray] = {full: np.ones(size)}
@@ -172,7 +189,8 @@ def _solve(
     action: dict[int, np.ndarray] = {full: np.full(size, -1, dtype=np.int64)}
     masks = sorted(range(full), key=lambda m: -bin(m).count("1"))  # supersets first
     for s in masks:
-        idx = [i for i, a in enumerate(acts) if a[3] & ~s]
+        en = _enabled(s, reqs)
+        idx = [i for i, a in enumerate(acts) if a[3] & en & ~s]
         v = np.zeros(size)
         e = np.zeros(size)
         act = np.full(size, -1, dtype=np.int64)
@@ -181,7 +199,7 @@ def _solve(
             continue
         prices = np.array([acts[i][1] for i in idx], dtype=np.int64)
         probs = np.array([acts[i][2] for i in idx])
-        nexts = [s | acts[i][3] for i in idx]
+        nexts = [s | (acts[i][3] & en) for i in idx]
         # success terms, shifted by price: succ_v[k, b] = p_k * V(next_k, b - c_k) (or -inf if b < c_k)
         succ_v = np.full((len(idx), size), -np.inf)
         succ_e = np.zeros((len(idx), size))
@@ -214,7 +232,7 @@ def _solve(
 
 def _summary(
     budget: int, value: dict[int, np.ndarray], cost: dict[int, np.ndarray], action: dict[int, np.ndarray],
-    acts: list[tuple[str, int, float, int]], full: int,
+    acts: list[tuple[str, int, float, int]], full: int, reqs: tuple[int, ...] | None = None,
 ) -> PolicySummary:
     s, b = 0, budget
     path: list[str] = []
@@ -226,11 +244,24 @@ def _summary(
         name, c, _, m = acts[a]
         path.append(name)
         spent += c
-        s |= m
+        s |= m & _enabled(s, reqs)
         b -= c
     p0 = 1.0 if full == 0 else float(value[0][budget])
     e0 = 0.0 if full == 0 else float(cost[0][budget])
     return PolicySummary(budget, p0, e0, tuple(path), spent)
+
+
+def _requirement_masks(task: Task, need_bits: dict[str, int]) -> tuple[int, ...] | None:
+    """Per need bit, the mask of its prerequisites; None without dependencies (v1: unchanged DP)."""
+    if not task.has_dependencies:
+        return None
+    out = []
+    for n in task.needs:
+        m = 0
+        for r in n.requires:
+            m |= need_bits[r]
+        out.append(m)
+    return tuple(out)
 
 
 def optimal_plan(
@@ -254,14 +285,15 @@ def optimal_plan(
     need_bits = {n.id: 1 << i for i, n in enumerate(task.needs)}
     full = (1 << len(task.needs)) - 1
     acts = _actions(task, mkt, need_bits)
-    value, cost, action = _solve(len(task.needs), acts, b_total)
-    top = _summary(b_total, value, cost, action, acts, full)
+    reqs = _requirement_masks(task, need_bits)
+    value, cost, action = _solve(len(task.needs), acts, b_total, reqs)
+    top = _summary(b_total, value, cost, action, acts, full, reqs)
     curve = value[0]
     reach = np.nonzero(curve >= confidence - _EPS)[0]
     min_budget = int(reach[0]) if len(reach) else None
     cheapest = None
     if min_budget is not None:
-        cheapest = _summary(min_budget, value, cost, action, acts, full)
+        cheapest = _summary(min_budget, value, cost, action, acts, full, reqs)
     return OptimalPlan(
         task_id=task.task_id,
         budget=b_total,
@@ -316,10 +348,13 @@ def clairvoyant_plan(task: Task, seed: int, *, market: Market | None = None) -> 
     scores 100 on every solvable episode, so OR <= 100 is attainable.
 
     Market events are ignored (the initial market, or ``market``): the bound is exact for
-    static markets.
+    static markets. With sequential dependencies (market v2) the calls are listed prerequisites
+    first; tasks whose multi-need tools touch a dependency are refused (ValueError).
     """
     from .executor import SyntheticEnvironment
 
+    if task.has_dependencies:
+        _check_clairvoyant_dependencies(task)
     env = SyntheticEnvironment(task, seed)
     mkt = task.market() if market is None else market
     need_bits = {n.id: 1 << i for i, n in enumerate(task.needs)}
@@ -348,5 +383,50 @@ def clairvoyant_plan(task: Task, seed: int, *, market: Market | None = None) -> 
     if full not in best:
         return ClairvoyantPlan(task.task_id, seed, float(task.budget), False, None, ())
     total, picks = best[full]
+    if task.has_dependencies:
+        picks = _dependency_order(task, picks)
     return ClairvoyantPlan(task.task_id, seed, float(task.budget), True, total,
                            tuple(name for name, n in picks for _ in range(n)))
+
+
+def _related(task: Task) -> set[str]:
+    """Needs that take part in a dependency (as prerequisite or as dependent)."""
+    out: set[str] = set()
+    for n in task.needs:
+        if n.requires:
+            out.add(n.id)
+            out.update(n.requires)
+    return out
+
+
+def _check_clairvoyant_dependencies(task: Task) -> None:
+    # The set-cover program below stays exact with dependencies when every tool that touches a
+    # dependency covers that one need only: each useful tool is then called to its first success
+    # once, and any chosen set can be run prerequisites first (a dependent need's provider is
+    # simply called after its prerequisite's). Market v2's generator keeps bundles off
+    # dependencies for exactly this reason; other tasks get a clear refusal, not a wrong bound.
+    related = _related(task)
+    for t in task.tools:
+        if len(t.covers) > 1 and t.covers & related:
+            raise ValueError(
+                f"clairvoyant_plan: tool {t.name!r} of task {task.task_id!r} covers {sorted(t.covers)}, including "
+                f"needs in a dependency ({sorted(t.covers & related)}); the exact bound supports dependencies only "
+                "when the tools touching them cover a single need (use optimal_plan for the expected-value bound)"
+            )
+
+
+def _dependency_order(task: Task, picks: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """``picks`` reordered so that each need's prerequisites are satisfied first (stable otherwise)."""
+    depth: dict[str, int] = {}
+
+    def level(nid: str) -> int:
+        if nid not in depth:
+            depth[nid] = 1 + max((level(r) for r in task.need(nid).requires), default=-1)
+        return depth[nid]
+
+    def key(item: tuple[int, tuple[str, int]]) -> tuple[int, int]:
+        i, (name, _) = item
+        spec = task.tool(name)
+        return (max((level(n) for n in spec.covers), default=0) if spec else 0, i)
+
+    return tuple(p for _, p in sorted(enumerate(picks), key=key))

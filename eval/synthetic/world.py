@@ -79,12 +79,22 @@ class Need:
     domain: str
     description: str
     arg_keys: tuple[str, ...]
+    # Sequential dependencies (market v2, CostBench-style): the ids of needs whose result this
+    # need takes as an argument. A provider can satisfy this need only once all of them are
+    # satisfied (earlier calls); before that the call fails. Empty (v1) = independent.
+    requires: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"Need.id must be a non-empty string, got {self.id!r}")
         if not self.arg_keys:
             raise ValueError(f"Need {self.id!r} has no arg_keys; give at least one identifying argument key")
+        if isinstance(self.requires, str) or not all(isinstance(r, str) and r for r in self.requires):
+            raise ValueError(f"Need {self.id!r}: requires must be a tuple of need ids, got {self.requires!r}")
+        if not isinstance(self.requires, tuple):
+            object.__setattr__(self, "requires", tuple(self.requires))
+        if self.id in self.requires:
+            raise ValueError(f"Need {self.id!r}: requires names the need itself")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +171,24 @@ def apply_event(market: Market, event: MarketEvent) -> Market:
     return market.ban(event.tool)
 
 
+def _check_acyclic(task_id: str, requires: Mapping[str, tuple[str, ...]]) -> None:
+    # A cycle would make every need on it unreachable; refuse it at construction.
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: tuple[str, ...]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            raise ValueError(f"Task {task_id!r}: need dependencies form a cycle: {' -> '.join((*path, n))}")
+        state[n] = 1
+        for r in requires.get(n, ()):
+            visit(r, (*path, n))
+        state[n] = 2
+
+    for n in requires:
+        visit(n, ())
+
+
 def arg_quality(args: Mapping[str, Any] | None, canonical: Mapping[str, Any]) -> float:
     """The argument quality ``q`` in [0, 1] of ``args`` for a need with ``canonical`` arguments."""
     if not canonical:
@@ -212,6 +240,10 @@ class Task:
         for n in self.needs:
             if n.id not in self.canonical_args:
                 raise ValueError(f"Task {self.task_id!r}: canonical_args lacks need {n.id!r}")
+            if not set(n.requires) <= known:
+                raise ValueError(f"Task {self.task_id!r}: need {n.id!r} requires unknown needs "
+                                 f"{sorted(set(n.requires) - known)}")
+        _check_acyclic(self.task_id, {n.id: n.requires for n in self.needs})
         for e in self.events:
             if e.tool not in names:
                 raise ValueError(f"Task {self.task_id!r}: event targets unknown tool {e.tool!r}")
@@ -232,6 +264,15 @@ class Task:
             if n.id == need_id:
                 return n
         raise KeyError(f"task {self.task_id!r} has no need {need_id!r}")
+
+    def enabled(self, covers: frozenset[str] | set[str], satisfied: frozenset[str] | set[str]) -> frozenset[str]:
+        """The needs in ``covers`` a successful call can satisfy now: those whose prerequisites
+        (``Need.requires``) are all in ``satisfied``. Without dependencies that is ``covers``."""
+        return frozenset(n for n in covers if set(self.need(n).requires) <= set(satisfied))
+
+    @property
+    def has_dependencies(self) -> bool:
+        return any(n.requires for n in self.needs)
 
     def providers(self, need_id: str) -> tuple[ToolSpec, ...]:
         """The tools whose success satisfies ``need_id`` (single-need providers and composites)."""
