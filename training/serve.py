@@ -15,10 +15,17 @@ __all__ = ["serve", "vllm_command"]
 
 
 def vllm_command(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8000, dtype: str = "bfloat16",
-                 python: str = "python") -> list[str]:
+                 python: str = "python", gpu_memory_utilization: float | None = None) -> list[str]:
+    """The server command; the served model name (last) is the directory's name.
+
+    ``gpu_memory_utilization``: on vLLM's CPU build the share of host memory vLLM reserves (0.4
+    here: 0.2 leaves no room for the KV cache; the default 0.92 fails at start unless 92% of the
+    host's memory is free, see vllm/v1/worker/cpu_worker.py).
+    """
     path = Path(model_dir)
+    mem = ["--gpu-memory-utilization", str(gpu_memory_utilization)] if gpu_memory_utilization else []
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", host,
-            "--port", str(port), "--dtype", dtype, "--served-model-name", path.name]
+            "--port", str(port), "--dtype", dtype, *mem, "--served-model-name", path.name]
 
 
 def serve(model_dir: str | Path, *, print_only: bool = False, python: str | None = None, **kw: object) -> int:

@@ -1,9 +1,11 @@
 """A real LangChain chat model as the benchmark agent (OpenAI, vLLM, llama.cpp server, ...).
 
 ``--agent openai:gpt-4.1-mini`` uses ``langchain.chat_models.init_chat_model``;
-``--base-url http://127.0.0.1:8000/v1`` points it at any OpenAI-compatible server. The
-endpoint is checked at startup (``GET /models``), so a wrong URL fails in seconds, not after
-an hour of episodes.
+``--base-url http://127.0.0.1:8000/v1`` points it at any OpenAI-compatible server. Before any
+episode runs, the endpoint is checked (``GET /models``) and so is the model name: a wrong URL
+or a model the server does not serve fails in seconds with one line, never with a table of
+failed episodes. An ``openai:`` agent with neither ``--base-url`` nor ``OPENAI_API_KEY`` fails
+the same way. ``max_tokens`` (``--max-tokens``, default 512) caps each reply of the agent.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-__all__ = ["EndpointError", "chat_agent_factory", "check_endpoint"]
+__all__ = ["DEFAULT_MAX_TOKENS", "EndpointError", "chat_agent_factory", "check_endpoint", "check_model"]
+
+DEFAULT_MAX_TOKENS = 512
+OPENAI_URL = "https://api.openai.com/v1"
 
 
 class EndpointError(ValueError):
@@ -28,27 +33,59 @@ def check_endpoint(base_url: str, *, api_key: str | None = None, timeout: float 
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - user-given URL
             data = json.loads(response.read().decode() or "{}")
+    except urllib.error.HTTPError as exc:
+        hint = "check the API key (OPENAI_API_KEY)" if exc.code in (401, 403) else "is --base-url the server's /v1 root?"
+        raise EndpointError(f"{url} answered HTTP {exc.code} {exc.reason}; {hint}") from exc
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         raise EndpointError(f"cannot reach the OpenAI-compatible endpoint {url}: {exc}; "
                             "check --base-url and that the server is running") from exc
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise EndpointError(f"{url} did not answer with JSON; is --base-url the server's /v1 root?") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("data", []), list):
+        raise EndpointError(f"{url} did not answer with an OpenAI model list; is --base-url the server's /v1 root?")
     return [m.get("id", "") for m in data.get("data", []) if isinstance(m, dict)]
 
 
+def check_model(base_url: str, model: str, *, api_key: str | None = None, timeout: float = 5.0,
+                flag: str = "--agent openai:") -> list[str]:
+    """Check that ``base_url`` answers and serves ``model``; return the served ids."""
+    served = check_endpoint(base_url, api_key=api_key, timeout=timeout)
+    if model not in served:
+        listed = ", ".join(served[:10]) + (" ..." if len(served) > 10 else "") if served else "none"
+        raise EndpointError(f"model {model!r} is not served at {base_url.rstrip('/')} (it serves: {listed}); "
+                            f"pass {flag}<one of those>")
+    return served
+
+
 def chat_agent_factory(spec: str, options: dict[str, Any] | None = None) -> Any:
-    """Build the agent factory for a chat model spec such as ``openai:gpt-4.1-mini``."""
+    """Build the agent factory for a chat model spec such as ``openai:gpt-4.1-mini``.
+
+    ``options``: ``base_url``, ``api_key``, ``max_tokens`` (default 512), ``temperature`` (0),
+    ``timeout`` (120 s per request).
+    """
+    options = dict(options or {})
+    if ":" not in spec or not spec.split(":", 1)[1].strip():
+        raise ValueError(f"--agent {spec!r} is not 'sim', 'sim-llm' or a 'provider:model' spec such as "
+                         "openai:gpt-4.1-mini")
+    provider, name = (part.strip() for part in spec.split(":", 1))
+    max_tokens = options.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"--max-tokens must be an integer >= 1, got {max_tokens!r}")
+    kwargs: dict[str, Any] = {"temperature": options.get("temperature", 0.0), "max_tokens": max_tokens}
+    base_url = options.get("base_url")
+    api_key = options.get("api_key") or os.environ.get("OPENAI_API_KEY")
+    if base_url:
+        api_key = api_key or "EMPTY"
+        check_model(base_url, name, api_key=api_key)
+        kwargs.update(base_url=base_url, api_key=api_key, timeout=options.get("timeout", 120))
+    elif provider == "openai":
+        if not api_key:
+            raise EndpointError(f"--agent {spec} needs OPENAI_API_KEY in the environment, or --base-url URL of an "
+                                "OpenAI-compatible server (vLLM, llama.cpp: http://127.0.0.1:8000/v1)")
+        check_model(os.environ.get("OPENAI_BASE_URL") or OPENAI_URL, name, api_key=api_key)
+        kwargs["timeout"] = options.get("timeout", 120)
     from langchain.chat_models import init_chat_model
 
-    options = dict(options or {})
-    kwargs: dict[str, Any] = {"temperature": options.get("temperature", 0.0)}
-    base_url = options.get("base_url")
-    if base_url:
-        api_key = options.get("api_key") or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-        check_endpoint(base_url, api_key=api_key)
-        kwargs.update(base_url=base_url, api_key=api_key, timeout=options.get("timeout", 120))
-    if ":" not in spec:
-        raise ValueError(f"--agent {spec!r} is not 'sim' or a 'provider:model' spec such as openai:gpt-4.1-mini")
     try:
         model = init_chat_model(spec, **kwargs)
     except ImportError as exc:

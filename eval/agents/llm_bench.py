@@ -1,0 +1,319 @@
+"""The benchmark with a served chat model, plus what the results table does not show (``make bench-llm``).
+
+``python -m eval.agents.llm_bench --base-url URL --model NAME [--markets synthetic,stabletoolbench]
+[--methods raw,prompt,tracker,intent] [--tasks 10] [--stb-tasks 5] [--out runs/bench-llm]``
+
+For each market it runs ``eval.runner.run_benchmark`` once per method (one method at a time, into
+the same run directory, so the server's counters can be attributed to a method), then once more
+with every method, which runs nothing new and prints the usual table. Per method it writes
+``OUT/<market>/llm_stats.json`` and prints:
+
+* ``PR``, ``FR``, ``AC`` (mean cost) and ``crashed`` from the runner's metrics;
+* ``s/ep``: mean wall time per episode; ``tok/ep``: agent tokens (prompt + completion) per episode;
+* ``calls``: tool calls the model proposed (the guard's ``logs.jsonl``, one per call id); ``dup%``: those
+  identical (tool and arguments) to an earlier proposal of the same model turn; ``inv%``: those the guard
+  refused as invalid for another reason than duplication (unknown tool, bad arguments);
+* ``malf%``: model replies in which the server's lenient parser saw a call attempt it could not parse
+  (``INTENT_TOOL_PARSE_LOG``, written by ``intent_vllm/vllm_plugin.py``; empty for other servers);
+* ``cap%``: replies cut by ``--max-tokens`` (vLLM's ``request_success_total{finished_reason="length"}``);
+* ``gen tok/s`` and ``all tok/s``: the server's generated and prompt + generated tokens per second of
+  the method's run (vLLM's ``/metrics`` counters), ``cache%`` its prefix-cache hit rate; and
+  ``usage tok/s``: the agent's usage tokens over the method's wall time (any server).
+
+A method whose episodes were already in the run directory keeps its earlier server numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+import urllib.request
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "parse_log_totals", "parse_metrics", "proposal_stats", "read_metrics", "server_stats"]
+
+_METRIC = re.compile(r"^(vllm:[A-Za-z0-9_:]+)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN|[+-]Inf)\s*$")
+_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_hits_total",
+             "vllm:prefix_cache_queries_total", "vllm:request_success_total")
+
+
+def read_metrics(base_url: str, timeout: float = 5.0) -> dict[str, float]:
+    """vLLM's Prometheus counters (summed over labels); {} when the server has no /metrics."""
+    root = re.sub(r"/v1/?$", "", base_url.rstrip("/"))
+    try:
+        with urllib.request.urlopen(root + "/metrics", timeout=timeout) as response:  # noqa: S310
+            text = response.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return {}
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        m = _METRIC.match(line.strip())
+        if m:
+            try:
+                value = float(m.group(3))
+            except ValueError:
+                continue
+            totals[m.group(1)] += value
+            if 'finished_reason="length"' in (m.group(2) or ""):  # replies cut by max_tokens
+                totals[m.group(1) + "{length}"] += value
+    return dict(totals)
+
+
+def parse_log_totals(path: str | os.PathLike[str] | None, skip: int = 0) -> tuple[int, dict[str, int]]:
+    """(lines in the parser's log, totals of its lines after the first ``skip``)."""
+    totals = {"replies": 0, "calls": 0, "malformed": 0, "duplicates": 0, "unknown": 0, "malformed_replies": 0}
+    if not path or not Path(path).exists():
+        return 0, totals
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    for line in lines[skip:]:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        totals["replies"] += 1
+        for key in ("calls", "malformed", "duplicates", "unknown"):
+            totals[key] += int(row.get(key, 0))
+        totals["malformed_replies"] += int(row.get("malformed", 0) > 0)
+    return len(lines), totals
+
+
+def server_stats(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, Any]:
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    if not after or seconds <= 0:
+        return {}
+    gen, prompt = delta("vllm:generation_tokens_total"), delta("vllm:prompt_tokens_total")
+    queries = delta("vllm:prefix_cache_queries_total")
+    requests = delta("vllm:request_success_total")
+    return {"server_generation_tokens": int(gen), "server_prompt_tokens": int(prompt),
+            "server_requests": int(requests),
+            "length_capped_pct": round(100 * delta("vllm:request_success_total{length}") / requests, 1)
+            if requests else None,
+            "server_gen_tok_s": round(gen / seconds, 1), "server_total_tok_s": round((gen + prompt) / seconds, 1),
+            "prefix_cache_hit_pct": round(100 * delta("vllm:prefix_cache_hits_total") / queries, 1) if queries else None}
+
+
+def proposal_stats(logs_path: Path, method: str, seed: int) -> dict[str, int]:
+    """Tool calls ``method``'s agent proposed, from the guard log: ``proposals``; ``duplicates``, those
+    repeating an earlier proposal's tool and arguments in the same model turn (episode and step); and
+    ``invalid``, those the guard refused as invalid for another reason (unknown tool, bad arguments)."""
+    counts = {"proposals": 0, "duplicates": 0, "invalid": 0}
+    if not logs_path.exists():
+        return counts
+    firsts: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)  # (episode, step) -> call_id -> row
+    prefix, suffix = f"{method}:", f":{seed}"
+    with logs_path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            episode = str(row.get("task_id", ""))
+            if not (episode.startswith(prefix) and episode.endswith(suffix)):
+                continue
+            firsts[(episode, int(row.get("step", 0)))].setdefault(str(row.get("call_id", "")), row)
+    for calls in firsts.values():
+        seen: set[str] = set()
+        for row in calls.values():
+            key = f"{row.get('tool')}\x00{json.dumps(row.get('args'), sort_keys=True)}"
+            counts["proposals"] += 1
+            counts["duplicates"] += key in seen
+            seen.add(key)
+            counts["invalid"] += row.get("decision") == "invalid" and row.get("reason") != "duplicate_call"
+    return counts
+
+
+def _episodes(out: Path, method: str, seed: int) -> list[dict[str, Any]]:
+    path = out / "episodes.jsonl"
+    latest: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("method") == method and row.get("seed") == seed:
+                latest[row.get("task_id", "")] = row
+    return list(latest.values())
+
+
+def method_stats(out: Path, method: str, seed: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    rows = _episodes(out, method, seed)
+    n = len(rows)
+    tokens = sum(int(r.get("agent_tokens", 0)) for r in rows)
+    wall = sum(float(r.get("wall_s", 0.0)) for r in rows)
+    p = proposal_stats(out / "logs.jsonl", method, seed)
+    return {"episodes": n, "PR": metrics.get("PR"), "FR": metrics.get("FR"), "AC": metrics.get("AC"),
+            "crashed": sum(bool(r.get("error")) for r in rows),
+            "wall_s_per_episode": round(wall / n, 2) if n else None,
+            "agent_tokens": tokens, "agent_tokens_per_episode": round(tokens / n) if n else None,
+            "proposed_calls": p["proposals"], "duplicate_calls": p["duplicates"], "invalid_calls": p["invalid"],
+            "duplicate_call_pct": round(100 * p["duplicates"] / p["proposals"], 1) if p["proposals"] else None,
+            "invalid_call_pct": round(100 * p["invalid"] / p["proposals"], 1) if p["proposals"] else None,
+            "errors": sorted({str(r.get("error"))[:160] for r in rows if r.get("error")})}
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def stats_table(stats: dict[str, dict[str, Any]]) -> str:
+    cols = [("PR", "PR"), ("FR", "FR"), ("AC", "AC"), ("crashed", "crashed"), ("s/ep", "wall_s_per_episode"),
+            ("tok/ep", "agent_tokens_per_episode"), ("calls", "proposed_calls"), ("dup%", "duplicate_call_pct"),
+            ("inv%", "invalid_call_pct"), ("malf%", "malformed_reply_pct"), ("cap%", "length_capped_pct"), ("gen tok/s", "server_gen_tok_s"),
+            ("all tok/s", "server_total_tok_s"), ("cache%", "prefix_cache_hit_pct"), ("usage tok/s", "usage_tok_s")]
+    lines = ["| method | " + " | ".join(c for c, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for method, s in stats.items():
+        lines.append(f"| {method} | " + " | ".join(_fmt(s.get(k)) for _, k in cols) + " |")
+    return "\n".join(lines)
+
+
+class _CollectionHeartbeat:
+    """A line every 10 s while the runner collects the oracle's training logs (it prints none itself):
+    INTENT, MCO and BTP first run the Prompt agent on ``--oracle-tasks`` tasks with the real model."""
+
+    def __init__(self, out: Path, method: str, tasks: int, every_s: float = 10.0) -> None:
+        import threading
+
+        self.dir, self.method, self.tasks, self.every_s = out / "oracle_data", method, tasks, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while not self._stop.wait(self.every_s):
+            if (self.dir / "COMPLETE").exists():
+                return
+            logs = self.dir / "logs.jsonl"
+            episodes = len({json.loads(line).get("task_id") for line in logs.read_text().splitlines()
+                            if line.strip()}) if logs.exists() else 0
+            print(f"  {self.method}: collecting oracle logs (Prompt agent, {self.tasks} tasks): {episodes} episodes "
+                  f"with tool calls so far, {time.monotonic() - started:.0f} s", flush=True)
+
+    def __enter__(self) -> _CollectionHeartbeat:
+        if not (self.dir / "COMPLETE").exists():
+            print(f"  {self.method} needs oracle logs: the Prompt agent first runs {self.tasks} tasks "
+                  f"(--oracle-tasks), kept in {self.dir} for reuse", flush=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+
+def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dict[str, dict[str, Any]]:
+    from eval.report import markdown_table
+    from eval.runner import BenchConfig, run_benchmark
+
+    out = Path(args.out) / market
+    out.mkdir(parents=True, exist_ok=True)
+    stats_path = out / "llm_stats.json"
+    saved = json.loads(stats_path.read_text()).get("methods", {}) if stats_path.exists() else {}
+    options: dict[str, Any] = {"base_url": args.base_url, "max_tokens": args.max_tokens,
+                               "oracle_train_tasks": args.oracle_tasks}
+    if market == "stabletoolbench":
+        options["solvability"] = args.solvability
+        if args.stb_path:
+            options["stb_path"] = args.stb_path
+    tasks = args.tasks if market == "synthetic" else args.stb_tasks
+    config = BenchConfig(market=market, methods=[methods[0]], agent=f"openai:{args.model}", tasks=tasks,
+                         workers=args.workers, seed=args.seed, out=str(out), options=options)
+    stats: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        before_n = len(_episodes(out, method, args.seed))
+        lines_before, _ = parse_log_totals(args.parse_log)
+        metrics_before = read_metrics(args.base_url)
+        started = time.monotonic()
+        print(f"== {market}: {method} ({tasks} tasks, agent openai:{args.model}) ==", flush=True)
+        from contextlib import nullcontext
+
+        from eval.methods import get_method
+
+        needs_logs = get_method(method).needs_oracle_logs
+        collect_tasks = tasks if market == "stabletoolbench" else args.oracle_tasks  # STB: cross-fitted folds
+        with _CollectionHeartbeat(out, method, collect_tasks) if needs_logs else nullcontext():
+            run_benchmark(replace(config, methods=[method]), progress=not args.no_progress)
+        seconds = time.monotonic() - started
+        ran = len(_episodes(out, method, args.seed)) - before_n
+        if ran <= 0 and method in saved:
+            stats[method] = {k: v for k, v in saved[method].items()}
+            continue
+        _, parsed = parse_log_totals(args.parse_log, skip=lines_before)
+        entry = {"run_seconds": round(seconds, 1), **server_stats(metrics_before, read_metrics(args.base_url), seconds),
+                 "parser": parsed,
+                 "malformed_reply_pct": (round(100 * parsed["malformed_replies"] / parsed["replies"], 1)
+                                         if parsed["replies"] else None)}
+        stats[method] = entry
+    summary = run_benchmark(replace(config, methods=methods), progress=False)
+    for method in methods:
+        row = summary["methods"].get(method, {})
+        fresh = method_stats(out, method, args.seed, row)
+        stats[method] = {**stats.get(method, {}), **fresh}
+        run_s = stats[method].get("run_seconds")
+        stats[method]["usage_tok_s"] = round(fresh["agent_tokens"] / run_s, 1) if run_s else None
+    stats_path.write_text(json.dumps({"market": market, "model": args.model, "base_url": args.base_url,
+                                      "tasks": tasks, "seed": args.seed, "workers": args.workers,
+                                      "max_tokens": args.max_tokens, "methods": stats}, indent=2))
+    cfg = summary["config"]
+    print(f"\n{market}: {cfg['market_label']}; agent: {cfg['agent_label']}; judge: {cfg['judge']}")
+    print(markdown_table(summary))
+    print(f"\nLLM path ({args.model}, {tasks} tasks, max_tokens {args.max_tokens}):")
+    print(stats_table(stats))
+    for method, s in stats.items():
+        for err in s.get("errors", [])[:3]:
+            print(f"  {method} crashed episode: {err}")
+    print(f"results: {out}/results.json; LLM stats: {stats_path}")
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval.agents.llm_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", required=True, help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+    ap.add_argument("--model", required=True, help="served model name (GET /models)")
+    ap.add_argument("--markets", default="synthetic,stabletoolbench")
+    ap.add_argument("--methods", default="raw,prompt,tracker,intent")
+    ap.add_argument("--tasks", type=int, default=10, help="synthetic tasks (default 10)")
+    ap.add_argument("--stb-tasks", type=int, default=5, help="StableToolBench queries (default 5)")
+    ap.add_argument("--oracle-tasks", type=int, default=10,
+                    help="tasks the Prompt agent runs to collect INTENT/MCO/BTP's oracle logs (default 10)")
+    ap.add_argument("--solvability", action="store_true",
+                    help="StableToolBench: run the exhaustive DFSDT search for OR (hours with a real model)")
+    ap.add_argument("--stb-path", default=None)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="runs/bench-llm")
+    ap.add_argument("--parse-log", default=os.environ.get("INTENT_TOOL_PARSE_LOG"),
+                    help="the lenient parser's log (default $INTENT_TOOL_PARSE_LOG)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    from eval.agents.chat import check_model
+
+    check_model(args.base_url, args.model, flag="--model ")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for market in [m.strip() for m in args.markets.split(",") if m.strip()]:
+        run_market(market, args, methods)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        raise SystemExit(main())
+    except ValueError as exc:  # EndpointError and the runner's config errors: one line
+        print(f"llm_bench: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

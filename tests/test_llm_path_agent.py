@@ -1,0 +1,186 @@
+"""The real-LLM path's agent-side errors, --max-tokens and `intent probe`, against a stdlib stub server.
+
+The stub is an OpenAI-compatible HTTP server in a thread (GET /v1/models, POST /v1/chat/completions);
+the end-to-end run against vLLM is `make bench-llm`, not a unit test.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from intent.cli import main
+
+STUB_MODEL = "stub-model"
+FENCED = '```json\n{"name": "%s", "arguments": {"symbol": "ACME"}}\n```'
+
+
+class _Stub(BaseHTTPRequestHandler):
+    mode = "tool_calls"  # tool_calls | fenced | bad_args | plain | no_tool_choice
+    requests: list[dict] = []
+
+    def log_message(self, *args):  # keep the test output clean
+        pass
+
+    def _send(self, payload, code=200):
+        body = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path.rstrip("/") == "/v1/models":
+            self._send({"object": "list", "data": [{"id": STUB_MODEL, "object": "model"}]})
+        else:
+            self._send({"error": {"message": "not found"}}, 404)
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(req)
+        if req.get("model") != STUB_MODEL:
+            return self._send({"error": {"message": f"The model `{req.get('model')}` does not exist."}}, 404)
+        mode = type(self).mode
+        if mode == "no_tool_choice":
+            return self._send({"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice and '
+                                                    "--tool-call-parser to be set"}}, 400)
+        answered = any(m.get("role") == "tool" for m in req["messages"])
+        fn = req["tools"][0]["function"] if req.get("tools") else None
+        message: dict = {"role": "assistant", "content": "Here is the answer."}
+        if fn and not answered:
+            if mode == "tool_calls":
+                args = json.dumps({k: "x" for k in fn["parameters"].get("required", [])})
+                message = {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": fn["name"], "arguments": args}}]}
+            elif mode == "bad_args":
+                message = {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "no_such_tool", "arguments": "{x"}}]}
+            elif mode == "fenced":
+                message = {"role": "assistant", "content": FENCED % fn["name"]}
+        self._send({"id": "c1", "object": "chat.completion", "created": 0, "model": STUB_MODEL,
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+
+
+@pytest.fixture
+def stub():
+    _Stub.mode, _Stub.requests = "tool_calls", []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def _dead_url() -> str:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    port = server.server_address[1]
+    server.server_close()  # nothing listens there any more
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def _one_line_error(capsys, *needles):
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+    assert "| method |" not in captured.out  # no table
+    return err
+
+
+# -- agent-side errors before any episode -------------------------------------------------------------
+
+def test_wrong_model_name_is_a_one_line_error_not_a_table(stub, tmp_path, capsys):
+    code = main(["bench", "--agent", "openai:no-such-model", "--base-url", stub, "--methods", "raw", "--tasks", "1",
+                 "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2
+    _one_line_error(capsys, "'no-such-model' is not served", STUB_MODEL, "--agent openai:")
+    assert _Stub.requests == []  # no episode ran
+    assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_unreachable_endpoint_is_a_one_line_error(tmp_path, capsys):
+    code = main(["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", _dead_url(), "--methods", "raw",
+                 "--tasks", "1", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2
+    _one_line_error(capsys, "cannot reach", "--base-url")
+
+
+def test_no_base_url_and_no_api_key_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code = main(["bench", "--agent", "openai:gpt-4.1-mini", "--methods", "raw", "--tasks", "1",
+                 "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2
+    _one_line_error(capsys, "OPENAI_API_KEY", "--base-url")
+
+
+def test_max_tokens_reaches_every_request_and_defaults_to_512(stub, tmp_path):
+    assert main(["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "tracker",
+                 "--tasks", "1", "--max-tokens", "77", "--out", str(tmp_path / "a"), "--no-progress"]) == 0
+    sent = [r.get("max_completion_tokens", r.get("max_tokens")) for r in _Stub.requests]
+    assert sent and set(sent) == {77}
+    _Stub.requests.clear()
+    assert main(["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "tracker",
+                 "--tasks", "1", "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    assert {r.get("max_completion_tokens", r.get("max_tokens")) for r in _Stub.requests} == {512}
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_max_tokens_must_be_a_positive_integer(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--agent", "openai:x", "--max-tokens", value])
+    assert exc.value.code == 2 and "--max-tokens" in capsys.readouterr().err
+
+
+# -- intent probe --------------------------------------------------------------------------------------
+
+def test_probe_counts_well_formed_tool_calls(stub, capsys, tmp_path):
+    assert main(["probe", "--base-url", stub, "--model", STUB_MODEL, "--json", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "well-formed tool calls: 4/4 (100%)" in out
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["rate"] == 1.0 and all(r["outcome"] == "tool_call" for r in report["results"])
+    assert all(r["tools"] and r["tool_choice"] == "auto" for r in _Stub.requests)
+
+
+def test_probe_spots_calls_written_as_text_and_fails_below_min_rate(stub, capsys):
+    _Stub.mode = "fenced"
+    assert main(["probe", "--base-url", stub, "--model", STUB_MODEL]) == 1
+    captured = capsys.readouterr()
+    assert "well-formed tool calls: 0/4 (0%)" in captured.out
+    assert "--tool-parser-plugin intent_vllm/vllm_plugin.py" in captured.out
+    assert captured.out.count("text_call") == 4 and "below --min-rate" in captured.err
+
+
+def test_probe_counts_unknown_tools_and_bad_arguments_as_malformed(stub, capsys):
+    _Stub.mode = "bad_args"
+    assert main(["probe", "--base-url", stub, "--model", STUB_MODEL, "--min-rate", "0"]) == 0
+    assert capsys.readouterr().out.count("malformed") == 4
+
+
+def test_probe_plain_answers_are_no_calls(stub, capsys):
+    _Stub.mode = "plain"
+    assert main(["probe", "--base-url", stub, "--model", STUB_MODEL]) == 1
+    assert capsys.readouterr().out.count("no_call") == 4
+
+
+def test_probe_unknown_model_is_a_one_line_error(stub, capsys):
+    assert main(["probe", "--base-url", stub, "--model", "nope"]) == 2
+    _one_line_error(capsys, "'nope' is not served", STUB_MODEL, "--model")
+
+
+def test_probe_unreachable_endpoint_is_a_one_line_error(capsys):
+    assert main(["probe", "--base-url", _dead_url(), "--model", STUB_MODEL]) == 2
+    _one_line_error(capsys, "cannot reach")
+
+
+def test_probe_server_without_tool_calling_names_the_fix(stub, capsys):
+    _Stub.mode = "no_tool_choice"
+    assert main(["probe", "--base-url", stub, "--model", STUB_MODEL]) == 2
+    _one_line_error(capsys, "HTTP 400", "--enable-auto-tool-choice", "intent_lenient")
