@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test bench-guard bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
+.PHONY: install demo demo-guard study test bench-v2 bench-guard bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ demo: install
 # StableToolBench queries (schema-simulated environment, proxy judge).
 study: install
 	$(VENV)/bin/intent bench study --workers 2 --seed 0 --out $(STUDY_OUT)
+
+# Issue 16's comparison on market v2 with the pre-registered agent: every main oracle, INTENT's
+# ablations and the optimal upper bound on 500 tasks, with paired PR differences against tracker
+# and prompt (about 5 minutes here). Tables: $(V2_OUT)/results.md.
+V2_OUT ?= runs/v2
+bench-v2: install
+	$(VENV)/bin/intent bench --market synthetic-v2 --agent sim-llm --reference prompt --tasks 500 --workers 2 --seed 0 \
+	  --methods raw,prompt,tracker,mco,intent,intent-alt,intent-uncalibrated,intent-notrace,intent-no-rollout-cache,intent-no-last-call-cache,intent-no-blacklist,optimal \
+	  --out $(V2_OUT)
 
 # A walk-through of the guard alone: a scripted agent, each decision and the ledger.
 demo-guard: install

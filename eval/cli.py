@@ -11,7 +11,7 @@ def _bench(args: argparse.Namespace) -> int:
         return _study(args)
     from rich.console import Console
 
-    from eval.report import markdown_table
+    from eval.report import markdown_table, paired_lines
     from eval.runner import BenchConfig, run_benchmark
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -26,6 +26,11 @@ def _bench(args: argparse.Namespace) -> int:
         options["groups"] = [g.strip() for g in args.groups.split(",")]
     if args.no_solvability:
         options["solvability"] = False
+    if args.paired_with:
+        options["paired_with"] = [m.strip() for m in args.paired_with.split(",") if m.strip()]
+    for key in ("gamma", "delta"):
+        if getattr(args, key, None) is not None:
+            options[key] = getattr(args, key)
     for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir", "judge",
                 "judge_url", "judge_model", "judge_runs", "world_model"):
         if getattr(args, key, None):
@@ -39,6 +44,7 @@ def _bench(args: argparse.Namespace) -> int:
     console.print(f"[bold]{cfg['market']}[/bold]: {cfg['market_label']}; agent: {cfg['agent_label']}; "
                   f"judge: {cfg['judge']}")
     console.print(markdown_table(summary), markup=False)
+    console.print("\n".join(["", *paired_lines(summary)]), markup=False)
     console.print(f"results: {args.out}/results.json, {args.out}/results.md; logs: {args.out}/logs.jsonl")
     return 0
 
@@ -92,6 +98,10 @@ def register(sub: Any) -> None:
                         "(StableToolBench's own simulator: an upper bound that leaks, labelled as such)")
     p.add_argument("--no-solvability", action="store_true",
                    help="StableToolBench: skip the exhaustive DFSDT search that defines OR's denominator (OR is null)")
+    p.add_argument("--paired-with", help="methods to compare every other one with, task by task (paired bootstrap "
+                                        "95%% interval of the PR difference; default: tracker and --reference)")
+    p.add_argument("--gamma", type=float, help="INTENT's risk factor gamma (default 0.5, the paper's)")
+    p.add_argument("--delta", type=float, help="INTENT's blacklist threshold delta (default 0.1, the paper's)")
     p.add_argument("--oracle-logs", help="interaction logs (intent.logs JSONL) to build the oracle models from")
     p.add_argument("--predictor-dir", help="a trained intention predictor directory (intent train predictor)")
     p.add_argument("--judge", choices=["proxy", "sopr"], help="StableToolBench judge (default proxy; sopr needs "

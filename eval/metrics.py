@@ -37,7 +37,7 @@ from typing import Any
 
 from eval.results import EpisodeResult
 
-__all__ = ["compute_metrics", "group_pass_rates"]
+__all__ = ["compute_metrics", "group_pass_rates", "paired_pr_differences"]
 
 
 def _pct(x: float) -> float:
@@ -91,6 +91,9 @@ def compute_metrics(
             "decision_ms_mean": round(statistics.fmean(decisions), 4) if decisions else None,
             "decision_ms_p95": round(_quantile(decisions, 0.95), 4) if decisions else None,
             "overspend_tasks": sum(not r.feasible for r in rs),
+            # Failed but within budget with >= 20% of it unspent: the agent stopped while it could still pay.
+            "failed_with_budget_left": _pct(sum(r.feasible and r.score == 0 and r.cost <= 0.8 * r.budget for r in rs)
+                                            / max(1, sum(r.feasible and r.score == 0 for r in rs))),
             **_oracle_stats(rs, len(decisions)),
             "opened_with_rejection": _pct(sum(bool(r.extra.get("opened_with_rejection")) for r in rs) / n) if n else None,
             "decision_regret": round(statistics.fmean(regrets), 5) if regrets else None,
@@ -122,6 +125,10 @@ def _oracle_stats(rs: Sequence[EpisodeResult], decisions: int) -> dict[str, Any]
         "world_model_tokens": int(sums.get("world_model_tokens", 0.0)),
         "cache_hit_rate": round(hits / decisions, 4),
         "model_errors": int(sums.get("model_error", 0.0)),
+        # INTENT's blacklist: the share of predicted steps with p < delta, and tools hidden per episode.
+        "below_delta_rate": (round(sums.get("below_delta", 0.0) / sums["predictor_items"], 4)
+                             if sums.get("predictor_items") else None),
+        "blacklisted_per_task": round(sums.get("blacklisted", 0.0) / len(rs), 3) if "blacklisted" in sums else None,
         "planning_ms_per_task": round(sums.get("planning_ms", 0.0) / len(rs), 3) if "planning_ms" in sums else None,
     }
 
@@ -152,3 +159,38 @@ def _quantile(values: Sequence[float], q: float) -> float:
     k = (len(s) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def paired_pr_differences(results: Iterable[EpisodeResult], base: str, *, seed: int = 0, resamples: int = 2000
+                          ) -> dict[str, dict[str, Any]]:
+    """Each method's PR minus ``base``'s on the same tasks, with a paired bootstrap 95% interval.
+
+    Paired over tasks (both methods ran the same task with the same seed), so the interval is
+    much narrower than two independent PR intervals; the resampling is seeded, so the same
+    results give the same interval. Methods without ``base`` on a task skip that task.
+    """
+    import random
+
+    by_method: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
+    for r in results:
+        by_method[r.method][(r.task_id, r.seed)] = float(r.score)
+    ref = by_method.get(base)
+    if not ref:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for method, scores in by_method.items():
+        if method == base:
+            continue
+        keys = sorted(k for k in scores if k in ref)
+        if not keys:
+            continue
+        diffs = [scores[k] - ref[k] for k in keys]
+        rng = random.Random(f"{seed}:{method}:{base}")
+        n = len(diffs)
+        means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+        out[method] = {
+            "base": base, "n": n, "diff": _pct(sum(diffs) / n),
+            "ci95": [_pct(means[int(0.025 * resamples)]), _pct(means[int(0.975 * resamples) - 1])],
+            "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs),
+        }
+    return out

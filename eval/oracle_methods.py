@@ -132,7 +132,9 @@ class OracleResources:
                 self.notes.append(f"{key}: the oracle logs hold only z={labels[0] if labels else '?'} labels; "
                                   "used the empirical-mean predictor instead of the trained one")
                 return EmpiricalMeanPredictor(records)
-            model = HashedLogisticPredictor(seed=self.config.seed).fit(items, labels)
+            # Held-out split by task (the predictor chooses its L2 and temperature on unseen tasks).
+            model = HashedLogisticPredictor(seed=self.config.seed).fit(
+                items, labels, groups=[_inner_task_id(r.task_id) for r, _ in labelled])
             if key == "predictor_uncalibrated":
                 model.calibrated = False
             return model
@@ -238,6 +240,8 @@ _ABLATIONS = {
     "intent-no-rollout-cache": ("predictor", {"rollout_cache": False}, "without the rollout cache"),
     "intent-no-last-call-cache": ("predictor", {"last_call_cache": False}, "without the last-call cache"),
     "intent-no-blacklist": ("predictor", {"blacklist": False}, "without the blacklist"),
+    "intent-alt": ("predictor", {"alternatives": 3}, "extension: a rejection also lists the 3 affordable tools "
+                   "taking the same arguments with the least predicted expected cost"),
 }
 METHODS: tuple[MethodSpec, ...] = (*_MAIN, *(
     MethodSpec(name, True, _intent(pred, **switches), f"INTENT ablation: {desc}", needs_oracle_logs=True)

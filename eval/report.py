@@ -46,6 +46,22 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
         "",
         markdown_table(summary),
         "",
+        *paired_lines(summary),
     ])
     (out / "results.md").write_text(text)
     return text
+
+
+def paired_lines(summary: dict[str, Any]) -> list[str]:
+    """Paired PR differences (same tasks, same seed) with bootstrap 95% intervals, per base method."""
+    lines: list[str] = []
+    for base, rows in (summary.get("paired") or {}).items():
+        if not rows:
+            continue
+        lines += [f"PR minus {base}'s PR on the same tasks (percentage points; paired bootstrap 95% interval; "
+                  "tasks better / worse):", "", "| method | ΔPR | 95% interval | better | worse |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {m} | {v['diff']:+.2f} | [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}] | {v['better']} | "
+                  f"{v['worse']} |" for m, v in rows.items()]
+        lines.append("")
+    return lines

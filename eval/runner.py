@@ -247,7 +247,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
                   progress: bool = True) -> dict[str, Any]:
     from eval.progress import progress as progress_bar
 
-    from eval.metrics import compute_metrics, group_pass_rates
+    from eval.metrics import compute_metrics, group_pass_rates, paired_pr_differences
     from eval.report import write_reports
 
     specs = validate(config)
@@ -355,10 +355,20 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
                       if getattr(market, "need_inference_label", None) else {})},
         "methods": {m: metrics[m] for m in config.methods if m in metrics},
         "groups": group_pass_rates(results),
+        "paired": {base: paired_pr_differences(results, base, seed=config.seed)
+                   for base in _paired_bases(config)},
     }
     _atomic_write(out / "results.json", json.dumps(summary, indent=2, sort_keys=False))
     write_reports(summary, out)
     return summary
+
+
+def _paired_bases(config: BenchConfig) -> list[str]:
+    """Methods every other one is compared with, task by task: ``options['paired_with']`` or the
+    myopic enforcer (tracker) and the WR reference, when they ran."""
+    given = config.options.get("paired_with")
+    bases = list(given) if given else ["tracker", config.reference]
+    return [b for b in dict.fromkeys(bases) if b and b in config.methods]
 
 
 def _agent_label(agent: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from eval.runner import BenchConfig, run_benchmark
 
-__all__ = ["StudyConfig", "run_study"]
+__all__ = ["StudyConfig", "predictor_lines", "run_study"]
 
 MAIN_METHODS = ("raw", "prompt", "tracker", "dfsdt", "btp", "bats", "mco", "intent", "optimal")
 ABLATIONS = ("intent", "intent-optimistic", "intent-uncalibrated", "intent-empirical", "intent-stochastic",
@@ -150,42 +150,13 @@ def _slim(value: Any) -> Any:
 
 
 def calibration_study(logs: Path, out: Path, *, seed: int) -> dict[str, Any]:
-    """Fit the light predictor on 80% of the tasks of the oracle logs, evaluate on the rest."""
-    import random
-
+    """The predictor report (:func:`worldmodel.predictor_report.predictor_report`) on the oracle logs:
+    split by task, beside the counting baselines; writes its JSON and PNGs into ``out``."""
     from intent.logs import read_log
-    from worldmodel.calibration import brier, ece, nll, reliability_bins, sigmoid
-    from worldmodel.predictors import HashedLogisticPredictor
-    from worldmodel.replay import label_of
+    from worldmodel.predictor_report import predictor_report
 
-    records = [r for r in read_log(logs) if r.decision == "accept" and label_of(r) is not None]
-    tasks = sorted({r.task_id for r in records})
-    random.Random(seed).shuffle(tasks)
-    test_tasks = set(tasks[: max(1, len(tasks) // 5)])
-    train = [r for r in records if r.task_id not in test_tasks]
-    test = [r for r in records if r.task_id in test_tasks]
-
-    def items(rs: list[Any]) -> list[tuple[str, str, dict]]:
-        return [(r.reasoning, r.tool, r.args if isinstance(r.args, dict) else {}) for r in rs]
-
-    model = HashedLogisticPredictor(seed=seed).fit(items(train), [label_of(r) for r in train])
-    labels = [label_of(r) for r in test]
-    logits = model.logits(items(test))
-    raw = [float(p) for p in sigmoid(logits)]
-    cal = [float(p) for p in sigmoid(logits / model.temperature)]
-    report = {
-        "predictor": "hashed-logistic (numpy), temperature-scaled on a dev split of the training tasks",
-        "n_train": len(train), "n_test": len(test), "temperature": model.temperature,
-        "uncalibrated": {"NLL": nll(raw, labels), "Brier": brier(raw, labels), "ECE": ece(raw, labels)},
-        "calibrated": {"NLL": nll(cal, labels), "Brier": brier(cal, labels), "ECE": ece(cal, labels)},
-        "accuracy": sum((p >= 0.5) == bool(y) for p, y in zip(cal, labels)) / max(1, len(labels)),
-        "bins_calibrated": reliability_bins(cal, labels), "bins_uncalibrated": reliability_bins(raw, labels),
-    }
-    from training.common import reliability_png
-
-    reliability_png(out / "reliability.png", raw, cal, labels,
-                    f"Intention predictor reliability (T = {model.temperature:.2f}; simulated data)")
-    return report
+    return predictor_report(list(read_log(logs)), seed=seed, out=out,
+                            title="Intention predictor (simulated data)")
 
 
 def _plots(summary: dict[str, Any], out: Path) -> None:
@@ -344,13 +315,7 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
             row = [f"{_cell(runs[x]['methods'][m]['PR'])} | {_cell(runs[x]['methods'][m]['FR'])} | "
                    f"{_cell(runs[x]['methods'][m]['AC'])}" for m in methods]
             lines.append(f"| {x} | " + " | ".join(row) + " |")
-    cal = summary["calibration"]
-    lines += ["", "## Intention predictor calibration (Figure 6 structure)", "", "![reliability](reliability.png)", "",
-              f"{cal['predictor']}; {cal['n_train']} training and {cal['n_test']} test calls (task-disjoint); "
-              f"T = {cal['temperature']:.3f}; accuracy {cal['accuracy']:.3f}.", "",
-              "| | NLL | Brier | ECE |", "|---|---:|---:|---:|"]
-    for k in ("uncalibrated", "calibrated"):
-        lines.append(f"| {k} | {cal[k]['NLL']:.4f} | {cal[k]['Brier']:.4f} | {cal[k]['ECE']:.4f} |")
+    lines += ["", "## Intention predictor (Figure 6 structure)", ""] + predictor_lines(summary["calibration"])
     lines += ["", "## Checks", ""]
     unanswered = [m for m, v in main["methods"].items() if v.get("proposed_calls") != v.get("answered_calls")]
     lines.append("- Every proposed tool call was answered exactly once, for every method (the runner checks each "
@@ -368,3 +333,20 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
     soft = {m: main["methods"][m]["FR"] for m in ("raw", "prompt") if m in main["methods"]}
     lines.append("- Soft baselines overspend: " + ", ".join(f"{m} FR {v:.1f}%" for m, v in soft.items()) + ".")
     return "\n".join(lines) + "\n"
+
+
+def predictor_lines(cal: dict[str, Any]) -> list[str]:
+    """The predictor report as markdown: metrics on held-out tasks beside the counting baselines."""
+    split = cal["split"]
+    lines = ["![reliability](reliability.png) ![p histogram](p_histogram.png)", "",
+             f"{cal['predictor']}; split by task: {split['train_tasks']} training tasks ({split['train_examples']} "
+             f"calls), {split['test_tasks']} test tasks ({split['test_examples']} calls); T = {cal['temperature']:.3f} "
+             f"(chosen on held-out training tasks; kept only if it lowers their NLL and not their ECE).", "",
+             "| predictor | AUROC | NLL | Brier | ECE (15 bins) | accuracy | p < delta |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, sc in cal["scores"].items():
+        lines.append(f"| {name} | {sc['auroc']:.3f} | {sc['nll']:.4f} | {sc['brier']:.4f} | {sc['ece']:.4f} | "
+                     f"{sc['accuracy']:.3f} | {100 * sc['share_below_delta']:.1f}% |")
+    lines += ["", "Targets (issue 13): " + "; ".join(f"{k}: {'met' if v else '**not met**'}"
+                                                   for k, v in cal["targets"].items()) + "."]
+    return lines

@@ -113,6 +113,15 @@ def trace_table(trace: Sequence[PlannedStep]) -> str:
     return "\n".join(lines)
 
 
+def alternatives_table(alternatives: Sequence[PlannedStep]) -> str:
+    """INTENT's optional hint on rejection: other tools taking the same arguments, least expected cost first."""
+    lines = ["Alternatives for the rejected call (same arguments; predicted, least expected cost first):",
+             "rank | tool | price | p_success | expected_cost"]
+    for i, s in enumerate(alternatives, start=1):
+        lines.append(f"{i} | {s.tool} | {_money(s.price)} | {s.p_success:.2f} | {_money(s.expected_cost or 0.0)}")
+    return "\n".join(lines)
+
+
 def price_list(market: Market) -> str:
     """The tool price block shown to the agent (one ``- name: price`` line per available tool)."""
     lines = [f"- {t.name}: {_money(t.price)}" for t in market.tools if t.name not in market.banned]

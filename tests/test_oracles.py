@@ -280,3 +280,34 @@ def test_conformance_of_the_shipped_oracles():
                     lambda: MCOOracle(answers(), RecordingWM())):
         check_oracle(factory)
     assert isinstance(AcceptAll().decide(ctx()), Decision)
+
+
+def _tool_dict(name, *keys):
+    return {"name": name, "description": name, "parameters": {"type": "object",
+                                                              "properties": {k: {"type": "string"} for k in keys}}}
+
+
+def test_intent_alternatives_list_affordable_same_argument_tools_by_expected_cost():
+    market = Market([PricedTool("a", 10), PricedTool("b", 20), PricedTool("c", 5), PricedTool("d", 8),
+                     PricedTool("e", 60)])
+    tools = [_tool_dict("a", "q"), _tool_dict("b", "q"), _tool_dict("c", "q"), _tool_dict("d", "other"),
+             _tool_dict("e", "q")]
+    # a: 10 / 0.5 = 20; b: 20 / 0.9 = 22.2; c: 5 / 0.1 = 50; d takes other arguments; e does not fit.
+    pred = TablePredictor({"a": 0.5, "b": 0.9, "c": 0.1, "d": 0.99, "e": 0.99})
+
+    def oracle(n):
+        model = ScriptedToolModel(messages=iter([AIMessage("done")]), bound=[])
+        return IntentOracle(AgentPolicy(model, tools), RecordingWM(), pred, gamma=5.0, alternatives=n)
+
+    prop = Proposal("e1-a", "a", {"q": 1}, "I need a")
+    context = DecisionContext("e1", "q", prop, 10.0, 50.0, 0.0, 50.0, market, step=0,
+                              history=[HumanMessage("q"), AIMessage("I need a", tool_calls=[tc("a", "e1-a", q=1)])],
+                              batch=(prop,))
+    d = oracle(2).decide(context)
+    assert not d.accept
+    alts = d.feedback.split("Alternatives for the rejected call")[1]
+    assert "1 | b | 20 | 0.90 | 22" in alts and "2 | c | 5 | 0.10 | 50" in alts
+    assert "| d |" not in alts and "| e |" not in alts and "| a |" not in alts
+    assert "Alternatives" not in oracle(0).decide(context).feedback  # off by default in the paper's INTENT
+    with pytest.raises(ValueError, match="alternatives"):
+        IntentOracle(policy(), RecordingWM(), pred, alternatives=-1)

@@ -58,4 +58,6 @@ def test_study_pipeline_end_to_end(tmp_path):
         assert stb["raw"]["overspend_tasks"] > 0 and stb["intent"]["overspend_tasks"] == 0
     assert set(summary["sweeps"]["gamma"]) == {"0.5", "1.5"}
     cal = summary["calibration"]
-    assert cal["n_test"] > 0 and cal["temperature"] > 0
+    assert cal["split"]["by"] == "task" and cal["split"]["test_examples"] > 0 and cal["temperature"] > 0
+    assert {"hashed", "tool_frequency", "tool_token_frequency"} <= set(cal["scores"]) and "AUROC" in report
+    assert (tmp_path / "p_histogram.png").stat().st_size > 1000

@@ -7,6 +7,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from worldmodel.plots import reliability_png  # one implementation, shared with worldmodel
+
 __all__ = ["check_base_model", "memory_warning", "reliability_png"]
 
 _ENCODERS = {"bert", "roberta", "distilbert", "xlm-roberta", "mpnet", "deberta", "deberta-v2", "electra",
@@ -42,28 +44,3 @@ def memory_warning(n_params: int, batch_size: int, max_length: int, hidden: int,
         warnings.warn(f"training may need ~{gb:.1f} GB of memory ({n_params / 1e6:.0f}M parameters, batch "
                       f"{batch_size} x {max_length} tokens); lower --batch-size or --max-length", stacklevel=2)
     return gb
-
-
-def reliability_png(path: Path, probs_before: list[float], probs_after: list[float], labels: list[int],
-                    title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from worldmodel.calibration import reliability_bins
-
-    fig, (ax, hx) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
-    for probs, style, name in ((probs_before, "o-", "uncalibrated"), (probs_after, "s-", "temperature-scaled")):
-        pts = [(c, a) for _, c, a, n in reliability_bins(probs, labels) if n]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=name)
-    ax.set_ylabel("observed z = 1 rate")
-    ax.set_title(title)
-    ax.legend()
-    hx.hist(probs_after, bins=20, range=(0, 1), color="gray")
-    hx.set_xlabel("predicted p")
-    hx.set_ylabel("count")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

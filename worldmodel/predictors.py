@@ -13,7 +13,8 @@ from worldmodel.formats import FORMAT_VERSION, predictor_text
 from worldmodel.protocols import ModelError, PredictorInput
 from worldmodel.replay import label_of
 
-__all__ = ["EmpiricalMeanPredictor", "EncoderIntentionPredictor", "OptimisticPredictor"]
+__all__ = ["EmpiricalMeanPredictor", "EncoderIntentionPredictor", "HashedLogisticPredictor", "OptimisticPredictor",
+           "ToolTokenFrequencyPredictor"]
 
 
 class OptimisticPredictor:
@@ -112,71 +113,189 @@ class EncoderIntentionPredictor:
 
 
 class HashedLogisticPredictor:
-    """A light trained predictor: logistic regression on hashed word n-grams of
-    :func:`worldmodel.formats.predictor_text`, temperature-scaled on a dev split. numpy only.
+    """A light trained predictor: L2-regularised logistic regression on hashed features, numpy only.
 
-    It is the fast stand-in for the encoder predictor when torch is not wanted (the benchmark's
-    quick option); ``calibrated=False`` gives the "Uncalibrated" ablation.
+    Features of ``(reasoning, tool, args)`` (all binary, hashed into ``n_features`` buckets):
+
+    * word unigrams and bigrams of :func:`worldmodel.formats.predictor_text` (what the agent
+      wants and the call);
+    * the tool's name and each of its name's tokens (``geo_lite_geocode`` -> geo, lite, geocode):
+      the provider tier is in the name;
+    * the tool crossed with each argument value (``tool|key=value``): a provider's quality can
+      depend on the query (which entity, which region) and a linear model over words alone
+      cannot express "this provider, this kind of argument".
+
+    The call's own features count 1 each; the text's n-grams share unit norm as one block.
+    Training is full-batch Adam on a sparse design matrix (a few thousand rows here). When
+    ``groups`` (task ids) are given, ``dev_fraction`` of the **tasks** is held out: the L2
+    strength is chosen on them by NLL (from ``l2_grid``) and the temperature is fitted on them
+    (Guo et al., 2017). The temperature is kept only if it lowers the held-out NLL without raising
+    the held-out ECE, so calibration never makes the model worse on the tasks it was fitted on. Without groups, the
+    held-out split is by record (each record its own task) and the fit says so in ``split``.
+
+    ``calibrated=False`` gives the "Uncalibrated" ablation.
     """
 
     name = "hashed_logistic"
 
-    def __init__(self, *, n_features: int = 2**12, l2: float = 1e-3, epochs: int = 60, lr: float = 0.5,
+    def __init__(self, *, n_features: int = 2**15, l2: float | None = None,
+                 l2_grid: Sequence[float] = (1e-4, 1e-3, 1e-2), epochs: int = 300, lr: float = 0.1,
                  seed: int = 0) -> None:
-        self.n_features, self.l2, self.epochs, self.lr, self.seed = n_features, l2, epochs, lr, seed
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        self.n_features, self.epochs, self.lr, self.seed = n_features, epochs, lr, seed
+        self.l2_grid = tuple(l2_grid) if l2 is None else (float(l2),)
+        self.l2: float | None = l2
         self.weights: Any = None
         self.bias = 0.0
         self.temperature = 1.0
         self.calibrated = True
+        self.split: dict[str, Any] = {}
 
-    def _features(self, texts: Sequence[str]) -> Any:
+    # -- features -------------------------------------------------------------------------------------------
+    @staticmethod
+    def feature_names(reasoning: str, tool: str, args: Mapping[str, Any] | str) -> set[str]:
+        text = predictor_text(reasoning, tool, args)
+        words = [w for w in "".join(c.lower() if c.isalnum() else " " for c in text).split() if w]
+        names = {"w:" + w for w in words} | {"b:" + a + "_" + b for a, b in zip(words, words[1:])}
+        tool_l = (tool or "").lower()
+        names.add("t:" + tool_l)
+        names |= {"tw:" + w for w in "".join(c if c.isalnum() else " " for c in tool_l).split()}
+        if isinstance(args, Mapping):
+            for key, value in args.items():
+                v = " ".join(str(value).lower().split())
+                names.add(f"ta:{tool_l}|{key}={v}")
+        return names
+
+    def _matrix(self, items: Sequence[PredictorInput]) -> tuple[Any, Any, Any]:
+        """A CSR-like sparse matrix (indptr, cols, vals)."""
         import zlib
 
         import numpy as np
 
-        rows, cols = [], []
-        for i, text in enumerate(texts):
-            words = [w for w in "".join(c.lower() if c.isalnum() else " " for c in text).split() if w]
-            grams = words + [a + "_" + b for a, b in zip(words, words[1:])]
-            for g in set(grams):
-                rows.append(i)
-                cols.append(zlib.crc32(g.encode()) % self.n_features)
-        x = np.zeros((len(texts), self.n_features), dtype=np.float32)
-        x[rows, cols] = 1.0
-        norms = np.sqrt(x.sum(axis=1, keepdims=True))
-        return x / np.maximum(norms, 1.0)
+        indptr, cols, vals = [0], [], []
+        for reasoning, tool, args in items:
+            # Two blocks of equal weight: the call's own features (tool, name tokens, tool x argument)
+            # at 1 each, and the free text's n-grams scaled to unit norm together, so that forty words
+            # of reasoning do not drown the few features that say which provider is called.
+            row: dict[int, float] = {}
+            names = self.feature_names(reasoning, tool, args)
+            text = [f for f in names if f[:2] in ("w:", "b:")]
+            for f in names:
+                j = zlib.crc32(f.encode()) % self.n_features
+                row[j] = row.get(j, 0.0) + (1.0 / len(text) ** 0.5 if f[:2] in ("w:", "b:") else 1.0)
+            idx = sorted(row)
+            cols += idx
+            vals += [row[j] for j in idx]
+            indptr.append(len(cols))
+        return np.asarray(indptr), np.asarray(cols, dtype=np.int64), np.asarray(vals, dtype=float)
 
-    def fit(self, items: Sequence[PredictorInput], labels: Sequence[int], *, dev_fraction: float = 0.2
-            ) -> HashedLogisticPredictor:
+    @staticmethod
+    def _dot(m: tuple[Any, Any, Any], w: Any, b: float) -> Any:
         import numpy as np
 
-        from worldmodel.calibration import fit_temperature, sigmoid
+        indptr, cols, vals = m
+        prod = np.concatenate([w[cols] * vals, [0.0]])
+        sums = np.add.reduceat(prod, indptr[:-1]) if len(cols) else np.zeros(len(indptr) - 1)
+        sums[indptr[:-1] == indptr[1:]] = 0.0  # rows without features (reduceat would repeat a value)
+        return sums + b
 
+    def _train(self, m: tuple[Any, Any, Any], y: Any, l2: float) -> tuple[Any, float]:
+        import numpy as np
+
+        from worldmodel.calibration import sigmoid
+
+        indptr, cols, vals = m
+        rows = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        n = len(y)
+        w = np.zeros(self.n_features)
+        prior = float(np.clip(y.mean(), 1e-3, 1 - 1e-3))
+        b = float(np.log(prior / (1 - prior)))
+        mw, vw = np.zeros_like(w), np.zeros_like(w)
+        mb = vb = 0.0
+        beta1, beta2, eps = 0.9, 0.999, 1e-8
+        for t in range(1, self.epochs + 1):
+            grad = sigmoid(self._dot(m, w, b)) - y
+            gw = np.bincount(cols, weights=vals * grad[rows], minlength=self.n_features) / n + l2 * w
+            gb = float(grad.mean())
+            mw = beta1 * mw + (1 - beta1) * gw
+            vw = beta2 * vw + (1 - beta2) * gw * gw
+            mb = beta1 * mb + (1 - beta1) * gb
+            vb = beta2 * vb + (1 - beta2) * gb * gb
+            corr1, corr2 = 1 - beta1 ** t, 1 - beta2 ** t
+            w -= self.lr * (mw / corr1) / (np.sqrt(vw / corr2) + eps)
+            b -= self.lr * (mb / corr1) / (np.sqrt(vb / corr2) + eps)
+        return w, b
+
+    # -- fit / predict ----------------------------------------------------------------------------------------
+    def fit(self, items: Sequence[PredictorInput], labels: Sequence[int], *, groups: Sequence[str] | None = None,
+            dev_fraction: float = 0.2) -> HashedLogisticPredictor:
+        """Fit on ``items``; ``groups`` (one task id per item) makes the held-out split by task."""
+        import random
+
+        import numpy as np
+
+        from worldmodel.calibration import ece, fit_temperature, nll, sigmoid
+
+        if len(items) != len(labels) or (groups is not None and len(groups) != len(items)):
+            raise ValueError(f"items ({len(items)}), labels ({len(labels)}) and groups "
+                             f"({'none' if groups is None else len(groups)}) must have one entry per call")
         y = np.asarray(labels, dtype=float)
         if len(set(y.tolist())) < 2:
             raise ValueError("the intention labels are all one class; a predictor needs both z=0 and z=1 examples")
-        rng = np.random.default_rng(self.seed)
-        order = rng.permutation(len(items))
-        n_dev = max(1, int(len(items) * dev_fraction)) if len(items) >= 10 else 0
-        dev, train = order[:n_dev], order[n_dev:]
-        x = self._features([predictor_text(*items[i]) for i in range(len(items))])
-        w = np.zeros(self.n_features)
-        b = 0.0
-        xt, yt = x[train], y[train]
-        for _ in range(self.epochs):  # full-batch gradient descent: a few thousand rows at most here
-            p = sigmoid(xt @ w + b)
-            grad = p - yt
-            w -= self.lr * (xt.T @ grad / len(train) + self.l2 * w)
-            b -= self.lr * float(grad.mean())
-        self.weights, self.bias = w, b
-        if n_dev and len(set(y[dev].tolist())) == 2:
-            self.temperature = fit_temperature(x[dev] @ w + b, y[dev].astype(int))
+        keys = [str(g) for g in groups] if groups is not None else [str(i) for i in range(len(items))]
+        tasks = sorted(set(keys))
+        random.Random(self.seed).shuffle(tasks)
+        n_dev_tasks = int(round(len(tasks) * dev_fraction)) if len(tasks) >= 5 else 0
+        dev_tasks = set(tasks[:n_dev_tasks])
+        dev = np.asarray([k in dev_tasks for k in keys])
+        if n_dev_tasks and len(set(y[dev].tolist())) < 2:
+            dev[:] = False  # a held-out split of one class can neither choose L2 nor calibrate
+        m_all = self._matrix(items)
+
+        def rows(mask: Any) -> tuple[Any, Any, Any]:
+            sel = np.flatnonzero(mask)
+            return self._matrix([items[i] for i in sel])
+
+        m_train = rows(~dev) if dev.any() else m_all
+        y_train = y[~dev] if dev.any() else y
+        if len(set(y_train.tolist())) < 2:
+            m_train, y_train, dev[:] = m_all, y, False
+        best = None
+        if dev.any() and len(self.l2_grid) > 1:
+            m_dev = rows(dev)
+            for l2 in self.l2_grid:
+                w, b = self._train(m_train, y_train, l2)
+                score = nll(sigmoid(self._dot(m_dev, w, b)), y[dev].astype(int))
+                if best is None or score < best[0]:
+                    best = (score, l2, w, b)
+            _, self.l2, self.weights, self.bias = best
+        else:
+            self.l2 = self.l2_grid[0] if self.l2 is None else self.l2
+            self.weights, self.bias = self._train(m_train, y_train, self.l2)
+        self.temperature = 1.0
+        dev_metrics: dict[str, float] = {}
+        if dev.any():
+            logits = self._dot(rows(dev), self.weights, self.bias)
+            y_dev = y[dev].astype(int)
+            t = fit_temperature(logits, y_dev)
+            before, after = sigmoid(logits), sigmoid(logits / t)
+            # Kept only if it helps on the held-out tasks by both measures: scaling never makes the
+            # model worse there (it cannot promise that on tasks it has not seen).
+            if nll(after, y_dev) < nll(before, y_dev) and ece(after, y_dev, 15) <= ece(before, y_dev, 15):
+                self.temperature = t
+            dev_metrics = {"dev_nll_unscaled": nll(before, y_dev), "dev_ece_unscaled": ece(before, y_dev, 15),
+                           "dev_nll": nll(sigmoid(logits / self.temperature), y_dev),
+                           "dev_ece": ece(sigmoid(logits / self.temperature), y_dev, 15)}
+        self.split = {"by": "task" if groups is not None else "record", "train_tasks": len(tasks) - len(dev_tasks),
+                      "dev_tasks": len(dev_tasks) if dev.any() else 0, "train_examples": int(len(y_train)),
+                      "dev_examples": int(dev.sum()), "l2": self.l2, "temperature": self.temperature, **dev_metrics}
         return self
 
     def logits(self, items: Sequence[PredictorInput]) -> Any:
         if self.weights is None:
             raise ValueError("HashedLogisticPredictor is not fitted; call fit(items, labels) first")
-        return self._features([predictor_text(*it) for it in items]) @ self.weights + self.bias
+        return self._dot(self._matrix(items), self.weights, self.bias)
 
     def predict(self, reasoning: str, tool: str, args: Mapping[str, Any]) -> float:
         return self.predict_batch([(reasoning, tool, args)])[0]
@@ -184,5 +303,46 @@ class HashedLogisticPredictor:
     def predict_batch(self, items: Sequence[PredictorInput]) -> list[float]:
         from worldmodel.calibration import sigmoid
 
+        if not items:
+            return []
         t = self.temperature if self.calibrated else 1.0
         return [float(v) for v in sigmoid(self.logits(items) / t)]
+
+
+class ToolTokenFrequencyPredictor:
+    """Baseline "per-tool-name-token frequency": each token of the tool's name (``geo_lite_geocode``
+    -> geo, lite, geocode) has a smoothed success frequency over the labelled calls whose tool
+    names contain it; a call's p is the mean over its name's tokens (the overall mean for unseen ones).
+
+    It generalises across tools that share a tier word, which the per-tool count cannot.
+    """
+
+    name = "tool_token_frequency"
+
+    def __init__(self, records: Iterable[Any] = (), *, labeler: Callable[[Any], int | None] = label_of,
+                 prior_strength: float = 2.0, default: float = 0.5) -> None:
+        counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        total = [0, 0]
+        for r in records:
+            z = labeler(r)
+            if z is None:
+                continue
+            tool = r["tool"] if isinstance(r, Mapping) else r.tool
+            for tok in _name_tokens(tool):
+                counts[tok][0] += z
+                counts[tok][1] += 1
+            total[0] += z
+            total[1] += 1
+        self.mean = total[0] / total[1] if total[1] else default
+        self.table = {t: (s + prior_strength * self.mean) / (n + prior_strength) for t, (s, n) in counts.items()}
+
+    def predict(self, reasoning: str, tool: str, args: Mapping[str, Any]) -> float:
+        toks = [t for t in _name_tokens(tool) if t in self.table]
+        return sum(self.table[t] for t in toks) / len(toks) if toks else self.mean
+
+    def predict_batch(self, items: Sequence[PredictorInput]) -> list[float]:
+        return [self.predict(r, t, a) for r, t, a in items]
+
+
+def _name_tokens(tool: str) -> list[str]:
+    return list(dict.fromkeys("".join(c if c.isalnum() else " " for c in (tool or "").lower()).split()))

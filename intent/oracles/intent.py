@@ -61,6 +61,7 @@ class IntentOracle(PlanningOracle):
         stochastic: bool = False,
         lookahead: bool = True,
         show_market: bool = True,
+        alternatives: int = 0,
         on_model_error: ModelErrorPolicy = "accept_if_fits",
     ) -> None:
         super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error)
@@ -72,6 +73,9 @@ class IntentOracle(PlanningOracle):
         self.gamma, self.delta = gamma, delta
         self.rollout_cache, self.last_call_cache, self.use_blacklist = rollout_cache, last_call_cache, blacklist
         self.trace_feedback, self.stochastic, self.lookahead = trace_feedback, stochastic, lookahead
+        if alternatives < 0:
+            raise ValueError(f"alternatives must be >= 0 (0 = off), got {alternatives}")
+        self.alternatives = alternatives
 
     def visible_tools(self, market: Market, episode_id: str) -> list[str] | None:
         if not self.use_blacklist:
@@ -106,10 +110,11 @@ class IntentOracle(PlanningOracle):
         with model_call(f"intention predictor {type(self.predictor).__name__}"):
             ps = predict_many(self.predictor, [(s.reasoning, s.tool, s.args) for s in steps])
         ps = [min(1.0, max(P_FLOOR, p)) for p in ps]
-        if self.use_blacklist:
-            low = {s.tool for s, p in zip(steps, ps) if p < self.delta}
-            if low:
-                self.memory.blacklist(eid, low)
+        low = {s.tool for s, p in zip(steps, ps) if p < self.delta}
+        newly_hidden = 0
+        if self.use_blacklist and low:
+            newly_hidden = len(low - self.memory.blacklist(eid))
+            self.memory.blacklist(eid, low)
         trace = [PlannedStep(s.tool, s.price, p) for s, p in zip(steps, ps)]
         sigma = sum(step.expected_cost or 0.0 for step in trace)
         info = usage(
@@ -118,6 +123,7 @@ class IntentOracle(PlanningOracle):
             world_model_tokens=rollout.world_model_tokens if rollout else 0,
             rollout_steps=len(steps), rollout_turns=rollout.turns if rollout else 0,
             predictor_items=len(steps), risk_cost=self.gamma * sigma,
+            below_delta=sum(p < self.delta for p in ps), blacklisted=newly_hidden,
             oracle_ms=(time.perf_counter() - started) * 1000.0,
         )
         if fits and self.gamma * sigma <= left + 1e-9:
@@ -127,4 +133,37 @@ class IntentOracle(PlanningOracle):
             return Decision(True, "", tuple(trace), ACCEPTED, info)
         self.memory.set_last_rejected(eid, tool, args)
         feedback = fb.plan_rejection(left, self.gamma * sigma, self.gamma, trace if self.trace_feedback else None)
+        if self.alternatives:
+            alts = self._alternatives(ctx, left)
+            if alts:
+                feedback += "\n" + fb.alternatives_table(alts)
         return Decision(False, feedback, tuple(trace), PLAN_OVER_BUDGET, info)
+
+    def _alternatives(self, ctx: DecisionContext, left: float) -> list[PlannedStep]:
+        """Other visible tools that take the same arguments, scored by the predictor on the same
+        reasoning and arguments: the ``alternatives`` affordable ones of least expected cost."""
+        from worldmodel.protocols import predict_many
+
+        keys = set(ctx.args)
+        schemas = {_tool_name(t): _arg_keys(t) for t in self.policy_for(ctx).tools}
+        names = [n for n in self.visible(ctx)
+                 if n != ctx.tool and schemas.get(n) == keys and ctx.market.price(n) <= left + 1e-9]
+        if not names:
+            return []
+        with model_call(f"intention predictor {type(self.predictor).__name__}"):
+            ps = predict_many(self.predictor, [(ctx.reasoning, n, dict(ctx.args)) for n in names])
+        steps = [PlannedStep(n, ctx.market.price(n), min(1.0, max(P_FLOOR, p))) for n, p in zip(names, ps)]
+        return sorted(steps, key=lambda s: (s.expected_cost or 0.0, s.tool))[: self.alternatives]
+
+
+def _tool_name(tool: Any) -> str:
+    return tool["name"] if isinstance(tool, dict) else getattr(tool, "name", str(tool))
+
+
+def _arg_keys(tool: Any) -> set[str] | None:
+    """The argument names a tool's schema declares (LangChain tool or OpenAI-style dict)."""
+    if isinstance(tool, dict):
+        params = tool.get("parameters") or tool.get("function", {}).get("parameters") or {}
+        return set((params.get("properties") or {}).keys())
+    args = getattr(tool, "args", None)
+    return set(args) if isinstance(args, dict) else None

@@ -1,0 +1,107 @@
+"""The light intention predictor against counting baselines, by-task splits, and the report's metrics."""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+
+import numpy as np
+import pytest
+
+from intent.logs import StepRecord
+from worldmodel.predictor_report import auroc, predictor_report, split_tasks
+from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, ToolTokenFrequencyPredictor
+
+ENTITIES = [f"city{i}" for i in range(12)]
+
+
+def _good(tool: str, entity: str) -> bool:
+    # Which provider is reliable depends on the entity (as market v2's regions): per-tool counting cannot see it.
+    return (zlib.crc32(entity.encode()) % 2 == 0) == (tool == "weather_plus_forecast")
+
+
+def _records(n_tasks: int, seed: int) -> list[StepRecord]:
+    rng = random.Random(seed)
+    out = []
+    for t in range(n_tasks):
+        entity = rng.choice(ENTITIES)
+        for step in range(3):
+            tool = rng.choice(["weather_plus_forecast", "weather_standard_forecast", "weather_free_forecast"])
+            p = 0.15 if tool == "weather_free_forecast" else (0.9 if _good(tool, entity) else 0.3)
+            z = int(rng.random() < p)
+            out.append(StepRecord(task_id=f"t{t}", step=step, call_id=f"t{t}-{step}", query="q",
+                                  reasoning=f"I need the weather in {entity}", tool=tool, args={"city": entity},
+                                  price=10.0, decision="accept", status="ok", artifact={"z": z},
+                                  spent=10.0, remaining=40.0, budget=50.0))
+    return out
+
+
+def test_hashed_predictor_learns_provider_by_argument_beyond_counting(tmp_path):
+    report = predictor_report(_records(400, 0), seed=0, out=tmp_path)
+    s = report["scores"]
+    assert report["split"]["test_examples"] >= 200
+    assert s["hashed"]["auroc"] >= max(s["tool_frequency"]["auroc"], s["tool_token_frequency"]["auroc"]) + 0.1
+    fit = report["split"]["fit"]  # scaling never makes the held-out training tasks worse
+    assert fit["dev_ece"] <= fit["dev_ece_unscaled"] + 1e-12 and fit["dev_nll"] <= fit["dev_nll_unscaled"] + 1e-12
+    for name in ("predictor_report.json", "split.json", "reliability.png", "p_histogram.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    split = json.loads((tmp_path / "split.json").read_text())
+    assert split["by"] == "task" and not set(split["train"]) & set(split["test"])
+
+
+def test_fit_holds_out_tasks_not_records():
+    recs = _records(60, 1)
+    items = [(r.reasoning, r.tool, r.args) for r in recs]
+    labels = [r.artifact["z"] for r in recs]
+    model = HashedLogisticPredictor(seed=0).fit(items, labels, groups=[r.task_id for r in recs])
+    assert model.split["by"] == "task" and model.split["dev_tasks"] == 12
+    assert model.split["dev_examples"] == 36  # 12 whole tasks of 3 calls: no task is split across train and dev
+    assert model.split["l2"] in model.l2_grid
+    with pytest.raises(ValueError, match="one entry per call"):
+        HashedLogisticPredictor().fit(items, labels, groups=["t0"])
+
+
+def test_split_tasks_is_disjoint_and_refuses_too_few_tasks():
+    train, test = split_tasks([f"t{i % 50}" for i in range(500)], seed=3)
+    assert len(test) == 10 and len(train) == 40 and not train & test
+    with pytest.raises(ValueError, match="at least 5"):
+        split_tasks(["a", "b"], seed=0)
+
+
+def test_auroc_matches_a_pairwise_count_with_ties():
+    rng = np.random.default_rng(0)
+    p = rng.integers(0, 5, 200) / 4.0  # many ties
+    y = (rng.random(200) < 0.3 + 0.4 * p).astype(int)
+    pos, neg = p[y == 1], p[y == 0]
+    pairwise = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (len(pos) * len(neg))
+    assert auroc(p.tolist(), y.tolist()) == pytest.approx(pairwise)
+    assert np.isnan(auroc([0.1, 0.2], [1, 1]))
+
+
+def test_counting_baselines():
+    recs = _records(100, 2)
+    freq = EmpiricalMeanPredictor(recs, prior_strength=0.0)
+    tok = ToolTokenFrequencyPredictor(recs, prior_strength=0.0)
+    assert freq.predict("", "weather_free_forecast", {}) < 0.3
+    # An unseen tool sharing the tier word "free" inherits its low frequency (per-tool counting cannot).
+    assert tok.predict("", "news_free_headlines", {}) < freq.predict("", "news_free_headlines", {})
+
+
+def test_split_grows_the_test_side_to_the_example_target():
+    ids = [f"t{i // 3}" for i in range(300)]  # 100 tasks of 3 examples
+    _, test = split_tasks(ids, seed=0, test_fraction=0.2, min_test_examples=90)
+    assert len(test) == 30
+    _, capped = split_tasks(ids, seed=0, test_fraction=0.2, min_test_examples=10_000)
+    assert len(capped) == 50  # never more than half of the tasks
+
+
+def test_a_temperature_that_hurts_the_held_out_tasks_is_not_kept(monkeypatch):
+    import worldmodel.calibration as calibration
+
+    recs = _records(200, 4)
+    items = [(r.reasoning, r.tool, r.args) for r in recs]
+    labels = [r.artifact["z"] for r in recs]
+    monkeypatch.setattr(calibration, "fit_temperature", lambda logits, y, **kw: 20.0)  # flattens every p to ~0.5
+    model = HashedLogisticPredictor(seed=0).fit(items, labels, groups=[r.task_id for r in recs])
+    assert model.temperature == 1.0 and model.split["dev_nll"] == model.split["dev_nll_unscaled"]

@@ -1,0 +1,157 @@
+"""How good is an intention predictor? Held-out tasks, honest baselines, calibration metrics.
+
+:func:`predictor_report` splits the labelled calls of a guard log **by task** (no task in two
+splits), fits the hashed-logistic predictor on the training tasks (it holds out a share of
+them to choose its L2 strength and its temperature), and scores on the test tasks, beside two
+counting baselines fitted on the same training tasks:
+
+* ``tool_frequency``: each tool's smoothed success frequency (the paper's "Empirical Mean");
+* ``tool_token_frequency``: the mean frequency of the tool name's tokens (tier words).
+
+Metrics (numpy only): AUROC (ties counted half), NLL, Brier, ECE over 15 equal-width bins,
+accuracy at 0.5, the share of calls with ``p < delta`` (the blacklist threshold), and the
+number of test examples. The verdict checks the issue's targets: AUROC >= best baseline + 0.03,
+ECE <= 0.03 after scaling, and scaling not making ECE worse.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ECE_BINS", "auroc", "predictor_report", "score", "split_tasks"]
+
+ECE_BINS = 15
+AUROC_MARGIN = 0.03
+ECE_TARGET = 0.03
+
+
+def auroc(probs: Sequence[float], labels: Sequence[int]) -> float:
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); NaN with one class."""
+    import numpy as np
+
+    p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=int)
+    n_pos, n_neg = int(y.sum()), int((1 - y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(p, kind="mergesort")
+    ranks = np.empty(len(p))
+    sorted_p = p[order]
+    i = 0
+    while i < len(p):
+        j = i
+        while j + 1 < len(p) and sorted_p[j + 1] == sorted_p[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def score(probs: Sequence[float], labels: Sequence[int], *, delta: float = 0.1) -> dict[str, float]:
+    from worldmodel.calibration import brier, ece, nll
+
+    n = max(1, len(labels))
+    return {
+        "auroc": auroc(probs, labels), "nll": nll(probs, labels), "brier": brier(probs, labels),
+        "ece": ece(probs, labels, n_bins=ECE_BINS),
+        "accuracy": sum((p >= 0.5) == bool(y) for p, y in zip(probs, labels)) / n,
+        "share_below_delta": sum(p < delta for p in probs) / n,
+    }
+
+
+def split_tasks(task_ids: Sequence[str], *, seed: int, test_fraction: float = 0.2, min_test_examples: int = 0
+                ) -> tuple[set[str], set[str]]:
+    """(train tasks, test tasks): a seeded split of the distinct task ids (one id per example).
+
+    The test side gets ``test_fraction`` of the tasks, or more tasks (up to half of them) until
+    it holds ``min_test_examples`` examples.
+    """
+    from collections import Counter
+
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    per_task = Counter(task_ids)
+    tasks = sorted(per_task)
+    if len(tasks) < 5:
+        raise ValueError(f"the logs hold {len(tasks)} task(s); a by-task split needs at least 5 (collect more logs)")
+    random.Random(seed).shuffle(tasks)
+    n_test = max(1, int(round(len(tasks) * test_fraction)))
+    while n_test < len(tasks) // 2 and sum(per_task[t] for t in tasks[:n_test]) < min_test_examples:
+        n_test += 1
+    return set(tasks[n_test:]), set(tasks[:n_test])
+
+
+def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.1, test_fraction: float = 0.2,
+                     min_test_examples: int = 500, out: str | Path | None = None, title: str = "Intention predictor") -> dict[str, Any]:
+    """Fit on the training tasks of ``records`` (guard log records), score on the test tasks
+    (``test_fraction`` of the tasks, grown up to half of them to reach ``min_test_examples``).
+
+    With ``out``, writes ``predictor_report.json``, ``split.json``, ``reliability.png`` and
+    ``p_histogram.png`` there.
+    """
+    import json
+
+    import numpy as np
+
+    from intent.logs import label_of
+    from worldmodel.calibration import reliability_bins, sigmoid
+    from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, ToolTokenFrequencyPredictor
+
+    labelled = sorted(((r, label_of(r)) for r in records if r.decision == "accept" and label_of(r) is not None),
+                      key=lambda x: (x[0].task_id, x[0].step, x[0].call_id))
+    if not labelled:
+        raise ValueError("the logs hold no executed calls with a label z; nothing to evaluate")
+    train_tasks, test_tasks = split_tasks([r.task_id for r, _ in labelled], seed=seed, test_fraction=test_fraction,
+                                          min_test_examples=min_test_examples)
+    train = [(r, z) for r, z in labelled if r.task_id in train_tasks]
+    test = [(r, z) for r, z in labelled if r.task_id in test_tasks]
+
+    def items(rows: list[tuple[Any, int]]) -> list[tuple[str, str, dict]]:
+        return [(r.reasoning, r.tool, r.args if isinstance(r.args, dict) else {}) for r, _ in rows]
+
+    y_test = [z for _, z in test]
+    model = HashedLogisticPredictor(seed=seed).fit(items(train), [z for _, z in train],
+                                                    groups=[r.task_id for r, _ in train])
+    logits = np.asarray(model.logits(items(test)))
+    raw = [float(p) for p in sigmoid(logits)]
+    cal = [float(p) for p in sigmoid(logits / model.temperature)]
+    baselines = {
+        "tool_frequency": EmpiricalMeanPredictor([r for r, _ in train]).predict_batch(items(test)),
+        "tool_token_frequency": ToolTokenFrequencyPredictor([r for r, _ in train]).predict_batch(items(test)),
+    }
+    scores = {"hashed_uncalibrated": score(raw, y_test, delta=delta), "hashed": score(cal, y_test, delta=delta)}
+    scores |= {name: score(p, y_test, delta=delta) for name, p in baselines.items()}
+    best_name = max(baselines, key=lambda n: scores[n]["auroc"])
+    best = scores[best_name]["auroc"]
+    mine = scores["hashed"]
+    checks = {
+        f"AUROC >= best baseline ({best_name}) + {AUROC_MARGIN}": mine["auroc"] >= best + AUROC_MARGIN,
+        f"ECE ({ECE_BINS} bins) <= {ECE_TARGET} after scaling": mine["ece"] <= ECE_TARGET,
+        "scaling does not make ECE worse": mine["ece"] <= scores["hashed_uncalibrated"]["ece"] + 1e-12,
+        "at least 500 test examples": len(y_test) >= 500,
+    }
+    report = {
+        "predictor": "hashed-logistic (numpy): word n-grams, tool-name tokens, tool x argument value",
+        "split": {"by": "task", "seed": seed, "train_tasks": len(train_tasks), "test_tasks": len(test_tasks),
+                  "train_examples": len(train), "test_examples": len(test), "fit": model.split},
+        "test_positive_rate": sum(y_test) / max(1, len(y_test)),
+        "temperature": model.temperature, "delta": delta, "scores": scores,
+        "best_baseline": best_name, "auroc_gain_over_best_baseline": mine["auroc"] - best,
+        "targets": checks, "targets_met": all(checks.values()),
+        "bins_calibrated": reliability_bins(cal, y_test, ECE_BINS),
+    }
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "predictor_report.json").write_text(json.dumps(report, indent=2))
+        (out / "split.json").write_text(json.dumps({"by": "task", "seed": seed, "train": sorted(train_tasks),
+                                                    "test": sorted(test_tasks)}, indent=2))
+        from worldmodel.plots import p_histogram_png, reliability_png
+
+        reliability_png(out / "reliability.png", raw, cal, y_test,
+                        f"{title}: held-out tasks (T = {model.temperature:.2f})")
+        p_histogram_png(out / "p_histogram.png", {"hashed (scaled)": cal, **baselines}, delta,
+                        f"{title}: p on held-out tasks")
+    return report
