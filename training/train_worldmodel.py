@@ -89,7 +89,9 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                       lr: float = 7e-5, warmup: float = 0.05, max_length: int = 256, max_steps: int | None = None,
                       seed: int = 0, fraction: float = 1.0, lora: bool = False, bf16: bool = False,
                       resume: bool = True, progress: bool = True, config: str | Path | None = None,
-                      samples: int = 3) -> dict[str, Any]:
+                      samples: int = 3, eval_every: int | None = None, eval_examples: int = 64) -> dict[str, Any]:
+    """Fine-tune; every ``eval_every`` optimizer steps (default: a tenth of the run) the loss on up
+    to ``eval_examples`` dev examples is recorded: ``loss_curve.json`` and ``loss_curve.png``."""
     if config is not None:
         cfg_file = json.loads(Path(config).read_text())
         base_model = base_model or cfg_file.get("base_model")
@@ -110,7 +112,6 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     else:
         check_base_model(base, "causal")
     import torch
-    from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
     torch.manual_seed(seed)
@@ -138,27 +139,52 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         total = min(total, max_steps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     schedule = get_cosine_schedule_with_warmup(optimizer, int(warmup * total), total)
-    steps, start_epoch = 0, (state["epoch"] + 1 if state else 0)
-    for epoch in range(start_epoch, epochs):
+    from intent.progress import progress as progress_reporter
+
+    dev = _examples(tokenizer, splits["dev"] or splits["test"], satisfied, max_length)[:eval_examples]
+    every = eval_every or max(1, total // 10)
+    curve: list[dict[str, Any]] = list(state.get("curve", [])) if state else []
+    window: list[float] = []
+
+    def dev_loss() -> float:
+        model.eval()
+        total_loss, n_tokens = 0.0, 0
+        with torch.no_grad():
+            for ids, labels, mask in _batches(dev, batch_size, pad, seed):
+                n = int((labels[:, 1:] != -100).sum())
+                total_loss += float(model(input_ids=ids, attention_mask=mask, labels=labels).loss) * n
+                n_tokens += n
         model.train()
-        for k, (ids, labels, mask) in enumerate(tqdm(_batches(train, batch_size, pad, seed + epoch),
-                                                     desc=f"world model epoch {epoch + 1}/{epochs}",
-                                                     disable=not progress)):
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss / grad_accumulation
-            loss.backward()
-            if (k + 1) % grad_accumulation == 0:
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
-                steps += 1
-                if steps >= total:
-                    break
-        ckpt.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(ckpt)
-        tokenizer.save_pretrained(ckpt)
-        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch}))
-        if steps >= total:
-            break
+        return total_loss / max(1, n_tokens)
+
+    steps, start_epoch = (state.get("steps", 0) if state else 0), (state["epoch"] + 1 if state else 0)
+    if not curve and dev:
+        curve.append({"step": 0, "train_loss": None, "dev_loss": dev_loss()})
+    with progress_reporter(total, "world model steps", enabled=progress) as bar:
+        bar.update(min(steps, total))
+        for epoch in range(start_epoch, epochs):
+            model.train()
+            for k, (ids, labels, mask) in enumerate(_batches(train, batch_size, pad, seed + epoch)):
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss / grad_accumulation
+                loss.backward()
+                window.append(float(loss.detach()) * grad_accumulation)
+                if (k + 1) % grad_accumulation == 0:
+                    optimizer.step()
+                    schedule.step()
+                    optimizer.zero_grad()
+                    steps += 1
+                    bar.update(1)
+                    if dev and (steps % every == 0 or steps >= total):
+                        curve.append({"step": steps, "train_loss": sum(window) / len(window), "dev_loss": dev_loss()})
+                        window = []
+                    if steps >= total:
+                        break
+            ckpt.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(ckpt)
+            tokenizer.save_pretrained(ckpt)
+            (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "curve": curve}))
+            if steps >= total:
+                break
     model.eval()
     losses, tokens = 0.0, 0
     with torch.no_grad():
@@ -184,6 +210,29 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     tokenizer.save_pretrained(out)
     report = {"base_model": base, "conditional": conditional, "examples": manifest["sizes"], "steps": steps,
               "held_out_loss": held_out, "perplexity": math.exp(min(held_out, 50)), "samples": generations}
+    report["loss_curve"] = curve
     (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "loss_curve.json").write_text(json.dumps(curve, indent=2))
+    if curve:
+        _loss_png(out / "loss_curve.png", curve, f"{Path(base).name}: {'conditional generator' if conditional else 'world model'}")
     save_manifest(manifest, out)
     return report
+
+
+def _loss_png(path: Path, curve: list[dict[str, Any]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    pts = [c for c in curve if c["train_loss"] is not None]  # none before the first step
+    ax.plot([c["step"] for c in pts], [c["train_loss"] for c in pts], "o-", label="training (mean since last point)")
+    ax.plot([c["step"] for c in curve], [c["dev_loss"] for c in curve], "s-", label="validation (held-out tasks)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss on observation tokens")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -47,6 +47,15 @@ class TransformersWorldModel:
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
         self._lock = threading.Lock()
 
+    def fork(self, seed: int) -> TransformersWorldModel:
+        """A view sharing the weights (and their lock) with its own sampling stream: one per episode,
+        so that sampled rollouts do not depend on which thread reached the model first."""
+        import copy
+
+        twin = copy.copy(self)
+        twin._generator = self._torch.Generator(device="cpu").manual_seed(seed)
+        return twin
+
     def simulate(self, tool: str, args: Mapping[str, Any], *, satisfied: bool | None = None,
                  temperature: float | None = None) -> str:
         return self.simulate_with_usage(tool, args, satisfied=satisfied, temperature=temperature)[0]

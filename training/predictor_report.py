@@ -10,7 +10,8 @@ counting baselines fitted on the same training tasks:
 
 Metrics (numpy only): AUROC (ties counted half), NLL, Brier, ECE over 15 equal-width bins,
 accuracy at 0.5, the share of calls with ``p < delta`` (the blacklist threshold), and the
-number of test examples. The verdict checks the issue's targets: AUROC >= best baseline + 0.03,
+number of test examples. The verdict checks the issue's targets for the chosen learned predictor
+(hashed, or the fine-tuned encoder when asked for and better): AUROC >= best baseline + 0.03,
 ECE <= 0.03 after scaling, and scaling not making ECE worse.
 """
 
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ECE_BINS", "auroc", "predictor_report", "score", "split_tasks"]
+__all__ = ["ECE_BINS", "auroc", "auroc_by_fraction", "ece_floor", "predictor_report", "score", "split_tasks"]
 
 ECE_BINS = 15
 AUROC_MARGIN = 0.03
@@ -61,6 +62,19 @@ def score(probs: Sequence[float], labels: Sequence[int], *, delta: float = 0.1) 
     }
 
 
+def ece_floor(probs: Sequence[float], *, seed: int = 0, draws: int = 200) -> float:
+    """The ECE a *perfectly calibrated* predictor with these p would show on this many examples
+    (labels drawn as Bernoulli(p), mean over ``draws``): the sampling noise of the ECE estimate
+    itself, the floor below which no calibration can be measured on this test set."""
+    import numpy as np
+
+    from worldmodel.calibration import ece
+
+    p = np.asarray(probs, dtype=float)
+    rng = np.random.default_rng(seed)
+    return float(np.mean([ece(p, (rng.random(len(p)) < p).astype(int), n_bins=ECE_BINS) for _ in range(draws)]))
+
+
 def split_tasks(task_ids: Sequence[str], *, seed: int, test_fraction: float = 0.2, min_test_examples: int = 0
                 ) -> tuple[set[str], set[str]]:
     """(train tasks, test tasks): a seeded split of the distinct task ids (one id per example).
@@ -84,12 +98,17 @@ def split_tasks(task_ids: Sequence[str], *, seed: int, test_fraction: float = 0.
 
 
 def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.1, test_fraction: float = 0.2,
-                     min_test_examples: int = 500, out: str | Path | None = None, title: str = "Intention predictor") -> dict[str, Any]:
+                     min_test_examples: int = 500, out: str | Path | None = None, title: str = "Intention predictor",
+                     encoder: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit on the training tasks of ``records`` (guard log records), score on the test tasks
     (``test_fraction`` of the tasks, grown up to half of them to reach ``min_test_examples``).
 
     With ``out``, writes ``predictor_report.json``, ``split.json``, ``reliability.png`` and
-    ``p_histogram.png`` there.
+    ``p_histogram.png`` there. ``encoder`` (keyword arguments of
+    :func:`training.train_intention.train_predictor`, e.g. ``{"epochs": 3}``; needs ``out``) also
+    fine-tunes the encoder predictor (MiniLM by default) on the same training tasks into
+    ``out/encoder`` and scores it on the same test tasks; ``chosen`` names the learned predictor
+    with the higher test AUROC.
     """
     import json
 
@@ -123,22 +142,44 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
     }
     scores = {"hashed_uncalibrated": score(raw, y_test, delta=delta), "hashed": score(cal, y_test, delta=delta)}
     scores |= {name: score(p, y_test, delta=delta) for name, p in baselines.items()}
+    learned = ["hashed"]
+    encoder_report = None
+    if encoder is not None:
+        if out is None:
+            raise ValueError("predictor_report(encoder=...) needs out= (the encoder is saved in out/encoder)")
+        from training.data import triples
+        from training.train_intention import train_predictor
+        from worldmodel.predictors import EncoderIntentionPredictor
+
+        enc_dir = Path(out) / "encoder"
+        encoder_report = train_predictor(triples([r for r, _ in labelled]), enc_dir, seed=seed, test_tasks=test_tasks,
+                                         **encoder)
+        enc_cal = EncoderIntentionPredictor(enc_dir).predict_batch(items(test))
+        enc_raw = EncoderIntentionPredictor(enc_dir, calibrated=False).predict_batch(items(test))
+        scores["encoder_uncalibrated"] = score(enc_raw, y_test, delta=delta)
+        scores["encoder"] = score(enc_cal, y_test, delta=delta)
+        learned.append("encoder")
     best_name = max(baselines, key=lambda n: scores[n]["auroc"])
     best = scores[best_name]["auroc"]
-    mine = scores["hashed"]
+    chosen = max(learned, key=lambda n: scores[n]["auroc"])
+    mine = scores[chosen]
     checks = {
         f"AUROC >= best baseline ({best_name}) + {AUROC_MARGIN}": mine["auroc"] >= best + AUROC_MARGIN,
         f"ECE ({ECE_BINS} bins) <= {ECE_TARGET} after scaling": mine["ece"] <= ECE_TARGET,
-        "scaling does not make ECE worse": mine["ece"] <= scores["hashed_uncalibrated"]["ece"] + 1e-12,
+        "scaling does not make ECE worse": mine["ece"] <= scores[f"{chosen}_uncalibrated"]["ece"] + 1e-12,
         "at least 500 test examples": len(y_test) >= 500,
     }
     report = {
-        "predictor": "hashed-logistic (numpy): word n-grams, tool-name tokens, tool x argument value",
+        "predictor": "hashed-logistic (numpy): word n-grams, tool-name tokens, tool x argument value"
+                     + ("; encoder: fine-tuned MiniLM (or --base-model)" if encoder is not None else ""),
         "split": {"by": "task", "seed": seed, "train_tasks": len(train_tasks), "test_tasks": len(test_tasks),
                   "train_examples": len(train), "test_examples": len(test), "fit": model.split},
         "test_positive_rate": sum(y_test) / max(1, len(y_test)),
         "temperature": model.temperature, "delta": delta, "scores": scores,
-        "best_baseline": best_name, "auroc_gain_over_best_baseline": mine["auroc"] - best,
+        "ece_floor": ece_floor(enc_cal if chosen == "encoder" else cal, seed=seed),
+        "chosen": chosen, "best_baseline": best_name, "auroc_gain_over_best_baseline": mine["auroc"] - best,
+        **({"encoder": {k: encoder_report[k] for k in ("base_model", "examples", "steps", "temperature")}}
+           if encoder_report else {}),
         "targets": checks, "targets_met": all(checks.values()),
         "bins_calibrated": reliability_bins(cal, y_test, ECE_BINS),
     }
@@ -152,6 +193,40 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
 
         reliability_png(out / "reliability.png", raw, cal, y_test,
                         f"{title}: held-out tasks (T = {model.temperature:.2f})")
-        p_histogram_png(out / "p_histogram.png", {"hashed (scaled)": cal, **baselines}, delta,
+        p_histogram_png(out / "p_histogram.png", {"hashed (scaled)": cal, **({"encoder (scaled)": enc_cal}
+                                                                             if encoder is not None else {}),
+                                                  **baselines}, delta,
                         f"{title}: p on held-out tasks")
     return report
+
+
+def auroc_by_fraction(records: Sequence[Any], fractions: Sequence[float], *, seed: int = 0,
+                      min_test_examples: int = 500) -> dict[str, dict[str, float]]:
+    """The data-scaling curve of the hashed predictor: trained on a seeded ``fraction`` of the
+    training tasks, scored on one fixed set of test tasks (the same split as :func:`predictor_report`)."""
+    from intent.logs import label_of
+    from worldmodel.predictors import HashedLogisticPredictor
+
+    labelled = sorted(((r, label_of(r)) for r in records if r.decision == "accept" and label_of(r) is not None),
+                      key=lambda x: (x[0].task_id, x[0].step, x[0].call_id))
+    train_tasks, test_tasks = split_tasks([r.task_id for r, _ in labelled], seed=seed,
+                                          min_test_examples=min_test_examples)
+    test = [(r, z) for r, z in labelled if r.task_id in test_tasks]
+
+    def items(rows: list[tuple[Any, int]]) -> list[tuple[str, str, dict]]:
+        return [(r.reasoning, r.tool, r.args if isinstance(r.args, dict) else {}) for r, _ in rows]
+
+    out: dict[str, dict[str, float]] = {}
+    ordered = sorted(train_tasks)
+    for fraction in fractions:
+        keep = set(random.Random(seed).sample(ordered, max(1, round(len(ordered) * fraction))))
+        train = [(r, z) for r, z in labelled if r.task_id in keep]
+        key = f"{fraction:.4g}"
+        if len({z for _, z in train}) < 2:
+            out[key] = {"train_tasks": len(keep), "train_examples": len(train), "auroc": float("nan")}
+            continue
+        model = HashedLogisticPredictor(seed=seed).fit(items(train), [z for _, z in train],
+                                                        groups=[r.task_id for r, _ in train])
+        out[key] = {"train_tasks": len(keep), "train_examples": len(train),
+                    "auroc": auroc(model.predict_batch(items(test)), [z for _, z in test])}
+    return out
