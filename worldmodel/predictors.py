@@ -130,7 +130,9 @@ class HashedLogisticPredictor:
     ``groups`` (task ids) are given, ``dev_fraction`` of the **tasks** is held out: the L2
     strength is chosen on them by NLL (from ``l2_grid``) and the temperature is fitted on them
     (Guo et al., 2017). The temperature is kept only if it lowers the held-out NLL without raising
-    the held-out ECE, so calibration never makes the model worse on the tasks it was fitted on. Without groups, the
+    the held-out ECE, so calibration never makes the model worse on the tasks it was fitted on, and
+    only when they hold ``min_calibration_examples`` calls (one scalar fitted on ~90 calls overfits:
+    seen here, T = 2.4 doubled the test ECE). Without groups, the
     held-out split is by record (each record its own task) and the fit says so in ``split``.
 
     ``calibrated=False`` gives the "Uncalibrated" ablation.
@@ -140,10 +142,11 @@ class HashedLogisticPredictor:
 
     def __init__(self, *, n_features: int = 2**15, l2: float | None = None,
                  l2_grid: Sequence[float] = (1e-4, 1e-3, 1e-2), epochs: int = 300, lr: float = 0.1,
-                 seed: int = 0) -> None:
+                 seed: int = 0, min_calibration_examples: int = 200) -> None:
         if epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {epochs}")
         self.n_features, self.epochs, self.lr, self.seed = n_features, epochs, lr, seed
+        self.min_calibration_examples = min_calibration_examples
         self.l2_grid = tuple(l2_grid) if l2 is None else (float(l2),)
         self.l2: float | None = l2
         self.weights: Any = None
@@ -282,7 +285,8 @@ class HashedLogisticPredictor:
             before, after = sigmoid(logits), sigmoid(logits / t)
             # Kept only if it helps on the held-out tasks by both measures: scaling never makes the
             # model worse there (it cannot promise that on tasks it has not seen).
-            if nll(after, y_dev) < nll(before, y_dev) and ece(after, y_dev, 15) <= ece(before, y_dev, 15):
+            if (len(y_dev) >= self.min_calibration_examples and nll(after, y_dev) < nll(before, y_dev)
+                    and ece(after, y_dev, 15) <= ece(before, y_dev, 15)):
                 self.temperature = t
             dev_metrics = {"dev_nll_unscaled": nll(before, y_dev), "dev_ece_unscaled": ece(before, y_dev, 15),
                            "dev_nll": nll(sigmoid(logits / self.temperature), y_dev),
