@@ -117,7 +117,11 @@ class OracleResources:
             return ReplayWorldModel(records, temperature=1.0, seed=self.config.seed)
         if key == "generator":
             return ReplayWorldModel(records, temperature=0.0)
-        if key == "predictor" and self.config.options.get("predictor", "hashed") != "hashed":
+        learned = key == "predictor_encoder" or (key == "predictor"
+                                                 and self.config.options.get("predictor", "hashed") != "hashed")
+        if learned and len({label_of(r) for r in records if r.decision == "accept"} - {None}) < 2:
+            key = "predictor_hashed"  # one label class: no classifier can be fitted (the fallback below says so)
+        elif key == "predictor" and learned:
             return self._learned_predictor(records, fold)
         if key == "predictor_encoder":
             from worldmodel.predictors import EncoderIntentionPredictor

@@ -143,3 +143,15 @@ def test_no_temperature_from_too_few_held_out_calls(monkeypatch):
     assert fit(0).temperature == 0.9  # a temperature that helps on enough held-out calls is kept
     few = fit(10_000)  # ... and refused when they are too few
     assert few.temperature == 1.0 and 0 < few.split["dev_examples"] < 10_000
+
+
+def test_learned_predictors_fall_back_to_counting_when_logs_hold_one_label(tmp_path):
+    from eval.oracle_methods import OracleResources
+    from eval.runner import BenchConfig
+
+    recs = [r.model_copy(update={"artifact": {"z": 1}}) for r in _records(20, 7)]
+    for choice in ("encoder", "auto"):
+        res = OracleResources(BenchConfig(out=str(tmp_path), options={"predictor": choice}), agent_factory=None)
+        model = res._build("predictor", recs)
+        assert isinstance(model, EmpiricalMeanPredictor) and any("only z=1" in n for n in res.notes)
+        assert isinstance(res._build("predictor_encoder", recs), EmpiricalMeanPredictor)

@@ -84,6 +84,20 @@ def _batches(examples: list[tuple[list[int], list[int]]], size: int, pad: int, s
     return out
 
 
+def _mean_loss(model: Any, examples: list[tuple[list[int], list[int]]], batch_size: int, pad: int, seed: int) -> float:
+    """Token-weighted loss on the observation tokens of ``examples`` (leaves the model in eval mode)."""
+    import torch
+
+    model.eval()
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for ids, labels, mask in _batches(examples, batch_size, pad, seed):
+            n = int((labels[:, 1:] != -100).sum())
+            total += float(model(input_ids=ids, attention_mask=mask, labels=labels).loss) * n
+            tokens += n
+    return total / max(1, tokens)
+
+
 def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str | None = None,
                       conditional: bool = False, epochs: int = 1, batch_size: int = 4, grad_accumulation: int = 1,
                       lr: float = 7e-5, warmup: float = 0.05, max_length: int = 256, max_steps: int | None = None,
@@ -147,15 +161,9 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     window: list[float] = []
 
     def dev_loss() -> float:
-        model.eval()
-        total_loss, n_tokens = 0.0, 0
-        with torch.no_grad():
-            for ids, labels, mask in _batches(dev, batch_size, pad, seed):
-                n = int((labels[:, 1:] != -100).sum())
-                total_loss += float(model(input_ids=ids, attention_mask=mask, labels=labels).loss) * n
-                n_tokens += n
+        loss = _mean_loss(model, dev, batch_size, pad, seed)
         model.train()
-        return total_loss / max(1, n_tokens)
+        return loss
 
     steps, start_epoch = (state.get("steps", 0) if state else 0), (state["epoch"] + 1 if state else 0)
     if not curve and dev:
@@ -185,14 +193,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
             (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "curve": curve}))
             if steps >= total:
                 break
-    model.eval()
-    losses, tokens = 0.0, 0
-    with torch.no_grad():
-        for ids, labels, mask in _batches(test, batch_size, pad, seed):
-            n = int((labels[:, 1:] != -100).sum())
-            losses += float(model(input_ids=ids, attention_mask=mask, labels=labels).loss) * n
-            tokens += n
-    held_out = losses / max(1, tokens)
+    held_out = _mean_loss(model, test, batch_size, pad, seed)
     from worldmodel.transformers_lm import render_prompt
 
     generations = []
