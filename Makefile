@@ -33,7 +33,9 @@ demo: install
 	$(VENV)/bin/intent bench study --quick --workers 2 --seed 0 --out $(DEMO_OUT)
 
 # The full study: 500 synthetic tasks in the main table, 200 per sweep point, all 765
-# StableToolBench queries (schema-simulated environment, proxy judge).
+# StableToolBench queries (schema-simulated environment, proxy judge). INTENT's predictor is the better
+# of the hashed one and a fine-tuned MiniLM on held-out tasks (--predictor auto); both are shown as
+# intent-hashed / intent-minilm.
 study: install
 	$(VENV)/bin/intent bench study --workers 2 --seed 0 --out $(STUDY_OUT)
 

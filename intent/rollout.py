@@ -10,7 +10,7 @@ out, cannot be reached or answers garbage raises an :class:`~intent.errors.Oracl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,13 @@ def _price(market: Market, tool: str) -> float | None:
 
 
 def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any, *, satisfied: bool | None,
-                     max_depth: int, visible: Sequence[str] | None = None, notes: str | None = None) -> Rollout:
+                     max_depth: int, visible: Sequence[str] | None = None, notes: str | None = None,
+                     on_turn: Callable[[list[SimStep]], Iterable[str]] | None = None) -> Rollout:
+    """Roll the agent's policy out against ``world_model`` from the proposal, to an answer or ``max_depth`` turns.
+
+    ``on_turn`` sees each turn's new priced steps and returns tools to hide from the policy for the
+    rest of the rollout (INTENT's blacklist, updated step by step as in the paper's Algorithm 3).
+    """
     from worldmodel.protocols import simulate_counted
 
     if max_depth < 1:
@@ -74,14 +80,20 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
     while True:
         ai, calls = turn_calls[-1]
         messages.append(ai)
+        new_steps: list[SimStep] = []
         for call in calls:
             price = _price(ctx.market, call["name"])
             with model_call(f"world model {type(world_model).__name__}"):
                 text, tokens = simulate_counted(world_model, call["name"], call["args"], satisfied=satisfied)
             out.world_model_tokens += tokens
             if price is not None:
-                out.steps.append(SimStep(call["name"], dict(call["args"]), str(ai.content), price, text, depth))
+                new_steps.append(SimStep(call["name"], dict(call["args"]), str(ai.content), price, text, depth))
             messages.append(ToolMessage(text, tool_call_id=call["id"], name=call["name"]))
+        out.steps.extend(new_steps)
+        if on_turn is not None and new_steps:
+            hidden = set(on_turn(new_steps))
+            if hidden:
+                visible = [n for n in (visible if visible is not None else ctx.market.names) if n not in hidden]
         depth += 1
         out.turns = depth
         if depth >= max_depth:

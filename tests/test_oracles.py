@@ -70,7 +70,7 @@ def test_intent_decision_arithmetic_and_trace_feedback():
     accept = IntentOracle(policy(AIMessage("then b", tool_calls=[tc("b", q=2)]), AIMessage("done")), wm, pred, gamma=0.5)
     d = accept.decide(ctx())
     assert d.accept and [s.expected_cost for s in d.trace] == [20.0, 25.0]
-    assert d.usage["risk_cost"] == pytest.approx(22.5) and pred.batches == 1  # one batched predictor call
+    assert d.usage["risk_cost"] == pytest.approx(22.5) and pred.batches == 2  # one batched call per simulated turn
     assert all(z is True for _, z in wm.calls)  # the ideal trajectory: conditional generator, z = 1
     reject = IntentOracle(policy(AIMessage("then b", tool_calls=[tc("b", q=2)]), AIMessage("done")),
                           RecordingWM(), pred, gamma=1.2)
@@ -311,3 +311,20 @@ def test_intent_alternatives_list_affordable_same_argument_tools_by_expected_cos
     assert "Alternatives" not in oracle(0).decide(context).feedback  # off by default in the paper's INTENT
     with pytest.raises(ValueError, match="alternatives"):
         IntentOracle(policy(), RecordingWM(), pred, alternatives=-1)
+
+
+def test_intent_blacklists_inside_the_rollout_as_in_algorithm_3():
+    tools = [_tool_dict("a", "q"), _tool_dict("b", "q"), _tool_dict("c", "q")]
+    model = ScriptedToolModel(messages=iter([AIMessage("try c", tool_calls=[tc("c", q=3)]), AIMessage("done")]),
+                              bound=[])
+    pred = TablePredictor({"a": 0.9, "b": 0.9, "c": 0.05})
+    oracle = IntentOracle(AgentPolicy(model, tools), RecordingWM(), pred, gamma=0.5, delta=0.1)
+    d = oracle.decide(ctx())
+    # c scored below delta on turn 2: hidden from the policy on turn 3 of the same rollout.
+    assert model.bound == [["a", "b", "c"], ["a", "b"]]
+    assert d.usage["blacklisted"] == 1 and d.usage["below_delta"] == 1
+    assert oracle.visible_tools(MARKET, "e1") == ["a", "b"]
+    off = ScriptedToolModel(messages=iter([AIMessage("try c", tool_calls=[tc("c", q=3)]), AIMessage("done")]),
+                            bound=[])
+    IntentOracle(AgentPolicy(off, tools), RecordingWM(), pred, gamma=0.5, delta=0.1, blacklist=False).decide(ctx())
+    assert off.bound == [["a", "b", "c"], ["a", "b", "c"]]

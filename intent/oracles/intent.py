@@ -7,8 +7,9 @@ For a proposal ``a_t`` with ``B_t`` left:
    without simulating, and the head is popped; a miss clears the cache.
 3. **Ideal trajectory**: the agent's policy is rolled out against the conditional generator
    ``W_psi(o | T, u, z=1)`` (every call succeeds), to an answer or ``max_depth`` turns.
-4. **Intention prediction**, one batched call for the whole rollout: ``p_k = P(z=1 | r_k, T_k, u_k)``.
-   Tools with ``p_k < delta`` join the episode's **blacklist** (hidden from the agent).
+4. **Intention prediction**, one batched call per simulated turn: ``p_k = P(z=1 | r_k, T_k, u_k)``.
+   Tools with ``p_k < delta`` join the episode's **blacklist** at once (hidden from the rest of the
+   rollout and from the agent), as in Algorithm 3.
 5. **Geometric cost calibration**: ``c_k = price_k / p_k``; accept iff
    ``price(a_t) <= B_t and gamma * sum_k c_k <= B_t``. On acceptance the rest of the plan is
    cached; on rejection the agent gets the predicted tool trace (price, p_success,
@@ -97,24 +98,41 @@ class IntentOracle(PlanningOracle):
             if self.memory.pop_if_head(eid, tool, args) and fits:
                 return Decision.accepted(reason=CACHE_HIT, cache_hit=1)
 
+        predicted: list[float] = []
+        newly_hidden = 0
+
+        def predict(batch: list[SimStep]) -> list[float]:
+            with model_call(f"intention predictor {type(self.predictor).__name__}"):
+                got = predict_many(self.predictor, [(s.reasoning, s.tool, s.args) for s in batch])
+            return [min(1.0, max(P_FLOOR, p)) for p in got]
+
+        def on_turn(batch: list[SimStep]) -> set[str]:
+            # Algorithm 3: each simulated step is scored as it is taken; a tool below delta joins the
+            # blacklist at once, so the rest of this rollout (and the agent from now on) cannot use it.
+            nonlocal newly_hidden
+            ps_turn = predict(batch)
+            predicted.extend(ps_turn)
+            low = {s.tool for s, p in zip(batch, ps_turn) if p < self.delta}
+            if not (self.use_blacklist and low):
+                return set()
+            newly_hidden += len(low - self.memory.blacklist(eid))
+            self.memory.blacklist(eid, low)
+            return low
+
         if self.lookahead:
             rollout = simulate_rollout(
                 ctx, self.policy_for(ctx), self.generator, satisfied=None if self.stochastic else True,
-                max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx))
+                max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx), on_turn=on_turn)
             steps = rollout.steps
         else:  # "No Rollout": the immediate action alone
             rollout = None
             steps = [SimStep(tool, args, ctx.reasoning, price, "", 0)]
+            on_turn(steps)
         if not steps or steps[0].tool != tool:
-            steps = [SimStep(tool, args, ctx.reasoning, price, "", 0), *steps]
-        with model_call(f"intention predictor {type(self.predictor).__name__}"):
-            ps = predict_many(self.predictor, [(s.reasoning, s.tool, s.args) for s in steps])
-        ps = [min(1.0, max(P_FLOOR, p)) for p in ps]
-        low = {s.tool for s, p in zip(steps, ps) if p < self.delta}
-        newly_hidden = 0
-        if self.use_blacklist and low:
-            newly_hidden = len(low - self.memory.blacklist(eid))
-            self.memory.blacklist(eid, low)
+            first = SimStep(tool, args, ctx.reasoning, price, "", 0)
+            steps = [first, *steps]
+            predicted[:0] = predict([first])
+        ps = predicted
         trace = [PlannedStep(s.tool, s.price, p) for s, p in zip(steps, ps)]
         sigma = sum(step.expected_cost or 0.0 for step in trace)
         info = usage(
