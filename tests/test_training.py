@@ -250,3 +250,21 @@ def test_loop_end_to_end_with_a_tiny_generator_and_resume(logs, tiny_lm, tmp_pat
     stamp = (out / "worldmodel" / "report.json").stat().st_mtime
     run_loop(cfg)  # every stage is complete: nothing is retrained
     assert (out / "worldmodel" / "report.json").stat().st_mtime == stamp
+
+
+@pytest.mark.ml
+def test_world_model_exports_the_best_validation_step(logs, tiny_lm, tmp_path, monkeypatch):
+    import training.train_worldmodel as twm
+
+    prs = pairs(load_records(logs))
+    # Scripted validation losses (step 0, then after each of 8 steps, then the final test loss): best at step 3.
+    losses = iter([2.0, 1.5, 1.0, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 0.9])
+    monkeypatch.setattr(twm, "_mean_loss", lambda *a, **k: next(losses))
+    report = twm.train_world_model(prs, tmp_path / "wm", base_model=str(tiny_lm), conditional=True, max_steps=8,
+                                   batch_size=2, max_length=96, progress=False, samples=0, eval_every=1)
+    assert report["exported_step"] == 3
+    losses = iter([2.0, 1.5, 1.0, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 0.9])
+    off = twm.train_world_model(prs, tmp_path / "wm2", base_model=str(tiny_lm), conditional=True, max_steps=8,
+                                batch_size=2, max_length=96, progress=False, samples=0, eval_every=1,
+                                keep_best=False)
+    assert off["exported_step"] == 8

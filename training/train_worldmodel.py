@@ -103,9 +103,11 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                       lr: float = 7e-5, warmup: float = 0.05, max_length: int = 256, max_steps: int | None = None,
                       seed: int = 0, fraction: float = 1.0, lora: bool = False, bf16: bool = False,
                       resume: bool = True, progress: bool = True, config: str | Path | None = None,
-                      samples: int = 3, eval_every: int | None = None, eval_examples: int = 64) -> dict[str, Any]:
+                      samples: int = 3, eval_every: int | None = None, eval_examples: int = 64,
+                      keep_best: bool = True) -> dict[str, Any]:
     """Fine-tune; every ``eval_every`` optimizer steps (default: a tenth of the run) the loss on up
-    to ``eval_examples`` dev examples is recorded: ``loss_curve.json`` and ``loss_curve.png``."""
+    to ``eval_examples`` dev examples is recorded: ``loss_curve.json`` and ``loss_curve.png``. With
+    ``keep_best`` the weights exported are those of the lowest validation loss (``exported_step``)."""
     if config is not None:
         cfg_file = json.loads(Path(config).read_text())
         base_model = base_model or cfg_file.get("base_model")
@@ -166,6 +168,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         return loss
 
     steps, start_epoch = (state.get("steps", 0) if state else 0), (state["epoch"] + 1 if state else 0)
+    best: tuple[float, int, Any] = (float("inf"), steps, None)
     if not curve and dev:
         curve.append({"step": 0, "train_loss": None, "dev_loss": dev_loss()})
     with progress_reporter(total, "world model steps", enabled=progress) as bar:
@@ -185,6 +188,11 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                     if dev and (steps % every == 0 or steps >= total):
                         curve.append({"step": steps, "train_loss": sum(window) / len(window), "dev_loss": dev_loss()})
                         window = []
+                        if keep_best and curve[-1]["dev_loss"] < best[0]:
+                            # Early stopping without stopping: remember the weights at the best validation
+                            # loss (in memory; 0.5 GB for SmolLM2-135M) and export those at the end.
+                            best = (curve[-1]["dev_loss"], steps,
+                                    {k: v.detach().clone() for k, v in model.state_dict().items()})
                     if steps >= total:
                         break
             ckpt.mkdir(parents=True, exist_ok=True)
@@ -193,6 +201,10 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
             (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "curve": curve}))
             if steps >= total:
                 break
+    best_step = steps
+    if keep_best and best[2] is not None and best[1] != steps:
+        model.load_state_dict(best[2])
+        best_step = best[1]
     held_out = _mean_loss(model, test, batch_size, pad, seed)
     from worldmodel.transformers_lm import render_prompt
 
@@ -212,6 +224,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     report = {"base_model": base, "conditional": conditional, "examples": manifest["sizes"], "steps": steps,
               "held_out_loss": held_out, "perplexity": math.exp(min(held_out, 50)), "samples": generations}
     report["loss_curve"] = curve
+    report["exported_step"] = best_step  # the step whose weights were exported (best validation loss)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "loss_curve.json").write_text(json.dumps(curve, indent=2))
     if curve:
