@@ -51,7 +51,8 @@ bench-v2: install
 # The closed loop (issue 13): logs -> labels -> predictor (hashed + MiniLM) -> conditional generator
 # (SmolLM2-135M, WM_STEPS steps, loss curve) -> fidelity -> bench with the trained models, one table in
 # $(LOOP_OUT)/loop.md. Without LOGS it first collects Prompt-agent logs on 300 synthetic tasks. Each stage
-# resumes. About 40 minutes on this 2-core CPU with the defaults.
+# resumes. About 1.5 hours on this 2-core CPU with the defaults (the in-process generator's bench stage
+# dominates: ~24 s per INTENT decision; serve it with vLLM and pass --world-model-url on a GPU).
 LOOP_OUT ?= runs/loop
 WM_STEPS ?= 300
 LOOP_TASKS ?= 30
