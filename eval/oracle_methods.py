@@ -278,10 +278,18 @@ def _trained_world_model(ctx: MethodContext, temperature: float) -> Any:
         if note not in res.notes:
             res.notes.append(note)
     if url:
+        from eval.agents.chat import check_model
         from worldmodel.openai_compat import OpenAICompatibleWorldModel
 
         name = ctx.options.get("trained_world_model_name") or directory
-        return res.get_or_build(key, lambda _records: OpenAICompatibleWorldModel(url, name, temperature=temperature))
+
+        def served(_records: Any) -> Any:
+            # A wrong URL or model name stops the run here; at decision time it would be a recoverable
+            # model error, and every gate would quietly fall back (a table of fallbacks, not of INTENT).
+            check_model(url, str(name), flag="--world-model-name ")
+            return OpenAICompatibleWorldModel(url, str(name), temperature=temperature)
+
+        return res.get_or_build(key, served)
     from worldmodel.transformers_lm import TransformersWorldModel
 
     model = res.get_or_build(key, lambda _records: TransformersWorldModel(directory, temperature=temperature,

@@ -40,3 +40,14 @@ def test_intent_minilm_runs_in_the_benchmark_and_reuses_its_model(tmp_path):
         run_benchmark(BenchConfig(tasks=2, methods=["intent"], out=str(tmp_path / "bad"), workers=1,
                                   options={"oracle_train_tasks": 10, "predictor": "bert"}, reference="intent"),
                       progress=False)
+
+
+def test_trained_world_model_url_is_checked_before_the_run(tmp_path):
+    from eval.agents.chat import EndpointError
+    from eval.runner import BenchConfig, run_benchmark
+
+    opts = {"oracle_train_tasks": 10, "trained_world_model_url": "http://127.0.0.1:9/v1",
+            "trained_world_model_name": "generator"}
+    with pytest.raises(EndpointError, match="cannot reach"):
+        run_benchmark(BenchConfig(tasks=2, methods=["intent-trained-wm"], out=str(tmp_path), workers=1,
+                                  options=opts, reference="intent-trained-wm"), progress=False)
