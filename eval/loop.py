@@ -69,6 +69,7 @@ def observation_answers(tool: str, args: dict[str, Any], observation: str) -> bo
     parts = body.get("results") if isinstance(body.get("results"), dict) else {tool.split("_", 1)[0]: body}
     if not parts:
         return False
+
     def answers(domain_name: str, part: Any) -> bool:
         domain = DOMAINS.get(domain_name)
         if domain is None or not isinstance(part, dict) or "error" in part:
@@ -91,10 +92,10 @@ def _stage(path: Path, name: str, done: bool, progress: bool) -> bool:
 
 
 def run_loop(cfg: LoopConfig) -> dict[str, Any]:
-    from intent.logs import label_of, read_log
+    from intent.logs import read_log
     from training.annotate import annotate
     from training.data import load_records, pairs
-    from training.predictor_report import predictor_report, split_tasks
+    from training.predictor_report import predictor_report
     from training.train_worldmodel import train_world_model
 
     if cfg.market != "synthetic":
@@ -116,9 +117,9 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
         predictor_report(records, seed=cfg.seed, out=pred_dir, encoder=encoder, title="Intention predictor (loop)")
     pred_report = json.loads((pred_dir / "predictor_report.json").read_text())
 
-    # The same held-out tasks for the world model's fidelity as for the predictor.
-    labelled_ids = [r.task_id for r in records if r.decision == "accept" and label_of(r) is not None]
-    train_tasks, test_tasks = split_tasks(labelled_ids, seed=cfg.seed, min_test_examples=500)
+    # The same held-out tasks for the world model's fidelity as for the predictor: read its split.
+    split = json.loads((pred_dir / "split.json").read_text())
+    train_tasks, test_tasks = set(split["train"]), set(split["test"])
     wm_dir = out / "worldmodel"
     if _stage(wm_dir, "worldmodel", (wm_dir / "report.json").exists(), cfg.progress):
         train_pairs = [p for p in pairs(records) if p.task_id in train_tasks]

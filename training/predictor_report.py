@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from training.data import triples
+
 __all__ = ["ECE_BINS", "auroc", "auroc_by_fraction", "ece_floor", "predictor_report", "score", "split_tasks"]
 
 ECE_BINS = 15
@@ -114,31 +116,26 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
 
     import numpy as np
 
-    from intent.logs import label_of
     from worldmodel.calibration import reliability_bins, sigmoid
     from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, ToolTokenFrequencyPredictor
 
-    labelled = sorted(((r, label_of(r)) for r in records if r.decision == "accept" and label_of(r) is not None),
-                      key=lambda x: (x[0].task_id, x[0].step, x[0].call_id))
+    labelled = triples(records)  # executed calls with a label, in canonical order
     if not labelled:
         raise ValueError("the logs hold no executed calls with a label z; nothing to evaluate")
-    train_tasks, test_tasks = split_tasks([r.task_id for r, _ in labelled], seed=seed, test_fraction=test_fraction,
+    train_tasks, test_tasks = split_tasks([t.task_id for t in labelled], seed=seed, test_fraction=test_fraction,
                                           min_test_examples=min_test_examples)
-    train = [(r, z) for r, z in labelled if r.task_id in train_tasks]
-    test = [(r, z) for r, z in labelled if r.task_id in test_tasks]
+    train = [t for t in labelled if t.task_id in train_tasks]
+    test = [t for t in labelled if t.task_id in test_tasks]
 
-    def items(rows: list[tuple[Any, int]]) -> list[tuple[str, str, dict]]:
-        return [(r.reasoning, r.tool, r.args if isinstance(r.args, dict) else {}) for r, _ in rows]
-
-    y_test = [z for _, z in test]
-    model = HashedLogisticPredictor(seed=seed).fit(items(train), [z for _, z in train],
-                                                    groups=[r.task_id for r, _ in train])
-    logits = np.asarray(model.logits(items(test)))
+    y_test = [t.z for t in test]
+    model = HashedLogisticPredictor(seed=seed).fit(_items(train), [t.z for t in train],
+                                                    groups=[t.task_id for t in train])
+    logits = np.asarray(model.logits(_items(test)))
     raw = [float(p) for p in sigmoid(logits)]
     cal = [float(p) for p in sigmoid(logits / model.temperature)]
     baselines = {
-        "tool_frequency": EmpiricalMeanPredictor([r for r, _ in train]).predict_batch(items(test)),
-        "tool_token_frequency": ToolTokenFrequencyPredictor([r for r, _ in train]).predict_batch(items(test)),
+        "tool_frequency": EmpiricalMeanPredictor(train, labeler=_z).predict_batch(_items(test)),
+        "tool_token_frequency": ToolTokenFrequencyPredictor(train, labeler=_z).predict_batch(_items(test)),
     }
     scores = {"hashed_uncalibrated": score(raw, y_test, delta=delta), "hashed": score(cal, y_test, delta=delta)}
     scores |= {name: score(p, y_test, delta=delta) for name, p in baselines.items()}
@@ -147,15 +144,14 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
     if encoder is not None:
         if out is None:
             raise ValueError("predictor_report(encoder=...) needs out= (the encoder is saved in out/encoder)")
-        from training.data import triples
         from training.train_intention import train_predictor
         from worldmodel.predictors import EncoderIntentionPredictor
 
         enc_dir = Path(out) / "encoder"
-        encoder_report = train_predictor(triples([r for r, _ in labelled]), enc_dir, seed=seed, test_tasks=test_tasks,
+        encoder_report = train_predictor(labelled, enc_dir, seed=seed, test_tasks=test_tasks,
                                          **encoder)
-        enc_cal = EncoderIntentionPredictor(enc_dir).predict_batch(items(test))
-        enc_raw = EncoderIntentionPredictor(enc_dir, calibrated=False).predict_batch(items(test))
+        enc_cal = EncoderIntentionPredictor(enc_dir).predict_batch(_items(test))
+        enc_raw = EncoderIntentionPredictor(enc_dir, calibrated=False).predict_batch(_items(test))
         scores["encoder_uncalibrated"] = score(enc_raw, y_test, delta=delta)
         scores["encoder"] = score(enc_cal, y_test, delta=delta)
         learned.append("encoder")
@@ -204,29 +200,33 @@ def auroc_by_fraction(records: Sequence[Any], fractions: Sequence[float], *, see
                       min_test_examples: int = 500) -> dict[str, dict[str, float]]:
     """The data-scaling curve of the hashed predictor: trained on a seeded ``fraction`` of the
     training tasks, scored on one fixed set of test tasks (the same split as :func:`predictor_report`)."""
-    from intent.logs import label_of
     from worldmodel.predictors import HashedLogisticPredictor
 
-    labelled = sorted(((r, label_of(r)) for r in records if r.decision == "accept" and label_of(r) is not None),
-                      key=lambda x: (x[0].task_id, x[0].step, x[0].call_id))
-    train_tasks, test_tasks = split_tasks([r.task_id for r, _ in labelled], seed=seed,
+    labelled = triples(records)
+    train_tasks, test_tasks = split_tasks([t.task_id for t in labelled], seed=seed,
                                           min_test_examples=min_test_examples)
-    test = [(r, z) for r, z in labelled if r.task_id in test_tasks]
-
-    def items(rows: list[tuple[Any, int]]) -> list[tuple[str, str, dict]]:
-        return [(r.reasoning, r.tool, r.args if isinstance(r.args, dict) else {}) for r, _ in rows]
+    test = [t for t in labelled if t.task_id in test_tasks]
 
     out: dict[str, dict[str, float]] = {}
     ordered = sorted(train_tasks)
     for fraction in fractions:
         keep = set(random.Random(seed).sample(ordered, max(1, round(len(ordered) * fraction))))
-        train = [(r, z) for r, z in labelled if r.task_id in keep]
+        train = [t for t in labelled if t.task_id in keep]
         key = f"{fraction:.4g}"
-        if len({z for _, z in train}) < 2:
+        if len({t.z for t in train}) < 2:
             out[key] = {"train_tasks": len(keep), "train_examples": len(train), "auroc": float("nan")}
             continue
-        model = HashedLogisticPredictor(seed=seed).fit(items(train), [z for _, z in train],
-                                                        groups=[r.task_id for r, _ in train])
+        model = HashedLogisticPredictor(seed=seed).fit(_items(train), [t.z for t in train],
+                                                        groups=[t.task_id for t in train])
         out[key] = {"train_tasks": len(keep), "train_examples": len(train),
-                    "auroc": auroc(model.predict_batch(items(test)), [z for _, z in test])}
+                    "auroc": auroc(model.predict_batch(_items(test)), [t.z for t in test])}
     return out
+
+
+def _items(rows: Sequence[Any]) -> list[tuple[str, str, dict]]:
+    """Predictor inputs (reasoning, tool, arguments) of :class:`training.data.Triple` rows."""
+    return [(t.reasoning, t.tool, t.args) for t in rows]
+
+
+def _z(row: Any) -> int:
+    return row.z
