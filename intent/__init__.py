@@ -18,6 +18,12 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "LEDGER_KEY": "intent.state",
     "GuardState": "intent.state",
+    "Budget": "intent.budget",
+    "FromParent": "intent.nesting",
+    "ModelPrice": "intent.pricing",
+    "ModelPrices": "intent.pricing",
+    "UnpricedModelError": "intent.pricing",
+    "budget_report": "intent.report",
     "BudgetGuard": "intent.guard",
     "BudgetExceededError": "intent.ledger",
     "BudgetLedger": "intent.ledger",
@@ -64,7 +70,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from intent.budget import Budget
     from intent.errors import GuardConfigError, IntentError
+    from intent.nesting import FromParent
+    from intent.pricing import ModelPrice, ModelPrices, UnpricedModelError
+    from intent.report import budget_report
     from intent.graph import guard_react_agent
     from intent.guard import BudgetGuard
     from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry, LedgerError

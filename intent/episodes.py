@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,11 @@ class Episode:
     started: bool = False
     # Top-ups asked for without a graph: written to state at the episode's next hook.
     pending_top_ups: dict[str, float] = field(default_factory=dict)
+    # Set when the episode may make no further model call (a response without usage under
+    # missing_usage="refuse"); the reason is the refusal's text.
+    stopped_reason: str = ""
+    # Open carves for sub-agents (intent.nesting), by carve id: the child's ledger.
+    carves: dict[str, Any] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.
@@ -37,8 +42,10 @@ class Episode:
 class EpisodeRegistry:
     """Episodes by id, least recently used dropped beyond ``max_episodes``."""
 
-    def __init__(self, default_budget: float, *, allow_overspend: bool, max_episodes: int = 1024) -> None:
-        self.default_budget = default_budget
+    def __init__(self, default_budget: Any, *, allow_overspend: bool, max_episodes: int = 1024,
+                 new_ledger: Callable[[str], BudgetLedger] | None = None) -> None:
+        self.default_budget = default_budget  # a float or an intent.Budget
+        self._new_ledger = new_ledger or (lambda _id: BudgetLedger(default_budget, allow_overspend=allow_overspend))
         self.allow_overspend = allow_overspend
         self.max_episodes = max_episodes
         self._episodes: OrderedDict[str, Episode] = OrderedDict()
@@ -66,7 +73,7 @@ class EpisodeRegistry:
             episode = self._episodes.get(episode_id)
             if episode is None:
                 ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel
-                          else BudgetLedger(self.default_budget, allow_overspend=self.allow_overspend))
+                          else self._new_ledger(episode_id))
                 episode = Episode(episode_id, ledger, synced=bool(channel))
                 self._episodes[episode_id] = episode
                 while len(self._episodes) > self.max_episodes:

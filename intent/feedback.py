@@ -157,3 +157,17 @@ def rollout_rejection(remaining: float, total: float, actions: Sequence[Mapping[
         lines.append(f"{i}. {a['tool']}({a.get('args', '')}) price {_money(a['price'])}")
     lines.append("Please revise your plan (fewer calls / different tools / answer directly).")
     return "\n".join(lines)
+
+
+def model_over_budget(model: str, worst_case: float, remaining: float, budget: float) -> str:
+    """The agent's final message when its next model call does not fit (model costs are small: 4 digits)."""
+    return (f"I have to stop here: my next model call ({model}) may cost up to {worst_case:.4g}, but only "
+            f"{remaining:.4g} of the budget {budget:.4g} is left.")
+
+
+def model_unpriced(model: str, detail: str) -> str:
+    return f"I have to stop here: the model {model or '(unnamed)'} has no price, so its calls cannot be budgeted. {detail}"
+
+
+def model_refused(detail: str) -> str:
+    return f"I have to stop here: the budget does not cover another model call ({detail})."

@@ -26,9 +26,10 @@ The pieces live in their own modules: :mod:`intent.episodes` (per-episode workin
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,6 +38,7 @@ from langgraph.types import Command
 
 from intent import feedback as fb
 from intent.episodes import Episode, EpisodeRegistry
+from intent.budget import Budget
 from intent.errors import GuardConfigError, OracleUnavailableError, as_oracle_unavailable
 from intent.ledger import BudgetLedger, LedgerEntry
 from intent.logs import LogSink
@@ -48,6 +50,7 @@ from intent.oracle import (
     BANNED_TOOL,
     ORACLE_ERROR,
     OVER_BUDGET,
+    PLAN_OVER_BUDGET,
     UNKNOWN_TOOL,
     UNPRICED_TOOL,
     Decision,
@@ -59,6 +62,15 @@ from intent.oracle import (
 )
 from intent.records import Recorder
 from intent.metering import open_call
+from intent.model_meter import (
+    MODEL_OVER_BUDGET,
+    MODEL_UNPRICED,
+    ModelCallMeter,
+    ModelCallRefused,
+    PromptTokens,
+)
+from intent.nesting import CarvedLedger, FromParent, close_carves, spending_scope
+from intent.pricing import ModelPrice, ModelPrices, UnpricedModelError
 from intent.state import LEDGER_KEY, GuardState, channel_of
 
 if TYPE_CHECKING:
@@ -69,6 +81,12 @@ __all__ = ["LEDGER_KEY", "BudgetGuard", "GuardState", "OracleErrorPolicy", "Tool
 OracleErrorPolicy = Literal["accept_if_fits", "reject"]
 ToolErrorPolicy = Literal["raise", "message"]
 RELEASED_UNUSED = "released_unused"  # reason of a release record: the reservation was never used
+HUMAN_APPROVED = "human_approved"  # a call over budget a human approved (on_over_budget="ask")
+HUMAN_DENIED = "human_denied"
+# Rejections a human may overrule with money (on_over_budget="ask"): the call does not fit,
+# or the oracle's plan does not.
+_BUDGET_REASONS = frozenset({OVER_BUDGET, PLAN_OVER_BUDGET})
+_MAX_ASKS = 3  # per call: after three top-ups that still do not make it fit, the rejection stands
 
 
 @dataclass
@@ -128,7 +146,7 @@ class BudgetGuard:
         self,
         oracle: Oracle | Any,
         market: Market,
-        budget: float,
+        budget: float | Budget | FromParent,
         *,
         enforce: bool = True,
         log_sink: LogSink | None = None,
@@ -137,6 +155,12 @@ class BudgetGuard:
         max_episodes: int = 1024,
         merge_identical_calls: bool = True,
         notes_at: Literal["end", "system"] = "end",
+        model_prices: ModelPrices | Mapping[str, ModelPrice] | None = None,
+        unpriced_model: Literal["refuse", "worst_case"] = "refuse",
+        missing_usage: Literal["worst_case", "refuse"] = "worst_case",
+        prompt_tokens: PromptTokens = "bytes",
+        max_output_tokens: int = 4096,
+        on_over_budget: Literal["refuse", "ask"] = "refuse",
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not callable(getattr(oracle, "decide", None)):
@@ -155,17 +179,49 @@ class BudgetGuard:
             raise GuardConfigError(f"max_episodes must be a positive int, got {max_episodes!r}")
         if notes_at not in ("end", "system"):
             raise GuardConfigError(f"notes_at must be 'end' or 'system', got {notes_at!r}")
+        if unpriced_model not in ("refuse", "worst_case"):
+            raise GuardConfigError(f"unpriced_model must be 'refuse' or 'worst_case', got {unpriced_model!r}")
+        if missing_usage not in ("worst_case", "refuse"):
+            raise GuardConfigError(f"missing_usage must be 'worst_case' or 'refuse', got {missing_usage!r}")
+        if not (prompt_tokens in ("bytes", "model") or callable(prompt_tokens)):
+            raise GuardConfigError(
+                f"prompt_tokens must be 'bytes', 'model' or a function (messages, tools) -> int, got {prompt_tokens!r}")
+        if isinstance(max_output_tokens, bool) or not isinstance(max_output_tokens, int) or max_output_tokens < 1:
+            raise GuardConfigError(f"max_output_tokens must be a positive int, got {max_output_tokens!r}")
+        if on_over_budget not in ("refuse", "ask"):
+            raise GuardConfigError(f"on_over_budget must be 'refuse' or 'ask' (a human top-up), got {on_over_budget!r}")
         self.merge_identical_calls = bool(merge_identical_calls)
         self.notes_at = notes_at
         self.oracle = oracle
-        self.budget = check_amount(budget, "budget")
+        if isinstance(budget, FromParent):
+            self.budget_spec: Budget | FromParent = budget
+        elif isinstance(budget, Budget):
+            self.budget_spec = budget
+        else:
+            self.budget_spec = Budget(check_amount(budget, "budget"))
+        self.budget = self.budget_spec.total
+        self.model_prices = ModelPrices.of(model_prices)
+        self.unpriced_model = unpriced_model
+        self.missing_usage = missing_usage
+        self.prompt_tokens = prompt_tokens
+        self.max_output_tokens = max_output_tokens
+        self.on_over_budget = on_over_budget
+        self.currency = _check_currencies(self.budget_spec, market, self.model_prices)
         self.enforce = bool(enforce)
         self.log_sink = log_sink
         self.on_oracle_error = on_oracle_error
         self.tool_errors = tool_errors
         self._clock = clock
         self._market = market
-        self.episodes = EpisodeRegistry(self.budget, allow_overspend=not self.enforce, max_episodes=max_episodes)
+        spec = self.budget_spec
+        if isinstance(spec, FromParent):
+            def new_ledger(episode_id: str) -> BudgetLedger:
+                return spec.carve(episode_id, allow_overspend=not self.enforce)
+        else:
+            def new_ledger(episode_id: str) -> BudgetLedger:
+                return BudgetLedger(spec, allow_overspend=not self.enforce)
+        self.episodes = EpisodeRegistry(spec, allow_overspend=not self.enforce, max_episodes=max_episodes,
+                                        new_ledger=new_ledger)
         self._hooks: dict[str, bool] = {}  # which optional oracle hooks are really implemented
         self.records = Recorder(log_sink, str(getattr(oracle, "name", None) or type(oracle).__name__), self.enforce)
 
@@ -209,14 +265,16 @@ class BudgetGuard:
         """The episode's ledger as recorded in ``state`` (merged with a live episode's charges)."""
         channel = channel_of(state)
         if not channel:
-            return BudgetLedger(self.budget, allow_overspend=not self.enforce)
+            spec = self.budget_spec if isinstance(self.budget_spec, Budget) else Budget(self.budget)
+            return BudgetLedger(spec, allow_overspend=not self.enforce)
         episode = self.episodes.peek(str(channel.get("episode_id", "")))
         if episode is None:
             return BudgetLedger.from_state(channel)
         episode.ledger.absorb(channel)
         return episode.ledger
 
-    def top_up(self, config: Mapping[str, Any] | str, amount: float, *, graph: Any = None, reason: str = "") -> float:
+    def top_up(self, config: Mapping[str, Any] | str, amount: float, *, graph: Any = None, reason: str = "",
+               approved_by: str = "") -> float:
         """Raise a thread's budget by ``amount``: the only way a budget changes after it is set.
 
         ``config`` is the thread's config (or its id). With ``graph`` (the compiled agent)
@@ -235,20 +293,52 @@ class BudgetGuard:
         episode_id = str((channel or {}).get("episode_id") or thread_id)
         episode = self.episodes.get(episode_id, channel)
         top_up_id = f"top-up-{uuid.uuid4().hex[:12]}"
-        new_budget = episode.ledger.top_up(top_up_id, amount)
-        self.records.top_up(episode.ledger, episode_id=episode_id, top_up_id=top_up_id, amount=amount,
-                            reason=reason)
+        new_budget = self._apply_top_up(episode, top_up_id, amount, approved_by=approved_by, reason=reason)
         if graph is not None:
-            graph.update_state(cfg, {LEDGER_KEY: self._channel_base(episode) | {"top_ups": {top_up_id: amount}}})
+            graph.update_state(cfg, {LEDGER_KEY: self._channel_base(episode) | {
+                "top_ups": {top_up_id: amount}, "top_up_by": {top_up_id: approved_by} if approved_by else {}}})
         else:
             with episode.lock:
                 episode.pending_top_ups[top_up_id] = amount
         return new_budget
 
+    @contextlib.contextmanager
+    def scope(self, config: Mapping[str, Any] | str) -> Iterator[None]:
+        """Sub-agents with ``budget=FromParent(...)`` started inside carve from this thread's budget.
+
+        For a sub-agent run from a graph node (a subgraph) rather than from a guarded tool call
+        (tool calls open a scope by themselves). Carves still open when the scope ends are closed.
+        """
+        thread_id = config if isinstance(config, str) else ((config.get("configurable") or {}).get("thread_id"))
+        if thread_id is None:
+            raise GuardConfigError("scope needs the thread's config ({'configurable': {'thread_id': ...}}) or id")
+        episode = self.episodes.get(str(thread_id))
+        key = f"scope-{uuid.uuid4().hex[:12]}"
+        try:
+            with spending_scope(self, episode, key):
+                yield
+        finally:
+            close_carves(episode, key)
+
+    def _apply_top_up(self, episode: Episode, top_up_id: str, amount: float, *, approved_by: str,
+                      reason: str) -> float:
+        """Raise the episode's budget once per id, and log it once."""
+        ledger = episode.ledger
+        with episode.lock:
+            known = top_up_id in ledger.top_ups
+            new_budget = ledger.top_up(top_up_id, amount, approved_by=approved_by)
+        if not known:
+            self.records.top_up(ledger, episode_id=episode.episode_id, top_up_id=top_up_id, amount=amount,
+                                reason=reason, approved_by=approved_by)
+        return new_budget
+
     def _channel_base(self, episode: Episode) -> dict[str, Any]:
         ledger = episode.ledger
-        return {"episode_id": episode.episode_id, "budget": ledger.base_budget,
+        base = {"episode_id": episode.episode_id, "budget": ledger.base_budget,
                 "allow_overspend": ledger.allow_overspend}
+        if ledger.caps:
+            base["caps"] = ledger.caps
+        return base
 
     # ============================================================ episodes
     def episode_id(self, state: Any, config: Mapping[str, Any] | None) -> str:
@@ -291,6 +381,8 @@ class BudgetGuard:
         update = self._channel_base(episode) | {"entries": changed}
         if top_ups:
             update["top_ups"] = top_ups
+            by = ledger.approved_by
+            update["top_up_by"] = {k: by[k] for k in top_ups if k in by}
         return {LEDGER_KEY: update}
 
     def prepare(self, state: Any, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
@@ -308,6 +400,8 @@ class BudgetGuard:
             return None
         episode = self.episodes.get(episode_id, channel)
         update = self._settle(episode, state, reason=RELEASED_UNUSED)
+        if isinstance(episode.ledger, CarvedLedger):
+            episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
         self.episodes.drop(episode_id)
         end = getattr(self.oracle, "end", None)
         if callable(end):
@@ -417,23 +511,43 @@ class BudgetGuard:
 
         batch = tuple(p.proposal for p in pending)
         held = 0.0  # accepted earlier in this batch: reserved once the whole batch is decided
+        top_ups: dict[str, float] = {}
         for batch_index, item in enumerate(pending):
-            left = max(0.0, ledger.remaining - held)
-            ctx = DecisionContext(
-                episode_id=episode_id, query=query, proposal=item.proposal, price=item.price, budget=ledger.budget,
-                spent=ledger.spent, remaining=left, market=market, step=step, history=messages,
-                batch=batch, batch_index=batch_index,
-            )
-            started = self._clock()
-            answer = yield ctx
-            decision_ms = (self._clock() - started) * 1000.0
-            decision = self.check_decision(answer, ctx)
-            if decision.accept and self.enforce and not ledger.fits(held + item.price):
-                # The guard's own check: no oracle can overspend the budget.
-                decision = Decision.rejected(
-                    fb.over_budget(item.proposal.tool, item.price, left, ledger.budget),
-                    reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
+            asked = 0
+            while True:
+                left = max(0.0, ledger.remaining_for("tool") - held)
+                ctx = DecisionContext(
+                    episode_id=episode_id, query=query, proposal=item.proposal, price=item.price,
+                    budget=ledger.budget, spent=ledger.spent, remaining=left, market=market, step=step,
+                    history=messages, batch=batch, batch_index=batch_index,
                 )
+                started = self._clock()
+                answer = yield ctx
+                decision_ms = (self._clock() - started) * 1000.0
+                decision = self.check_decision(answer, ctx)
+                if decision.accept and self.enforce and not ledger.fits(held + item.price):
+                    # The guard's own check: no oracle can overspend the budget.
+                    decision = Decision.rejected(
+                        fb.over_budget(item.proposal.tool, item.price, left, ledger.budget),
+                        reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
+                    )
+                if (decision.accept or self.on_over_budget != "ask" or not self.enforce
+                        or decision.reason not in _BUDGET_REASONS or asked >= _MAX_ASKS):
+                    break
+                # Over budget: ask a human (a LangGraph interrupt; the node re-runs on resume).
+                top_up_id = f"top-up:{item.key}:{asked}"
+                shortfall = max(0.0, held + item.price - ledger.remaining_for("tool"))
+                action, amount = self._ask_human(episode, ctx, decision, top_up_id, shortfall, kind="tool")
+                asked += 1
+                if amount:
+                    top_ups[top_up_id] = amount
+                if action == "deny":
+                    break
+                if action == "approve_once":
+                    if ledger.fits(held + item.price):
+                        decision = Decision.accepted(reason=HUMAN_APPROVED, trace=decision.trace, **decision.usage)
+                    break
+                # A top-up: the oracle decides again against the raised budget.
             if decision.accept:
                 held += item.price
 
@@ -464,13 +578,162 @@ class BudgetGuard:
                                      **{k: e.to_dict() for k, e in new_entries.items()}}
         if decisions:
             channel_update["decisions"] = decisions
+        if top_ups:
+            by = ledger.approved_by
+            channel_update["top_ups"] = {**channel_update.get("top_ups", {}), **top_ups}
+            channel_update["top_up_by"] = {**channel_update.get("top_up_by", {}),
+                                           **{k: by[k] for k in top_ups if k in by}}
         channel_update["market_version"] = market.version
         if episode.market is not None:
             channel_update["market"] = market.to_dict()
             channel_update["market_scope"] = "episode"
-        if settled or not channel or decisions or channel.get("market_version") != market.version:
+        if settled or not channel or decisions or top_ups or channel.get("market_version") != market.version:
             update[LEDGER_KEY] = channel_update
         return update or None
+
+    # ======================================================= asking a human
+    def _ask_human(
+        self, episode: Episode, ctx: DecisionContext | None, decision: Decision | None, top_up_id: str,
+        shortfall: float, *, kind: Literal["tool", "model"], model: str = "", price: float = 0.0, text: str = "",
+    ) -> tuple[str, float]:
+        """Pause the run with an interrupt; apply the human's answer. Returns (action, amount topped up).
+
+        The resume value is ``{"action": "top_up", "amount": 5.0, "approved_by": "alice"}``,
+        ``{"action": "approve_once", "approved_by": "alice"}`` (a top-up of exactly the
+        shortfall, so this call fits) or ``{"action": "deny"}``.
+        """
+        from langgraph.types import interrupt
+
+        ledger = episode.ledger
+        plan = [s.to_dict() for s in decision.trace] if decision is not None else []
+        payload = {
+            "type": "intent.over_budget", "kind": kind,
+            "tool": ctx.tool if ctx is not None else model, "args": dict(ctx.args) if ctx is not None else {},
+            "price": ctx.price if ctx is not None else price, "spent": ledger.spent, "remaining": ledger.remaining,
+            "budget": ledger.budget, "shortfall": shortfall,
+            "reason": decision.reason if decision is not None else OVER_BUDGET,
+            "feedback": decision.feedback if decision is not None else text,
+            "plan_estimate": sum(float(s.get("expected_cost") or s.get("price") or 0.0) for s in plan), "plan": plan,
+            "options": ["top_up", "approve_once", "deny"],
+        }
+        answer = interrupt(payload)
+        action, amount, approved_by = _read_resume(answer, shortfall)
+        if amount > 0:
+            self._apply_top_up(episode, top_up_id, amount, approved_by=approved_by,
+                               reason=f"{action} for {payload['tool']}")
+        return action, amount
+
+    # ===================================================== the agent's model calls
+    @property
+    def meters_models(self) -> bool:
+        """Whether the agent's model calls are charged (a price table was given)."""
+        return len(self.model_prices) > 0
+
+    def _open_model_call(self, request: Any) -> tuple[ModelCallMeter, Any] | Any:
+        """Price the request's worst case; a request that does not fit is answered here."""
+        config = _current_config()
+        state = request.state or {}
+        channel = channel_of(state)
+        episode = self.episodes.get(self.episode_id(state, config), channel)
+        messages = list(request.messages)
+        step = sum(1 for m in messages if isinstance(m, AIMessage))
+        meter = ModelCallMeter(self, episode, step=step, query=first_human_text(messages), model=request.model)
+        settings = meter.request_settings(request.model_settings or {})
+        prompt = [request.system_message, *messages] if request.system_message is not None else messages
+        tools = _tool_schemas(request.tools or [])
+        max_tokens = meter.max_tokens_of(settings or request.model_settings or {})
+        ledger = episode.ledger
+        try:
+            name, _price, worst = meter.worst_case(prompt, tools, max_tokens, meter.default_name)
+        except UnpricedModelError as exc:
+            self.records.model_refusal(ledger, episode_id=episode.episode_id, step=step, query=meter.query,
+                                       model=meter.default_name or "", price=None, reason=MODEL_UNPRICED,
+                                       text=str(exc))
+            return self._model_stopped(meter, fb.model_unpriced(meter.default_name or "", str(exc)))
+        asked = 0
+        while episode.stopped_reason or not ledger.fits(worst, "model"):
+            if episode.stopped_reason:
+                return self._model_stopped(meter, episode.stopped_reason)
+            if self.on_over_budget != "ask" or not self.enforce or asked >= _MAX_ASKS:
+                if not self.enforce:
+                    break
+                text = fb.model_over_budget(name, worst, ledger.remaining_for("model"), ledger.budget)
+                self.records.model_refusal(ledger, episode_id=episode.episode_id, step=step, query=meter.query,
+                                           model=name, price=worst, reason=MODEL_OVER_BUDGET, text=text)
+                return self._model_stopped(meter, text)
+            shortfall = max(0.0, worst - ledger.remaining_for("model"))
+            action, _amount = self._ask_human(
+                episode, None, None, f"top-up:model:{episode.episode_id}:{step}:{asked}", shortfall, kind="model",
+                model=name, price=worst, text=fb.model_over_budget(name, worst, ledger.remaining_for("model"),
+                                                                   ledger.budget))
+            asked += 1
+            if action == "deny":
+                text = fb.model_over_budget(name, worst, ledger.remaining_for("model"), ledger.budget)
+                self.records.model_refusal(ledger, episode_id=episode.episode_id, step=step, query=meter.query,
+                                           model=name, price=worst, reason=HUMAN_DENIED, text=text)
+                return self._model_stopped(meter, text)
+        overrides: dict[str, Any] = {"model": meter.instrument(request.model)}
+        if settings is not None:
+            overrides["model_settings"] = settings
+        return meter, request.override(**overrides)
+
+    def _model_update(self, meter: ModelCallMeter) -> Command:
+        ledger = meter.episode.ledger
+        entries = {e.call_id: ledger.get(e.call_id) for e in meter.entries}
+        update = self._channel_base(meter.episode) | {
+            "entries": {cid: e.to_dict() for cid, e in entries.items() if e is not None}}
+        tops = ledger.top_ups
+        if tops:
+            update["top_ups"] = tops
+            update["top_up_by"] = ledger.approved_by
+        return Command(update={LEDGER_KEY: update})
+
+    def _model_stopped(self, meter: ModelCallMeter, text: str) -> Any:
+        from langchain.agents.middleware.types import ExtendedModelResponse, ModelResponse
+
+        message = AIMessage(content=text, response_metadata={"intent_stop": MODEL_OVER_BUDGET})
+        return ExtendedModelResponse(model_response=ModelResponse(result=[message]), command=self._model_update(meter))
+
+    def _close_model_call(self, meter: ModelCallMeter, response: Any) -> Any:
+        from langchain.agents.middleware.types import ExtendedModelResponse, ModelResponse
+
+        if isinstance(response, AIMessage):
+            response = ModelResponse(result=[response])
+        meter.abandon()
+        meter.settle(getattr(response, "result", []) or [])
+        return ExtendedModelResponse(model_response=response, command=self._model_update(meter))
+
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        """Charge every execution of the agent's model; a call that does not fit is not made."""
+        opened = self._open_model_call(request)
+        if not isinstance(opened, tuple):
+            return opened
+        meter, metered = opened
+        try:
+            response = handler(metered)
+        except ModelCallRefused as exc:  # a retry inside the guard that no longer fits
+            meter.abandon()
+            return self._model_stopped(meter, fb.model_refused(str(exc)))
+        except BaseException:
+            meter.abandon()  # an interrupt or a crash: executions that never ended are given back
+            raise
+        return self._close_model_call(meter, response)
+
+    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Async twin of :meth:`wrap_model_call`."""
+        opened = self._open_model_call(request)
+        if not isinstance(opened, tuple):
+            return opened
+        meter, metered = opened
+        try:
+            response = await handler(metered)
+        except ModelCallRefused as exc:
+            meter.abandon()
+            return self._model_stopped(meter, fb.model_refused(str(exc)))
+        except BaseException:
+            meter.abandon()
+            raise
+        return self._close_model_call(meter, response)
 
     def check_decision(self, answer: Decision | OracleUnavailableError, ctx: DecisionContext) -> Decision:
         """The oracle's answer, or the documented fallback when it failed recoverably.
@@ -668,6 +931,55 @@ def _recoverable(exc: Exception, oracle: Any) -> OracleUnavailableError | None:
     if typed is None:
         setattr(exc, _ORACLE_BUG, True)
     return typed
+
+
+def _current_config() -> dict[str, Any] | None:
+    from langgraph.config import get_config
+
+    try:
+        return get_config()
+    except RuntimeError:  # outside a runnable context
+        return None
+
+
+def _tool_schemas(tools: Sequence[Any]) -> list[Any]:
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    out = []
+    for t in tools:
+        try:
+            out.append(t if isinstance(t, dict) else convert_to_openai_tool(t))
+        except (TypeError, ValueError):
+            out.append({"name": getattr(t, "name", str(t)), "description": getattr(t, "description", "")})
+    return out
+
+
+def _read_resume(answer: Any, shortfall: float) -> tuple[str, float, str]:
+    """The human's resume value as (action, amount to top up, approved_by); a bad one is an error."""
+    if not isinstance(answer, Mapping) or answer.get("action") not in ("top_up", "approve_once", "deny"):
+        raise GuardConfigError(
+            f"resume value {answer!r} is not an answer to intent.over_budget; resume with "
+            "Command(resume={'action': 'top_up', 'amount': 5.0, 'approved_by': 'alice'}), "
+            "{'action': 'approve_once', 'approved_by': ...} or {'action': 'deny'}")
+    action = str(answer["action"])
+    approved_by = str(answer.get("approved_by") or "")
+    if action == "top_up":
+        if "amount" not in answer:
+            raise GuardConfigError("resume value with action 'top_up' needs 'amount' (> 0), e.g. {'amount': 5.0}")
+        return action, check_amount(answer["amount"], "resume value 'amount'", allow_zero=False), approved_by
+    if action == "approve_once":
+        return action, shortfall, approved_by
+    return action, 0.0, approved_by
+
+
+def _check_currencies(budget: Budget | FromParent, market: Market, prices: ModelPrices) -> str | None:
+    """The one currency of a guard's money, or an error naming what disagrees."""
+    named = {"budget": getattr(budget, "currency", None), "market": market.currency, "model_prices": prices.currency}
+    given = {k: v for k, v in named.items() if v}
+    if len(set(given.values())) > 1:
+        raise GuardConfigError(
+            f"currencies disagree: {given}; a budget has one currency, so convert the prices or the budget")
+    return next(iter(given.values()), None)
 
 
 def _is_oracle_bug(exc: BaseException) -> bool:

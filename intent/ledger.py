@@ -12,8 +12,14 @@ Money moves in three steps keyed by the tool-call id:
 ``reprice(call_id, amount)``
     when the price changed between the gate and the run (or a reviewer edited the call):
     a rise must fit what is left, a fall gives the difference back.
-``top_up(top_up_id, amount)``
+``top_up(top_up_id, amount, approved_by=...)``
     an explicit, logged raise of the budget (a human approved more money).
+
+One ledger holds every kind of spending of an episode: ``kind="tool"`` (a priced tool's
+run), ``"model"`` (one execution of the agent's chat model, priced per token),
+``"oracle"`` (the oracle's own model calls, with ``charge_oracle=True``) and
+``"sub_agent"`` (a child budget carved for a sub-agent). They share the budget; a
+:class:`~intent.budget.Budget` may add sub-caps (``tools=``, ``llm=``) that a call must fit too.
 
 Keys are *charge ids*: the guard reserves the first run of a proposed call under the call's
 key and every further run (a retry) under ``key#n``, so each execution is paid.
@@ -38,6 +44,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from intent.budget import CAP_OF_KIND, ENTRY_KINDS, Budget, EntryKind
 from intent.errors import IntentError
 from intent.market import check_amount
 
@@ -81,6 +88,7 @@ class LedgerEntry:
     tool_call_id: str = ""  # the model's tool-call id (several charges may share it)
     execution: int = 0  # 1-based run number of the proposed call; 0 while only reserved by the gate
     overrun: float = 0.0  # billed above the reservation
+    kind: EntryKind = "tool"  # tool | model | oracle | sub_agent; ``tool`` then names the tool or model
 
     @property
     def call_key(self) -> str:
@@ -91,7 +99,7 @@ class LedgerEntry:
         return {
             "call_id": self.call_id, "tool": self.tool, "amount": self.amount, "status": self.status,
             "seq": self.seq, "market_version": self.market_version, "tool_call_id": self.tool_call_id,
-            "execution": self.execution, "overrun": self.overrun,
+            "execution": self.execution, "overrun": self.overrun, "kind": self.kind,
         }
 
 
@@ -100,20 +108,33 @@ class BudgetLedger:
 
     def __init__(
         self,
-        budget: float,
+        budget: float | Budget,
         *,
         allow_overspend: bool = False,
         entries: Mapping[str, LedgerEntry] | None = None,
         top_ups: Mapping[str, float] | None = None,
+        approved_by: Mapping[str, str] | None = None,
+        caps: Mapping[str, float] | None = None,
     ) -> None:
+        if isinstance(budget, Budget):
+            caps = {**budget.caps(), **(caps or {})}
+            budget = budget.total
         self._budget = check_amount(budget, "budget")
+        self._caps: dict[str, float] = {}
+        for group, cap in (caps or {}).items():
+            if group not in set(CAP_OF_KIND.values()):
+                raise LedgerError(f"unknown sub-cap {group!r}; the sub-caps are 'tools' and 'llm'")
+            self._caps[group] = check_amount(cap, f"sub-cap {group!r}")
         self._top_ups: dict[str, float] = {k: check_amount(v, f"top-up {k!r}") for k, v in (top_ups or {}).items()}
+        self._approved_by: dict[str, str] = dict(approved_by or {})
         self._allow_overspend = bool(allow_overspend)
         self._entries: dict[str, LedgerEntry] = {}
         # Charge ids of each proposed call, in the order they were made (the gate's, then retries).
         self._by_call: dict[str, list[str]] = {}
         # Running totals per status, so that spent/remaining are O(1) on the hot path.
         self._totals: dict[str, float] = {"reserved": 0.0, "committed": 0.0, "released": 0.0}
+        # Held or spent per sub-cap group ("tools", "llm"), for Budget(tools=..., llm=...).
+        self._held_by_group: dict[str, float] = {}
         self._overrun = 0.0
         self._lock = threading.RLock()
         for entry in (entries or {}).values():
@@ -124,11 +145,20 @@ class BudgetLedger:
         if old is not None:
             self._totals[old.status] -= old.amount
             self._overrun -= old.overrun
+            if old.status != "released":
+                self._group_add(old.kind, -old.amount)
         else:
             self._by_call.setdefault(entry.call_key, []).append(entry.call_id)
         self._entries[entry.call_id] = entry
         self._totals[entry.status] += entry.amount
         self._overrun += entry.overrun
+        if entry.status != "released":
+            self._group_add(entry.kind, entry.amount)
+
+    def _group_add(self, kind: str, amount: float) -> None:
+        group = CAP_OF_KIND.get(kind)
+        if group is not None:
+            self._held_by_group[group] = self._held_by_group.get(group, 0.0) + amount
 
     # ------------------------------------------------------------------ totals
     @property
@@ -139,6 +169,35 @@ class BudgetLedger:
     @property
     def base_budget(self) -> float:
         return self._budget
+
+    @property
+    def caps(self) -> dict[str, float]:
+        """Sub-caps by group (``"tools"``, ``"llm"``); empty when only the total binds."""
+        return dict(self._caps)
+
+    @property
+    def approved_by(self) -> dict[str, str]:
+        """Who approved each top-up (by top-up id)."""
+        with self._lock:
+            return dict(self._approved_by)
+
+    def spent_by_kind(self) -> dict[str, float]:
+        """Committed money per entry kind (tool, model, oracle, sub_agent)."""
+        with self._lock:
+            out: dict[str, float] = {}
+            for e in self._entries.values():
+                if e.status == "committed":
+                    out[e.kind] = out.get(e.kind, 0.0) + e.amount
+            return out
+
+    def remaining_for(self, kind: str = "tool") -> float:
+        """What a call of ``kind`` may still reserve: the total left, and its sub-cap's left."""
+        with self._lock:
+            left = self.remaining
+            group = CAP_OF_KIND.get(kind)
+            if group in self._caps:
+                left = min(left, max(0.0, self._caps[group] - self._held_by_group.get(group, 0.0)))
+            return left
 
     @property
     def top_ups(self) -> dict[str, float]:
@@ -180,10 +239,14 @@ class BudgetLedger:
         with self._lock:
             return max(0.0, self._sum("committed") + self._sum("reserved") - self.budget)
 
-    def fits(self, amount: float) -> bool:
-        """Whether ``amount`` more can be reserved. After an overrun nothing fits (enforcing ledgers)."""
+    def fits(self, amount: float, kind: str = "tool") -> bool:
+        """Whether ``amount`` more of ``kind`` can be reserved: within the total and the kind's
+        sub-cap. After an overrun nothing fits (enforcing ledgers)."""
         with self._lock:
             if self._overrun > _EPS and not self._allow_overspend:
+                return False
+            group = CAP_OF_KIND.get(kind)
+            if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
                 return False
             return self._sum("committed") + self._sum("reserved") + amount <= self.budget + _EPS
 
@@ -219,27 +282,34 @@ class BudgetLedger:
 
     def reserve(
         self, call_id: str, tool: str, amount: float, *, market_version: int = 0, tool_call_id: str = "",
-        execution: int = 0,
+        execution: int = 0, kind: EntryKind = "tool",
     ) -> LedgerEntry:
         """Hold ``amount`` for ``call_id``. Idempotent: a known id returns its entry unchanged."""
         if not isinstance(call_id, str) or not call_id:
             raise LedgerError(f"call_id must be a non-empty string, got {call_id!r}")
+        if kind not in ENTRY_KINDS:
+            raise LedgerError(f"kind must be one of {ENTRY_KINDS}, got {kind!r}")
         amount = check_amount(amount, f"amount of call {call_id!r}")
         with self._lock:
             existing = self._entries.get(call_id)
             if existing is not None:
                 return existing
-            if not self._allow_overspend and not self.fits(amount):
-                raise BudgetExceededError(self._no_fit(call_id, tool, amount))
+            if not self._allow_overspend and not self.fits(amount, kind):
+                raise BudgetExceededError(self._no_fit(call_id, tool, amount, kind))
             entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version,
-                                tool_call_id, execution)
+                                tool_call_id, execution, kind=kind)
             self._put(entry)
             return entry
 
-    def _no_fit(self, call_id: str, tool: str, amount: float) -> str:
+    def _no_fit(self, call_id: str, tool: str, amount: float, kind: str = "tool") -> str:
         if self._overrun > _EPS:
             return (f"call {call_id!r} to {tool!r} refused: a provider billed {self._overrun:g} above its "
                     "reservation (overrun), so no further spending is allowed")
+        group = CAP_OF_KIND.get(kind)
+        if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
+            return (f"call {call_id!r} to {tool!r} costs {amount:g} but only "
+                    f"{max(0.0, self._caps[group] - self._held_by_group.get(group, 0.0)):g} of the {group} "
+                    f"sub-cap {self._caps[group]:g} is left")
         return (f"call {call_id!r} to {tool!r} costs {amount:g} but only {self.remaining:g} "
                 f"of the budget {self.budget:g} is left")
 
@@ -253,8 +323,8 @@ class BudgetLedger:
             if entry is None or entry.status != "reserved":
                 raise LedgerError(f"cannot reprice {call_id!r}: it is not a held reservation")
             rise = amount - entry.amount
-            if rise > _EPS and not self._allow_overspend and not self.fits(rise):
-                raise BudgetExceededError(self._no_fit(call_id, tool or entry.tool, amount))
+            if rise > _EPS and not self._allow_overspend and not self.fits(rise, entry.kind):
+                raise BudgetExceededError(self._no_fit(call_id, tool or entry.tool, amount, entry.kind))
             entry = replace(entry, amount=amount, tool=tool or entry.tool,
                             market_version=entry.market_version if market_version is None else market_version)
             self._put(entry)
@@ -301,11 +371,13 @@ class BudgetLedger:
             self._put(entry)
             return entry
 
-    def top_up(self, top_up_id: str, amount: float) -> float:
+    def top_up(self, top_up_id: str, amount: float, *, approved_by: str = "") -> float:
         """Raise the budget by ``amount`` (idempotent by id). Returns the new budget."""
         amount = check_amount(amount, "top-up amount", allow_zero=False)
         with self._lock:
             self._top_ups.setdefault(top_up_id, amount)
+            if approved_by:
+                self._approved_by.setdefault(top_up_id, approved_by)
             return self.budget
 
     def absorb(self, state: Mapping[str, Any]) -> None:
@@ -315,6 +387,10 @@ class BudgetLedger:
                 self._budget = check_amount(state["budget"], "budget")
             for k, v in (state.get("top_ups") or {}).items():
                 self._top_ups.setdefault(k, float(v))
+            for k, v in (state.get("top_up_by") or {}).items():
+                self._approved_by.setdefault(k, str(v))
+            for group, cap in (state.get("caps") or {}).items():
+                self._caps.setdefault(group, float(cap))
             entries = self._entries
             for cid, raw in (state.get("entries") or {}).items():
                 old = entries.get(cid)
@@ -329,6 +405,8 @@ class BudgetLedger:
                 "allow_overspend": self._allow_overspend,
                 "entries": {cid: e.to_dict() for cid, e in self._entries.items()},
                 "top_ups": dict(self._top_ups),
+                "top_up_by": dict(self._approved_by),
+                "caps": dict(self._caps),
             }
 
     @classmethod
@@ -336,7 +414,8 @@ class BudgetLedger:
         try:
             entries = {cid: LedgerEntry(**e) for cid, e in (state.get("entries") or {}).items()}
             return cls(state["budget"], allow_overspend=bool(state.get("allow_overspend", False)), entries=entries,
-                       top_ups=state.get("top_ups") or None)
+                       top_ups=state.get("top_ups") or None, approved_by=state.get("top_up_by") or None,
+                       caps=state.get("caps") or None)
         except (KeyError, TypeError) as exc:
             raise LedgerError(
                 f"ledger state is malformed ({exc!r}); expected {{'budget': float, 'entries': {{call_id: entry}}}}"
@@ -394,4 +473,4 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
 
 
 _LATEST_WINS = ("market", "market_version", "market_scope")
-_UNION = ("top_ups", "decisions")
+_UNION = ("top_ups", "top_up_by", "decisions", "caps")

@@ -13,7 +13,14 @@ Each proposal produces exactly one record:
   ``decision="accept"``, ``execution`` = 1, 2, ..., ``charged`` = what was billed;
 * accepted and never run (reservation released, e.g. another middleware answered it):
   ``decision="accept"``, ``status="released"``, ``charged=0``, ``execution=0``;
-* a budget top-up: ``decision="top_up"``, ``price`` = the amount, ``charged=0``.
+* a budget top-up: ``decision="top_up"``, ``price`` = the amount, ``charged=0``,
+  ``approved_by`` = who approved it;
+* one execution of the agent's chat model (``kind="model"``, ``tool`` = the model name,
+  ``tokens`` = its usage): ``decision="accept"``, ``charged`` = its cost; a model call the
+  budget could not cover: ``decision="reject"``, ``charged=0``; a model call that failed
+  before any usage came back: ``status="error"``, ``charged=0``;
+* the oracle's own model calls (``kind="oracle"``, with ``charge_oracle=True``) and a
+  sub-agent's carve (``kind="sub_agent"``: ``charged`` = what the sub-agent spent).
 
 So the sum of ``charged`` over a task's records equals what the ledger spent, and the
 records with ``execution > 0`` are exactly the tool's runs.
@@ -49,9 +56,10 @@ __all__ = [
     "read_log_rows",
 ]
 
-SCHEMA_VERSION = 2
-# Versions read_log still accepts: 2 added execution / overrun / the top_up decision.
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+# Versions read_log still accepts: 2 added execution / overrun / the top_up decision;
+# 3 added kind / tokens / approved_by (model, oracle and sub-agent charges in the same log).
+READABLE_VERSIONS = (1, 2, 3)
 
 
 class LogFormatError(ValueError):
@@ -90,6 +98,10 @@ class StepRecord(BaseModel):
     tool_ms: float = 0.0
     oracle_usage: dict[str, float] = Field(default_factory=dict)
     enforce: bool = True
+    kind: Literal["tool", "model", "oracle", "sub_agent"] = Field(
+        "tool", description="what was paid: a tool run, a model call, the oracle's model, a sub-agent")
+    tokens: dict[str, int] = Field(default_factory=dict, description="a model call's usage: input/output/cached")
+    approved_by: str = Field("", description="who approved a top-up")
     artifact: dict[str, Any] | None = Field(
         None, description="the tool's JSON artifact, e.g. a simulated environment's ground-truth label z")
     timestamp: float = Field(default_factory=time.time)

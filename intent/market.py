@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["InvalidPriceError", "Market", "MarketError", "PricedTool", "UnpricedToolError", "check_amount"]
+__all__ = ["InvalidPriceError", "Market", "MarketError", "PricedTool", "UnpricedToolError", "check_amount",
+           "declared_price"]
 
 
 class MarketError(IntentError, ValueError):
@@ -81,6 +82,7 @@ class Market:
     default_price: float | None = None
     banned: frozenset[str] = frozenset()
     version: int = 0
+    currency: str | None = None
     _by_name: Mapping[str, PricedTool] = field(default_factory=dict, repr=False, compare=False)
 
     def __init__(
@@ -90,6 +92,7 @@ class Market:
         default_price: float | None = None,
         banned: Iterable[str] = (),
         version: int = 0,
+        currency: str | None = None,
     ) -> None:
         tools = tuple(tools)
         by_name: dict[str, PricedTool] = {}
@@ -110,7 +113,10 @@ class Market:
         object.__setattr__(self, "tools", tools)
         object.__setattr__(self, "default_price", default_price)
         object.__setattr__(self, "banned", banned_set)
+        if currency is not None and (not isinstance(currency, str) or not currency.strip()):
+            raise MarketError(f"Market.currency must be a currency code like 'USD' or None, got {currency!r}")
         object.__setattr__(self, "version", version)
+        object.__setattr__(self, "currency", currency)
         object.__setattr__(self, "_by_name", by_name)
 
     # ----------------------------------------------------------------- lookups
@@ -155,6 +161,7 @@ class Market:
             default_price=self.default_price,
             banned=self.banned if banned is None else banned,
             version=self.version + 1,
+            currency=self.currency,
         )
 
     def with_price(self, name: str, price: float) -> Market:
@@ -190,6 +197,7 @@ class Market:
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
+            "currency": self.currency,
             "default_price": self.default_price,
             "banned": sorted(self.banned),
             "tools": [{"name": t.name, "price": t.price, "description": t.description} for t in self.tools],
@@ -208,8 +216,93 @@ class Market:
             default_price=data.get("default_price"),
             banned=data.get("banned", ()),
             version=int(data.get("version", 0)),
+            currency=data.get("currency"),
         )
+
+    @classmethod
+    def from_tools(
+        cls, tools: Iterable[Any], *, unpriced: str | float = "refuse", currency: str | None = None,
+        prices: Mapping[str, float] | None = None,
+    ) -> Market:
+        """A market read from the tools' own price declarations (see :func:`declared_price`).
+
+        ``unpriced``: a tool that declares no price is ``"refuse"``d (an error naming it),
+        ``"free"`` (price 0) or listed at a default price (a number). ``currency``: the budget's
+        currency; a tool declaring another one is an error naming the tool (when ``None``, the
+        first declared currency is the market's and all must agree). ``prices`` override.
+        """
+        if not (unpriced in ("refuse", "free") or (isinstance(unpriced, (int, float)) and not isinstance(unpriced, bool))):
+            raise MarketError(f"unpriced must be 'refuse', 'free' or a default price, got {unpriced!r}")
+        listed: list[PricedTool] = []
+        market_currency = currency
+        for tool in tools:
+            name = getattr(tool, "name", None)
+            if not isinstance(name, str):
+                raise MarketError(f"Market.from_tools needs tools with a name, got {type(tool).__name__}")
+            declared = declared_price(tool)
+            if prices and name in prices:
+                declared = (float(prices[name]), None)
+            if declared is None:
+                if unpriced == "refuse":
+                    raise UnpricedToolError(
+                        f"tool {name!r} declares no price (metadata={{'price': ..., 'currency': ...}}); set its "
+                        "metadata, pass prices={...}, or choose unpriced='free' or a default price")
+                price = 0.0 if unpriced == "free" else float(unpriced)
+            else:
+                price, tool_currency = declared
+                if tool_currency is not None:
+                    if market_currency is None:
+                        market_currency = tool_currency
+                    elif tool_currency.upper() != market_currency.upper():
+                        raise MarketError(
+                            f"tool {name!r} is priced in {tool_currency} but the budget is in {market_currency}; "
+                            "convert its price or the budget: one budget has one currency")
+            listed.append(PricedTool(name, price, str(getattr(tool, "description", "") or "")[:500]))
+        return cls(listed, currency=market_currency)
 
     @classmethod
     def from_prices(cls, prices: Mapping[str, float], **kwargs: Any) -> Market:
         return cls((PricedTool(n, p) for n, p in prices.items()), **kwargs)
+
+
+def declared_price(tool: Any) -> tuple[float, str | None] | None:
+    """The price a tool declares for one call, and its currency, or ``None``.
+
+    Read, in order, from a LangChain tool's ``metadata``: ``{"price": 0.02, "currency": "USD"}``;
+    an MCP tool's ``_meta`` or annotations as langchain-mcp-adapters puts them in ``metadata``
+    (``metadata["_meta"]["price"]``, ``metadata["annotations"]["price"]``); and an x402-style
+    payment requirement (``metadata["x402"]`` or ``metadata["payment_required"]`` with
+    ``{"amount" | "maxAmountRequired": ..., "decimals": 6, "asset" | "currency": ...}``, an
+    amount in the asset's smallest unit when ``decimals`` is given).
+    """
+    meta = getattr(tool, "metadata", None)
+    if not isinstance(meta, Mapping):
+        return None
+    for holder in (meta, meta.get("_meta"), meta.get("annotations")):
+        if isinstance(holder, Mapping) and holder.get("price") is not None:
+            price = check_amount(_number(holder["price"], getattr(tool, "name", "?")),
+                                 f"declared price of tool {getattr(tool, 'name', '?')!r}")
+            return price, holder.get("currency")
+    for key in ("x402", "payment_required"):
+        req = meta.get(key)
+        if isinstance(req, Mapping):
+            accepts = req.get("accepts")
+            if isinstance(accepts, list) and accepts and isinstance(accepts[0], Mapping):
+                req = accepts[0]
+            raw = req.get("amount", req.get("maxAmountRequired"))
+            if raw is None:
+                continue
+            amount = _number(raw, getattr(tool, "name", "?"))
+            decimals = req.get("decimals")
+            if decimals is not None:
+                amount = amount / (10 ** int(decimals))
+            return check_amount(amount, f"x402 price of tool {getattr(tool, 'name', '?')!r}"), (
+                req.get("currency") or req.get("asset"))
+    return None
+
+
+def _number(value: Any, tool: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPriceError(f"tool {tool!r} declares the price {value!r}, which is not a number") from exc

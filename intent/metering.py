@@ -27,6 +27,7 @@ from langgraph.types import Command
 from intent import feedback as fb
 from intent.ledger import BudgetExceededError
 from intent.market import UnpricedToolError
+from intent.nesting import close_carves, spending_scope
 from intent.messages import (
     argument_problem,
     billed_amount,
@@ -257,7 +258,8 @@ class CallRun:
             return charge_id
         started = self.guard._clock()
         try:
-            out = tool.invoke(tool_input, config, **kwargs)
+            with spending_scope(self.guard, self.episode, self.key):  # sub-agents carve from this call
+                out = tool.invoke(tool_input, config, **kwargs)
         except GraphBubbleUp:
             self._abort(charge_id)
             raise
@@ -279,7 +281,8 @@ class CallRun:
             return charge_id
         started = self.guard._clock()
         try:
-            out = await tool.ainvoke(tool_input, config, **kwargs)
+            with spending_scope(self.guard, self.episode, self.key):
+                out = await tool.ainvoke(tool_input, config, **kwargs)
         except GraphBubbleUp:
             self._abort(charge_id)
             raise
@@ -345,6 +348,7 @@ class CallRun:
     def finish(self, result: Any) -> Any:
         """The call's answer with every charge of the call, and its unused reservation released."""
         episode, ledger = self.episode, self.episode.ledger
+        close_carves(episode, self.key)  # a sub-agent that did not end its episode: its spend is kept
         with episode.lock:
             gated = ledger.get(self.key)
             if gated is not None and gated.status == "reserved" and gated.execution == 0:

@@ -3,7 +3,8 @@
 * ``before_model``: release reservations another middleware answered, write charges state
   has not seen, start a new episode's oracle (so a plan is in force before the first call);
 * ``wrap_model_call``: hide tools the market banned or the oracle removed, add the
-  oracle's prompt notes (prices, quotas, guidelines) to the system message;
+  oracle's prompt notes (prices, quotas, guidelines) to the system message; with
+  ``model_prices``, reserve each model execution's worst case and charge its usage;
 * ``after_model``: gate the new message's tool calls as one batch;
 * ``wrap_tool_call``: run an accepted call with a metered tool, charging every run;
 * ``after_agent``: nothing stays reserved; the episode's working state is dropped.
@@ -102,12 +103,16 @@ class BudgetGuardMiddleware(AgentMiddleware):
             overrides["system_message"] = SystemMessage(content=f"{base}\n\n{notes}".strip())
         return request.override(**overrides) if overrides else request
 
-    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> ModelResponse:
+    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
+        if self.guard.meters_models:  # every execution of the model reserved and charged
+            return self.guard.wrap_model_call(self._prepare(request), handler)
         return handler(self._prepare(request))
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
-    ) -> ModelResponse:
+    ) -> Any:
+        if self.guard.meters_models:
+            return await self.guard.awrap_model_call(self._prepare(request), handler)
         return await handler(self._prepare(request))
 
     # ---------------------------------------------------------------- gate

@@ -76,8 +76,35 @@ class Recorder:
             market_version=entry.market_version,
         )
 
-    def top_up(self, ledger: BudgetLedger, *, episode_id: str, top_up_id: str, amount: float, reason: str) -> None:
+    def top_up(self, ledger: BudgetLedger, *, episode_id: str, top_up_id: str, amount: float, reason: str,
+               approved_by: str = "") -> None:
         self._write(
             ledger, task_id=episode_id, step=-1, call_id=top_up_id, tool="", price=amount, decision="top_up",
-            reason=reason or "top_up", feedback=reason, status="ok", charged=0.0,
+            reason=reason or "top_up", feedback=reason, status="ok", charged=0.0, approved_by=approved_by,
+        )
+
+    def model_charge(self, ledger: BudgetLedger, entry: LedgerEntry, *, episode_id: str, step: int, query: str,
+                     model: str, tokens: Mapping[str, int], reason: str) -> None:
+        """One execution of a model (the agent's, or the oracle's with ``kind="oracle"``), charged."""
+        self._write(
+            ledger, task_id=episode_id, step=step, call_id=entry.call_id, query=query, tool=model,
+            price=entry.amount - entry.overrun, decision="accept", reason=reason, status="ok", charged=entry.amount,
+            execution=1, overrun=entry.overrun, kind=entry.kind, tokens=dict(tokens),
+        )
+
+    def model_refusal(self, ledger: BudgetLedger, *, episode_id: str, step: int, query: str, model: str,
+                      price: float | None, reason: str, text: str, status: Literal["rejected", "error"] = "rejected",
+                      decision: Literal["reject", "accept"] = "reject") -> None:
+        """A model call the budget did not cover (not made), or one that failed unbilled."""
+        self._write(
+            ledger, task_id=episode_id, step=step, call_id=f"model:{episode_id}:{step}", query=query, tool=model,
+            price=price, decision=decision, reason=reason, feedback=text, status=status, charged=0.0, kind="model",
+        )
+
+    def sub_budget(self, ledger: BudgetLedger, entry: LedgerEntry, *, episode_id: str, child_episode: str) -> None:
+        """A sub-agent's carve closed: ``charged`` is what the sub-agent spent."""
+        self._write(
+            ledger, task_id=episode_id, step=-1, call_id=entry.call_id, tool=entry.tool, price=entry.amount,
+            decision="accept", reason="sub_agent", feedback=f"sub-agent episode {child_episode}", status="ok",
+            charged=entry.amount if entry.status == "committed" else 0.0, execution=1, kind="sub_agent",
         )

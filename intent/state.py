@@ -33,6 +33,7 @@ class EntryDict(TypedDict):
     tool_call_id: str
     execution: int
     overrun: float
+    kind: NotRequired[str]  # tool | model | oracle | sub_agent (absent in states written before v3)
 
 
 class DecisionDict(TypedDict, total=False):
@@ -56,6 +57,8 @@ class LedgerChannel(TypedDict, total=False):
     entries: dict[str, EntryDict]
     decisions: dict[str, DecisionDict]
     top_ups: dict[str, float]
+    top_up_by: dict[str, str]  # who approved each top-up
+    caps: dict[str, float]  # sub-caps of Budget(tools=..., llm=...)
     market_version: int
     market: dict[str, Any]
     market_scope: str

@@ -39,14 +39,15 @@ class ScriptedToolModel(GenericFakeChatModel):
     """
 
     bound: list = []
+    model_name: str = "scripted-model"  # what a model-price table prices it as
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedToolModel:
         self.bound.append(sorted(t["name"] if isinstance(t, dict) else t.name for t in tools))
         return self
 
 
-def scripted(messages: Iterable[AIMessage]) -> ScriptedToolModel:
-    return ScriptedToolModel(messages=iter(list(messages)), bound=[])
+def scripted(messages: Iterable[AIMessage], *, model_name: str = "scripted-model") -> ScriptedToolModel:
+    return ScriptedToolModel(messages=iter(list(messages)), bound=[], model_name=model_name)
 
 
 _ids = itertools.count()
@@ -57,8 +58,17 @@ def call(name: str, **args: Any) -> dict[str, Any]:
     return {"name": name, "args": args, "id": f"call_{next(_ids)}", "type": "tool_call"}
 
 
-def ai(*calls: dict[str, Any], text: str = "") -> AIMessage:
-    return AIMessage(content=text, tool_calls=list(calls))
+def ai(*calls: dict[str, Any], text: str = "", usage: tuple[int, int] | None = None,
+       model_name: str | None = None) -> AIMessage:
+    """An AIMessage with tool calls; ``usage=(input_tokens, output_tokens)`` makes it report usage
+    as a provider does (``usage_metadata``, and ``response_metadata["model_name"]``)."""
+    extra: dict[str, Any] = {}
+    if usage is not None:
+        extra["usage_metadata"] = {"input_tokens": usage[0], "output_tokens": usage[1],
+                                   "total_tokens": usage[0] + usage[1]}
+    if model_name is not None:
+        extra["response_metadata"] = {"model_name": model_name}
+    return AIMessage(content=text, tool_calls=list(calls), **extra)
 
 
 def assert_each_call_answered_once(messages: Sequence[AnyMessage]) -> None:

@@ -62,7 +62,7 @@ def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "
     with open(out, "w", encoding="utf-8") as fh:
         for r in records:
             data = json.loads(r.model_dump_json())
-            if r.decision == "accept" and r.status in ("ok", "error"):
+            if r.decision == "accept" and r.status in ("ok", "error") and r.kind == "tool":
                 if method == "ground_truth":
                     # The environment's label only: an older annotation in the file is replaced.
                     z = label_of(r, ground_truth_only=True)

@@ -41,14 +41,19 @@ def load_records(paths: str | Path | Sequence[str | Path]) -> list[StepRecord]:
     out: list[StepRecord] = []
     for path in paths:
         records = list(read_log(path, skip_torn_tail=True))
-        if not any(r.decision == "accept" and r.status in ("ok", "error") for r in records):
+        if not any(_is_tool_run(r) for r in records):
             raise LogFormatError(f"{path}: holds no executed (accepted) calls; nothing to train on")
         out += records
     return out
 
 
+def _is_tool_run(r: StepRecord) -> bool:
+    # Model, oracle and sub-agent charges share the log (schema 3) but are not tool calls.
+    return r.decision == "accept" and r.status in ("ok", "error") and getattr(r, "kind", "tool") == "tool"
+
+
 def _executed(records: Iterable[StepRecord]) -> list[StepRecord]:
-    return sorted((r for r in records if r.decision == "accept" and r.status in ("ok", "error")),
+    return sorted((r for r in records if _is_tool_run(r)),
                   key=lambda r: (r.task_id, r.step, r.call_id))
 
 

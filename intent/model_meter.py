@@ -1,0 +1,301 @@
+"""Metering the agent's model calls: reserve a worst case before each execution, commit the
+real cost from ``usage_metadata`` after it.
+
+The guard wraps each model request (``wrap_model_call``) with a :class:`ModelCallMeter`:
+
+* :meth:`ModelCallMeter.precheck` prices the request's worst case before anything runs; a
+  call that does not fit is not made (the guard answers with a final message, or asks a
+  human with an interrupt);
+* :meth:`ModelCallMeter.instrument` gives the rest of the chain a *copy of the model with a
+  callback* (:class:`_MeterCallback`). The callback runs inside the model's own ``invoke``,
+  so **every execution** is metered, including the ones a ModelRetryMiddleware placed inside
+  the guard makes: ``on_chat_model_start`` reserves (or refuses by raising
+  :class:`ModelCallRefused`), ``on_llm_end`` commits the cost of the reported usage,
+  ``on_llm_error`` releases (a failed request that returned no usage is not billed by
+  providers; the record says so);
+* :meth:`ModelCallMeter.settle` charges a response that no metered execution produced (a
+  fallback model swapped in by a middleware inside the guard) from its usage, after the fact.
+
+Worst case = prompt tokens × input price + ``max_tokens`` × output price. Prompt tokens are
+the prompt's UTF-8 bytes plus a per-message allowance (``prompt_tokens="bytes"``, default: a
+byte-level BPE token is at least one byte, so this never undercounts), or the model's own
+count (``"model"``: ``get_num_tokens_from_messages``), or a callable. ``max_tokens`` is the
+model's (from its invocation parameters); a model without one gets the guard's
+``max_output_tokens`` bound into the request, so the bound is also the provider's limit.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, BaseMessage
+
+from intent.ledger import BudgetExceededError, LedgerEntry
+from intent.pricing import ModelPrice, UnpricedModelError, cost_of_usage
+
+if TYPE_CHECKING:
+    from intent.episodes import Episode
+    from intent.guard import BudgetGuard
+
+__all__ = ["MODEL_OVER_BUDGET", "ModelCallMeter", "ModelCallRefused", "PromptTokens", "count_prompt_tokens"]
+
+PromptTokens = Literal["bytes", "model"] | Callable[[Sequence[BaseMessage], Sequence[Any]], int]
+MODEL_OVER_BUDGET = "model_over_budget"
+MODEL_UNPRICED = "unpriced_model"
+MODEL_NO_USAGE = "missing_usage"
+MODEL_ERROR = "model_error"
+UNMETERED_MODEL_CALL = "unmetered_model_call"
+_PER_MESSAGE_TOKENS = 16  # role markers and separators a chat template adds around each message
+_MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict", "max_new_tokens")
+_MODEL_KEYS = ("model_name", "model", "model_id")
+
+
+class ModelCallRefused(BudgetExceededError):
+    """A model execution that the budget does not cover (raised inside the model's invoke)."""
+
+
+def _model_name_of(obj: Any) -> str | None:
+    for key in _MODEL_KEYS:
+        value = obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def count_prompt_tokens(messages: Sequence[BaseMessage], tools: Sequence[Any] = ()) -> int:
+    """An upper bound on the prompt's tokens: its UTF-8 bytes and a per-message allowance."""
+    total = 0
+    for m in messages:
+        content = m.content if isinstance(m.content, str) else json.dumps(m.content, default=str)
+        total += len(content.encode("utf-8")) + _PER_MESSAGE_TOKENS
+        calls = getattr(m, "tool_calls", None)
+        if calls:
+            total += len(json.dumps(calls, default=str).encode("utf-8"))
+    if tools:
+        total += len(json.dumps(list(tools), default=str).encode("utf-8"))
+    return total
+
+
+@dataclass
+class _Execution:
+    charge_id: str
+    model: str
+    price: ModelPrice
+
+
+class ModelCallMeter:
+    """The money side of one model request of one episode (all its executions)."""
+
+    def __init__(self, guard: BudgetGuard, episode: Episode, *, step: int, query: str, model: Any) -> None:
+        self.guard, self.episode, self.step, self.query, self.model = guard, episode, step, query, model
+        self.default_name = _model_name_of(model)
+        self._open: dict[Any, _Execution] = {}
+        self.executions: list[_Execution] = []
+        self.entries: list[LedgerEntry] = []
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------- pricing
+    def price_of(self, name: str | None) -> tuple[str, ModelPrice]:
+        """The price a call of ``name`` is reserved at, by the guard's ``unpriced_model`` policy."""
+        found = self.guard.model_prices.find(name)
+        if found is not None:
+            return found
+        if self.guard.unpriced_model == "worst_case":
+            worst = self.guard.model_prices.most_expensive()
+            if worst is not None:
+                return name or "unknown-model", worst
+        raise UnpricedModelError(
+            f"model {name!r} has no price in model_prices ({sorted(self.guard.model_prices.names)}); add "
+            "ModelPrice(input_per_mtok=..., output_per_mtok=...) for it, or pass unpriced_model='worst_case'")
+
+    def worst_case(self, messages: Sequence[BaseMessage], tools: Sequence[Any], max_tokens: int | None,
+                   name: str | None) -> tuple[str, ModelPrice, float]:
+        model_name, price = self.price_of(name)
+        how = self.guard.prompt_tokens
+        if how == "bytes":
+            prompt = count_prompt_tokens(messages, tools)
+        elif how == "model":
+            prompt = int(self.model.get_num_tokens_from_messages(list(messages), tools=list(tools) or None))
+        else:
+            prompt = int(how(messages, tools))
+        out = self.guard.max_output_tokens if max_tokens is None else int(max_tokens)
+        return model_name, price, price.worst_case(prompt, out)
+
+    # ------------------------------------------------------- the request
+    def request_settings(self, model_settings: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``max_tokens`` to bind when neither the model nor the request sets an output bound."""
+        if any(k in model_settings for k in _MAX_TOKEN_KEYS):
+            return None
+        if any(getattr(self.model, k, None) for k in _MAX_TOKEN_KEYS):
+            return None
+        return {**model_settings, "max_tokens": self.guard.max_output_tokens}
+
+    def max_tokens_of(self, params: Mapping[str, Any]) -> int | None:
+        for k in _MAX_TOKEN_KEYS:
+            v = params.get(k)
+            if isinstance(v, int) and v > 0:
+                return v
+        for k in _MAX_TOKEN_KEYS:
+            v = getattr(self.model, k, None)
+            if isinstance(v, int) and v > 0:
+                return v
+        return None
+
+    def instrument(self, model: Any) -> Any:
+        """A copy of ``model`` whose every execution this meter reserves and charges."""
+        callbacks = model.callbacks
+        if callbacks is None:
+            callbacks = []
+        if isinstance(callbacks, list):
+            return model.model_copy(update={"callbacks": [*callbacks, _MeterCallback(self)]})
+        handlers = list(getattr(callbacks, "handlers", []))  # a callback manager
+        return model.model_copy(update={"callbacks": [*handlers, _MeterCallback(self)]})
+
+    # ------------------------------------------------------ one execution
+    def start(self, run_id: Any, messages: Sequence[BaseMessage], params: Mapping[str, Any]) -> None:
+        ledger = self.episode.ledger
+        tools = params.get("tools") or ()
+        try:
+            name, price, amount = self.worst_case(messages, tools, self.max_tokens_of(params),
+                                                  _model_name_of(params) or self.default_name)
+        except UnpricedModelError as exc:
+            self.guard.records.model_refusal(ledger, episode_id=self.episode.episode_id, step=self.step,
+                                             query=self.query, model=_model_name_of(params) or self.default_name or "",
+                                             price=None, reason=MODEL_UNPRICED, text=str(exc))
+            raise ModelCallRefused(str(exc)) from exc
+        charge_id = f"model:{self.episode.episode_id}:{self.step}:{uuid.uuid4().hex[:10]}"
+        with self.episode.lock:
+            if self.episode.stopped_reason:
+                raise ModelCallRefused(self.episode.stopped_reason)
+            try:
+                entry = ledger.reserve(charge_id, name, amount, kind="model", execution=1)
+            except BudgetExceededError as exc:
+                self.guard.records.model_refusal(ledger, episode_id=self.episode.episode_id, step=self.step,
+                                                 query=self.query, model=name, price=amount,
+                                                 reason=MODEL_OVER_BUDGET, text=str(exc))
+                raise ModelCallRefused(str(exc)) from exc
+        with self._lock:
+            ex = _Execution(charge_id, name, price)
+            self._open[run_id] = ex
+            self.executions.append(ex)
+            self.entries.append(entry)
+
+    def end(self, run_id: Any, message: BaseMessage | None) -> None:
+        with self._lock:
+            ex = self._open.pop(run_id, None)
+        if ex is None:
+            return
+        ledger = self.episode.ledger
+        usage = getattr(message, "usage_metadata", None) if message is not None else None
+        reported = (getattr(message, "response_metadata", None) or {}).get("model_name") if message is not None \
+            else None
+        name, price = ex.model, ex.price
+        if reported and reported != name:
+            found = self.guard.model_prices.find(reported)
+            if found is not None:
+                name, price = reported, found[1]
+        reason = "accepted"
+        tokens: dict[str, int] = {}
+        if usage:
+            billed: float | None = cost_of_usage(price, usage)
+            details = usage.get("input_token_details") or {}
+            tokens = {"input": int(usage.get("input_tokens", 0) or 0), "output": int(usage.get("output_tokens", 0) or 0),
+                      "cached": int(details.get("cache_read", 0) or 0)}
+        else:
+            # No usage: never free. The reserved worst case is charged; with "refuse" the
+            # episode also makes no further model call.
+            billed, reason = None, MODEL_NO_USAGE
+            if self.guard.missing_usage == "refuse":
+                with self.episode.lock:
+                    self.episode.stopped_reason = (
+                        f"a response of model {name!r} carried no usage_metadata, so its cost is unknown; "
+                        "missing_usage='refuse' stops further model calls")
+        entry = ledger.commit(ex.charge_id, billed)
+        with self._lock:
+            self.entries.append(entry)
+        self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
+                                        query=self.query, model=name, tokens=tokens, reason=reason)
+
+    def error(self, run_id: Any, exc: BaseException) -> None:
+        with self._lock:
+            ex = self._open.pop(run_id, None)
+        if ex is None:
+            return
+        ledger = self.episode.ledger
+        entry = ledger.release(ex.charge_id)
+        if entry is not None:
+            with self._lock:
+                self.entries.append(entry)
+            self.guard.records.model_refusal(ledger, episode_id=self.episode.episode_id, step=self.step,
+                                             query=self.query, model=ex.model, price=entry.amount,
+                                             reason=MODEL_ERROR, text=f"{type(exc).__name__}: {exc}", status="error",
+                                             decision="accept")
+
+    # ------------------------------------------------------ after the chain
+    def settle(self, messages: Sequence[BaseMessage]) -> None:
+        """Charge a response no metered execution produced (a fallback model swapped in inside the
+        guard), from its usage. Only when no metered execution of this request was charged: a
+        charged one is the response (message ids are not reliable enough to match them)."""
+        if any(self.episode.ledger.get(ex.charge_id).status == "committed" for ex in self.executions):
+            return
+        for m in messages:
+            if not isinstance(m, AIMessage) or not m.usage_metadata:
+                continue
+            name = (m.response_metadata or {}).get("model_name") or self.default_name
+            ledger = self.episode.ledger
+            model, price = self.price_of(name)
+            cost = cost_of_usage(price, m.usage_metadata)
+            charge_id = f"model:{self.episode.episode_id}:{self.step}:{uuid.uuid4().hex[:10]}"
+            with self.episode.lock:
+                # The money was spent: reserve what fits, commit the bill (any excess is an overrun).
+                ledger.reserve(charge_id, model, min(cost, ledger.remaining_for("model")), kind="model",
+                               execution=1)
+                entry = ledger.commit(charge_id, cost)
+            self.entries.append(entry)
+            details = m.usage_metadata.get("input_token_details") or {}
+            self.guard.records.model_charge(
+                ledger, entry, episode_id=self.episode.episode_id, step=self.step, query=self.query, model=model,
+                tokens={"input": int(m.usage_metadata.get("input_tokens", 0)),
+                        "output": int(m.usage_metadata.get("output_tokens", 0)),
+                        "cached": int(details.get("cache_read", 0) or 0)},
+                reason=UNMETERED_MODEL_CALL)
+
+    def abandon(self) -> None:
+        """Release executions that never ended (an interrupt or a cancel inside the chain)."""
+        with self._lock:
+            open_runs, self._open = list(self._open.values()), {}
+        for ex in open_runs:
+            entry = self.episode.ledger.release(ex.charge_id)
+            if entry is not None:
+                self.entries.append(entry)
+
+
+class _MeterCallback(BaseCallbackHandler):
+    """Runs inside the model's invoke, in line, and its exceptions propagate (a refusal)."""
+
+    raise_error = True
+    run_inline = True
+
+    def __init__(self, meter: ModelCallMeter) -> None:
+        self.meter = meter
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
+                            **kwargs: Any) -> None:
+        flat = [m for batch in messages for m in batch]
+        self.meter.start(run_id, flat, kwargs.get("invocation_params") or {})
+
+    def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
+        message = None
+        generations = getattr(response, "generations", None) or []
+        if generations and generations[0]:
+            message = getattr(generations[0][0], "message", None)
+        self.meter.end(run_id, message)
+
+    def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
+        self.meter.error(run_id, error)

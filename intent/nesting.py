@@ -1,0 +1,157 @@
+"""Nested budgets: a sub-agent spends only what its parent has left.
+
+A child guard built with ``budget=FromParent(limit)`` gets, for each of its episodes, a
+**carve** of the parent's budget: when the child's episode starts (inside a tool call of the
+parent's guarded agent, or inside ``with parent_guard.scope(config):`` in a subgraph node),
+``min(limit, what the parent has left)`` is reserved in the parent's ledger as one
+``kind="sub_agent"`` entry, and the child's ledger gets exactly that much. When the child's
+episode ends (its ``after_agent``), or at the latest when the parent's tool call or scope
+ends, the carve is committed at what the child spent and the rest goes back to the parent.
+
+Carves are ordinary ledger reservations, so parallel sub-agents can never together take
+more than the parent has left, and a grandchild carves from its child the same way. A
+top-up inside the child must first be covered by the parent (the carve grows). Nesting
+lives in process: the child runs inside the parent's call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from intent.budget import Budget
+from intent.errors import GuardConfigError
+from intent.ledger import BudgetLedger, LedgerEntry
+from intent.market import check_amount
+
+if TYPE_CHECKING:
+    from intent.episodes import Episode
+    from intent.guard import BudgetGuard
+
+__all__ = ["CarvedLedger", "FromParent", "ParentCall", "close_carves", "current_parent", "spending_scope"]
+
+
+@dataclass(frozen=True)
+class ParentCall:
+    """Where money for a sub-agent comes from: a guard's episode and the call (or scope) key."""
+
+    guard: BudgetGuard
+    episode: Episode
+    key: str
+
+
+_CURRENT: ContextVar[ParentCall | None] = ContextVar("intent_parent_call", default=None)
+
+
+def current_parent() -> ParentCall | None:
+    return _CURRENT.get()
+
+
+@contextmanager
+def spending_scope(guard: BudgetGuard, episode: Episode, key: str) -> Iterator[ParentCall]:
+    """Sub-agents started inside carve from ``episode`` under ``key``."""
+    parent = ParentCall(guard, episode, key)
+    token = _CURRENT.set(parent)
+    try:
+        yield parent
+    finally:
+        _CURRENT.reset(token)
+
+
+class CarvedLedger(BudgetLedger):
+    """A child episode's ledger: its budget is a reservation in the parent's ledger."""
+
+    def __init__(self, amount: float, *, parent: ParentCall, carve_id: str, caps: dict[str, float] | None = None,
+                 allow_overspend: bool = False) -> None:
+        super().__init__(amount, caps=caps, allow_overspend=allow_overspend)
+        self.parent = parent
+        self.carve_id = carve_id
+        self.closed = False
+        self._close_lock = threading.Lock()
+
+    def fits(self, amount: float, kind: str = "tool") -> bool:
+        return not self.closed and super().fits(amount, kind)
+
+    def top_up(self, top_up_id: str, amount: float, *, approved_by: str = "") -> float:
+        """A child's top-up grows its carve first: refused (BudgetExceededError) if the parent cannot cover it."""
+        amount = check_amount(amount, "top-up amount", allow_zero=False)
+        if top_up_id not in self.top_ups:
+            parent_ledger = self.parent.episode.ledger
+            with self.parent.episode.lock:
+                carve = parent_ledger.get(self.carve_id)
+                assert carve is not None
+                parent_ledger.reprice(self.carve_id, carve.amount + amount)
+        return super().top_up(top_up_id, amount, approved_by=approved_by)
+
+    def close(self) -> LedgerEntry | None:
+        """Commit the carve at what the child spent (and still holds); the rest returns to the parent."""
+        with self._close_lock:
+            if self.closed:
+                return None
+            self.closed = True
+        snap = self.snapshot()
+        parent_ledger = self.parent.episode.ledger
+        with self.parent.episode.lock:
+            entry = parent_ledger.commit(self.carve_id, snap["spent"] + snap["reserved"])
+            self.parent.episode.carves.pop(self.carve_id, None)
+        self.parent.guard.records.sub_budget(parent_ledger, entry, episode_id=self.parent.episode.episode_id,
+                                             child_episode=self.carve_id.rsplit(":", 1)[-1])
+        return entry
+
+
+@dataclass(frozen=True)
+class FromParent:
+    """A child guard's budget: carved, per episode, from the guarded call it runs inside.
+
+    ``limit``: the most one child episode may take (``None``: all the parent has left).
+    ``tools`` / ``llm``: sub-caps inside the child, as in :class:`~intent.budget.Budget`.
+    """
+
+    limit: float | None = None
+    tools: float | None = None
+    llm: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit is not None:
+            object.__setattr__(self, "limit", check_amount(self.limit, "FromParent.limit"))
+
+    @property
+    def total(self) -> float:
+        """The nominal budget (the limit) before any carve; 0 when unbounded."""
+        return self.limit or 0.0
+
+    def caps(self) -> dict[str, float]:
+        return Budget(self.total, self.tools, self.llm).caps()
+
+    def carve(self, episode_id: str, *, allow_overspend: bool = False) -> CarvedLedger:
+        parent = _CURRENT.get()
+        if parent is None:
+            raise GuardConfigError(
+                "budget=FromParent(...) carves from a guarded agent's running tool call, but none is running here; "
+                "start the sub-agent from inside a tool of the guarded agent, or inside "
+                "`with parent_guard.scope(config):`")
+        carve_id = f"{parent.key}#sub:{episode_id}"
+        with parent.episode.lock:
+            existing = parent.episode.carves.get(carve_id)
+            if existing is not None:
+                return existing
+            ledger = parent.episode.ledger
+            left = ledger.remaining_for("sub_agent")
+            amount = left if self.limit is None else min(self.limit, left)
+            ledger.reserve(carve_id, f"sub-agent:{episode_id}", amount, kind="sub_agent")
+            child = CarvedLedger(amount, parent=parent, carve_id=carve_id, caps=self.caps() or None,
+                                 allow_overspend=allow_overspend)
+            parent.episode.carves[carve_id] = child
+            return child
+
+
+def close_carves(episode: Episode, key_prefix: str) -> list[LedgerEntry]:
+    """Close every open carve of ``episode`` made under ``key_prefix`` (a call's key, a scope)."""
+    with episode.lock:
+        open_carves = [c for cid, c in episode.carves.items() if cid.startswith(key_prefix + "#sub:")]
+    closed = [c.close() for c in open_carves]
+    return [e for e in closed if e is not None]

@@ -1,0 +1,172 @@
+"""Model prices: what one model call costs, per input, output and cached-input token.
+
+* :class:`ModelPrice` is one model's price per **million** tokens, in the budget's currency.
+* :class:`ModelPrices` is the table the guard reads, by model name. A name the provider
+  reports with a suffix (``gpt-4o-mini-2024-07-18``) matches the longest listed prefix
+  (``gpt-4o-mini``). Build it from a dict, a JSON file (:meth:`ModelPrices.from_file`) or,
+  with the ``prices`` extra, the maintained ``genai-prices`` library
+  (:meth:`ModelPrices.from_genai_prices`). The project ships no hand-written price list.
+
+The cost of a response is read from its ``usage_metadata`` (``input_tokens``,
+``output_tokens``, ``input_token_details["cache_read"]``): cached input tokens are billed
+at ``cached_input_per_mtok`` (the input price when not given), the rest at the input price.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from intent.errors import GuardConfigError
+from intent.market import check_amount
+
+__all__ = ["ModelPrice", "ModelPrices", "UnpricedModelError", "cost_of_usage"]
+
+_MTOK = 1_000_000.0
+
+
+class UnpricedModelError(GuardConfigError, KeyError):
+    """A model call whose model has no price in the table (and the policy is to refuse)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPrice:
+    """A model's price per million tokens: input, output, and cached input (default: input)."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+    cached_input_per_mtok: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_per_mtok", check_amount(self.input_per_mtok, "ModelPrice.input_per_mtok"))
+        object.__setattr__(self, "output_per_mtok", check_amount(self.output_per_mtok, "ModelPrice.output_per_mtok"))
+        if self.cached_input_per_mtok is not None:
+            object.__setattr__(self, "cached_input_per_mtok",
+                               check_amount(self.cached_input_per_mtok, "ModelPrice.cached_input_per_mtok"))
+
+    def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
+        """The cost of one call. ``input_tokens`` includes the cached ones (as providers report it)."""
+        cached = max(0, min(int(cached_input_tokens), int(input_tokens)))
+        cached_price = self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
+        return ((int(input_tokens) - cached) * self.input_per_mtok + cached * cached_price
+                + int(output_tokens) * self.output_per_mtok) / _MTOK
+
+    def worst_case(self, prompt_tokens: int, max_output_tokens: int) -> float:
+        """The most a call can cost: the whole prompt uncached, every allowed output token."""
+        return self.cost(prompt_tokens, max_output_tokens, 0)
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"input_per_mtok": self.input_per_mtok, "output_per_mtok": self.output_per_mtok,
+                "cached_input_per_mtok": self.cached_input_per_mtok}
+
+
+def cost_of_usage(price: ModelPrice, usage: Mapping[str, Any]) -> float:
+    """The cost of a LangChain ``usage_metadata`` dict under ``price``."""
+    details = usage.get("input_token_details") or {}
+    return price.cost(int(usage.get("input_tokens", 0) or 0), int(usage.get("output_tokens", 0) or 0),
+                      int(details.get("cache_read", 0) or 0))
+
+
+class ModelPrices:
+    """Prices by model name: ``ModelPrices({"gpt-4o-mini": ModelPrice(0.15, 0.60, 0.075)})``."""
+
+    def __init__(self, prices: Mapping[str, ModelPrice | Mapping[str, Any]] | None = None, *,
+                 currency: str | None = None) -> None:
+        table: dict[str, ModelPrice] = {}
+        for name, price in (prices or {}).items():
+            if not isinstance(name, str) or not name:
+                raise GuardConfigError(f"model_prices keys must be model names (non-empty str), got {name!r}")
+            if isinstance(price, Mapping):
+                try:
+                    price = ModelPrice(**price)
+                except TypeError as exc:
+                    raise GuardConfigError(
+                        f"model_prices[{name!r}] = {dict(price)!r} is not a price: give input_per_mtok, "
+                        "output_per_mtok and optionally cached_input_per_mtok") from exc
+            if not isinstance(price, ModelPrice):
+                raise GuardConfigError(
+                    f"model_prices[{name!r}] must be an intent.ModelPrice, got {type(price).__name__}; "
+                    "write ModelPrice(input_per_mtok=..., output_per_mtok=...)")
+            table[name] = price
+        self._table = table
+        self.currency = currency
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.find(name) is not None
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._table)
+
+    def find(self, model: str | None) -> tuple[str, ModelPrice] | None:
+        """The entry for ``model``: exact name, else the longest listed prefix (a dated version)."""
+        if not model:
+            return None
+        if model in self._table:
+            return model, self._table[model]
+        for name in sorted(self._table, key=len, reverse=True):
+            if model.startswith(name) and model[len(name):len(name) + 1] in ("-", "@", ":", "."):
+                return name, self._table[name]
+        return None
+
+    def most_expensive(self) -> ModelPrice | None:
+        """The highest price on each axis: the worst case for a model the table does not know."""
+        if not self._table:
+            return None
+        prices = list(self._table.values())
+        return ModelPrice(max(p.input_per_mtok for p in prices), max(p.output_per_mtok for p in prices),
+                          max(p.input_per_mtok if p.cached_input_per_mtok is None else p.cached_input_per_mtok
+                              for p in prices))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"currency": self.currency, "models": {k: v.to_dict() for k, v in self._table.items()}}
+
+    @classmethod
+    def of(cls, prices: ModelPrices | Mapping[str, Any] | None) -> ModelPrices:
+        return prices if isinstance(prices, ModelPrices) else cls(prices or {})
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelPrices:
+        """A JSON file: ``{"currency": "USD", "models": {"name": {"input_per_mtok": ..., ...}}}``."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise GuardConfigError(f"cannot read model prices from {path}: {exc}") from exc
+        if not isinstance(data, Mapping) or not isinstance(data.get("models"), Mapping):
+            raise GuardConfigError(f"{path}: expected {{'currency': 'USD', 'models': {{name: price}}}}")
+        return cls(data["models"], currency=data.get("currency"))
+
+    @classmethod
+    def from_genai_prices(cls, models: Iterable[str], *, provider: str | None = None) -> ModelPrices:
+        """Prices of ``models`` (USD) from the ``genai-prices`` package (``pip install intent[prices]``).
+
+        Read from the package's bundled snapshot: nothing is fetched at run time.
+        """
+        try:
+            import genai_prices
+        except ImportError as exc:
+            raise GuardConfigError(
+                "ModelPrices.from_genai_prices needs the genai-prices package: pip install 'intent[prices]'") from exc
+        table: dict[str, ModelPrice] = {}
+        for model in models:
+            def price_of(**usage: int) -> float:
+                try:
+                    calc = genai_prices.calc_price(genai_prices.Usage(**usage), model, provider_id=provider)
+                except LookupError as exc:
+                    raise GuardConfigError(f"genai-prices does not know the model {model!r}: {exc}") from exc
+                return float(calc.total_price)
+
+            n = int(_MTOK)
+            table[model] = ModelPrice(price_of(input_tokens=n), price_of(output_tokens=n),
+                                      price_of(input_tokens=n, cache_read_tokens=n))
+        return cls(table, currency="USD")
