@@ -24,8 +24,10 @@ run), ``"model"`` (one execution of the agent's chat model, priced per token),
 Keys are *charge ids*: the guard reserves the first run of a proposed call under the call's
 key and every further run (a retry) under ``key#n``, so each execution is paid.
 A commit may name the amount the provider actually billed. A bill above the reservation
-is an **overrun**: it is recorded (the money was spent), and an enforcing ledger accepts no
-further reservation.
+is an **overrun**: it is recorded (the money was spent). A tool billed above its quote is a
+provider that cannot be trusted, so an enforcing ledger then accepts no further
+reservation; a model call whose prompt was larger than its estimate is recorded the same
+way but only stops what no longer fits.
 
 Every operation is idempotent by call id, so a replayed or retried call is charged at
 most once, and the invariant ``spent + reserved <= budget`` holds after every operation
@@ -136,6 +138,7 @@ class BudgetLedger:
         # Held or spent per sub-cap group ("tools", "llm"), for Budget(tools=..., llm=...).
         self._held_by_group: dict[str, float] = {}
         self._overrun = 0.0
+        self._blocking_overrun = 0.0  # overruns of tools (not of model token estimates)
         self._lock = threading.RLock()
         for entry in (entries or {}).values():
             self._put(entry)
@@ -145,6 +148,8 @@ class BudgetLedger:
         if old is not None:
             self._totals[old.status] -= old.amount
             self._overrun -= old.overrun
+            if old.kind not in _ESTIMATED_KINDS:
+                self._blocking_overrun -= old.overrun
             if old.status != "released":
                 self._group_add(old.kind, -old.amount)
         else:
@@ -152,6 +157,8 @@ class BudgetLedger:
         self._entries[entry.call_id] = entry
         self._totals[entry.status] += entry.amount
         self._overrun += entry.overrun
+        if entry.kind not in _ESTIMATED_KINDS:
+            self._blocking_overrun += entry.overrun
         if entry.status != "released":
             self._group_add(entry.kind, entry.amount)
 
@@ -211,11 +218,20 @@ class BudgetLedger:
             return self._overrun
 
     @property
+    def blocking_overrun(self) -> float:
+        """Overruns that stop all further spending (a tool billed above its quote)."""
+        with self._lock:
+            return self._blocking_overrun
+
+    @property
     def allow_overspend(self) -> bool:
         return self._allow_overspend
 
     def _sum(self, status: str) -> float:
-        return self._totals[status]
+        # Running totals of float amounts: after adds and removals an empty status can be left
+        # with 1e-16 of rounding; that is zero, not a held cent.
+        value = self._totals[status]
+        return 0.0 if abs(value) < 1e-12 else value
 
     @property
     def spent(self) -> float:
@@ -243,7 +259,7 @@ class BudgetLedger:
         """Whether ``amount`` more of ``kind`` can be reserved: within the total and the kind's
         sub-cap. After an overrun nothing fits (enforcing ledgers)."""
         with self._lock:
-            if self._overrun > _EPS and not self._allow_overspend:
+            if self._blocking_overrun > _EPS and not self._allow_overspend:
                 return False
             group = CAP_OF_KIND.get(kind)
             if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
@@ -302,8 +318,8 @@ class BudgetLedger:
             return entry
 
     def _no_fit(self, call_id: str, tool: str, amount: float, kind: str = "tool") -> str:
-        if self._overrun > _EPS:
-            return (f"call {call_id!r} to {tool!r} refused: a provider billed {self._overrun:g} above its "
+        if self._blocking_overrun > _EPS:
+            return (f"call {call_id!r} to {tool!r} refused: a provider billed {self._blocking_overrun:g} above its "
                     "reservation (overrun), so no further spending is allowed")
         group = CAP_OF_KIND.get(kind)
         if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
@@ -472,5 +488,7 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
     return merged
 
 
+# Model calls are reserved at an estimate of their prompt: a bill above it is not a broken quote.
+_ESTIMATED_KINDS = frozenset({"model", "oracle"})
 _LATEST_WINS = ("market", "market_version", "market_scope")
 _UNION = ("top_ups", "top_up_by", "decisions", "caps")

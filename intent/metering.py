@@ -194,8 +194,8 @@ class CallRun:
                     charge_id = f"{self.key}#{runs + 1}"
                     ledger.reserve(charge_id, name, price, market_version=version, tool_call_id=self.tool_call_id)
             except BudgetExceededError:
-                if ledger.overrun > 0:
-                    text = fb.overrun_stop(name, ledger.overrun)
+                if ledger.blocking_overrun > 0:
+                    text = fb.overrun_stop(name, ledger.blocking_overrun)
                 elif runs:
                     text = fb.retry_over_budget(name, price, ledger.remaining, ledger.budget, runs + 1)
                 elif gated is not None and gated.status == "reserved":

@@ -1,0 +1,543 @@
+"""One money budget over the agent's model tokens and its priced tools (issue 14).
+
+Every test counts money from outside the guard: model costs from the usage the stub
+reports (tokens × the listed price), tool costs from executions counted inside the tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware import ModelRetryMiddleware
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import StructuredTool, tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+from intent import (
+    AcceptAll,
+    Budget,
+    BudgetGuard,
+    FromParent,
+    GuardConfigError,
+    Market,
+    MemoryLogSink,
+    ModelPrice,
+    ModelPrices,
+    PricedTool,
+)
+from intent.market import MarketError, UnpricedToolError
+from intent.testing import ScriptedToolModel, ai, assert_each_call_answered_once, call, scripted
+
+PRICE = ModelPrice(input_per_mtok=2.0, output_per_mtok=8.0, cached_input_per_mtok=0.5)
+PRICES = {"scripted-model": PRICE}
+
+
+def model_cost(inp: int, out: int, cached: int = 0) -> float:
+    return ((inp - cached) * 2.0 + cached * 0.5 + out * 8.0) / 1e6
+
+
+class Runs(Counter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def hit(self, name: str) -> None:
+        with self.lock:
+            self[name] += 1
+
+
+def priced_tools(runs: Runs) -> list[StructuredTool]:
+    def make(name: str) -> StructuredTool:
+        def run(q: str = "") -> str:
+            runs.hit(name)
+            return f"{name}:{q}"
+
+        async def arun(q: str = "") -> str:
+            runs.hit(name)
+            return f"{name}:{q}"
+
+        return StructuredTool.from_function(run, coroutine=arun, name=name, description=f"the {name} tool")
+
+    return [make("search"), make("fetch")]
+
+
+MARKET = Market([PricedTool("search", 0.02), PricedTool("fetch", 0.05)])
+TOOL_PRICE = {"search": 0.02, "fetch": 0.05}
+
+
+def invariants(guard: BudgetGuard, state: dict[str, Any], sink: MemoryLogSink, runs: Runs,
+               model_usage: list[tuple[int, int]]) -> None:
+    ledger = guard.ledger(state)
+    expected_tools = sum(TOOL_PRICE[n] * k for n, k in runs.items())
+    expected_models = sum(model_cost(i, o) for i, o in model_usage)
+    assert ledger.spent == pytest.approx(expected_tools + expected_models, abs=1e-12)
+    assert ledger.spent_by_kind().get("model", 0.0) == pytest.approx(expected_models, abs=1e-12)
+    assert ledger.spent <= ledger.budget + 1e-9
+    assert ledger.reserved == 0
+    assert sum(r.charged for r in sink.records) == pytest.approx(ledger.spent, abs=1e-12)
+    charged_ids = [r.call_id for r in sink.records if r.charged > 0 and r.kind == "model"]
+    assert len(charged_ids) == len(set(charged_ids)) == sum(1 for e in ledger if e.kind == "model"
+                                                            and e.status == "committed")
+    assert_each_call_answered_once(state["messages"])
+
+
+# =========================================================== model spend
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_model_tokens_and_tools_share_one_ledger(mode):
+    runs, sink = Runs(), MemoryLogSink()
+    usage = [(1200, 60), (1900, 45), (2500, 30)]
+    model = scripted([ai(call("search", q="a"), usage=usage[0]), ai(call("fetch", q="b"), usage=usage[1]),
+                      ai(text="done", usage=usage[2])])
+    guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=256, log_sink=sink)
+    agent = create_agent(model, priced_tools(runs), middleware=[guard.middleware()])
+    inp = {"messages": [HumanMessage("go")]}
+    out = agent.invoke(inp) if mode == "sync" else asyncio.run(agent.ainvoke(inp))
+    invariants(guard, out, sink, runs, usage)
+    model_records = [r for r in sink.records if r.kind == "model"]
+    assert [r.tokens for r in model_records] == [{"input": i, "output": o, "cached": 0} for i, o in usage]
+    assert all(r.tool == "scripted-model" for r in model_records)
+
+
+def test_cached_input_tokens_are_billed_at_the_cached_price():
+    sink = MemoryLogSink()
+    msg = AIMessage("done", usage_metadata={"input_tokens": 1000, "output_tokens": 10, "total_tokens": 1010,
+                                            "input_token_details": {"cache_read": 800}})
+    guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=64, log_sink=sink)
+    out = create_agent(scripted([msg]), [], middleware=[guard.middleware()]).invoke({"messages": [HumanMessage("q")]})
+    assert guard.ledger(out).spent == pytest.approx(model_cost(1000, 10, cached=800), abs=1e-15)
+
+
+def test_a_model_call_that_does_not_fit_is_not_made_and_the_agent_ends_with_the_reason():
+    runs, sink = Runs(), MemoryLogSink()
+    played: list[int] = []
+
+    class Counting(ScriptedToolModel):
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            played.append(1)
+            return super()._generate(*args, **kwargs)
+
+    msgs = [ai(call("search", q="a"), usage=(100, 10)), ai(text="never", usage=(100, 10))]
+    model = Counting(messages=iter(msgs), bound=[])
+    # Worst case of the 2nd call: >= 2 * 4096 output tokens * 8/M = 0.033 > what is left after search.
+    budget = 0.02 + model_cost(100, 10) + 0.03
+    guard = BudgetGuard(AcceptAll(), MARKET, budget, model_prices=PRICES, log_sink=sink)
+    out = create_agent(model, priced_tools(runs), middleware=[guard.middleware()]).invoke(
+        {"messages": [HumanMessage("go")]})
+    assert len(played) == 1  # the second model call was never made
+    last = out["messages"][-1]
+    assert isinstance(last, AIMessage) and not last.tool_calls and "stop" in last.content
+    refusal = [r for r in sink.records if r.kind == "model" and r.decision == "reject"]
+    assert [r.reason for r in refusal] == ["model_over_budget"] and refusal[0].charged == 0
+    invariants(guard, out, sink, runs, [(100, 10)])
+
+
+def test_the_worst_case_bound_is_bound_into_the_request_as_max_tokens():
+    seen: list[dict[str, Any]] = []
+
+    class Recording(ScriptedToolModel):
+        def bind(self, **kwargs: Any) -> Any:
+            seen.append(kwargs)
+            return super().bind(**kwargs)
+
+    model = Recording(messages=iter([ai(text="ok", usage=(5, 5))]), bound=[])
+    guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=77)
+    create_agent(model, [], middleware=[guard.middleware()]).invoke({"messages": [HumanMessage("q")]})
+    assert seen and seen[0].get("max_tokens") == 77
+
+
+class Flaky(ScriptedToolModel):
+    """Fails its first ``fail`` executions (a transport error: no usage, not billed)."""
+
+    fail: int = 0
+    attempts: list = []
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.attempts.append(1)
+        if len(self.attempts) <= self.fail:
+            raise ConnectionError("provider hiccup")
+        return super()._generate(*args, **kwargs)
+
+
+@pytest.mark.parametrize("guard_position", ["outer", "inner"])
+def test_model_retries_are_metered_per_execution_wherever_the_guard_sits(guard_position):
+    runs, sink = Runs(), MemoryLogSink()
+    usage = [(300, 20), (400, 20)]
+    model = Flaky(messages=iter([ai(call("search", q="a"), usage=usage[0]), ai(text="done", usage=usage[1])]),
+                  bound=[], fail=2, attempts=[])
+    guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=128, log_sink=sink)
+    retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
+    stack = [guard.middleware(), retry] if guard_position == "outer" else [retry, guard.middleware()]
+    out = create_agent(model, priced_tools(runs), middleware=stack).invoke({"messages": [HumanMessage("go")]})
+    assert len(model.attempts) == 4
+    invariants(guard, out, sink, runs, usage)
+    errors = [r for r in sink.records if r.kind == "model" and r.status == "error"]
+    assert len(errors) == 2 and all(r.charged == 0 and r.reason == "model_error" for r in errors)
+
+
+def test_unknown_model_is_refused_or_charged_the_worst_case_never_free():
+    msgs = [ai(text="hi", usage=(10, 10), model_name="mystery-1")]
+    refuse = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices={"other": PRICE}, max_output_tokens=64)
+    model = scripted(msgs, model_name="mystery-1")
+    out = create_agent(model, [], middleware=[refuse.middleware()]).invoke({"messages": [HumanMessage("q")]})
+    assert "no price" in out["messages"][-1].content and refuse.ledger(out).spent == 0
+    assert out["messages"][-1].content != "hi"  # the call was not made
+
+    expensive = ModelPrice(10.0, 30.0)
+    worst = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices={"other": PRICE, "pricey": expensive},
+                        unpriced_model="worst_case", max_output_tokens=64)
+    out = create_agent(scripted(msgs, model_name="mystery-1"), [], middleware=[worst.middleware()]).invoke(
+        {"messages": [HumanMessage("q")]})
+    assert out["messages"][-1].content == "hi"
+    assert worst.ledger(out).spent == pytest.approx(expensive.cost(10, 10))
+
+
+@pytest.mark.parametrize("policy", ["worst_case", "refuse"])
+def test_a_response_without_usage_is_charged_its_reservation(policy):
+    runs, sink = Runs(), MemoryLogSink()
+    msgs = [ai(call("search", q="a")), ai(text="second", usage=(10, 10))]  # the first reports no usage
+    guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=100, log_sink=sink,
+                        missing_usage=policy)
+    out = create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()]).invoke(
+        {"messages": [HumanMessage("go")]})
+    first = next(r for r in sink.records if r.kind == "model")
+    assert first.reason == "missing_usage" and first.charged > model_cost(0, 100)  # prompt + every output token
+    ledger = guard.ledger(out)
+    assert ledger.reserved == 0 and sum(r.charged for r in sink.records) == pytest.approx(ledger.spent)
+    if policy == "refuse":
+        assert out["messages"][-1].content != "second" and "usage" in out["messages"][-1].content
+    else:
+        assert out["messages"][-1].content == "second"
+
+
+def test_sub_caps_bind_each_kind_inside_the_total():
+    runs, sink = Runs(), MemoryLogSink()
+    msgs = [ai(call("fetch", q="1"), usage=(10, 10)), ai(call("fetch", q="2"), usage=(10, 10)),
+            ai(text="done", usage=(10, 10))]
+    guard = BudgetGuard(AcceptAll(), MARKET, Budget(total=1.0, tools=0.08, llm=0.5), model_prices=PRICES,
+                        max_output_tokens=64, log_sink=sink)
+    out = create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()]).invoke(
+        {"messages": [HumanMessage("go")]})
+    assert runs["fetch"] == 1  # the second fetch would take tools to 0.10 > 0.08 although the total has room
+    rejected = [r for r in sink.records if r.decision == "reject" and r.kind == "tool"]
+    assert [r.reason for r in rejected] == ["over_budget"]
+    assert guard.ledger(out).caps == {"tools": 0.08, "llm": 0.5}
+    invariants(guard, out, sink, runs, [(10, 10)] * 3)
+
+
+def test_llm_sub_cap_stops_model_calls_while_tools_money_is_left():
+    msgs = [ai(call("search", q="1"), usage=(10, 1000)), ai(text="never", usage=(10, 10))]
+    # Worst case of a call: 1000 output tokens = 0.008 (+ a small prompt). The first fits the llm
+    # cap of 0.012; after it spent 0.008, the second's worst case does not, though the total has room.
+    guard = BudgetGuard(AcceptAll(), MARKET, Budget(total=1.0, llm=0.012), model_prices=PRICES,
+                        max_output_tokens=1000)
+    out = create_agent(scripted(msgs), priced_tools(Runs()), middleware=[guard.middleware()]).invoke(
+        {"messages": [HumanMessage("go")]})
+    assert out["messages"][-1].content.startswith("I have to stop")
+
+
+# ========================================================= human top-up
+def _saver_agent(tmp_path, guard: BudgetGuard, msgs: list[AIMessage], runs: Runs, conn_holder: list) -> Any:
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(str(tmp_path / "checkpoints.sqlite"), check_same_thread=False)
+    conn_holder.append(conn)
+    return create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()],
+                        checkpointer=SqliteSaver(conn))
+
+
+def _ask_guard(sink: MemoryLogSink, budget: float = 0.06) -> BudgetGuard:
+    return BudgetGuard(AcceptAll(), MARKET, budget, model_prices=PRICES, max_output_tokens=64, log_sink=sink,
+                       on_over_budget="ask")
+
+
+def test_over_budget_pauses_for_a_human_and_a_fresh_guard_resumes_from_sqlite(tmp_path):
+    runs, conns = Runs(), []
+    msgs = [ai(call("fetch", q="1"), usage=(50, 5)), ai(call("fetch", q="2"), usage=(50, 5)),
+            ai(text="done", usage=(50, 5))]
+    cfg = {"configurable": {"thread_id": "human-1"}}
+    sink1 = MemoryLogSink()
+    first = _saver_agent(tmp_path, _ask_guard(sink1), msgs, runs, conns)
+    out = first.invoke({"messages": [HumanMessage("go")]}, cfg)
+    (pause,) = out["__interrupt__"]
+    assert pause.value["type"] == "intent.over_budget" and pause.value["tool"] == "fetch"
+    assert pause.value["price"] == 0.05 and pause.value["remaining"] < 0.05
+    assert {"spent", "remaining", "reason", "plan_estimate", "shortfall"} <= set(pause.value)
+    assert runs["fetch"] == 1
+
+    # A new process: a new guard and a new agent over the same checkpoint file.
+    sink2 = MemoryLogSink()
+    guard2 = _ask_guard(sink2)
+    second = _saver_agent(tmp_path, guard2, msgs[2:], runs, conns)  # the model has answered twice already
+    out = second.invoke(Command(resume={"action": "top_up", "amount": 0.10, "approved_by": "alice"}), cfg)
+    assert "__interrupt__" not in out
+    assert runs["fetch"] == 2 and out["messages"][-1].content == "done"
+    ledger = guard2.ledger(out)
+    assert sum(ledger.top_ups.values()) == pytest.approx(0.10)
+    assert list(ledger.approved_by.values()) == ["alice"]
+    assert ledger.budget == pytest.approx(0.16) and ledger.spent <= ledger.budget and ledger.reserved == 0
+    assert ledger.spent == pytest.approx(0.10 + 3 * model_cost(50, 5))
+    (top,) = [r for r in sink2.records if r.decision == "top_up"]
+    assert top.approved_by == "alice" and top.price == pytest.approx(0.10)
+    for c in conns:
+        c.close()
+
+
+@pytest.mark.parametrize("action", ["approve_once", "deny"])
+def test_approve_once_tops_up_exactly_the_shortfall_and_deny_keeps_the_refusal(action):
+    runs, sink = Runs(), MemoryLogSink()
+    msgs = [ai(call("fetch", q="1"), usage=(50, 5)), ai(call("fetch", q="2"), usage=(50, 5)),
+            ai(text="done", usage=(50, 5))]
+    guard = _ask_guard(sink)
+    agent = create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()],
+                         checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": f"h-{action}"}}
+    out = agent.invoke({"messages": [HumanMessage("go")]}, cfg)
+    shortfall = out["__interrupt__"][0].value["shortfall"]
+    out = agent.invoke(Command(resume={"action": action, "approved_by": "bob"}), cfg)
+    ledger = guard.ledger(out)
+    if action == "approve_once":
+        assert runs["fetch"] == 2 and sum(ledger.top_ups.values()) == pytest.approx(shortfall)
+    else:
+        assert runs["fetch"] == 1 and not ledger.top_ups
+        assert any(isinstance(m, ToolMessage) and "not executed" in m.content for m in out["messages"])
+    assert ledger.spent <= ledger.budget + 1e-12 and ledger.reserved == 0
+    assert_each_call_answered_once(out["messages"])
+
+
+def test_a_malformed_resume_value_names_the_fix():
+    guard = _ask_guard(MemoryLogSink())
+    msgs = [ai(call("fetch", q="1"), usage=(50, 5)), ai(call("fetch", q="2"), usage=(50, 5))]
+    agent = create_agent(scripted(msgs), priced_tools(Runs()), middleware=[guard.middleware()],
+                         checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "bad-resume"}}
+    agent.invoke({"messages": [HumanMessage("go")]}, cfg)
+    with pytest.raises(GuardConfigError, match="action"):
+        agent.invoke(Command(resume={"amount": 1.0}), cfg)
+
+
+def test_a_model_call_over_budget_also_asks_and_resumes():
+    sink = MemoryLogSink()
+    msgs = [ai(text="answer", usage=(50, 5))]
+    guard = BudgetGuard(AcceptAll(), MARKET, 0.0001, model_prices=PRICES, max_output_tokens=64, log_sink=sink,
+                        on_over_budget="ask")
+    agent = create_agent(scripted(msgs), [], middleware=[guard.middleware()], checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "model-ask"}}
+    out = agent.invoke({"messages": [HumanMessage("q")]}, cfg)
+    assert out["__interrupt__"][0].value["kind"] == "model"
+    out = agent.invoke(Command(resume={"action": "top_up", "amount": 0.01, "approved_by": "carol"}), cfg)
+    assert out["messages"][-1].content == "answer"
+    ledger = guard.ledger(out)
+    assert ledger.spent == pytest.approx(model_cost(50, 5)) and ledger.approved_by and ledger.reserved == 0
+
+
+# ======================================================== nested budgets
+def _sub_agent_tool(child_guard_factory, runs: Runs, child_msgs_factory, name: str = "research") -> StructuredTool:
+    def research(q: str = "") -> str:
+        child = child_guard_factory()
+        agent = create_agent(scripted(child_msgs_factory()), priced_tools(runs), middleware=[child.middleware()])
+        out = agent.invoke({"messages": [HumanMessage(q)]}, {"configurable": {"thread_id": f"child-{q}"}})
+        return out["messages"][-1].content
+
+    return StructuredTool.from_function(research, name=name, description="delegate to a sub-agent")
+
+
+def test_a_sub_agent_spends_only_what_its_parent_has_left_and_returns_the_rest():
+    runs, parent_sink, child_sink = Runs(), MemoryLogSink(), MemoryLogSink()
+    child_guards: list[BudgetGuard] = []
+
+    def child_guard() -> BudgetGuard:
+        g = BudgetGuard(AcceptAll(), MARKET, FromParent(limit=0.30), model_prices=PRICES, max_output_tokens=64,
+                        log_sink=child_sink)
+        child_guards.append(g)
+        return g
+
+    def child_msgs() -> list[AIMessage]:
+        return [ai(call("fetch", q="c1"), usage=(40, 4)), ai(text="child done", usage=(40, 4))]
+
+    market = MARKET.with_tool(PricedTool("research", 0.0))
+    parent = BudgetGuard(AcceptAll(), market, 1.0, model_prices=PRICES, max_output_tokens=64, log_sink=parent_sink)
+    msgs = [ai(call("research", q="x"), usage=(60, 6)), ai(text="parent done", usage=(60, 6))]
+    tools = [*priced_tools(runs), _sub_agent_tool(child_guard, runs, child_msgs)]
+    out = create_agent(scripted(msgs), tools, middleware=[parent.middleware()]).invoke(
+        {"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "parent"}})
+    ledger = parent.ledger(out)
+    (carve,) = [e for e in ledger if e.kind == "sub_agent"]
+    child_spent = 0.05 + 2 * model_cost(40, 4)
+    assert carve.status == "committed" and carve.amount == pytest.approx(child_spent)
+    assert ledger.spent == pytest.approx(child_spent + 2 * model_cost(60, 6))
+    assert ledger.reserved == 0
+    assert sum(r.charged for r in parent_sink.records) == pytest.approx(ledger.spent)
+    assert sum(r.charged for r in child_sink.records) == pytest.approx(child_spent)
+
+
+def test_two_levels_deep_and_the_grandchild_is_capped_by_what_the_child_has():
+    runs = Runs()
+
+    def grandchild_guard() -> BudgetGuard:
+        return BudgetGuard(AcceptAll(), MARKET, FromParent(limit=0.50), model_prices=PRICES, max_output_tokens=32)
+
+    def gc_msgs() -> list[AIMessage]:
+        # Three fetches (0.15) but the child carved only 0.12 for itself and spent some: the grandchild
+        # gets what the child has left and cannot run all three.
+        return [ai(call("fetch", q="g1"), usage=(10, 1)), ai(call("fetch", q="g2"), usage=(10, 1)),
+                ai(call("fetch", q="g3"), usage=(10, 1)), ai(text="gc done", usage=(10, 1))]
+
+    child_market = MARKET.with_tool(PricedTool("deeper", 0.0))
+
+    def child_guard() -> BudgetGuard:
+        return BudgetGuard(AcceptAll(), child_market, FromParent(limit=0.12), model_prices=PRICES,
+                           max_output_tokens=32)
+
+    def child_msgs() -> list[AIMessage]:
+        return [ai(call("deeper", q="y"), usage=(10, 1)), ai(text="child done", usage=(10, 1))]
+
+    def child_tools() -> list[StructuredTool]:
+        return [*priced_tools(runs), _sub_agent_tool(grandchild_guard, runs, gc_msgs, name="deeper")]
+
+    def research(q: str = "") -> str:
+        child = child_guard()
+        agent = create_agent(scripted(child_msgs()), child_tools(), middleware=[child.middleware()])
+        return agent.invoke({"messages": [HumanMessage(q)]}, {"configurable": {"thread_id": "child"}})[
+            "messages"][-1].content
+
+    parent = BudgetGuard(AcceptAll(), MARKET.with_tool(PricedTool("research", 0.0)), 1.0, model_prices=PRICES,
+                         max_output_tokens=32)
+    tools = [StructuredTool.from_function(research, name="research", description="delegate")]
+    out = create_agent(scripted([ai(call("research", q="x"), usage=(10, 1)), ai(text="done", usage=(10, 1))]),
+                       tools, middleware=[parent.middleware()]).invoke({"messages": [HumanMessage("go")]},
+                                                                        {"configurable": {"thread_id": "p"}})
+    ledger = parent.ledger(out)
+    (carve,) = [e for e in ledger if e.kind == "sub_agent"]
+    assert runs["fetch"] == 2  # 0.12 minus the child's own model calls leaves room for two fetches, not three
+    assert carve.amount <= 0.12 + 1e-12 and ledger.reserved == 0
+    # the child's 2 model calls, the grandchild's 4, and the grandchild's two fetches
+    assert carve.amount == pytest.approx(0.10 + 6 * model_cost(10, 1), rel=1e-9)
+
+
+def test_parallel_sub_agents_never_take_more_than_the_parent_has_left():
+    """Eight sub-agents started at once, each asking for 0.30 of a parent with 1.00: carves are
+    reservations in the parent's ledger, so together they never exceed it."""
+    from intent.episodes import Episode
+    from intent.ledger import BudgetLedger
+    from intent.nesting import spending_scope
+
+    for trial in range(20):
+        parent = BudgetGuard(AcceptAll(), MARKET, 1.0)
+        episode: Episode = parent.episodes.get(f"p{trial}")
+        spec = FromParent(limit=0.30)
+        carved: list[BudgetLedger] = []
+        barrier = threading.Barrier(8)
+
+        def start(i: int) -> None:
+            with spending_scope(parent, episode, "call-k"):
+                barrier.wait()
+                child = spec.carve(f"c{i}")
+                child.reserve("x", "fetch", child.budget)  # the child spends all it got
+                child.commit("x")
+                carved.append(child)
+
+        threads = [threading.Thread(target=start, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(c.budget for c in carved) <= 1.0 + 1e-9
+        assert sorted(round(c.budget, 9) for c in carved).count(0.3) == 3  # 3 full carves, one of 0.1, rest 0
+        from intent.nesting import close_carves
+
+        close_carves(episode, "call-k")
+        assert episode.ledger.reserved == 0, list(episode.ledger.held())
+        assert episode.ledger.spent == pytest.approx(1.0)
+
+
+def test_from_parent_outside_a_guarded_call_is_a_clear_error():
+    child = BudgetGuard(AcceptAll(), MARKET, FromParent(0.1))
+    agent = create_agent(scripted([ai(text="x")]), [], middleware=[child.middleware()])
+    with pytest.raises(GuardConfigError, match="FromParent"):
+        agent.invoke({"messages": [HumanMessage("q")]}, {"configurable": {"thread_id": "orphan"}})
+
+
+def test_a_subgraph_node_carves_through_guard_scope():
+    parent = BudgetGuard(AcceptAll(), MARKET, 1.0)
+    child = BudgetGuard(AcceptAll(), MARKET, FromParent(0.2))
+    runs = Runs()
+    with parent.scope("thread-s"):
+        agent = create_agent(scripted([ai(call("fetch", q="1")), ai(text="ok")]), priced_tools(runs),
+                             middleware=[child.middleware()])
+        agent.invoke({"messages": [HumanMessage("q")]}, {"configurable": {"thread_id": "child-s"}})
+    ledger = parent.episodes.get("thread-s").ledger
+    assert ledger.spent == pytest.approx(0.05) and ledger.reserved == 0
+
+
+# ================================================== prices from metadata
+def _declared(name: str, metadata: dict[str, Any] | None) -> StructuredTool:
+    return StructuredTool.from_function(lambda q: q, name=name, description=name, metadata=metadata)
+
+
+def test_market_reads_prices_the_tools_declare():
+    a = _declared("a", {"price": 0.02, "currency": "USD"})
+    b = _declared("b", {"_meta": {"price": 0.5, "currency": "USD"}})  # an MCP tool's _meta
+    # an x402 payment requirement, in the asset's micro-units
+    c = _declared("c", {"x402": {"accepts": [{"maxAmountRequired": "30000", "decimals": 6, "asset": "USD"}]}})
+    d = _declared("d", None)
+
+    market = Market.from_tools([a, b, c], currency="USD")
+    assert market.prices() == {"a": 0.02, "b": 0.5, "c": pytest.approx(0.03)} and market.currency == "USD"
+    with pytest.raises(UnpricedToolError, match="'d'"):
+        Market.from_tools([a, d])
+    assert Market.from_tools([a, d], unpriced="free").price("d") == 0.0
+    assert Market.from_tools([a, d], unpriced=0.07).price("d") == 0.07
+
+    e = _declared("e", {"price": 1.0, "currency": "EUR"})
+    with pytest.raises(MarketError, match="'e'.*EUR"):
+        Market.from_tools([a, e])
+
+
+def test_one_currency_per_budget():
+    eur_market = Market([PricedTool("search", 0.1)], currency="EUR")
+    with pytest.raises(GuardConfigError, match="currencies disagree"):
+        BudgetGuard(AcceptAll(), eur_market, Budget(1.0, currency="USD"))
+    with pytest.raises(GuardConfigError, match="currencies disagree"):
+        BudgetGuard(AcceptAll(), eur_market, 1.0, model_prices=ModelPrices(PRICES, currency="USD"))
+    BudgetGuard(AcceptAll(), eur_market, Budget(1.0, currency="EUR"))
+
+
+def test_price_tables_load_from_a_file_and_match_dated_model_names(tmp_path):
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"currency": "USD", "models": {
+        "gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.6, "cached_input_per_mtok": 0.075}}}))
+    table = ModelPrices.from_file(path)
+    name, price = table.find("gpt-4o-mini-2024-07-18")
+    assert name == "gpt-4o-mini" and price.cost(1_000_000, 0) == pytest.approx(0.15)
+    assert table.find("gpt-4o") is None  # a prefix of a listed name is not that model
+    path.write_text(json.dumps({"models": {"m": {"input": 1}}}))
+    with pytest.raises(GuardConfigError, match="input_per_mtok"):
+        ModelPrices.from_file(path)
+
+
+def test_prices_from_the_genai_prices_library():
+    pytest.importorskip("genai_prices")
+    table = ModelPrices.from_genai_prices(["gpt-4o-mini"])
+    price = table.find("gpt-4o-mini")[1]
+    assert price.input_per_mtok == pytest.approx(0.15) and price.output_per_mtok == pytest.approx(0.60)
+    assert price.cached_input_per_mtok == pytest.approx(0.075) and table.currency == "USD"
+    with pytest.raises(GuardConfigError, match="genai-prices does not know"):
+        ModelPrices.from_genai_prices(["surely-not-a-model-xyz"])
+
+
+def test_bad_model_price_input_names_the_field():
+    with pytest.raises(GuardConfigError, match="model_prices\\['m'\\]"):
+        BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices={"m": 0.5})
+    with pytest.raises(GuardConfigError, match="unpriced_model"):
+        BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, unpriced_model="free")
+    with pytest.raises(ValueError, match="output_per_mtok"):
+        ModelPrice(1.0, -2.0)
