@@ -62,15 +62,11 @@ from intent.oracle import (
 )
 from intent.records import Recorder
 from intent.metering import open_call
-from intent.model_meter import (
-    MODEL_OVER_BUDGET,
-    MODEL_UNPRICED,
-    ModelCallMeter,
-    ModelCallRefused,
-    PromptTokens,
-)
+from intent.human import HumanTopUps
+from intent.model_gate import MAX_ASKS, ModelGate
+from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, spending_scope
-from intent.pricing import ModelPrice, ModelPrices, UnpricedModelError
+from intent.pricing import ModelPrice, ModelPrices
 from intent.state import LEDGER_KEY, GuardState, channel_of
 
 if TYPE_CHECKING:
@@ -82,11 +78,9 @@ OracleErrorPolicy = Literal["accept_if_fits", "reject"]
 ToolErrorPolicy = Literal["raise", "message"]
 RELEASED_UNUSED = "released_unused"  # reason of a release record: the reservation was never used
 HUMAN_APPROVED = "human_approved"  # a call over budget a human approved (on_over_budget="ask")
-HUMAN_DENIED = "human_denied"
 # Rejections a human may overrule with money (on_over_budget="ask"): the call does not fit,
 # or the oracle's plan does not.
 _BUDGET_REASONS = frozenset({OVER_BUDGET, PLAN_OVER_BUDGET})
-_MAX_ASKS = 3  # per call: after three top-ups that still do not make it fit, the rejection stands
 
 
 @dataclass
@@ -223,6 +217,7 @@ class BudgetGuard:
         self.episodes = EpisodeRegistry(spec, allow_overspend=not self.enforce, max_episodes=max_episodes,
                                         new_ledger=new_ledger)
         self._hooks: dict[str, bool] = {}  # which optional oracle hooks are really implemented
+        self._model_gate = ModelGate(self)
         self.records = Recorder(log_sink, str(getattr(oracle, "name", None) or type(oracle).__name__), self.enforce)
 
     # ================================================================== market
@@ -512,61 +507,69 @@ class BudgetGuard:
         batch = tuple(p.proposal for p in pending)
         held = 0.0  # accepted earlier in this batch: reserved once the whole batch is decided
         top_ups: dict[str, float] = {}
-        for batch_index, item in enumerate(pending):
-            asked = 0
-            while True:
-                left = max(0.0, ledger.remaining_for("tool") - held)
-                ctx = DecisionContext(
-                    episode_id=episode_id, query=query, proposal=item.proposal, price=item.price,
-                    budget=ledger.budget, spent=ledger.spent, remaining=left, market=market, step=step,
-                    history=messages, batch=batch, batch_index=batch_index,
-                )
-                started = self._clock()
-                answer = yield ctx
-                decision_ms = (self._clock() - started) * 1000.0
-                decision = self.check_decision(answer, ctx)
-                if decision.accept and self.enforce and not ledger.fits(held + item.price):
-                    # The guard's own check: no oracle can overspend the budget.
-                    decision = Decision.rejected(
-                        fb.over_budget(item.proposal.tool, item.price, left, ledger.budget),
-                        reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
+        # Top-ups a human approves in this run: taken back if the run is interrupted before it
+        # ends (it replays the answers on resume), logged once when it completes.
+        humans = HumanTopUps(self, episode)
+        try:
+            for batch_index, item in enumerate(pending):
+                asked = 0
+                while True:
+                    left = max(0.0, ledger.remaining_for("tool") - held)
+                    ctx = DecisionContext(
+                        episode_id=episode_id, query=query, proposal=item.proposal, price=item.price,
+                        budget=ledger.budget, spent=ledger.spent, remaining=left, market=market, step=step,
+                        history=messages, batch=batch, batch_index=batch_index,
                     )
-                if (decision.accept or self.on_over_budget != "ask" or not self.enforce
-                        or decision.reason not in _BUDGET_REASONS or asked >= _MAX_ASKS):
-                    break
-                # Over budget: ask a human (a LangGraph interrupt; the node re-runs on resume).
-                top_up_id = f"top-up:{item.key}:{asked}"
-                shortfall = max(0.0, held + item.price - ledger.remaining_for("tool"))
-                action, amount = self._ask_human(episode, ctx, decision, top_up_id, shortfall, kind="tool")
-                asked += 1
-                if amount:
-                    top_ups[top_up_id] = amount
-                if action == "deny":
-                    break
-                if action == "approve_once":
-                    if ledger.fits(held + item.price):
-                        decision = Decision.accepted(reason=HUMAN_APPROVED, trace=decision.trace, **decision.usage)
-                    break
-                # A top-up: the oracle decides again against the raised budget.
-            if decision.accept:
-                held += item.price
+                    started = self._clock()
+                    answer = yield ctx
+                    decision_ms = (self._clock() - started) * 1000.0
+                    decision = self.check_decision(answer, ctx)
+                    if decision.accept and self.enforce and not ledger.fits(held + item.price):
+                        # The guard's own check: no oracle can overspend the budget.
+                        decision = Decision.rejected(
+                            fb.over_budget(item.proposal.tool, item.price, left, ledger.budget),
+                            reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
+                        )
+                    if (decision.accept or self.on_over_budget != "ask" or not self.enforce
+                            or decision.reason not in _BUDGET_REASONS or asked >= MAX_ASKS):
+                        break
+                    # Over budget: ask a human (a LangGraph interrupt; the node re-runs on resume).
+                    top_up_id = f"top-up:{item.key}:{asked}"
+                    shortfall = max(0.0, held + item.price - ledger.remaining_for("tool"))
+                    action, amount = humans.ask(ctx, decision, top_up_id, shortfall, kind="tool")
+                    asked += 1
+                    if amount:
+                        top_ups[top_up_id] = amount
+                    if action == "deny":
+                        break
+                    if action == "approve_once":
+                        if ledger.fits(held + item.price):
+                            decision = Decision.accepted(reason=HUMAN_APPROVED, trace=decision.trace, **decision.usage)
+                        break
+                    # A top-up: the oracle decides again against the raised budget.
+                if decision.accept:
+                    held += item.price
 
-                def reserve(item: _Pending = item) -> None:
-                    entry = ledger.reserve(item.key, item.proposal.tool, item.price, market_version=market.version,
-                                           tool_call_id=item.proposal.call_id)
-                    new_entries[entry.call_id] = entry
+                    def reserve(item: _Pending = item) -> None:
+                        entry = ledger.reserve(item.key, item.proposal.tool, item.price, market_version=market.version,
+                                               tool_call_id=item.proposal.call_id)
+                        new_entries[entry.call_id] = entry
 
-                effects.append(reserve)
-                decisions[item.key] = {
-                    "accept": True, "tool": item.proposal.tool, "args": dict(item.proposal.args), "price": item.price, "step": step,
-                    "reason": decision.reason, "feedback": decision.feedback,
-                    "trace": [s.to_dict() for s in decision.trace], "decision_ms": decision_ms,
-                    "usage": dict(decision.usage),
-                }
-            else:
-                refuse(item.key, item.proposal.call_id, item.proposal.tool, item.proposal.args, item.price, "reject",
-                       decision.reason, decision.feedback or fb.generic_rejection(item.proposal.tool), decision,
-                       decision_ms)
+                    effects.append(reserve)
+                    decisions[item.key] = {
+                        "accept": True, "tool": item.proposal.tool, "args": dict(item.proposal.args), "price": item.price, "step": step,
+                        "reason": decision.reason, "feedback": decision.feedback,
+                        "trace": [s.to_dict() for s in decision.trace], "decision_ms": decision_ms,
+                        "usage": dict(decision.usage),
+                    }
+                else:
+                    refuse(item.key, item.proposal.call_id, item.proposal.tool, item.proposal.args, item.price, "reject",
+                           decision.reason, decision.feedback or fb.generic_rejection(item.proposal.tool), decision,
+                           decision_ms)
+        except BaseException:
+            humans.rollback()
+            raise
+        effects.insert(0, humans.log)
         for effect in effects:
             effect()
 
@@ -591,149 +594,19 @@ class BudgetGuard:
             update[LEDGER_KEY] = channel_update
         return update or None
 
-    # ======================================================= asking a human
-    def _ask_human(
-        self, episode: Episode, ctx: DecisionContext | None, decision: Decision | None, top_up_id: str,
-        shortfall: float, *, kind: Literal["tool", "model"], model: str = "", price: float = 0.0, text: str = "",
-    ) -> tuple[str, float]:
-        """Pause the run with an interrupt; apply the human's answer. Returns (action, amount topped up).
-
-        The resume value is ``{"action": "top_up", "amount": 5.0, "approved_by": "alice"}``,
-        ``{"action": "approve_once", "approved_by": "alice"}`` (a top-up of exactly the
-        shortfall, so this call fits) or ``{"action": "deny"}``.
-        """
-        from langgraph.types import interrupt
-
-        ledger = episode.ledger
-        plan = [s.to_dict() for s in decision.trace] if decision is not None else []
-        payload = {
-            "type": "intent.over_budget", "kind": kind,
-            "tool": ctx.tool if ctx is not None else model, "args": dict(ctx.args) if ctx is not None else {},
-            "price": ctx.price if ctx is not None else price, "spent": ledger.spent, "remaining": ledger.remaining,
-            "budget": ledger.budget, "shortfall": shortfall,
-            "reason": decision.reason if decision is not None else OVER_BUDGET,
-            "feedback": decision.feedback if decision is not None else text,
-            "plan_estimate": sum(float(s.get("expected_cost") or s.get("price") or 0.0) for s in plan), "plan": plan,
-            "options": ["top_up", "approve_once", "deny"],
-        }
-        answer = interrupt(payload)
-        action, amount, approved_by = _read_resume(answer, shortfall)
-        if amount > 0:
-            self._apply_top_up(episode, top_up_id, amount, approved_by=approved_by,
-                               reason=f"{action} for {payload['tool']}")
-        return action, amount
-
     # ===================================================== the agent's model calls
     @property
     def meters_models(self) -> bool:
         """Whether the agent's model calls are charged (a price table was given)."""
         return len(self.model_prices) > 0
 
-    def _open_model_call(self, request: Any) -> tuple[ModelCallMeter, Any] | Any:
-        """Price the request's worst case; a request that does not fit is answered here."""
-        config = _current_config()
-        state = request.state or {}
-        channel = channel_of(state)
-        episode = self.episodes.get(self.episode_id(state, config), channel)
-        messages = list(request.messages)
-        step = sum(1 for m in messages if isinstance(m, AIMessage))
-        meter = ModelCallMeter(self, episode, step=step, query=first_human_text(messages), model=request.model)
-        settings = meter.request_settings(request.model_settings or {})
-        prompt = [request.system_message, *messages] if request.system_message is not None else messages
-        tools = _tool_schemas(request.tools or [])
-        max_tokens = meter.max_tokens_of(settings or request.model_settings or {})
-        ledger = episode.ledger
-        try:
-            name, _price, worst = meter.worst_case(prompt, tools, max_tokens, meter.default_name)
-        except UnpricedModelError as exc:
-            self.records.model_refusal(ledger, episode_id=episode.episode_id, step=step, query=meter.query,
-                                       model=meter.default_name or "", price=None, reason=MODEL_UNPRICED,
-                                       text=str(exc))
-            return self._model_stopped(meter, fb.model_unpriced(meter.default_name or "", str(exc)))
-        asked = 0
-        while episode.stopped_reason or not ledger.fits(worst, "model"):
-            if episode.stopped_reason:
-                return self._model_stopped(meter, episode.stopped_reason)
-            if self.on_over_budget != "ask" or not self.enforce or asked >= _MAX_ASKS:
-                if not self.enforce:
-                    break
-                text = fb.model_over_budget(name, worst, ledger.remaining_for("model"), ledger.budget)
-                self.records.model_refusal(ledger, episode_id=episode.episode_id, step=step, query=meter.query,
-                                           model=name, price=worst, reason=MODEL_OVER_BUDGET, text=text)
-                return self._model_stopped(meter, text)
-            shortfall = max(0.0, worst - ledger.remaining_for("model"))
-            action, _amount = self._ask_human(
-                episode, None, None, f"top-up:model:{episode.episode_id}:{step}:{asked}", shortfall, kind="model",
-                model=name, price=worst, text=fb.model_over_budget(name, worst, ledger.remaining_for("model"),
-                                                                   ledger.budget))
-            asked += 1
-            if action == "deny":
-                text = fb.model_over_budget(name, worst, ledger.remaining_for("model"), ledger.budget)
-                self.records.model_refusal(ledger, episode_id=episode.episode_id, step=step, query=meter.query,
-                                           model=name, price=worst, reason=HUMAN_DENIED, text=text)
-                return self._model_stopped(meter, text)
-        overrides: dict[str, Any] = {"model": meter.instrument(request.model)}
-        if settings is not None:
-            overrides["model_settings"] = settings
-        return meter, request.override(**overrides)
-
-    def _model_update(self, meter: ModelCallMeter) -> Command:
-        ledger = meter.episode.ledger
-        entries = {e.call_id: ledger.get(e.call_id) for e in meter.entries}
-        update = self._channel_base(meter.episode) | {
-            "entries": {cid: e.to_dict() for cid, e in entries.items() if e is not None}}
-        tops = ledger.top_ups
-        if tops:
-            update["top_ups"] = tops
-            update["top_up_by"] = ledger.approved_by
-        return Command(update={LEDGER_KEY: update})
-
-    def _model_stopped(self, meter: ModelCallMeter, text: str) -> Any:
-        from langchain.agents.middleware.types import ExtendedModelResponse, ModelResponse
-
-        message = AIMessage(content=text, response_metadata={"intent_stop": MODEL_OVER_BUDGET})
-        return ExtendedModelResponse(model_response=ModelResponse(result=[message]), command=self._model_update(meter))
-
-    def _close_model_call(self, meter: ModelCallMeter, response: Any) -> Any:
-        from langchain.agents.middleware.types import ExtendedModelResponse, ModelResponse
-
-        if isinstance(response, AIMessage):
-            response = ModelResponse(result=[response])
-        meter.abandon()
-        meter.settle(getattr(response, "result", []) or [])
-        return ExtendedModelResponse(model_response=response, command=self._model_update(meter))
-
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Charge every execution of the agent's model; a call that does not fit is not made."""
-        opened = self._open_model_call(request)
-        if not isinstance(opened, tuple):
-            return opened
-        meter, metered = opened
-        try:
-            response = handler(metered)
-        except ModelCallRefused as exc:  # a retry inside the guard that no longer fits
-            meter.abandon()
-            return self._model_stopped(meter, fb.model_refused(str(exc)))
-        except BaseException:
-            meter.abandon()  # an interrupt or a crash: executions that never ended are given back
-            raise
-        return self._close_model_call(meter, response)
+        return self._model_gate.wrap(request, handler)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         """Async twin of :meth:`wrap_model_call`."""
-        opened = self._open_model_call(request)
-        if not isinstance(opened, tuple):
-            return opened
-        meter, metered = opened
-        try:
-            response = await handler(metered)
-        except ModelCallRefused as exc:
-            meter.abandon()
-            return self._model_stopped(meter, fb.model_refused(str(exc)))
-        except BaseException:
-            meter.abandon()
-            raise
-        return self._close_model_call(meter, response)
+        return await self._model_gate.awrap(request, handler)
 
     def check_decision(self, answer: Decision | OracleUnavailableError, ctx: DecisionContext) -> Decision:
         """The oracle's answer, or the documented fallback when it failed recoverably.
@@ -931,45 +804,6 @@ def _recoverable(exc: Exception, oracle: Any) -> OracleUnavailableError | None:
     if typed is None:
         setattr(exc, _ORACLE_BUG, True)
     return typed
-
-
-def _current_config() -> dict[str, Any] | None:
-    from langgraph.config import get_config
-
-    try:
-        return get_config()
-    except RuntimeError:  # outside a runnable context
-        return None
-
-
-def _tool_schemas(tools: Sequence[Any]) -> list[Any]:
-    from langchain_core.utils.function_calling import convert_to_openai_tool
-
-    out = []
-    for t in tools:
-        try:
-            out.append(t if isinstance(t, dict) else convert_to_openai_tool(t))
-        except (TypeError, ValueError):
-            out.append({"name": getattr(t, "name", str(t)), "description": getattr(t, "description", "")})
-    return out
-
-
-def _read_resume(answer: Any, shortfall: float) -> tuple[str, float, str]:
-    """The human's resume value as (action, amount to top up, approved_by); a bad one is an error."""
-    if not isinstance(answer, Mapping) or answer.get("action") not in ("top_up", "approve_once", "deny"):
-        raise GuardConfigError(
-            f"resume value {answer!r} is not an answer to intent.over_budget; resume with "
-            "Command(resume={'action': 'top_up', 'amount': 5.0, 'approved_by': 'alice'}), "
-            "{'action': 'approve_once', 'approved_by': ...} or {'action': 'deny'}")
-    action = str(answer["action"])
-    approved_by = str(answer.get("approved_by") or "")
-    if action == "top_up":
-        if "amount" not in answer:
-            raise GuardConfigError("resume value with action 'top_up' needs 'amount' (> 0), e.g. {'amount': 5.0}")
-        return action, check_amount(answer["amount"], "resume value 'amount'", allow_zero=False), approved_by
-    if action == "approve_once":
-        return action, shortfall, approved_by
-    return action, 0.0, approved_by
 
 
 def _check_currencies(budget: Budget | FromParent, market: Market, prices: ModelPrices) -> str | None:

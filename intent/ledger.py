@@ -396,6 +396,13 @@ class BudgetLedger:
                 self._approved_by.setdefault(top_up_id, approved_by)
             return self.budget
 
+    def revoke_top_up(self, top_up_id: str) -> None:
+        """Take back a top-up applied by a node run that was then interrupted (it re-applies on
+        resume, by the same id). Never used for a top-up that reached graph state."""
+        with self._lock:
+            self._top_ups.pop(top_up_id, None)
+            self._approved_by.pop(top_up_id, None)
+
     def absorb(self, state: Mapping[str, Any]) -> None:
         """Merge a serialised ledger; statuses only move forward. The state's budget wins."""
         with self._lock:

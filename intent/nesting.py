@@ -87,6 +87,15 @@ class CarvedLedger(BudgetLedger):
                 parent_ledger.reprice(self.carve_id, carve.amount + amount)
         return super().top_up(top_up_id, amount, approved_by=approved_by)
 
+    def revoke_top_up(self, top_up_id: str) -> None:
+        amount = self.top_ups.get(top_up_id)
+        super().revoke_top_up(top_up_id)
+        if amount:
+            with self.parent.episode.lock:
+                carve = self.parent.episode.ledger.get(self.carve_id)
+                if carve is not None and carve.status == "reserved":
+                    self.parent.episode.ledger.reprice(self.carve_id, max(0.0, carve.amount - amount))
+
     def close(self) -> LedgerEntry | None:
         """Commit the carve at what the child spent (and still holds); the rest returns to the parent."""
         with self._close_lock:

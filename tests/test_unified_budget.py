@@ -541,3 +541,22 @@ def test_bad_model_price_input_names_the_field():
         BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, unpriced_model="free")
     with pytest.raises(ValueError, match="output_per_mtok"):
         ModelPrice(1.0, -2.0)
+
+
+def test_two_calls_over_budget_in_one_message_ask_twice_and_each_top_up_is_logged_once():
+    runs, sink = Runs(), MemoryLogSink()
+    msgs = [ai(call("fetch", q="1"), call("fetch", q="2"), usage=(50, 5)), ai(text="done", usage=(50, 5))]
+    guard = _ask_guard(sink, budget=0.01)
+    agent = create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()],
+                         checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "two-asks"}}
+    out = agent.invoke({"messages": [HumanMessage("go")]}, cfg)
+    asks = 0
+    while out.get("__interrupt__"):
+        asks += 1
+        out = agent.invoke(Command(resume={"action": "top_up", "amount": 0.05, "approved_by": f"h{asks}"}), cfg)
+    assert asks == 2 and runs["fetch"] == 2
+    ledger = guard.ledger(out)
+    tops = [r for r in sink.records if r.decision == "top_up"]
+    assert len(tops) == len(ledger.top_ups) == 2 and sorted(r.approved_by for r in tops) == ["h1", "h2"]
+    assert ledger.spent <= ledger.budget and ledger.reserved == 0
