@@ -155,6 +155,8 @@ class BudgetGuard:
         prompt_tokens: PromptTokens = "bytes",
         max_output_tokens: int = 4096,
         on_over_budget: Literal["refuse", "ask"] = "refuse",
+        charge_oracle: bool = False,
+        oracle_model: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not callable(getattr(oracle, "decide", None)):
@@ -184,6 +186,12 @@ class BudgetGuard:
             raise GuardConfigError(f"max_output_tokens must be a positive int, got {max_output_tokens!r}")
         if on_over_budget not in ("refuse", "ask"):
             raise GuardConfigError(f"on_over_budget must be 'refuse' or 'ask' (a human top-up), got {on_over_budget!r}")
+        if charge_oracle and (oracle_model is None or oracle_model not in ModelPrices.of(model_prices)):
+            raise GuardConfigError(
+                "charge_oracle=True needs oracle_model='<name>' with a price in model_prices: the oracle's tokens "
+                "(Decision.usage) are charged at that model's price")
+        self.charge_oracle = bool(charge_oracle)
+        self.oracle_model = oracle_model
         self.merge_identical_calls = bool(merge_identical_calls)
         self.notes_at = notes_at
         self.oracle = oracle
@@ -524,6 +532,10 @@ class BudgetGuard:
                     answer = yield ctx
                     decision_ms = (self._clock() - started) * 1000.0
                     decision = self.check_decision(answer, ctx)
+                    if self.charge_oracle:
+                        oracle_entry = self._charge_oracle(episode, decision, step, query)
+                        if oracle_entry is not None:
+                            new_entries[oracle_entry.call_id] = oracle_entry
                     if decision.accept and self.enforce and not ledger.fits(held + item.price):
                         # The guard's own check: no oracle can overspend the budget.
                         decision = Decision.rejected(
@@ -607,6 +619,35 @@ class BudgetGuard:
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         """Async twin of :meth:`wrap_model_call`."""
         return await self._model_gate.awrap(request, handler)
+
+    def _charge_oracle(self, episode: Episode, decision: Decision, step: int, query: str) -> LedgerEntry | None:
+        """Charge the oracle's own model tokens (``Decision.usage``) at ``oracle_model``'s price.
+
+        The oracle has already run, so its spend is charged even when it does not fit (money
+        spent is spent): the excess is recorded as an overrun, and what is left shrinks for the
+        agent. ``input_tokens`` / ``output_tokens`` are priced as such; a bare ``tokens`` count at
+        the dearer of the two per-token prices (an upper bound).
+        """
+        usage = decision.usage
+        found = self.model_prices.find(self.oracle_model)
+        assert found is not None  # checked in __init__
+        name, price = found
+        if "input_tokens" in usage or "output_tokens" in usage:
+            inp, out = int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
+            cost = price.cost(inp, out)
+        else:
+            inp, out = int(usage.get("tokens", 0)), 0
+            cost = inp * max(price.input_per_mtok, price.output_per_mtok) / 1e6
+        if cost <= 0:
+            return None
+        ledger = episode.ledger
+        charge_id = f"oracle:{episode.episode_id}:{step}:{uuid.uuid4().hex[:10]}"
+        with episode.lock:
+            ledger.reserve(charge_id, name, min(cost, ledger.remaining_for("oracle")), kind="oracle", execution=1)
+            entry = ledger.commit(charge_id, cost)
+        self.records.model_charge(ledger, entry, episode_id=episode.episode_id, step=step, query=query, model=name,
+                                  tokens={"input": inp, "output": out, "cached": 0}, reason="oracle_decision")
+        return entry
 
     def check_decision(self, answer: Decision | OracleUnavailableError, ctx: DecisionContext) -> Decision:
         """The oracle's answer, or the documented fallback when it failed recoverably.

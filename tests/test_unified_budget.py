@@ -560,3 +560,27 @@ def test_two_calls_over_budget_in_one_message_ask_twice_and_each_top_up_is_logge
     tops = [r for r in sink.records if r.decision == "top_up"]
     assert len(tops) == len(ledger.top_ups) == 2 and sorted(r.approved_by for r in tops) == ["h1", "h2"]
     assert ledger.spent <= ledger.budget and ledger.reserved == 0
+
+
+def test_charge_oracle_counts_the_oracles_tokens_in_the_same_budget():
+    from intent import Decision, Oracle
+
+    class Thinking(Oracle):
+        def decide(self, ctx):  # an oracle that spent 1000 in / 200 out tokens on its own model
+            return Decision.accepted(input_tokens=1000, output_tokens=200)
+
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {**PRICES, "judge-model": ModelPrice(1.0, 2.0)}
+    guard = BudgetGuard(Thinking(), MARKET, 1.0, model_prices=prices, max_output_tokens=64, log_sink=sink,
+                        charge_oracle=True, oracle_model="judge-model")
+    msgs = [ai(call("search", q="1"), call("fetch", q="2"), usage=(20, 5)), ai(text="done", usage=(20, 5))]
+    out = create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()]).invoke(
+        {"messages": [HumanMessage("go")]})
+    ledger = guard.ledger(out)
+    oracle_cost = 2 * (1000 * 1.0 + 200 * 2.0) / 1e6
+    assert ledger.spent_by_kind()["oracle"] == pytest.approx(oracle_cost)
+    assert ledger.spent == pytest.approx(oracle_cost + 0.07 + 2 * model_cost(20, 5))
+    assert sum(r.charged for r in sink.records) == pytest.approx(ledger.spent)
+    assert [r.kind for r in sink.records].count("oracle") == 2
+    with pytest.raises(GuardConfigError, match="oracle_model"):
+        BudgetGuard(Thinking(), MARKET, 1.0, model_prices=PRICES, charge_oracle=True)
