@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test loop bench-v2 bench-guard bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
+.PHONY: install demo demo-guard study test test-slow loop bench-v2 bench-guard bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -66,8 +66,15 @@ loop: install
 demo-guard: install
 	$(VENV)/bin/intent demo
 
+# The fast suite (< 2 min on 2 cores): everything but the end-to-end runs marked slow.
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 -m "not slow"
+
+# The slow end-to-end tests and the property tests at full size (CI runs both targets).
+test-slow: install
+	$(PY) -m pytest -n 2 -m slow
+	INTENT_PROPERTY_EXAMPLES=500 INTENT_UNIFIED_EXAMPLES=100 $(PY) -m pytest -n 2 \
+		tests/test_guard_compose_properties.py tests/test_unified_budget_properties.py
 
 bench-guard: install
 	$(PY) -m eval.bench_guard --repeats 9

@@ -14,12 +14,27 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from intent.report import budget_report
+
+    report = budget_report(args.source, out=args.out)
+    print(report.to_markdown())
+    if args.out:
+        for name in ("budget_report.md", "budget_report.json", "budget_report.png"):
+            print(f"wrote {args.out}/{name}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="intent", description="Budget planning for LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="a scripted agent with priced tools under the guard (simulated)")
     demo.add_argument("--budget", type=float, default=50.0, help="the money budget (default 50)")
     demo.set_defaults(func=_demo)
+    report = sub.add_parser("report", help="where the money went: spend by tool and model, refusals, top-ups")
+    report.add_argument("source", help="a guard log (.jsonl) or a run directory (searched for *.jsonl)")
+    report.add_argument("--out", default=None, help="also write budget_report.{md,json,png} to this directory")
+    report.set_defaults(func=_report)
     for register in _extensions():
         register(sub)
     return parser

@@ -123,6 +123,7 @@ def test_bad_config_names_the_field() -> None:
         llm_agent_factory({"no_such_knob": 1})
 
 
+@pytest.mark.slow
 def test_same_seed_same_results_with_two_workers(tmp_path) -> None:
     from eval.runner import BenchConfig, run_benchmark
 

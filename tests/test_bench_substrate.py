@@ -169,6 +169,7 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path):
         run_benchmark(BenchConfig(tasks=13, methods=["raw"], out=str(out), reference="raw"), progress=False)
 
 
+@pytest.mark.slow
 def test_same_seed_reproduces_the_table(tmp_path):
     methods = ["raw", "prompt", "tracker", "btp", "bats", "dfsdt", "mco", "intent", "intent-stochastic"]
     opts = {"oracle_train_tasks": 30}

@@ -52,6 +52,7 @@ def _episodes(path: Path) -> dict:
 
 
 # --------------------------------------------------------------------------- same seed, same table
+@pytest.mark.slow
 def test_same_seed_same_table_with_several_workers(tmp_path):
     """Three runs, with 2, 3 and 2 workers: identical results and episodes apart from timings.
     (Before the fix, the commit order of parallel calls leaked into the budget status lines.)"""
@@ -257,6 +258,7 @@ def test_optimal_gate_accepts_the_best_call_and_names_it_otherwise():
     assert audit.regrets == pytest.approx([0.99 - 0.51, 0.0])
 
 
+@pytest.mark.slow
 def test_optimal_has_zero_regret_and_no_method_beats_its_pass_rate(tmp_path):
     methods = ["prompt", "tracker", "dfsdt", "btp", "intent", "optimal"]
     s = run_benchmark(BenchConfig(tasks=50, methods=methods, out=str(tmp_path), workers=2), progress=False)

@@ -15,6 +15,7 @@ from test_predictor_quality import _records  # noqa: E402
 from training.predictor_report import predictor_report  # noqa: E402
 
 
+@pytest.mark.slow
 def test_encoder_is_scored_on_the_reports_test_tasks(tmp_path):
     report = predictor_report(_records(60, 0), seed=0, out=tmp_path, min_test_examples=0,
                               encoder={"epochs": 1, "max_steps": 2, "batch_size": 16})
@@ -26,6 +27,7 @@ def test_encoder_is_scored_on_the_reports_test_tasks(tmp_path):
     assert not test_tasks & (set(encoder_split["tasks"]["train"]) | set(encoder_split["tasks"]["dev"]))
 
 
+@pytest.mark.slow
 def test_intent_minilm_runs_in_the_benchmark_and_reuses_its_model(tmp_path):
     from eval.runner import BenchConfig, run_benchmark
 

@@ -11,7 +11,7 @@ and async through ``create_agent``. After every run:
 * every proposed call is answered by exactly one ToolMessage;
 * one execution record per run of a tool, and the log's charges add up to the spend.
 
-``INTENT_PROPERTY_EXAMPLES`` sets the number of examples (500 in CI, the default).
+``INTENT_PROPERTY_EXAMPLES`` sets the number of examples (100 in `make test`, 500 in `make test-slow`, which CI runs).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from langgraph.types import Command
 from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, PricedTool
 from intent.testing import ScriptedToolModel, assert_each_call_answered_once
 
-EXAMPLES = int(os.environ.get("INTENT_PROPERTY_EXAMPLES", "500"))
+# 100 examples in `make test`; `make test-slow` (CI) runs 500.
+EXAMPLES = int(os.environ.get("INTENT_PROPERTY_EXAMPLES", "100"))
 NAMES = ["t0", "t1", "t2", "t3"]  # t1: a human reviews it; t3: the custom middleware answers it
 
 

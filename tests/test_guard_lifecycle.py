@@ -14,6 +14,7 @@ from intent import AcceptAll, BudgetGuard, GuardConfigError, IntentError, Market
 from intent.testing import GuardDriver, ai, call, scripted
 
 
+@pytest.mark.slow
 def test_ten_thousand_episodes_keep_memory_flat():
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), 5.0)
 

@@ -36,6 +36,7 @@ def test_stabletoolbench_market_end_to_end(tmp_path):
     assert 0 < json.loads((tmp_path / "retrieval.json").read_text())["recall_at_k"] <= 1
 
 
+@pytest.mark.slow
 def test_study_pipeline_end_to_end(tmp_path):
     from eval.study import StudyConfig, run_study
 

@@ -233,6 +233,7 @@ def test_synthetic_checker_accepts_real_answers_and_rejects_others(logs):
 
 
 @pytest.mark.ml
+@pytest.mark.slow
 def test_loop_end_to_end_with_a_tiny_generator_and_resume(logs, tiny_lm, tmp_path):
     from eval.loop import LoopConfig, run_loop
 

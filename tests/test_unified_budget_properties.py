@@ -31,7 +31,7 @@ from langgraph.types import Command
 from intent import AcceptAll, Budget, BudgetGuard, FromParent, Market, MemoryLogSink, ModelPrice, PricedTool
 from intent.testing import ScriptedToolModel, assert_each_call_answered_once
 
-EXAMPLES = int(os.environ.get("INTENT_PROPERTY_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("INTENT_UNIFIED_EXAMPLES", "15"))  # 100 in `make test-slow`
 PRICE = ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0)
 PRICES = {"scripted-model": PRICE}
 TOOLS = {"search": 0.02, "fetch": 0.07}
