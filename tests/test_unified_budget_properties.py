@@ -8,7 +8,9 @@ sub-agent's own executions the same way. Invariants:
 * ``spent == Σ model executions + Σ tool runs + Σ sub-agent spend`` (exactly, to float noise);
 * ``spent <= base budget + Σ top-ups``; nothing reserved at the end, in the parent or a child;
 * every charge is logged once: Σ ``charged`` in the log == spent, one record per charge;
-* every proposed call is answered exactly once.
+* every proposed call is answered exactly once;
+* with ModelRetryMiddleware (flaky executions) and ModelCallLimitMiddleware in random orders
+  around the guard: a failed execution is released, never charged.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from langchain.agents import create_agent
+from langchain.agents.middleware import ModelCallLimitMiddleware, ModelRetryMiddleware
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -45,8 +48,13 @@ class Ledgerless(ScriptedToolModel):
 
     executed: list = []
     max_out: int = 4096
+    fail_at: frozenset = frozenset()  # 1-based executions that fail before any usage (not billed)
+    attempts: list = []
 
     def _generate(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        self.attempts.append(1)
+        if len(self.attempts) in self.fail_at:
+            raise ConnectionError("provider hiccup")
         result = super()._generate(messages, *args, **kwargs)
         message = result.generations[0].message
         drawn = (message.usage_metadata or {}).get("output_tokens", 0)
@@ -69,6 +77,8 @@ def message(calls: list[tuple[str, str]], usage: tuple[int, int]) -> AIMessage:
 usage = st.tuples(st.integers(1, 400), st.integers(1, 3000))
 call = st.tuples(st.sampled_from(["search", "fetch", "research"]), st.sampled_from(["a", "b", "c"]))
 turn = st.tuples(st.lists(call, min_size=1, max_size=3), usage)
+child_call = st.tuples(st.sampled_from(["search", "fetch"]), st.sampled_from(["a", "b", "c"]))
+child_turn = st.tuples(st.lists(child_call, min_size=1, max_size=3), usage)
 
 
 @st.composite
@@ -78,12 +88,17 @@ def scenario(draw: Any) -> dict[str, Any]:
         "llm_cap": draw(st.sampled_from([None, 0.08])),
         "turns": draw(st.lists(turn, min_size=1, max_size=4)),
         "final_usage": draw(usage),
-        "child_turns": draw(st.lists(turn.filter(lambda t: all(n != "research" for n, _ in t[0])), max_size=2)),
+        "child_turns": draw(st.lists(child_turn, max_size=2)),
         "child_limit": draw(st.sampled_from([None, 0.03, 0.1])),
         "ask": draw(st.booleans()),
         "resumes": draw(st.lists(st.sampled_from(["top_up", "approve_once", "deny"]), min_size=6, max_size=6)),
         "top_up": draw(st.sampled_from([0.01, 0.05, 0.2])),
         "max_out": draw(st.sampled_from([64, 2000])),
+        # LangChain's model middleware around the guard, in a random order
+        "stack": draw(st.permutations(["guard", *draw(st.lists(st.sampled_from(["retry", "model_limit"]),
+                                                                unique=True))])),
+        "fail_at": draw(st.sets(st.integers(1, 6), max_size=2)),
+        "model_limit": draw(st.integers(1, 6)),
     }
 
 
@@ -137,9 +152,15 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     final = AIMessage("done", usage_metadata={"input_tokens": sc["final_usage"][0],
                                               "output_tokens": sc["final_usage"][1],
                                               "total_tokens": sum(sc["final_usage"])})
+    # Failures only with a retry middleware: without one a failed model call ends the run with its
+    # exception, as without the guard.
+    fail_at = frozenset(sc["fail_at"]) if "retry" in sc["stack"] else frozenset()
     model = Ledgerless(messages=iter([*(message(c, u) for c, u in sc["turns"]), final]), bound=[], executed=[],
-                       max_out=sc["max_out"])
-    agent = create_agent(model, tools, middleware=[guard.middleware()], checkpointer=InMemorySaver())
+                       max_out=sc["max_out"], fail_at=fail_at, attempts=[])
+    made = {"guard": guard.middleware(),
+            "retry": ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False),
+            "model_limit": ModelCallLimitMiddleware(run_limit=sc["model_limit"], exit_behavior="end")}
+    agent = create_agent(model, tools, middleware=[made[k] for k in sc["stack"]], checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": f"unified-{mode}"}, "recursion_limit": 200}
 
     def resume(k: int) -> Command:
@@ -198,6 +219,8 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
         event("a model call was refused")
     if any(r.reason == "over_budget" for r in parent_sink.records):
         event("a tool call was refused")
+    if any(r.reason == "model_error" for r in parent_sink.records):
+        event("a model execution failed and was retried")
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
