@@ -43,7 +43,9 @@ class EpisodeRegistry:
     """Episodes by id, least recently used dropped beyond ``max_episodes``."""
 
     def __init__(self, default_budget: Any, *, allow_overspend: bool, max_episodes: int = 1024,
-                 new_ledger: Callable[[str], BudgetLedger] | None = None) -> None:
+                 new_ledger: Callable[[str], BudgetLedger] | None = None,
+                 on_new: Callable[[BudgetLedger, str], None] | None = None) -> None:
+        self._on_new = on_new  # e.g. attach the shared budget store to every episode's ledger
         self.default_budget = default_budget  # a float or an intent.Budget
         self._new_ledger = new_ledger or (lambda _id: BudgetLedger(default_budget, allow_overspend=allow_overspend))
         self.allow_overspend = allow_overspend
@@ -74,6 +76,8 @@ class EpisodeRegistry:
             if episode is None:
                 ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel
                           else self._new_ledger(episode_id))
+                if self._on_new is not None:
+                    self._on_new(ledger, episode_id)
                 episode = Episode(episode_id, ledger, synced=bool(channel))
                 self._episodes[episode_id] = episode
                 while len(self._episodes) > self.max_episodes:

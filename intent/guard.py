@@ -40,7 +40,7 @@ from intent import feedback as fb
 from intent.episodes import Episode, EpisodeRegistry
 from intent.budget import Budget
 from intent.errors import GuardConfigError, OracleUnavailableError, as_oracle_unavailable
-from intent.ledger import BudgetLedger, LedgerEntry
+from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry
 from intent.logs import LogSink
 from intent.market import Market, UnpricedToolError, check_amount
 from intent.messages import answered_after, call_key, first_human_text, last_ai, text_of
@@ -157,6 +157,8 @@ class BudgetGuard:
         on_over_budget: Literal["refuse", "ask"] = "refuse",
         charge_oracle: bool = False,
         oracle_model: str | None = None,
+        store: Any = None,
+        budget_key: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not callable(getattr(oracle, "decide", None)):
@@ -190,6 +192,16 @@ class BudgetGuard:
             raise GuardConfigError(
                 "charge_oracle=True needs oracle_model='<name>' with a price in model_prices: the oracle's tokens "
                 "(Decision.usage) are charged at that model's price")
+        if (store is None) != (budget_key is None):
+            raise GuardConfigError("store= and budget_key= go together: BudgetGuard(..., store=SqliteBudgetStore(path), "
+                                   "budget_key='customer-42/2026-11-23')")
+        if store is not None:
+            for method in ("reserve", "commit", "release", "spent", "reserved", "budget"):
+                if not callable(getattr(store, method, None)):
+                    raise GuardConfigError(f"store must be an intent.stores.BudgetStore (it has no {method}()); use "
+                                           "MemoryBudgetStore(), SqliteBudgetStore(path) or PostgresBudgetStore(dsn)")
+            store.budget(budget_key)  # the shared budget must exist: StoreError names the fix
+        self.store, self.budget_key = store, budget_key
         self.charge_oracle = bool(charge_oracle)
         self.oracle_model = oracle_model
         self.merge_identical_calls = bool(merge_identical_calls)
@@ -222,8 +234,12 @@ class BudgetGuard:
         else:
             def new_ledger(episode_id: str) -> BudgetLedger:
                 return BudgetLedger(spec, allow_overspend=not self.enforce)
+        def share(ledger: BudgetLedger, episode_id: str) -> None:
+            if self.store is not None:
+                ledger.share(self.store, self.budget_key, episode_id)
+
         self.episodes = EpisodeRegistry(spec, allow_overspend=not self.enforce, max_episodes=max_episodes,
-                                        new_ledger=new_ledger)
+                                        new_ledger=new_ledger, on_new=share)
         self._hooks: dict[str, bool] = {}  # which optional oracle hooks are really implemented
         self._model_gate = ModelGate(self)
         self.records = Recorder(log_sink, str(getattr(oracle, "name", None) or type(oracle).__name__), self.enforce)
@@ -563,8 +579,23 @@ class BudgetGuard:
                     held += item.price
 
                     def reserve(item: _Pending = item) -> None:
-                        entry = ledger.reserve(item.key, item.proposal.tool, item.price, market_version=market.version,
-                                               tool_call_id=item.proposal.call_id)
+                        try:
+                            entry = ledger.reserve(item.key, item.proposal.tool, item.price,
+                                                   market_version=market.version, tool_call_id=item.proposal.call_id)
+                        except BudgetExceededError:
+                            # Another run took the shared budget's money since the check: refused, not run.
+                            text = fb.over_budget(item.proposal.tool, item.price, ledger.remaining_for("tool"),
+                                                  ledger.budget)
+                            self.records.refusal(
+                                ledger, episode_id=episode_id, step=step, query=query, reasoning=reasoning,
+                                call_id=item.proposal.call_id, tool=item.proposal.tool, args=item.proposal.args,
+                                price=item.price, kind="reject", reason=OVER_BUDGET, text=text,
+                                market_version=market.version)
+                            decisions[item.key] = {"accept": False, "tool": item.proposal.tool,
+                                                   "args": dict(item.proposal.args), "price": item.price,
+                                                   "step": step, "reason": OVER_BUDGET, "feedback": text,
+                                                   "kind": "reject"}
+                            return
                         new_entries[entry.call_id] = entry
 
                     effects.append(reserve)

@@ -140,6 +140,9 @@ class BudgetLedger:
         self._overrun = 0.0
         self._blocking_overrun = 0.0  # overruns of tools (not of model token estimates)
         self._lock = threading.RLock()
+        # A budget shared with other runs (intent.stores): every reservation must fit it too.
+        self._shared: tuple[Any, str, str] | None = None  # (store, budget key, run id)
+        self._shared_ids: dict[str, str] = {}  # call id -> its charge id in the store (changes on reprice)
         for entry in (entries or {}).values():
             self._put(entry)
 
@@ -197,14 +200,30 @@ class BudgetLedger:
                     out[e.kind] = out.get(e.kind, 0.0) + e.amount
             return out
 
+    def share(self, store: Any, key: str, run_id: str) -> None:
+        """Draw on the shared budget ``key`` of ``store`` too: a call must fit both (intent.stores)."""
+        self._shared = (store, key, run_id)
+
+    @property
+    def shared(self) -> tuple[Any, str, str] | None:
+        return self._shared
+
+    def _shared_left(self) -> float | None:
+        if self._shared is None:
+            return None
+        store, key, _ = self._shared
+        return max(0.0, store.budget(key) - store.spent(key) - store.reserved(key))
+
     def remaining_for(self, kind: str = "tool") -> float:
-        """What a call of ``kind`` may still reserve: the total left, and its sub-cap's left."""
+        """What a call of ``kind`` may still reserve: the total left, its sub-cap's left, and the
+        shared budget's left."""
         with self._lock:
             left = self.remaining
             group = CAP_OF_KIND.get(kind)
             if group in self._caps:
                 left = min(left, max(0.0, self._caps[group] - self._held_by_group.get(group, 0.0)))
-            return left
+        shared = self._shared_left()
+        return left if shared is None else min(left, shared)
 
     @property
     def top_ups(self) -> dict[str, float]:
@@ -255,6 +274,16 @@ class BudgetLedger:
         with self._lock:
             return max(0.0, self._sum("committed") + self._sum("reserved") - self.budget)
 
+    def _fits_here(self, amount: float, kind: str) -> bool:
+        """The local part of :meth:`fits` (the shared store checks its own part atomically)."""
+        with self._lock:
+            if self._blocking_overrun > _EPS:
+                return False
+            group = CAP_OF_KIND.get(kind)
+            if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
+                return False
+            return self._sum("committed") + self._sum("reserved") + amount <= self.budget + _EPS
+
     def fits(self, amount: float, kind: str = "tool") -> bool:
         """Whether ``amount`` more of ``kind`` can be reserved: within the total and the kind's
         sub-cap. After an overrun nothing fits (enforcing ledgers)."""
@@ -264,7 +293,10 @@ class BudgetLedger:
             group = CAP_OF_KIND.get(kind)
             if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
                 return False
-            return self._sum("committed") + self._sum("reserved") + amount <= self.budget + _EPS
+            if self._sum("committed") + self._sum("reserved") + amount > self.budget + _EPS:
+                return False
+        shared = self._shared_left()
+        return shared is None or amount <= shared + _EPS
 
     # ------------------------------------------------------------- operations
     def get(self, call_id: str) -> LedgerEntry | None:
@@ -310,8 +342,12 @@ class BudgetLedger:
             existing = self._entries.get(call_id)
             if existing is not None:
                 return existing
-            if not self._allow_overspend and not self.fits(amount, kind):
+            if not self._allow_overspend and not self._fits_here(amount, kind):
                 raise BudgetExceededError(self._no_fit(call_id, tool, amount, kind))
+            if self._shared is not None:  # atomic in the store: raises if another run took the money
+                store, key, run_id = self._shared
+                store.reserve(key, f"{run_id}/{call_id}", amount, run_id=run_id, tool=tool, kind=kind)
+                self._shared_ids[call_id] = f"{run_id}/{call_id}"
             entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version,
                                 tool_call_id, execution, kind=kind)
             self._put(entry)
@@ -339,8 +375,17 @@ class BudgetLedger:
             if entry is None or entry.status != "reserved":
                 raise LedgerError(f"cannot reprice {call_id!r}: it is not a held reservation")
             rise = amount - entry.amount
-            if rise > _EPS and not self._allow_overspend and not self.fits(rise, entry.kind):
+            if rise > _EPS and not self._allow_overspend and not self._fits_here(rise, entry.kind):
                 raise BudgetExceededError(self._no_fit(call_id, tool or entry.tool, amount, entry.kind))
+            if self._shared is not None and abs(rise) > _EPS:
+                # The store has no reprice: the new amount is reserved under a new charge id first
+                # (refused if it does not fit), then the old hold is given back.
+                store, key, run_id = self._shared
+                old = self._shared_ids.get(call_id, f"{run_id}/{call_id}")
+                new = f"{run_id}/{call_id}~{len(self._entries)}:{amount!r}"
+                store.reserve(key, new, amount, run_id=run_id, tool=tool or entry.tool, kind=entry.kind)
+                store.release(key, old)
+                self._shared_ids[call_id] = new
             entry = replace(entry, amount=amount, tool=tool or entry.tool,
                             market_version=entry.market_version if market_version is None else market_version)
             self._put(entry)
@@ -374,6 +419,9 @@ class BudgetLedger:
                 billed = check_amount(amount, f"billed amount of call {call_id!r}")
                 over = max(0.0, billed - entry.amount)
                 entry = replace(entry, status="committed", amount=billed, overrun=over if over > _EPS else 0.0)
+            if self._shared is not None:
+                store, key, run_id = self._shared
+                store.commit(key, self._shared_ids.get(call_id, f"{run_id}/{call_id}"), entry.amount)
             self._put(entry)
             return entry
 
@@ -383,6 +431,9 @@ class BudgetLedger:
             entry = self._entries.get(call_id)
             if entry is None or entry.status != "reserved":
                 return entry
+            if self._shared is not None:
+                store, key, run_id = self._shared
+                store.release(key, self._shared_ids.get(call_id, f"{run_id}/{call_id}"))
             entry = _with_status(entry, "released")
             self._put(entry)
             return entry

@@ -1,0 +1,281 @@
+"""SQLite and PostgreSQL budget stores: one implementation of the money steps, two dialects.
+
+Every operation is one transaction that first locks the budget's row (SQLite: ``BEGIN
+IMMEDIATE`` takes the database's write lock; PostgreSQL: ``SELECT ... FOR UPDATE`` on the
+budget row), then expires the key's stale leases, then checks and writes. So two processes (or
+machines) can never both pass the ``spent + reserved + amount <= budget`` check on the same
+money, and a repeated charge id finds its row and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from intent.stores import (
+    StoreCharge,
+    StoreError,
+    _no_fit,
+    from_nano,
+    to_nano,
+)
+
+__all__ = ["PostgresBudgetStore", "SqliteBudgetStore"]
+
+log = logging.getLogger("intent.stores")
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS intent_budgets (
+        key TEXT PRIMARY KEY,
+        amount BIGINT NOT NULL,
+        spent BIGINT NOT NULL DEFAULT 0,
+        reserved BIGINT NOT NULL DEFAULT 0,
+        created_at DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS intent_charges (
+        key TEXT NOT NULL REFERENCES intent_budgets(key),
+        charge_id TEXT NOT NULL,
+        amount BIGINT NOT NULL,
+        status TEXT NOT NULL,
+        late BOOLEAN NOT NULL DEFAULT FALSE,
+        run_id TEXT NOT NULL DEFAULT '',
+        tool TEXT NOT NULL DEFAULT '',
+        kind TEXT NOT NULL DEFAULT 'tool',
+        lease_until DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (key, charge_id))""",
+    "CREATE INDEX IF NOT EXISTS intent_charges_held ON intent_charges (key, status, lease_until)",
+]
+_COLS = "key, charge_id, amount, status, late, run_id, tool, kind, lease_until, updated_at"
+
+
+def _charge(row: Any) -> StoreCharge:
+    key, cid, amount, status, late, run_id, tool, kind, lease_until, updated_at = row
+    return StoreCharge(key, cid, from_nano(int(amount)), status, bool(late), run_id, tool, kind, float(lease_until),
+                       float(updated_at))
+
+
+class _SqlBudgetStore:
+    """The money logic, written once; subclasses give a connection, a transaction and the placeholder."""
+
+    placeholder = "?"
+
+    def __init__(self, *, lease_seconds: float, clock: Callable[[], float]) -> None:
+        self.lease_seconds = float(lease_seconds)
+        self._clock = clock
+        self._lock = threading.RLock()  # one connection per store object; threads take turns
+
+    # -- dialect -------------------------------------------------------------
+    @contextmanager
+    def _tx(self, key: str | None) -> Iterator[Any]:  # yields a cursor with the key's row locked
+        raise NotImplementedError
+
+    def _q(self, sql: str) -> str:
+        return sql.replace("?", self.placeholder)
+
+    # -- helpers -------------------------------------------------------------
+    def _row(self, cur: Any, key: str) -> tuple[int, int, int]:
+        cur.execute(self._q("SELECT amount, spent, reserved FROM intent_budgets WHERE key = ?"), (key,))
+        row = cur.fetchone()
+        if row is None:
+            raise StoreError(f"no shared budget {key!r}; create it with store.create_budget({key!r}, amount)")
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def _expire(self, cur: Any, key: str) -> list[StoreCharge]:
+        now = self._clock()
+        cur.execute(self._q(f"SELECT {_COLS} FROM intent_charges WHERE key = ? AND status = 'reserved' "
+                            "AND lease_until < ?"), (key, now))
+        stale = [_charge(r) for r in cur.fetchall()]
+        if not stale:
+            return []
+        total = sum(to_nano(c.amount) for c in stale)
+        cur.execute(self._q("UPDATE intent_charges SET status = 'expired', updated_at = ? WHERE key = ? "
+                            "AND status = 'reserved' AND lease_until < ?"), (now, key, now))
+        cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved - ? WHERE key = ?"), (total, key))
+        for c in stale:
+            log.warning("lease expired: charge %s on %s (%g, run %s, %s) released; its holder never committed",
+                        c.charge_id, key, c.amount, c.run_id, c.tool)
+        return [StoreCharge(c.key, c.charge_id, c.amount, "expired", False, c.run_id, c.tool, c.kind, c.lease_until,
+                            now) for c in stale]
+
+    def _get(self, cur: Any, key: str, charge_id: str) -> StoreCharge | None:
+        cur.execute(self._q(f"SELECT {_COLS} FROM intent_charges WHERE key = ? AND charge_id = ?"), (key, charge_id))
+        row = cur.fetchone()
+        return _charge(row) if row else None
+
+    # -- the protocol ----------------------------------------------------------
+    def create_budget(self, key: str, amount: float) -> None:
+        n = to_nano(amount)
+        with self._tx(None) as cur:
+            cur.execute(self._q("SELECT amount FROM intent_budgets WHERE key = ?"), (key,))
+            row = cur.fetchone()
+            if row is not None:
+                if int(row[0]) != n:
+                    raise StoreError(f"budget {key!r} exists with amount {from_nano(int(row[0])):g}; a period's "
+                                     "budget is never changed in place: use a new key")
+                return
+            cur.execute(self._q("INSERT INTO intent_budgets (key, amount, spent, reserved, created_at) "
+                                "VALUES (?, ?, 0, 0, ?)"), (key, n, self._clock()))
+
+    def budget(self, key: str) -> float:
+        with self._tx(None) as cur:
+            return from_nano(self._row(cur, key)[0])
+
+    def spent(self, key: str) -> float:
+        with self._tx(None) as cur:
+            return from_nano(self._row(cur, key)[1])
+
+    def reserved(self, key: str) -> float:
+        with self._tx(key) as cur:
+            self._expire(cur, key)
+            return from_nano(self._row(cur, key)[2])
+
+    def reserve(self, key: str, charge_id: str, amount: float, *, run_id: str = "", tool: str = "",
+                kind: str = "tool") -> StoreCharge:
+        n = to_nano(amount)
+        with self._tx(key) as cur:
+            self._expire(cur, key)
+            existing = self._get(cur, key, charge_id)
+            if existing is not None:
+                return existing
+            budget, spent, reserved = self._row(cur, key)
+            if spent + reserved + n > budget:
+                raise _no_fit(key, charge_id, n, budget, spent, reserved)
+            now = self._clock()
+            cur.execute(self._q(f"INSERT INTO intent_charges ({_COLS}) VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?, ?)"),
+                        (key, charge_id, n, False, run_id, tool, kind, now + self.lease_seconds, now))
+            cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved + ? WHERE key = ?"), (n, key))
+            return StoreCharge(key, charge_id, from_nano(n), "reserved", False, run_id, tool, kind,
+                               now + self.lease_seconds, now)
+
+    def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge:
+        with self._tx(key) as cur:
+            self._expire(cur, key)
+            charge = self._get(cur, key, charge_id)
+            if charge is None:
+                raise StoreError(f"cannot commit {charge_id!r} on {key!r}: it was never reserved")
+            if charge.status == "committed":
+                return charge
+            if charge.status == "released":
+                raise StoreError(f"cannot commit {charge_id!r} on {key!r}: it was released, so it must not have run")
+            held = to_nano(charge.amount)
+            billed = held if amount is None else to_nano(amount)
+            late = charge.status == "expired"
+            if late:
+                log.warning("late commit: charge %s on %s arrived after its lease expired; charged %g (money spent)",
+                            charge_id, key, from_nano(billed))
+            now = self._clock()
+            cur.execute(self._q("UPDATE intent_charges SET status = 'committed', amount = ?, late = ?, updated_at = ? "
+                                "WHERE key = ? AND charge_id = ?"), (billed, late, now, key, charge_id))
+            cur.execute(self._q("UPDATE intent_budgets SET spent = spent + ?, reserved = reserved - ? WHERE key = ?"),
+                        (billed, 0 if late else held, key))
+            return StoreCharge(key, charge_id, from_nano(billed), "committed", late, charge.run_id, charge.tool,
+                               charge.kind, charge.lease_until, now)
+
+    def release(self, key: str, charge_id: str) -> StoreCharge | None:
+        with self._tx(key) as cur:
+            charge = self._get(cur, key, charge_id)
+            if charge is None or charge.status != "reserved":
+                return charge
+            now = self._clock()
+            cur.execute(self._q("UPDATE intent_charges SET status = 'released', updated_at = ? "
+                                "WHERE key = ? AND charge_id = ?"), (now, key, charge_id))
+            cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved - ? WHERE key = ?"),
+                        (to_nano(charge.amount), key))
+            return StoreCharge(key, charge_id, charge.amount, "released", False, charge.run_id, charge.tool,
+                               charge.kind, charge.lease_until, now)
+
+    def expire_leases(self, key: str | None = None) -> list[StoreCharge]:
+        if key is not None:
+            with self._tx(key) as cur:
+                return self._expire(cur, key)
+        with self._tx(None) as cur:
+            cur.execute("SELECT key FROM intent_budgets")
+            keys = [r[0] for r in cur.fetchall()]
+        out: list[StoreCharge] = []
+        for k in keys:
+            out += self.expire_leases(k)
+        return out
+
+    def charges(self, key: str) -> list[StoreCharge]:
+        with self._tx(None) as cur:
+            cur.execute(self._q(f"SELECT {_COLS} FROM intent_charges WHERE key = ? ORDER BY updated_at"), (key,))
+            return [_charge(r) for r in cur.fetchall()]
+
+    def keys(self) -> list[str]:
+        with self._tx(None) as cur:
+            cur.execute("SELECT key FROM intent_budgets ORDER BY key")
+            return [r[0] for r in cur.fetchall()]
+
+
+class SqliteBudgetStore(_SqlBudgetStore):
+    """Shared budgets for several processes on one machine: one SQLite file in WAL mode."""
+
+    def __init__(self, path: str | Path, *, lease_seconds: float = 600.0, clock: Callable[[], float] = time.time,
+                 timeout: float = 30.0) -> None:
+        super().__init__(lease_seconds=lease_seconds, clock=clock)
+        self.path = str(path)
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, one per operation.
+        self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        with self._tx(None) as cur:
+            for stmt in _SCHEMA:
+                cur.execute(stmt)
+
+    @contextmanager
+    def _tx(self, key: str | None) -> Iterator[Any]:
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")  # the write lock first: no other process interleaves
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class PostgresBudgetStore(_SqlBudgetStore):
+    """Shared budgets for several machines: PostgreSQL, one transaction per operation.
+
+    ``dsn`` is a libpq connection string or URL (``postgresql://user@host/db``). Needs
+    ``psycopg`` (``pip install 'intent[postgres]'``).
+    """
+
+    placeholder = "%s"
+
+    def __init__(self, dsn: str, *, lease_seconds: float = 600.0, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(lease_seconds=lease_seconds, clock=clock)
+        try:
+            import psycopg
+        except ImportError as exc:
+            raise StoreError("PostgresBudgetStore needs psycopg: pip install 'intent[postgres]'") from exc
+        self.dsn = dsn
+        self._conn = psycopg.connect(dsn, autocommit=True)
+        with self._tx(None) as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(727274)")  # two processes creating the schema at once
+            for stmt in _SCHEMA:
+                cur.execute(stmt)
+
+    @contextmanager
+    def _tx(self, key: str | None) -> Iterator[Any]:
+        with self._lock, self._conn.transaction(), self._conn.cursor() as cur:
+            if key is not None:
+                cur.execute("SELECT 1 FROM intent_budgets WHERE key = %s FOR UPDATE", (key,))
+            yield cur
+
+    def close(self) -> None:
+        self._conn.close()
