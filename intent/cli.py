@@ -17,11 +17,11 @@ def _demo(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from intent.report import budget_report
 
-    report = budget_report(args.source, out=args.out)
-    print(report.to_markdown())
-    if args.out:
-        for name in ("budget_report.md", "budget_report.json", "budget_report.png"):
-            print(f"wrote {args.out}/{name}")
+    report = budget_report(args.source)
+    written = report.write(args.out) if args.out else []  # before printing: a bad --out fails with no output
+    print(report.to_markdown(), end="")
+    for path in written:
+        print(f"wrote {path}")
     return 0
 
 

@@ -2,20 +2,34 @@
 
 ``budget_report(source)`` reads the guard's JSONL logs (a file, a run directory searched for
 ``*.jsonl``, or records already in memory) with :func:`intent.logs.read_log`, and returns a
-:class:`BudgetReport`: spend by tool and by model (and the oracle's and sub-agents' spend as
-their own rows), refusals by reason, top-ups with who approved them, and what is left.
-``to_markdown()`` gives the tables, ``plot(path)`` a PNG, ``write(out_dir)`` all three files.
+:class:`BudgetReport`: spend by tool and by model (the oracle's and sub-agents' spend as their
+own rows), runs and tokens, refusals by reason with what they would have cost, top-ups with
+who approved them, and what is left. ``to_markdown()`` gives the tables, ``to_dict()`` the
+same as JSON, ``plot(path)`` a PNG, ``write(out_dir)`` all three files.
 ``intent report RUN_DIR_OR_LOG [--out DIR]`` is the command line.
 
-The numbers are sums of the log's own fields: a record's ``charged`` is what that record
-charged (Σ over an episode == its spend), ``remaining`` / ``budget`` are the ledger after it.
+The numbers are sums of the log's own fields, never recomputed from prices: a record's
+``charged`` is what that record charged (Σ over an episode == its spend), ``budget`` /
+``remaining`` are the ledger after it, so the last record says the final budget (top-ups
+included) and what is left.
+
+Each dollar is counted once. A sub-agent's episode spends a carve of its parent's budget,
+logged in the parent as one ``kind="sub_agent"`` record (``tool="sub-agent:<episode>"``), so
+the totals (budget, spent, left, top-ups) add up top-level episodes only, while the tool /
+model / oracle rows add up every episode's own runs: with the children's logs included,
+tool + model + oracle == spent, and the sub_agent rows say how much of it sub-agents spent.
+A child's top-up is not new money either: it grows the carve out of what the parent has left.
+
+The currency is not in the logs, so amounts carry no symbol.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -23,27 +37,107 @@ from intent.logs import LogFormatError, StepRecord, read_log
 
 __all__ = ["BudgetReport", "EpisodeBudget", "budget_report"]
 
-_MAX_PLOTTED = 40
-_KINDS = ("tool", "model", "oracle", "sub_agent")
+KINDS = ("tool", "model", "oracle", "sub_agent")
+_COLORS = dict(zip(KINDS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))  # one colour per kind, every report
+MAX_PLOTTED_EPISODES = 40
+MAX_PLOTTED_ITEMS = 20
+_TOKEN_KEYS = ("input", "output", "cached")
+_NOISE = 1e-12  # float sums of money leave residues like -1e-17 where the ledger holds 0
 
 
 def _money(x: float) -> str:
-    return f"{x:.6g}"
+    """Up to 6 significant digits and never scientific notation: people read these numbers."""
+    if not math.isfinite(x):
+        return str(x)
+    if abs(x) < _NOISE:
+        return "0"
+    return format(Decimal(f"{x:.6g}"), "f")
+
+
+def _cell(text: Any) -> str:
+    """A markdown table cell: free text (reasons, names) must not break the table."""
+    return str(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ") or "-"
+
+
+def _new_item() -> dict[str, float]:
+    return {"spent": 0.0, "runs": 0, "failed": 0, **{k: 0 for k in _TOKEN_KEYS}}
+
+
+def _merge(tables: Iterable[dict[Any, dict[str, float]]]) -> dict[Any, dict[str, float]]:
+    """Add up rows with the same key, column by column (per-episode tables into the total)."""
+    out: dict[Any, dict[str, float]] = {}
+    for table in tables:
+        for key, row in table.items():
+            into = out.setdefault(key, dict.fromkeys(row, 0))
+            for col, value in row.items():
+                into[col] += value
+    return out
 
 
 @dataclass
 class EpisodeBudget:
-    """One episode's money, from its records."""
+    """One episode's money, from its records in log order."""
 
     episode: str
-    budget: float = 0.0
-    spent: float = 0.0
-    left: float = 0.0
-    overrun: float = 0.0
-    by_kind: dict[str, float] = field(default_factory=dict)
-    top_ups: float = 0.0
-    refusals: int = 0
-    parent: str = ""  # a sub-agent's episode: its spend is already its parent's sub_agent charge
+    budget: float = 0.0  # the last record's: the final budget, top-ups included
+    spent: float = 0.0  # Σ charged
+    left: float = 0.0  # the last record's remaining
+    overrun: float = 0.0  # billed above the reservations
+    # (kind, name) -> spent, runs (charged executions), failed, input/output/cached tokens
+    by_item: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    # reason -> count, price (what the refused calls would have cost, where the price was known)
+    refusals: dict[str, dict[str, float]] = field(default_factory=dict)
+    top_ups: list[dict[str, Any]] = field(default_factory=list)  # episode, amount, approved_by, reason
+    parent: str = ""  # set for a sub-agent's episode: its spend is already its parent's sub_agent charge
+
+    def add(self, r: StepRecord) -> None:
+        self.budget, self.left = r.budget, r.remaining
+        self.spent += r.charged
+        self.overrun += r.overrun
+        if r.decision == "top_up":
+            self.top_ups.append({"episode": r.task_id, "amount": r.price or 0.0, "approved_by": r.approved_by,
+                                 "reason": r.reason})
+        elif r.decision in ("reject", "invalid"):
+            row = self.refusals.setdefault(r.reason or r.decision, {"count": 0, "price": 0.0})
+            row["count"] += 1
+            row["price"] += r.price or 0.0
+        elif r.charged or r.execution > 0 or r.status == "error":
+            # a run (schema 1 had no execution field, hence charged), or a call that failed unbilled
+            item = self.by_item.setdefault((r.kind, r.tool or "?"), _new_item())
+            item["spent"] += r.charged
+            item["runs"] += int(bool(r.charged or r.execution > 0))
+            item["failed"] += int(r.status == "error")
+            for key in _TOKEN_KEYS:
+                item[key] += int((r.tokens or {}).get(key, 0))
+
+    @property
+    def by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (kind, _), row in self.by_item.items():
+            out[kind] = out.get(kind, 0.0) + row["spent"]
+        return out
+
+    @property
+    def topped_up(self) -> float:
+        return sum(t["amount"] for t in self.top_ups)
+
+    @property
+    def refused(self) -> int:
+        return int(sum(row["count"] for row in self.refusals.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"episode": self.episode, "parent": self.parent, "budget": self.budget, "spent": self.spent,
+                "left": self.left, "overrun": self.overrun, "top_ups": self.topped_up, "refused": self.refused,
+                "spent_by_kind": self.by_kind, "by_item": _item_rows(self.by_item),
+                "refusals": _refusal_rows(self.refusals), "top_up_list": self.top_ups}
+
+
+def _item_rows(by_item: dict[tuple[str, str], dict[str, float]]) -> list[dict[str, Any]]:
+    return [{"kind": k, "name": n, **row} for (k, n), row in sorted(by_item.items())]
+
+
+def _refusal_rows(refusals: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    return [{"reason": r, **row} for r, row in sorted(refusals.items())]
 
 
 @dataclass
@@ -51,28 +145,22 @@ class BudgetReport:
     """Spend by tool / model, refusals, top-ups and what is left, per episode and in total."""
 
     episodes: list[EpisodeBudget]
-    # (kind, name) -> {"spent", "runs", "input", "output", "cached"}
-    by_item: dict[tuple[str, str], dict[str, float]]
-    # reason -> {"count", "price"} (price: what the refused calls would have cost, when known)
-    refusals: dict[str, dict[str, float]]
-    top_ups: list[dict[str, Any]]
-    sources: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # the logs read
+    skipped: list[str] = field(default_factory=list)  # *.jsonl files in the run that are not guard logs
 
-    # ------------------------------------------------------------- totals
-    # Every dollar once: a sub-agent's episode spends out of its parent's carve, so the totals sum
-    # the top-level episodes only, and split them by the kinds that really spent (tool, model,
-    # oracle); the sub_agent rows say how much of it sub-agents spent.
+    # Totals. Money in and out (budget, spent, left, top-ups) is the top-level episodes'; the runs,
+    # refusals and overruns are every episode's own (see the module docstring).
     @property
     def top_level(self) -> list[EpisodeBudget]:
         return [e for e in self.episodes if not e.parent]
 
     @property
-    def spent(self) -> float:
-        return sum(e.spent for e in self.top_level)
-
-    @property
     def budget(self) -> float:
         return sum(e.budget for e in self.top_level)
+
+    @property
+    def spent(self) -> float:
+        return sum(e.spent for e in self.top_level)
 
     @property
     def left(self) -> float:
@@ -80,178 +168,203 @@ class BudgetReport:
 
     @property
     def topped_up(self) -> float:
-        return sum(t["amount"] for t in self.top_ups)
+        return sum(e.topped_up for e in self.top_level)
+
+    @property
+    def overrun(self) -> float:
+        return sum(e.overrun for e in self.episodes)
+
+    @property
+    def by_item(self) -> dict[tuple[str, str], dict[str, float]]:
+        return _merge(e.by_item for e in self.episodes)
+
+    @property
+    def refusals(self) -> dict[str, dict[str, float]]:
+        return _merge(e.refusals for e in self.episodes)
+
+    @property
+    def top_ups(self) -> list[dict[str, Any]]:
+        return [t for e in self.episodes for t in e.top_ups]
 
     def spent_by_kind(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for (kind, _), row in self.by_item.items():
-            out[kind] = out.get(kind, 0.0) + row["spent"]
-        return out
+        """tool / model / oracle: every episode's own runs; sub_agent: the top-level episodes' carves
+        (a grandchild's carve is inside its parent's)."""
+        totals: dict[str, float] = {}
+        for e in self.episodes:
+            for kind, spent in e.by_kind.items():
+                if kind != "sub_agent" or not e.parent:
+                    totals[kind] = totals.get(kind, 0.0) + spent
+        return totals
 
-    # -------------------------------------------------------------- views
+    # ---------------------------------------------------------------- views
     def to_dict(self) -> dict[str, Any]:
         return {
             "sources": self.sources,
-            "totals": {"episodes": len(self.episodes), "budget": self.budget, "spent": self.spent,
-                       "left": self.left, "top_ups": self.topped_up, "spent_by_kind": self.spent_by_kind(),
-                       "overrun": sum(e.overrun for e in self.episodes)},
-            "by_item": [{"kind": k, "name": n, **row} for (k, n), row in sorted(self.by_item.items())],
-            "refusals": [{"reason": r, **row} for r, row in sorted(self.refusals.items())],
+            "skipped": self.skipped,
+            "totals": {"episodes": len(self.episodes), "sub_agent_episodes": len(self.episodes) - len(self.top_level),
+                       "budget": self.budget, "spent": self.spent, "left": self.left, "top_ups": self.topped_up,
+                       "overrun": self.overrun, "refused": sum(e.refused for e in self.episodes),
+                       "spent_by_kind": self.spent_by_kind()},
+            "by_item": _item_rows(self.by_item),
+            "refusals": _refusal_rows(self.refusals),
             "top_ups": self.top_ups,
-            "episodes": [vars(e) for e in self.episodes],
+            "episodes": [e.to_dict() for e in self.episodes],
         }
 
     def to_markdown(self) -> str:
         kinds = self.spent_by_kind()
-        lines = [
-            "# Budget report", "",
-            f"Source: {', '.join(self.sources) or 'records in memory'}", "",
-            "| episodes | of them sub-agents | budget (incl. top-ups) | spent | left | top-ups | tools | models "
-            "| oracle | of the spend, by sub-agents |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        lines = ["# Budget report", "", f"Source: {', '.join(self.sources) or 'records in memory'}", ""]
+        if self.skipped:
+            lines += [f"Skipped (not guard logs): {', '.join(self.skipped)}", ""]
+        lines += [
+            "| episodes | of them sub-agents | budget (incl. top-ups) | spent | left | top-ups | overrun | tools "
+            "| models | oracle | of the spend, by sub-agents |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             f"| {len(self.episodes)} | {len(self.episodes) - len(self.top_level)} | {_money(self.budget)} | "
-            f"{_money(self.spent)} | {_money(self.left)} | {_money(self.topped_up)} | "
-            f"{_money(kinds.get('tool', 0.0))} | {_money(kinds.get('model', 0.0))} | "
-            f"{_money(kinds.get('oracle', 0.0))} | {_money(kinds.get('sub_agent', 0.0))} |",
+            f"{_money(self.spent)} | {_money(self.left)} | {_money(self.topped_up)} | {_money(self.overrun)} | "
+            + " | ".join(_money(kinds.get(k, 0.0)) for k in KINDS) + " |",
             "", "## Spend by tool and by model", "",
-            "| kind | name | spent | runs | input tokens | output tokens | cached tokens |",
-            "|---|---|---:|---:|---:|---:|---:|",
         ]
-        for (kind, name), row in sorted(self.by_item.items(), key=lambda kv: -kv[1]["spent"]):
-            tokens = [str(int(row[k])) if kind in ("model", "oracle") else "" for k in ("input", "output", "cached")]
-            lines.append(f"| {kind} | {name} | {_money(row['spent'])} | {int(row['runs'])} | " + " | ".join(tokens)
-                         + " |")
+        items = sorted(self.by_item.items(), key=lambda kv: (-kv[1]["spent"], kv[0]))
+        if items:
+            lines += ["| kind | name | spent | runs | failed | input tokens | output tokens | cached tokens |",
+                      "|---|---|---:|---:|---:|---:|---:|---:|"]
+            for (kind, name), row in items:
+                tokens = [str(int(row[k])) if kind in ("model", "oracle") else "" for k in _TOKEN_KEYS]
+                lines.append(f"| {kind} | {_cell(name)} | {_money(row['spent'])} | {int(row['runs'])} | "
+                             f"{int(row['failed'])} | " + " | ".join(tokens) + " |")
+            if "sub_agent" in kinds:
+                lines += ["", "sub_agent rows are carves of the parent's budget; the sub-agents' own tool and "
+                          "model runs are in the rows above when their logs are included."]
+        else:
+            lines.append("None.")
         lines += ["", "## Refusals", ""]
-        if self.refusals:
+        refusals = sorted(self.refusals.items(), key=lambda kv: (-kv[1]["count"], kv[0]))
+        if refusals:
             lines += ["| reason | count | would have cost |", "|---|---:|---:|"]
-            for reason, row in sorted(self.refusals.items(), key=lambda kv: -kv[1]["count"]):
-                lines.append(f"| {reason} | {int(row['count'])} | {_money(row['price'])} |")
+            lines += [f"| {_cell(reason)} | {int(row['count'])} | {_money(row['price'])} |" for reason, row in refusals]
         else:
             lines.append("None.")
         lines += ["", "## Top-ups", ""]
         if self.top_ups:
             lines += ["| episode | amount | approved by | reason |", "|---|---:|---|---|"]
-            for t in self.top_ups:
-                lines.append(f"| {t['episode']} | {_money(t['amount'])} | {t['approved_by'] or '-'} | "
-                             f"{t['reason'] or '-'} |")
+            lines += [f"| {_cell(t['episode'])} | {_money(t['amount'])} | {_cell(t['approved_by'])} | "
+                      f"{_cell(t['reason'])} |" for t in self.top_ups]
         else:
             lines.append("None.")
-        lines += ["", "## Episodes", "",
-                  "| episode | parent | budget | spent | left | tools | models | oracle | sub-agents | top-ups | refusals |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for e in sorted(self.episodes, key=lambda e: e.episode):
-            k = e.by_kind
-            lines.append(
-                f"| {e.episode} | {e.parent or '-'} | {_money(e.budget)} | {_money(e.spent)} | {_money(e.left)} | "
-                f"{_money(k.get('tool', 0.0))} | {_money(k.get('model', 0.0))} | {_money(k.get('oracle', 0.0))} | "
-                f"{_money(k.get('sub_agent', 0.0))} | {_money(e.top_ups)} | {e.refusals} |")
+        lines += ["", "## Episodes", ""]
+        if self.episodes:
+            lines += ["| episode | parent | budget | spent | left | tools | models | oracle | sub-agents | top-ups "
+                      "| refusals |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for e in sorted(self.episodes, key=lambda e: e.episode):
+                k = e.by_kind
+                lines.append(f"| {_cell(e.episode)} | {_cell(e.parent)} | {_money(e.budget)} | {_money(e.spent)} | "
+                             f"{_money(e.left)} | " + " | ".join(_money(k.get(kind, 0.0)) for kind in KINDS)
+                             + f" | {_money(e.topped_up)} | {e.refused} |")
+        else:
+            lines.append("No records.")
         return "\n".join(lines) + "\n"
 
     def plot(self, path: str | Path) -> Path:
-        """A PNG: spend by kind per episode against its budget, and total spend by tool / model."""
-        import matplotlib
+        """A PNG: spend by kind per episode against its budget, and total spend by tool / model.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        Drawn on an Agg canvas without pyplot, so it neither needs a display nor switches the
+        backend of a session (a notebook) that imported this module.
+        """
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
         path = Path(path)
         episodes = sorted(self.episodes, key=lambda e: -e.spent)
-        shown = episodes[:_MAX_PLOTTED]
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+        shown = episodes[:MAX_PLOTTED_EPISODES]
+        fig = Figure(figsize=(13, 4.8))
+        FigureCanvasAgg(fig)
+        ax1, ax2 = fig.subplots(1, 2)
         x = list(range(len(shown)))
         bottom = [0.0] * len(shown)
-        for kind in _KINDS:
+        for kind in KINDS:
             heights = [e.by_kind.get(kind, 0.0) for e in shown]
             if any(heights):
-                ax1.bar(x, heights, bottom=bottom, label=kind)
+                ax1.bar(x, heights, bottom=bottom, label=kind, color=_COLORS[kind])
                 bottom = [b + h for b, h in zip(bottom, heights)]
-        ax1.scatter(x, [e.budget for e in shown], marker="_", s=300, color="black", label="budget", zorder=3)
-        ax1.set_xticks(x, [e.episode[:14] for e in shown], rotation=60, ha="right", fontsize=7)
+        if shown:
+            ax1.scatter(x, [e.budget for e in shown], marker="_", s=300, color="black", label="budget", zorder=3)
+            ax1.set_xticks(x, [e.episode[:14] for e in shown], rotation=60, ha="right", fontsize=7)
+            ax1.legend(fontsize=8)
+        else:
+            ax1.text(0.5, 0.5, "no records", ha="center", va="center", transform=ax1.transAxes)
         title = "spend per episode vs budget"
-        if len(episodes) > _MAX_PLOTTED:
-            title += f" (the {_MAX_PLOTTED} largest of {len(episodes)})"
+        if len(episodes) > MAX_PLOTTED_EPISODES:
+            title += f" (the {MAX_PLOTTED_EPISODES} largest of {len(episodes)} episodes)"
         ax1.set_title(title)
         ax1.set_ylabel("money")
-        ax1.legend(fontsize=8)
-        items = sorted(self.by_item.items(), key=lambda kv: -kv[1]["spent"])[:20]
-        ax2.barh([f"{k}: {n}" for (k, n), _ in items][::-1], [row["spent"] for _, row in items][::-1])
-        ax2.set_title("total spend by tool and model")
+        ranked = sorted(self.by_item.items(), key=lambda kv: (-kv[1]["spent"], kv[0]))
+        items = ranked[:MAX_PLOTTED_ITEMS][::-1]
+        ax2.barh([f"{k}: {n}" for (k, n), _ in items], [row["spent"] for _, row in items],
+                 color=[_COLORS.get(k, "gray") for (k, _), _ in items])
+        title = "total spend by tool and model"
+        if len(ranked) > MAX_PLOTTED_ITEMS:
+            title += f" (the {MAX_PLOTTED_ITEMS} largest of {len(ranked)})"
+        ax2.set_title(title)
         ax2.set_xlabel("money")
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
-        plt.close(fig)
         return path
 
     def write(self, out: str | Path) -> list[Path]:
+        """``budget_report.md``, ``.json`` and ``.png`` in the directory ``out``; returns their paths."""
         out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"{out} is a file; --out takes a directory to write budget_report.* into")
         out.mkdir(parents=True, exist_ok=True)
         md, js = out / "budget_report.md", out / "budget_report.json"
-        md.write_text(self.to_markdown())
-        js.write_text(json.dumps(self.to_dict(), indent=2, default=str))
+        md.write_text(self.to_markdown(), encoding="utf-8")
+        js.write_text(json.dumps(self.to_dict(), indent=2), encoding="utf-8")
         return [md, js, self.plot(out / "budget_report.png")]
 
 
-def _records(source: str | Path | Iterable[StepRecord]) -> tuple[list[StepRecord], list[str]]:
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.exists():
-            raise FileNotFoundError(f"{path} does not exist; pass a guard log (.jsonl) or a run directory")
-        if path.is_dir():
-            files = sorted(path.rglob("*.jsonl"))
-            records: list[StepRecord] = []
-            used: list[str] = []
-            for f in files:
-                try:
-                    records += list(read_log(f, skip_torn_tail=True))
-                except LogFormatError:
-                    continue  # another JSONL file in the run (results, progress): not a guard log
-                used.append(str(f))
-            if not used:
-                raise ValueError(f"{path} holds no guard log: expected *.jsonl files written by "
-                                 "BudgetGuard(log_sink=JsonlLogSink(...))")
-            return records, used
-        return list(read_log(path, skip_torn_tail=True)), [str(path)]
-    return list(source), []
+def _read(source: str | Path | Iterable[StepRecord]) -> tuple[list[StepRecord], list[str], list[str]]:
+    """The records, the logs they came from, and the *.jsonl files skipped as not guard logs."""
+    if not isinstance(source, (str, Path)):
+        return list(source), [], []
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; pass a guard log (.jsonl) or a run directory")
+    if not path.is_dir():
+        return list(read_log(path, skip_torn_tail=True)), [str(path)], []
+    records: list[StepRecord] = []
+    used: list[str] = []
+    skipped: list[str] = []
+    for f in sorted(path.rglob("*.jsonl")):
+        try:
+            records += list(read_log(f, skip_torn_tail=True))
+        except LogFormatError:
+            skipped.append(str(f))  # another JSONL file of the run (results, progress)
+            continue
+        used.append(str(f))
+    if not used:
+        found = f" ({len(skipped)} *.jsonl files, none of them a guard log)" if skipped else ""
+        raise ValueError(f"{path} holds no guard log{found}: expected *.jsonl files written by "
+                         "BudgetGuard(log_sink=JsonlLogSink(...))")
+    return records, used, skipped
 
 
 def budget_report(source: str | Path | Iterable[StepRecord], *, out: str | Path | None = None) -> BudgetReport:
-    """The report of a guard log, a run directory, or records; written to ``out`` when given."""
-    records, sources = _records(source)
+    """The report of a guard log, a run directory (every guard log under it), or records.
+
+    With ``out`` (a directory), also writes ``budget_report.md``, ``.json`` and ``.png`` there.
+    """
+    records, sources, skipped = _read(source)
     episodes: dict[str, EpisodeBudget] = {}
-    by_item: dict[tuple[str, str], dict[str, float]] = {}
-    refusals: dict[str, dict[str, float]] = {}
-    top_ups: list[dict[str, Any]] = []
-    for r in sorted(records, key=lambda r: r.timestamp):
-        kind = getattr(r, "kind", "tool")
-        ep = episodes.setdefault(r.task_id, EpisodeBudget(r.task_id))
-        ep.budget, ep.left = r.budget, r.remaining
-        ep.spent += r.charged
-        ep.overrun += r.overrun
-        if r.charged:
-            ep.by_kind[kind] = ep.by_kind.get(kind, 0.0) + r.charged
-        if r.decision == "top_up":
-            ep.top_ups += r.price or 0.0
-            top_ups.append({"episode": r.task_id, "amount": r.price or 0.0,
-                            "approved_by": getattr(r, "approved_by", ""), "reason": r.reason})
-        elif r.decision in ("reject", "invalid"):
-            ep.refusals += 1
-            row = refusals.setdefault(r.reason or r.decision, {"count": 0.0, "price": 0.0})
-            row["count"] += 1
-            row["price"] += r.price or 0.0
-        elif r.charged or r.execution > 0:
-            item = by_item.setdefault((kind, r.tool or "?"),
-                                      {"spent": 0.0, "runs": 0.0, "input": 0.0, "output": 0.0, "cached": 0.0})
-            item["spent"] += r.charged
-            item["runs"] += 1
-            for key in ("input", "output", "cached"):
-                item[key] += float((r.tokens or {}).get(key, 0))
+    for r in sorted(records, key=lambda r: r.timestamp):  # stable: equal timestamps keep log order
+        episodes.setdefault(r.task_id, EpisodeBudget(r.task_id)).add(r)
     for r in records:
-        if getattr(r, "kind", "tool") == "sub_agent" and (r.tool or "").startswith("sub-agent:"):
+        if r.kind == "sub_agent" and r.tool.startswith("sub-agent:"):  # the carve names the child's episode
             child = episodes.get(r.tool.split(":", 1)[1])
-            if child is not None:
+            if child is not None and child.episode != r.task_id:
                 child.parent = r.task_id
-    return_value = BudgetReport(list(episodes.values()), by_item, refusals, top_ups, sources)
+    report = BudgetReport(list(episodes.values()), sources, skipped)
     if out is not None:
-        return_value.write(out)
-    return return_value
+        report.write(out)
+    return report

@@ -1,18 +1,21 @@
-"""The budget report (`intent report`) and the README's offline example."""
+"""The budget report (`intent report`): exact sums from a guard log, its files, the CLI, the README example."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from intent.cli import main
-from intent.logs import JsonlLogSink, StepRecord
-from intent.report import budget_report
+from intent.logs import JsonlLogSink, StepRecord, read_log
+from intent.report import _money, budget_report
 
 ROOT = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def rec(task: str, **kw) -> StepRecord:
@@ -22,6 +25,7 @@ def rec(task: str, **kw) -> StepRecord:
 
 
 def write_log(path: Path) -> None:
+    """Two episodes whose spent / remaining / budget fields are what a ledger would have written."""
     sink = JsonlLogSink(path)
     t = 0.0
 
@@ -30,18 +34,21 @@ def write_log(path: Path) -> None:
         t += 1
         sink.write(r.model_copy(update={"timestamp": t}))
 
-    # episode A: budget 1.0, a model call, two tools, a refusal, a top-up by alice, a sub-agent carve
+    # episode A: budget 1.0; a model call, two tool runs, a refusal, a released reservation, a top-up by
+    # alice, and the carve its sub-agent (episode B) spent
     put(rec("A", tool="gpt-x", kind="model", charged=0.003, execution=1, tokens={"input": 1000, "output": 100},
             spent=0.003, remaining=0.997, budget=1.0))
     put(rec("A", tool="search", price=0.2, charged=0.2, execution=1, spent=0.203, remaining=0.797, budget=1.0))
     put(rec("A", tool="fetch", price=0.5, charged=0.5, execution=1, spent=0.703, remaining=0.297, budget=1.0))
     put(rec("A", tool="fetch", price=0.5, decision="reject", status="rejected", reason="over_budget",
             spent=0.703, remaining=0.297, budget=1.0))
+    put(rec("A", tool="search", price=0.2, status="released", reason="answered_from_cache",
+            spent=0.703, remaining=0.297, budget=1.0))
     put(rec("A", tool="", decision="top_up", price=0.25, approved_by="alice", reason="top_up for fetch",
             spent=0.703, remaining=0.547, budget=1.25))
     put(rec("A", tool="sub-agent:B", kind="sub_agent", charged=0.1, execution=1, spent=0.803, remaining=0.447,
             budget=1.25))
-    # episode B: the sub-agent's own records (its spend is A's sub_agent charge)
+    # episode B: the sub-agent's own records (their spend is A's sub_agent charge)
     put(rec("B", tool="search", price=0.08, charged=0.08, execution=1, spent=0.08, remaining=0.02, budget=0.1))
     put(rec("B", tool="gpt-x", kind="model", charged=0.02, execution=1, tokens={"input": 10, "output": 5},
             spent=0.1, remaining=0.0, budget=0.1))
@@ -49,57 +56,139 @@ def write_log(path: Path) -> None:
             price=0.01, spent=0.1, remaining=0.0, budget=0.1))
 
 
-def test_report_sums_spend_by_tool_and_model_counting_each_dollar_once(tmp_path):
-    log = tmp_path / "run" / "logs" / "log.jsonl"
-    log.parent.mkdir(parents=True)
-    write_log(log)
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    path = tmp_path / "log.jsonl"
+    write_log(path)
+    return path
+
+
+def test_totals_count_each_dollar_once(log):
     report = budget_report(log)
     assert report.spent == pytest.approx(0.803)  # A's spend; B's is inside A's sub-agent charge
     assert report.budget == pytest.approx(1.25) and report.left == pytest.approx(0.447)
+    assert report.topped_up == pytest.approx(0.25) and report.overrun == 0
     kinds = report.spent_by_kind()
-    assert kinds["tool"] == pytest.approx(0.78) and kinds["model"] == pytest.approx(0.023)
-    assert kinds["sub_agent"] == pytest.approx(0.1)
+    assert kinds == pytest.approx({"tool": 0.78, "model": 0.023, "sub_agent": 0.1})
     assert kinds["tool"] + kinds["model"] == pytest.approx(report.spent)
-    assert report.by_item[("tool", "search")]["runs"] == 2
-    assert report.by_item[("model", "gpt-x")]["input"] == 1010
+
+
+def test_spend_by_tool_and_model_with_runs_and_tokens(log):
+    report = budget_report(log)
+    items = report.by_item
+    assert set(items) == {("tool", "search"), ("tool", "fetch"), ("model", "gpt-x"), ("sub_agent", "sub-agent:B")}
+    assert items[("tool", "search")]["spent"] == pytest.approx(0.28)
+    assert items[("tool", "search")]["runs"] == 2  # the released reservation never ran
+    assert items[("tool", "fetch")]["spent"] == pytest.approx(0.5) and items[("tool", "fetch")]["runs"] == 1
+    gpt = items[("model", "gpt-x")]
+    assert gpt["spent"] == pytest.approx(0.023) and gpt["runs"] == 2
+    assert (gpt["input"], gpt["output"], gpt["cached"]) == (1010, 105, 0)
+    a = next(e for e in report.episodes if e.episode == "A")  # and per episode
+    assert a.by_item[("tool", "search")]["spent"] == pytest.approx(0.2)
+    assert a.by_kind == pytest.approx({"tool": 0.7, "model": 0.003, "sub_agent": 0.1})
+
+
+def test_refusals_by_reason_and_top_ups_with_approver(log):
+    report = budget_report(log)
     assert report.refusals == {"over_budget": {"count": 1, "price": 0.5},
                                "model_over_budget": {"count": 1, "price": 0.01}}
-    assert report.top_ups == [{"episode": "A", "amount": 0.25, "approved_by": "alice",
-                               "reason": "top_up for fetch"}]
-    b = next(e for e in report.episodes if e.episode == "B")
-    assert b.parent == "A" and b.spent == pytest.approx(0.1)
-    for e in report.episodes:  # Σ charged of an episode == its last record's spend
-        assert e.spent == pytest.approx({"A": 0.803, "B": 0.1}[e.episode])
-    md = report.to_markdown()
-    assert "| over_budget | 1 | 0.5 |" in md and "| A | 0.25 | alice |" in md
-    assert "| model | gpt-x | 0.023 | 2 | 1010 | 105 | 0 |" in md
-
-    # a run directory: nested logs are found; other JSONL files are skipped
-    (tmp_path / "run" / "results.jsonl").write_text(json.dumps({"not": "a record"}) + "\n")
-    assert budget_report(tmp_path / "run").spent == pytest.approx(0.803)
+    assert report.top_ups == [{"episode": "A", "amount": 0.25, "approved_by": "alice", "reason": "top_up for fetch"}]
+    by_episode = {e.episode: e for e in report.episodes}
+    assert (by_episode["A"].refused, by_episode["B"].refused) == (1, 1)
+    assert by_episode["B"].parent == "A" and by_episode["A"].parent == ""
+    assert by_episode["B"].left == 0 and by_episode["A"].left == pytest.approx(0.447)
 
 
-def test_report_writes_markdown_json_and_a_png(tmp_path):
-    log = tmp_path / "log.jsonl"
-    write_log(log)
-    written = budget_report(log).write(tmp_path / "out")
-    png = tmp_path / "out" / "budget_report.png"
-    assert png in written and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    data = json.loads((tmp_path / "out" / "budget_report.json").read_text())
-    assert data["totals"]["spent"] == pytest.approx(0.803)
+def test_each_episodes_charged_adds_up_to_its_last_records_spent(log):
+    last_spent = {r.task_id: r.spent for r in read_log(log)}  # log order: the last record wins
+    report = budget_report(log)
+    assert {e.episode: e.spent for e in report.episodes} == pytest.approx(last_spent)
 
 
-def test_cli_prints_the_report_and_names_bad_input(tmp_path, capsys):
-    log = tmp_path / "log.jsonl"
-    write_log(log)
+def test_markdown_has_the_tables_with_the_numbers(log):
+    md = budget_report(log).to_markdown()
+    assert "| 2 | 1 | 1.25 | 0.803 | 0.447 | 0.25 | 0 | 0.78 | 0.023 | 0 | 0.1 |" in md  # totals
+    assert "| model | gpt-x | 0.023 | 2 | 0 | 1010 | 105 | 0 |" in md
+    assert "| tool | search | 0.28 | 2 | 0 |  |  |  |" in md
+    assert "| sub_agent | sub-agent:B | 0.1 | 1 | 0 |  |  |  |" in md
+    assert "| over_budget | 1 | 0.5 |" in md and "| model_over_budget | 1 | 0.01 |" in md
+    assert "| A | 0.25 | alice | top_up for fetch |" in md
+    assert "| A | - | 1.25 | 0.803 | 0.447 | 0.7 | 0.003 | 0 | 0.1 | 0.25 | 1 |" in md
+    assert "| B | A | 0.1 | 0.1 | 0 | 0.08 | 0.02 | 0 | 0 | 0 | 1 |" in md
+
+
+def test_free_text_does_not_break_a_table():
+    records = [rec("E", tool="", decision="top_up", price=1.0, approved_by="bob", reason="needs a|b\nsoon",
+                   spent=0.0, remaining=2.0, budget=2.0)]
+    md = budget_report(records).to_markdown()
+    assert "| E | 1 | bob | needs a\\|b soon |" in md
+
+
+def test_money_has_six_significant_digits_and_no_exponent():
+    assert _money(0.1 + 0.2) == "0.3"
+    assert _money(1234567.0) == "1234570"
+    assert _money(1.23e-5) == "0.0000123"
+    assert _money(2 / 3) == "0.666667"
+    assert _money(-1e-17) == "0" and _money(-0.0) == "0"
+
+
+def test_plot_writes_a_png_even_for_many_episodes(tmp_path, log):
+    png = budget_report(log).plot(tmp_path / "plot.png")
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_MAGIC
+    many = [rec(f"ep{i}", price=1.0, charged=float(i), execution=1, spent=float(i), remaining=100.0 - i,
+                budget=100.0) for i in range(1, 46)]
+    big = budget_report(many).plot(tmp_path / "many.png")
+    assert big.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_out_writes_markdown_json_and_png(tmp_path, log):
+    report = budget_report(log, out=tmp_path / "out")
+    out = tmp_path / "out"
+    assert (out / "budget_report.md").read_text() == report.to_markdown()
+    assert (out / "budget_report.png").read_bytes()[:8] == PNG_MAGIC
+    data = json.loads((out / "budget_report.json").read_text())
+    assert data["totals"]["spent"] == pytest.approx(0.803) and data["totals"]["left"] == pytest.approx(0.447)
+    assert {r["reason"]: r["count"] for r in data["refusals"]} == {"over_budget": 1, "model_over_budget": 1}
+
+
+def test_a_run_directory_reads_nested_logs_and_skips_other_jsonl(tmp_path):
+    run = tmp_path / "run"
+    write_log(run / "workers" / "w0" / "log.jsonl")  # JsonlLogSink makes the directories
+    (run / "results.jsonl").write_text(json.dumps({"not": "a record"}) + "\n")
+    report = budget_report(run)
+    assert report.spent == pytest.approx(0.803)
+    assert report.sources == [str(run / "workers" / "w0" / "log.jsonl")]
+    assert report.skipped == [str(run / "results.jsonl")]
+    (run / "results.jsonl").unlink()
+    (run / "workers" / "w0" / "log.jsonl").unlink()
+    with pytest.raises(ValueError, match=f"{run}.*holds no guard log.*jsonl"):
+        budget_report(run)
+
+
+def test_cli_prints_the_report_and_writes_files(tmp_path, log, capsys):
     assert main(["report", str(log)]) == 0
-    assert "## Spend by tool and by model" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out == budget_report(log).to_markdown()
+    assert "## Spend by tool and by model" in out and "| over_budget | 1 | 0.5 |" in out
+    assert main(["report", str(log), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    for name in ("budget_report.md", "budget_report.json", "budget_report.png"):
+        assert f"wrote {tmp_path / 'rep' / name}" in out and (tmp_path / "rep" / name).stat().st_size > 0
+
+
+def test_cli_exits_2_naming_bad_input(tmp_path, capsys):
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "missing.jsonl does not exist" in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["report", str(empty)]) == 2
-    assert "holds no guard log" in capsys.readouterr().err
+    assert f"{empty} holds no guard log" in capsys.readouterr().err
+
+
+def test_importing_the_report_loads_neither_matplotlib_nor_torch():
+    code = "import sys, intent.report; print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
 
 
 def test_the_readme_example_runs_offline_and_never_overspends(capsys):

