@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from intent.errors import IntentError
+
 
 def _demo(args: argparse.Namespace) -> int:
     from intent.demo import run_demo
@@ -15,8 +17,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from intent.report import budget_report
+    from intent.report import budget_report, shared_budget_report
 
+    if args.store or args.key:
+        if not (args.store and args.key):
+            raise ValueError("--store and --key go together: intent report --store sqlite:///budgets.db --key K")
+        print(shared_budget_report(args.store, args.key), end="")
+        return 0
+    if args.source is None:
+        raise ValueError("give a guard log or run directory, or --store URL --key K for a shared budget")
     report = budget_report(args.source)
     written = report.write(args.out) if args.out else []  # before printing: a bad --out fails with no output
     print(report.to_markdown(), end="")
@@ -32,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--budget", type=float, default=50.0, help="the money budget (default 50)")
     demo.set_defaults(func=_demo)
     report = sub.add_parser("report", help="where the money went: spend by tool and model, refusals, top-ups")
-    report.add_argument("source", help="a guard log (.jsonl) or a run directory (searched for *.jsonl)")
+    report.add_argument("source", nargs="?", help="a guard log (.jsonl) or a run directory (searched for *.jsonl)")
+    report.add_argument("--store", default=None,
+                        help="a shared budget store: sqlite:///PATH or postgresql://... (with --key)")
+    report.add_argument("--key", default=None, help="the shared budget's key, e.g. customer-42/2026-11-23")
     report.add_argument("--out", default=None, help="also write budget_report.{md,json,png} to this directory")
     report.set_defaults(func=_report)
     for register in _extensions():
@@ -58,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, IntentError) as exc:  # errors raised on purpose, with their fix
         print(f"intent {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

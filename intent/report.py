@@ -368,3 +368,39 @@ def budget_report(source: str | Path | Iterable[StepRecord], *, out: str | Path 
     if out is not None:
         report.write(out)
     return report
+
+
+def shared_budget_report(store: Any, key: str) -> str:
+    """A shared budget's money (``intent report --store URL --key K``): its budget, spent, held
+    and left, and its committed charges by run, by tool / model, with expired leases and late
+    commits. ``store`` is a :class:`~intent.stores.BudgetStore` or its URL."""
+    if isinstance(store, str):
+        from intent.stores import open_store
+
+        store = open_store(store)
+    store.expire_leases(key)  # a lease that ran out is released before it is reported
+    charges = store.charges(key)
+    budget, spent, held = store.budget(key), store.spent(key), store.reserved(key)
+    committed = [c for c in charges if c.status == "committed"]
+    by_run: dict[str, list[float]] = {}
+    by_item: dict[tuple[str, str], list[float]] = {}
+    for c in committed:
+        by_run.setdefault(c.run_id or "-", [0.0, 0])
+        by_run[c.run_id or "-"][0] += c.amount
+        by_run[c.run_id or "-"][1] += 1
+        by_item.setdefault((c.kind, c.tool or "-"), [0.0, 0])
+        by_item[(c.kind, c.tool or "-")][0] += c.amount
+        by_item[(c.kind, c.tool or "-")][1] += 1
+    lines = [f"# Shared budget {_cell(key)}", "",
+             "| budget | spent | reserved | left | charges | expired leases | late commits |",
+             "|---:|---:|---:|---:|---:|---:|---:|",
+             f"| {_money(budget)} | {_money(spent)} | {_money(held)} | {_money(max(0.0, budget - spent - held))} | "
+             f"{len(committed)} | {sum(1 for c in charges if c.status == 'expired')} | "
+             f"{sum(1 for c in committed if c.late)} |", "",
+             "## By run", "", "| run | spent | charges |", "|---|---:|---:|"]
+    for run, (amount, n) in sorted(by_run.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"| {_cell(run)} | {_money(amount)} | {n} |")
+    lines += ["", "## By tool and model", "", "| kind | name | spent | charges |", "|---|---|---:|---:|"]
+    for (kind, name), (amount, n) in sorted(by_item.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"| {kind} | {_cell(name)} | {_money(amount)} | {n} |")
+    return "\n".join(lines) + "\n"

@@ -211,3 +211,23 @@ def test_a_call_must_fit_both_the_episode_and_the_shared_budget():
         BudgetGuard(AcceptAll(), Market([PricedTool("t", 0.4)]), 5.0, store=store)
     with pytest.raises(StoreError, match="create_budget"):
         BudgetGuard(AcceptAll(), Market([PricedTool("t", 0.4)]), 5.0, store=store, budget_key="nope")
+
+
+def test_report_of_a_shared_budget_by_run_tool_and_model(tmp_path, budget_key, capsys):
+    from intent.cli import main
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    store = _store(url, lease_seconds=0.1)
+    store.create_budget(budget_key, 10.0)
+    store.reserve(budget_key, "r1/a", 1.0, run_id="r1", tool="search")
+    store.commit(budget_key, "r1/a")
+    store.reserve(budget_key, "r2/m", 0.25, run_id="r2", tool="gpt-x", kind="model")
+    store.commit(budget_key, "r2/m", 0.2)
+    store.reserve(budget_key, "r2/b", 2.0, run_id="r2", tool="fetch")
+    time.sleep(0.2)
+    assert main(["report", "--store", url, "--key", budget_key]) == 0
+    out = capsys.readouterr().out
+    assert "| 10 | 1.2 | 0 | 8.8 | 2 | 1 | 0 |" in out  # the fetch's lease expired: released, counted
+    assert "| r1 | 1 | 1 |" in out and "| r2 | 0.2 | 1 |" in out and "| model | gpt-x | 0.2 | 1 |" in out
+    assert main(["report", "--store", url, "--key", "missing/key"]) == 2
+    assert main(["report", "--store", url]) == 2
