@@ -17,8 +17,8 @@ made against them, with the ledger's three steps done atomically in the store:
 Money is stored as integer nano-units, so ``spent`` is exactly the sum of the committed
 charges. Stores:
 
-* :class:`MemoryBudgetStore`: one process (the default when no store is given is the
-  per-episode ledger alone);
+* :class:`MemoryBudgetStore`: one process (an in-memory SQLite database: the same code as the
+  file store); without any store the per-episode ledger works alone, as before;
 * :class:`SqliteBudgetStore`: several processes on one machine (WAL mode, ``BEGIN IMMEDIATE``
   per operation);
 * :class:`PostgresBudgetStore`: several machines (one transaction per operation, the budget
@@ -33,9 +33,6 @@ amount); nothing is ever reset in place, so past periods stay readable.
 from __future__ import annotations
 
 import datetime as _dt
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -122,121 +119,6 @@ def _no_fit(key: str, charge_id: str, amount: int, budget: int, spent: int, rese
         f"(budget {from_nano(budget):g}, spent {from_nano(spent):g}, reserved {from_nano(reserved):g})")
 
 
-class MemoryBudgetStore:
-    """Shared budgets inside one process (threads): the reference implementation."""
-
-    def __init__(self, *, lease_seconds: float = 600.0, clock: Callable[[], float] = time.time) -> None:
-        self.lease_seconds = float(lease_seconds)
-        self._clock = clock
-        self._lock = threading.RLock()
-        self._budgets: dict[str, list[int]] = {}  # key -> [amount, spent, reserved]
-        self._charges: dict[tuple[str, str], StoreCharge] = {}
-        self._nano: dict[tuple[str, str], int] = {}
-
-    def create_budget(self, key: str, amount: float) -> None:
-        n = to_nano(amount)
-        with self._lock:
-            if key in self._budgets:
-                if self._budgets[key][0] != n:
-                    raise StoreError(f"budget {key!r} exists with amount {from_nano(self._budgets[key][0]):g}; "
-                                     "a period's budget is never changed in place: use a new key")
-                return
-            self._budgets[key] = [n, 0, 0]
-
-    def _row(self, key: str) -> list[int]:
-        row = self._budgets.get(key)
-        if row is None:
-            raise StoreError(f"no shared budget {key!r}; create it with store.create_budget({key!r}, amount)")
-        return row
-
-    def budget(self, key: str) -> float:
-        with self._lock:
-            return from_nano(self._row(key)[0])
-
-    def spent(self, key: str) -> float:
-        with self._lock:
-            return from_nano(self._row(key)[1])
-
-    def reserved(self, key: str) -> float:
-        with self._lock:
-            self._expire(key)
-            return from_nano(self._row(key)[2])
-
-    def reserve(self, key: str, charge_id: str, amount: float, *, run_id: str = "", tool: str = "",
-                kind: str = "tool") -> StoreCharge:
-        n = to_nano(amount)
-        with self._lock:
-            row = self._row(key)
-            self._expire(key)
-            existing = self._charges.get((key, charge_id))
-            if existing is not None:
-                return existing
-            if row[1] + row[2] + n > row[0]:
-                raise _no_fit(key, charge_id, n, *row)
-            row[2] += n
-            now = self._clock()
-            charge = StoreCharge(key, charge_id, from_nano(n), "reserved", False, run_id, tool, kind,
-                                 now + self.lease_seconds, now)
-            self._charges[(key, charge_id)] = charge
-            self._nano[(key, charge_id)] = n
-            return charge
-
-    def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge:
-        with self._lock:
-            row = self._row(key)
-            self._expire(key)
-            charge = self._charges.get((key, charge_id))
-            if charge is None:
-                raise StoreError(f"cannot commit {charge_id!r} on {key!r}: it was never reserved")
-            if charge.status == "committed":
-                return charge
-            if charge.status == "released":
-                raise StoreError(f"cannot commit {charge_id!r} on {key!r}: it was released, so it must not have run")
-            held = self._nano[(key, charge_id)]
-            billed = held if amount is None else to_nano(amount)
-            late = charge.status == "expired"
-            if not late:
-                row[2] -= held
-            row[1] += billed
-            self._nano[(key, charge_id)] = billed
-            charge = StoreCharge(key, charge_id, from_nano(billed), "committed", late, charge.run_id, charge.tool,
-                                 charge.kind, charge.lease_until, self._clock())
-            self._charges[(key, charge_id)] = charge
-            return charge
-
-    def release(self, key: str, charge_id: str) -> StoreCharge | None:
-        with self._lock:
-            row = self._row(key)
-            charge = self._charges.get((key, charge_id))
-            if charge is None or charge.status != "reserved":
-                return charge
-            row[2] -= self._nano[(key, charge_id)]
-            charge = StoreCharge(key, charge_id, charge.amount, "released", False, charge.run_id, charge.tool,
-                                 charge.kind, charge.lease_until, self._clock())
-            self._charges[(key, charge_id)] = charge
-            return charge
-
-    def _expire(self, key: str | None) -> list[StoreCharge]:
-        now = self._clock()
-        out = []
-        for (k, cid), charge in list(self._charges.items()):
-            if (key is None or k == key) and charge.status == "reserved" and charge.lease_until < now:
-                self._budgets[k][2] -= self._nano[(k, cid)]
-                charge = StoreCharge(k, cid, charge.amount, "expired", False, charge.run_id, charge.tool,
-                                     charge.kind, charge.lease_until, now)
-                self._charges[(k, cid)] = charge
-                out.append(charge)
-        return out
-
-    def expire_leases(self, key: str | None = None) -> list[StoreCharge]:
-        with self._lock:
-            return self._expire(key)
-
-    def charges(self, key: str) -> list[StoreCharge]:
-        with self._lock:
-            return sorted((c for (k, _), c in self._charges.items() if k == key), key=lambda c: c.updated_at)
-
-
 def open_store(url: str, **kwargs: Any) -> BudgetStore:
     """A store from a URL: ``memory://``, ``sqlite:///path/to/budgets.db``, ``postgresql://...``."""
     if url.startswith("memory://"):
@@ -248,6 +130,6 @@ def open_store(url: str, **kwargs: Any) -> BudgetStore:
     raise StoreError(f"unknown store URL {url!r}; use memory://, sqlite:///PATH or postgresql://...")
 
 
-from intent.stores.sql import PostgresBudgetStore, SqliteBudgetStore  # noqa: E402  (they use the names above)
+from intent.stores.sql import MemoryBudgetStore, PostgresBudgetStore, SqliteBudgetStore  # noqa: E402
 
 _ = LedgerError  # re-exported for callers catching ledger errors from stores

@@ -26,7 +26,7 @@ from intent.stores import (
     to_nano,
 )
 
-__all__ = ["PostgresBudgetStore", "SqliteBudgetStore"]
+__all__ = ["MemoryBudgetStore", "PostgresBudgetStore", "SqliteBudgetStore"]
 
 log = logging.getLogger("intent.stores")
 
@@ -246,6 +246,14 @@ class SqliteBudgetStore(_SqlBudgetStore):
 
     def close(self) -> None:
         self._conn.close()
+
+
+class MemoryBudgetStore(SqliteBudgetStore):
+    """Shared budgets inside one process (threads): an in-memory SQLite database, so the money
+    logic is the very code the file and server stores run."""
+
+    def __init__(self, *, lease_seconds: float = 600.0, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(":memory:", lease_seconds=lease_seconds, clock=clock)
 
 
 class PostgresBudgetStore(_SqlBudgetStore):
