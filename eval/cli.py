@@ -28,7 +28,7 @@ def _bench(args: argparse.Namespace) -> int:
         options["solvability"] = False
     if args.paired_with:
         options["paired_with"] = [m.strip() for m in args.paired_with.split(",") if m.strip()]
-    for key in ("gamma", "delta", "predictor", "encoder_epochs"):
+    for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle"):
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)
     for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir", "judge",
@@ -138,6 +138,9 @@ def register(sub: Any) -> None:
     p.add_argument("--encoder-epochs", type=int, help="epochs for the encoder predictor (default 3)")
     p.add_argument("--gamma", type=float, help="INTENT's risk factor gamma (default 0.5, the paper's)")
     p.add_argument("--delta", type=float, help="INTENT's blacklist threshold delta (default 0.1, the paper's)")
+    p.add_argument("--charge-oracle", type=float, metavar="PRICE_PER_MTOK",
+                   help="charge the oracle's own tokens to the episode's budget at this price per million tokens "
+                        "(in the market's money); default: not charged")
     p.add_argument("--oracle-logs", help="interaction logs (intent.logs JSONL) to build the oracle models from")
     p.add_argument("--predictor-dir", help="a trained intention predictor directory (intent train predictor)")
     p.add_argument("--judge", choices=["proxy", "sopr"], help="StableToolBench judge (default proxy; sopr needs "

@@ -99,8 +99,17 @@ def run_episode(
 
         oracle = audit = DecisionAudit(oracle, env.ground_truth)
     # The benchmark's agents see a failed tool as an error message (money spent is spent).
+    charged: dict[str, Any] = {}
+    oracle_price = (options or {}).get("charge_oracle")
+    if oracle_price is not None and spec.enforce:
+        # The oracle's own tokens paid from the same budget (issue 14): every token at this price
+        # per million, in the market's money (an assumption stated in the run's config).
+        from intent import ModelPrice
+
+        charged = {"model_prices": {"oracle-model": ModelPrice(oracle_price, oracle_price)},
+                   "charge_oracle": True, "oracle_model": "oracle-model", "charge_models": False}
     guard = BudgetGuard(oracle, env.market, env.budget, enforce=spec.enforce, tool_errors="message",
-                        log_sink=FanoutLogSink([records, log_sink]) if log_sink else records)
+                        log_sink=FanoutLogSink([records, log_sink]) if log_sink else records, **charged)
     middleware: list[Any] = [guard.middleware()]
     if env.market_now is not None:
         middleware.insert(0, _MarketEvents(guard, episode_id, env.market_now))
@@ -166,6 +175,7 @@ def run_episode(
     if audit is not None:
         extra["decision_regret"] = (sum(audit.regrets) / len(audit.regrets)) if audit.regrets else None
         extra["decisions_audited"] = len(audit.regrets)
+    extra["oracle_charged"] = sum(r.charged for r in records.records if r.kind == "oracle")
     result.extra = {"tool_messages": sum(isinstance(m, ToolMessage) for m in messages),
                     "oracle_usage": usage_sums, **({"judge_runs": judge_runs} if judge_runs else {}),
                     "environment": env.environment, **extra}

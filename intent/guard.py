@@ -155,6 +155,7 @@ class BudgetGuard:
         prompt_tokens: PromptTokens = "bytes",
         max_output_tokens: int = 4096,
         on_over_budget: Literal["refuse", "ask"] = "refuse",
+        charge_models: bool | None = None,
         charge_oracle: bool = False,
         oracle_model: str | None = None,
         store: Any = None,
@@ -202,6 +203,11 @@ class BudgetGuard:
                                            "MemoryBudgetStore(), SqliteBudgetStore(path) or PostgresBudgetStore(dsn)")
             store.budget(budget_key)  # the shared budget must exist: StoreError names the fix
         self.store, self.budget_key = store, budget_key
+        # The agent's model calls are charged when a price table is given, unless the table is only
+        # there for the oracle's tokens (charge_models=False).
+        self.charge_models = (len(ModelPrices.of(model_prices)) > 0) if charge_models is None else bool(charge_models)
+        if self.charge_models and not len(ModelPrices.of(model_prices)) and unpriced_model == "refuse":
+            raise GuardConfigError("charge_models=True needs model_prices={'model-name': ModelPrice(...)}")
         self.charge_oracle = bool(charge_oracle)
         self.oracle_model = oracle_model
         self.merge_identical_calls = bool(merge_identical_calls)
@@ -640,8 +646,8 @@ class BudgetGuard:
     # ===================================================== the agent's model calls
     @property
     def meters_models(self) -> bool:
-        """Whether the agent's model calls are charged (a price table was given)."""
-        return len(self.model_prices) > 0
+        """Whether the agent's model calls are charged (a price table was given, or ``charge_models``)."""
+        return self.charge_models
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Charge every execution of the agent's model; a call that does not fit is not made."""

@@ -111,7 +111,7 @@ class ModelCallMeter:
             if worst is not None:
                 return name or "unknown-model", worst
         raise UnpricedModelError(
-            f"model {name!r} has no price in model_prices ({sorted(self.guard.model_prices.names)}); add "
+            f"model {name if name else '(one without a model_name)'} has no price in model_prices ({sorted(self.guard.model_prices.names)}); add "
             "ModelPrice(input_per_mtok=..., output_per_mtok=...) for it, or pass unpriced_model='worst_case'")
 
     def worst_case(self, messages: Sequence[BaseMessage], tools: Sequence[Any], max_tokens: int | None,

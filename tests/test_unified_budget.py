@@ -593,3 +593,25 @@ def test_charge_oracle_counts_the_oracles_tokens_in_the_same_budget():
     assert [r.kind for r in sink.records].count("oracle") == 2
     with pytest.raises(GuardConfigError, match="oracle_model"):
         BudgetGuard(Thinking(), MARKET, 1.0, model_prices=PRICES, charge_oracle=True)
+
+
+def test_the_benchmark_charges_the_oracles_tokens_when_asked(tmp_path):
+    """`intent bench --charge-oracle PRICE`: the oracle's tokens are paid from the episode's budget."""
+    import json as _json
+
+    from eval.runner import BenchConfig, run_benchmark
+
+    def run(options: dict[str, Any], out: str) -> list[dict[str, Any]]:
+        run_benchmark(BenchConfig(market="synthetic-v2", agent="sim-llm", tasks=4, methods=["mco"], out=out,
+                                  options=options), progress=False)
+        return [_json.loads(line) for line in (Path(out) / "episodes.jsonl").read_text().splitlines()]
+
+    from pathlib import Path
+
+    free = run({}, str(tmp_path / "free"))
+    paid = run({"charge_oracle": 2000.0}, str(tmp_path / "paid"))
+    assert all(e["extra"]["oracle_charged"] == 0 for e in free)
+    charged = [e["extra"]["oracle_charged"] for e in paid]
+    assert sum(charged) > 0
+    for e in paid:  # the oracle's money is part of what the episode spent
+        assert e["cost"] >= e["extra"]["oracle_charged"] - 1e-9
