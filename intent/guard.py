@@ -42,7 +42,7 @@ from intent.budget import Budget
 from intent.errors import GuardConfigError, OracleUnavailableError, as_oracle_unavailable
 from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry
 from intent.logs import LogSink
-from intent.market import Market, UnpricedToolError, check_amount
+from intent.market import Market, PricedTool, UnpricedToolError, check_amount
 from intent.messages import answered_after, call_key, first_human_text, last_ai, text_of
 from intent.oracle import (
     BAD_ARGUMENTS,
@@ -273,6 +273,20 @@ class BudgetGuard:
                 raise TypeError(f"update_episode_market needs a Market, got {type(new).__name__}")
             episode.market = new
             return new
+
+    def learn_price(self, episode_id: str, tool: str, price: float, currency: str | None = None) -> Market:
+        """A tool stated its price in an answer (x402 "payment required"): it applies to the
+        episode's next calls of that tool. A price in another currency is an error naming the tool."""
+        if currency and self.currency and currency.upper() != self.currency.upper():
+            raise GuardConfigError(f"tool {tool!r} asks for payment in {currency} but the budget is in "
+                                   f"{self.currency}; one budget has one currency")
+
+        def update(market: Market) -> Market:
+            if tool in market:
+                return market if market.price(tool) == price else market.with_price(tool, price)
+            return market.with_tool(PricedTool(tool, price))
+
+        return self.update_episode_market(episode_id, update)
 
     def market_for(self, episode_id: str, state_ledger: Mapping[str, Any] | None = None) -> Market:
         episode = self.episodes.peek(episode_id)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["InvalidPriceError", "Market", "MarketError", "PricedTool", "UnpricedToolError", "check_amount",
-           "declared_price"]
+           "declared_price", "payment_required"]
 
 
 class MarketError(IntentError, ValueError):
@@ -299,6 +299,17 @@ def declared_price(tool: Any) -> tuple[float, str | None] | None:
             return check_amount(amount, f"x402 price of tool {getattr(tool, 'name', '?')!r}"), (
                 req.get("currency") or req.get("asset"))
     return None
+
+
+def payment_required(artifact: Any, tool: str) -> tuple[float, str | None] | None:
+    """The price in a tool's x402-style "payment required" answer (its ToolMessage artifact
+    ``{"x402": {"accepts": [{"maxAmountRequired": "30000", "decimals": 6, "asset": "USDC"}]}}``,
+    or ``"payment_required"``), or ``None`` for an ordinary answer."""
+    if not isinstance(artifact, Mapping):
+        return None
+    holder = type("_Tool", (), {"name": tool, "metadata": {k: artifact[k] for k in ("x402", "payment_required")
+                                                          if k in artifact}})()
+    return declared_price(holder) if holder.metadata else None
 
 
 def _number(value: Any, tool: str) -> float:

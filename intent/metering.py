@@ -25,8 +25,10 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command
 
 from intent import feedback as fb
+
+PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead of serving the call
 from intent.ledger import BudgetExceededError
-from intent.market import UnpricedToolError
+from intent.market import UnpricedToolError, payment_required
 from intent.nesting import close_carves, spending_scope
 from intent.messages import (
     argument_problem,
@@ -320,6 +322,12 @@ class CallRun:
                 # The tool's bill is malformed: the run happened, so charge the quote, then fail loudly.
                 bad_bill, billed = exc, None
             message = result_message(result, self.tool_call_id)
+            required = payment_required(getattr(message, "artifact", None), self.name)
+            if required is not None:
+                # An x402-style "payment required" answer: the call was not served, so it is not
+                # billed, and the market learns the tool's price for the calls that follow.
+                billed, reason = 0.0, PAYMENT_REQUIRED
+                self.guard.learn_price(self.episode.episode_id, self.name, *required)
             status = "error" if getattr(message, "status", "success") == "error" else "ok"
             observation = text_of(message) if message is not None else text_of(result)
             artifact = json_artifact(message)

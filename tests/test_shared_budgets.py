@@ -97,6 +97,7 @@ def test_period_keys_roll_over_without_resetting_anything():
 
 
 # ====================================================== concurrency (CI)
+@pytest.mark.slow  # processes: run by make test-slow (CI)
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_eight_processes_never_overspend_one_shared_budget(kind, tmp_path, budget_key, request):
     url = f"sqlite:///{tmp_path / 'shared.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_dsn")
@@ -121,6 +122,7 @@ def test_eight_processes_never_overspend_one_shared_budget(kind, tmp_path, budge
     assert sum(r["refused"] for r in reports) > 100  # the cap really bound
 
 
+@pytest.mark.slow  # processes: run by make test-slow (CI)
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_a_killed_process_leaves_nothing_reserved_after_its_lease(kind, tmp_path, budget_key, request):
     url = f"sqlite:///{tmp_path / 'kill.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_dsn")
@@ -151,6 +153,7 @@ def test_a_killed_process_leaves_nothing_reserved_after_its_lease(kind, tmp_path
 
 
 # ============================================================ the guard
+@pytest.mark.slow  # processes: run by make test-slow (CI)
 def test_two_guarded_agents_in_two_processes_share_one_budget(tmp_path, budget_key):
     url = f"sqlite:///{tmp_path / 'team.db'}"
     _store(url).create_budget(budget_key, 3.0)  # 12 calls at 0.25; each agent wants 10
@@ -172,6 +175,7 @@ def test_two_guarded_agents_in_two_processes_share_one_budget(tmp_path, budget_k
     assert by_run == {"run-0", "run-1"}
 
 
+@pytest.mark.slow  # processes: run by make test-slow (CI)
 @pytest.mark.parametrize("saver", ["sqlite", "postgres"])
 def test_a_run_paused_in_one_process_resumes_in_another_and_ledger_and_store_agree(saver, tmp_path, budget_key,
                                                                                       request):

@@ -615,3 +615,69 @@ def test_the_benchmark_charges_the_oracles_tokens_when_asked(tmp_path):
     assert sum(charged) > 0
     for e in paid:  # the oracle's money is part of what the episode spent
         assert e["cost"] >= e["extra"]["oracle_charged"] - 1e-9
+
+
+def test_an_mcp_servers_tools_are_priced_from_their_meta_through_langchain_mcp_adapters():
+    """A real MCP server (FastMCP, in memory) declares prices in each tool's ``_meta``; the tools
+    come through langchain-mcp-adapters; the market reads the prices and the guard charges them."""
+    from langchain_mcp_adapters.tools import load_mcp_tools
+    from mcp.server.fastmcp import FastMCP
+    from mcp.shared.memory import create_connected_server_and_client_session
+
+    server = FastMCP("priced")
+
+    @server.tool(meta={"price": 0.03, "currency": "USD"})
+    def quote(symbol: str) -> str:
+        """A stock quote."""
+        return f"{symbol}: 123"
+
+    @server.tool(meta={"price": 0.5, "currency": "USD"})
+    def report(symbol: str) -> str:
+        """An analyst report."""
+        return f"{symbol}: buy"
+
+    async def run() -> tuple[Market, dict[str, Any]]:
+        async with create_connected_server_and_client_session(server._mcp_server) as session:
+            tools = await load_mcp_tools(session)
+            market = Market.from_tools(tools, currency="USD")
+            guard = BudgetGuard(AcceptAll(), market, Budget(0.6, currency="USD"))
+            model = scripted([ai(call("quote", symbol="X"), call("report", symbol="X")),
+                              ai(call("report", symbol="Y")), ai(text="done")])
+            agent = create_agent(model, tools, middleware=[guard.middleware()])
+            return market, await agent.ainvoke({"messages": [HumanMessage("go")]})
+
+    market, out = asyncio.run(run())
+    assert market.prices() == {"quote": 0.03, "report": 0.5}
+    ledger = BudgetGuard(AcceptAll(), market, 0.6).ledger(out)
+    assert ledger.spent == pytest.approx(0.53)  # the second report did not fit 0.6
+    assert_each_call_answered_once(out["messages"])
+
+
+def test_a_tools_x402_payment_requirement_in_its_first_answer_prices_its_next_calls():
+    served: list[str] = []
+
+    def premium(q: str) -> Any:
+        if not served:
+            served.append("402")
+            return ToolMessage("402 Payment Required: 0.25 USDC per call", tool_call_id="", artifact={
+                "x402": {"x402Version": 1, "accepts": [{"maxAmountRequired": "250000", "decimals": 6,
+                                                        "asset": "USD"}]}})
+        served.append(q)
+        return f"premium data for {q}"
+
+    tool = StructuredTool.from_function(premium, name="premium", description="premium data",
+                                        response_format="content")
+    sink = MemoryLogSink()
+    market = Market.from_tools([tool], unpriced="free", currency="USD")
+    guard = BudgetGuard(AcceptAll(), market, Budget(0.6, currency="USD"), log_sink=sink)
+    model = scripted([ai(call("premium", q="a")), ai(call("premium", q="a")), ai(call("premium", q="b")),
+                      ai(call("premium", q="c")), ai(text="done")])
+    out = create_agent(model, [tool], middleware=[guard.middleware()]).invoke(
+        {"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "x402"}})
+    ledger = guard.ledger(out)
+    assert served == ["402", "a", "b"]  # the third paid call (0.75 > 0.6) was refused
+    assert ledger.spent == pytest.approx(0.5) and ledger.reserved == 0
+    runs = [r for r in sink.records if r.execution > 0]
+    assert [r.reason for r in runs][0] == "payment_required" and runs[0].charged == 0
+    assert [r.charged for r in runs[1:]] == [0.25, 0.25]
+    assert guard.market.price("premium") == 0.0  # learned for this episode only
