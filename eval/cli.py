@@ -28,7 +28,7 @@ def _bench(args: argparse.Namespace) -> int:
         options["solvability"] = False
     if args.paired_with:
         options["paired_with"] = [m.strip() for m in args.paired_with.split(",") if m.strip()]
-    for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle"):
+    for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens"):
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)
     for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir", "judge",
@@ -141,6 +141,9 @@ def register(sub: Any) -> None:
     p.add_argument("--charge-oracle", type=float, metavar="PRICE_PER_MTOK",
                    help="charge the oracle's own tokens to the episode's budget at this price per million tokens "
                         "(in the market's money); default: not charged")
+    p.add_argument("--oracle-max-tokens", type=int, metavar="N",
+                   help="with --charge-oracle: hold N tokens' worth before each decision, so the budget is never "
+                        "exceeded (without it the oracle is charged after it decided, and may overrun)")
     p.add_argument("--oracle-logs", help="interaction logs (intent.logs JSONL) to build the oracle models from")
     p.add_argument("--predictor-dir", help="a trained intention predictor directory (intent train predictor)")
     p.add_argument("--judge", choices=["proxy", "sopr"], help="StableToolBench judge (default proxy; sopr needs "

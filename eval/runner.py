@@ -107,7 +107,8 @@ def run_episode(
         from intent import ModelPrice
 
         charged = {"model_prices": {"oracle-model": ModelPrice(oracle_price, oracle_price)},
-                   "charge_oracle": True, "oracle_model": "oracle-model", "charge_models": False}
+                   "charge_oracle": True, "oracle_model": "oracle-model", "charge_models": False,
+                   "oracle_max_tokens": (options or {}).get("oracle_max_tokens")}
     guard = BudgetGuard(oracle, env.market, env.budget, enforce=spec.enforce, tool_errors="message",
                         log_sink=FanoutLogSink([records, log_sink]) if log_sink else records, **charged)
     middleware: list[Any] = [guard.middleware()]

@@ -158,6 +158,7 @@ class BudgetGuard:
         charge_models: bool | None = None,
         charge_oracle: bool = False,
         oracle_model: str | None = None,
+        oracle_max_tokens: int | None = None,
         store: Any = None,
         budget_key: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -208,8 +209,13 @@ class BudgetGuard:
         self.charge_models = (len(ModelPrices.of(model_prices)) > 0) if charge_models is None else bool(charge_models)
         if self.charge_models and not len(ModelPrices.of(model_prices)) and unpriced_model == "refuse":
             raise GuardConfigError("charge_models=True needs model_prices={'model-name': ModelPrice(...)}")
+        if oracle_max_tokens is not None and (isinstance(oracle_max_tokens, bool) or not isinstance(
+                oracle_max_tokens, int) or oracle_max_tokens < 1):
+            raise GuardConfigError(f"oracle_max_tokens must be a positive int (tokens per decision), got "
+                                   f"{oracle_max_tokens!r}")
         self.charge_oracle = bool(charge_oracle)
         self.oracle_model = oracle_model
+        self.oracle_max_tokens = oracle_max_tokens
         self.merge_identical_calls = bool(merge_identical_calls)
         self.notes_at = notes_at
         self.oracle = oracle
@@ -565,11 +571,18 @@ class BudgetGuard:
                         history=messages, batch=batch, batch_index=batch_index,
                     )
                     started = self._clock()
-                    answer = yield ctx
+                    oracle_hold = self._hold_oracle(episode, step) if self.charge_oracle else None
+                    if oracle_hold == "":
+                        # The budget cannot pay for the oracle's next decision: the guard decides
+                        # alone (its hard check below), as when the oracle is unavailable.
+                        answer = OracleUnavailableError("the budget left does not cover the oracle's next "
+                                                        f"decision ({self.oracle_max_tokens} tokens)")
+                    else:
+                        answer = yield ctx
                     decision_ms = (self._clock() - started) * 1000.0
                     decision = self.check_decision(answer, ctx)
-                    if self.charge_oracle:
-                        oracle_entry = self._charge_oracle(episode, decision, step, query)
+                    if self.charge_oracle and oracle_hold != "":
+                        oracle_entry = self._charge_oracle(episode, decision, step, query, oracle_hold)
                         if oracle_entry is not None:
                             new_entries[oracle_entry.call_id] = oracle_entry
                     if decision.accept and self.enforce and not ledger.fits(held + item.price):
@@ -671,31 +684,58 @@ class BudgetGuard:
         """Async twin of :meth:`wrap_model_call`."""
         return await self._model_gate.awrap(request, handler)
 
-    def _charge_oracle(self, episode: Episode, decision: Decision, step: int, query: str) -> LedgerEntry | None:
-        """Charge the oracle's own model tokens (``Decision.usage``) at ``oracle_model``'s price.
-
-        The oracle has already run, so its spend is charged even when it does not fit (money
-        spent is spent): the excess is recorded as an overrun, and what is left shrinks for the
-        agent. ``input_tokens`` / ``output_tokens`` are priced as such; a bare ``tokens`` count at
-        the dearer of the two per-token prices (an upper bound).
-        """
-        usage = decision.usage
+    def _oracle_price(self) -> tuple[str, ModelPrice]:
         found = self.model_prices.find(self.oracle_model)
         assert found is not None  # checked in __init__
-        name, price = found
+        return found
+
+    def _hold_oracle(self, episode: Episode, step: int) -> str | None:
+        """With ``oracle_max_tokens``, hold the most the oracle's next decision may cost before it runs.
+
+        Returns the hold's charge id, ``""`` when it does not fit (the oracle is not asked), or
+        ``None`` without a per-decision bound (the decision is charged after the fact).
+        """
+        if self.oracle_max_tokens is None:
+            return None
+        name, price = self._oracle_price()
+        worst = self.oracle_max_tokens * max(price.input_per_mtok, price.output_per_mtok) / 1e6
+        charge_id = f"oracle:{episode.episode_id}:{step}:{uuid.uuid4().hex[:10]}"
+        try:
+            episode.ledger.reserve(charge_id, name, worst, kind="oracle", execution=1)
+        except BudgetExceededError:
+            return ""
+        return charge_id
+
+    def _charge_oracle(self, episode: Episode, decision: Decision, step: int, query: str,
+                       hold: str | None) -> LedgerEntry | None:
+        """Charge the oracle's own model tokens (``Decision.usage``) at ``oracle_model``'s price.
+
+        With ``oracle_max_tokens`` the decision's worst case was held before it ran (``hold``) and
+        the real cost is committed against it, so the budget is never exceeded unless the oracle
+        used more than its bound (an overrun, recorded). Without it the oracle has already run when
+        it is charged: money spent is spent, and a charge that does not fit is an overrun.
+        ``input_tokens`` / ``output_tokens`` are priced as such; a bare ``tokens`` count at the dearer
+        of the two per-token prices (an upper bound).
+        """
+        usage = decision.usage
+        name, price = self._oracle_price()
         if "input_tokens" in usage or "output_tokens" in usage:
             inp, out = int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
             cost = price.cost(inp, out)
         else:
             inp, out = int(usage.get("tokens", 0)), 0
             cost = inp * max(price.input_per_mtok, price.output_per_mtok) / 1e6
-        if cost <= 0:
-            return None
         ledger = episode.ledger
-        charge_id = f"oracle:{episode.episode_id}:{step}:{uuid.uuid4().hex[:10]}"
-        with episode.lock:
-            ledger.reserve(charge_id, name, min(cost, ledger.remaining_for("oracle")), kind="oracle", execution=1)
-            entry = ledger.commit(charge_id, cost)
+        if hold is None:
+            if cost <= 0:
+                return None
+            hold = f"oracle:{episode.episode_id}:{step}:{uuid.uuid4().hex[:10]}"
+            with episode.lock:
+                ledger.reserve(hold, name, min(cost, ledger.remaining_for("oracle")), kind="oracle", execution=1)
+        if cost <= 0:
+            ledger.release(hold)
+            return ledger.get(hold)
+        entry = ledger.commit(hold, cost)
         self.records.model_charge(ledger, entry, episode_id=episode.episode_id, step=step, query=query, model=name,
                                   tokens={"input": inp, "output": out, "cached": 0}, reason="oracle_decision")
         return entry

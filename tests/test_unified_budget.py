@@ -594,6 +594,37 @@ def test_charge_oracle_counts_the_oracles_tokens_in_the_same_budget():
     with pytest.raises(GuardConfigError, match="oracle_model"):
         BudgetGuard(Thinking(), MARKET, 1.0, model_prices=PRICES, charge_oracle=True)
 
+    # With a per-decision bound the oracle's worst case is held before it runs: when the budget
+    # cannot pay for a decision, the oracle is not asked (the guard's own check decides).
+    asked: list[int] = []
+
+    class Counting(Thinking):
+        def decide(self, ctx):
+            asked.append(1)
+            return super().decide(ctx)
+
+    tight = BudgetGuard(Counting(), MARKET, 0.08, model_prices=prices, charge_oracle=True,
+                        oracle_model="judge-model", oracle_max_tokens=5000, charge_models=False)
+    msgs = [ai(call("fetch", q="1")), ai(call("search", q="2")), ai(text="done")]
+    out = create_agent(scripted(msgs), priced_tools(Runs()), middleware=[tight.middleware()]).invoke(
+        {"messages": [HumanMessage("go")]})
+    ledger = tight.ledger(out)
+    # fetch: hold 0.01 (5000 tokens at 2/M), oracle costs 0.0014, fetch 0.05 -> 0.0514 spent; search:
+    # hold 0.01 fits (0.0286 left), oracle 0.0014, then search 0.02 fits -> 0.0728 <= 0.08
+    assert len(asked) == 2 and ledger.spent <= 0.08 + 1e-12 and ledger.reserved == 0
+    assert ledger.spent == pytest.approx(0.07 + 2 * 0.0014)
+
+    asked.clear()
+    sink = MemoryLogSink()
+    tighter = BudgetGuard(Counting(), MARKET, 0.059, model_prices=prices, charge_oracle=True, log_sink=sink,
+                          oracle_model="judge-model", oracle_max_tokens=5000, charge_models=False)
+    msgs = [ai(call("fetch", q="1")), ai(call("search", q="2")), ai(text="done")]
+    out = create_agent(scripted(msgs), priced_tools(Runs()), middleware=[tighter.middleware()]).invoke(
+        {"messages": [HumanMessage("go")]})
+    # after fetch 0.0514 is spent; the next decision's hold (0.01) does not fit the 0.0076 left
+    assert len(asked) == 1 and tighter.ledger(out).spent == pytest.approx(0.0514)
+    assert [r.reason for r in sink.records if r.tool == "search"] == ["over_budget"]
+
 
 def test_the_benchmark_charges_the_oracles_tokens_when_asked(tmp_path):
     """`intent bench --charge-oracle PRICE`: the oracle's tokens are paid from the episode's budget."""
@@ -609,12 +640,13 @@ def test_the_benchmark_charges_the_oracles_tokens_when_asked(tmp_path):
     from pathlib import Path
 
     free = run({}, str(tmp_path / "free"))
-    paid = run({"charge_oracle": 2000.0}, str(tmp_path / "paid"))
+    paid = run({"charge_oracle": 2000.0, "oracle_max_tokens": 20000}, str(tmp_path / "paid"))
     assert all(e["extra"]["oracle_charged"] == 0 for e in free)
     charged = [e["extra"]["oracle_charged"] for e in paid]
     assert sum(charged) > 0
-    for e in paid:  # the oracle's money is part of what the episode spent
+    for e in paid:  # the oracle's money is part of what the episode spent, held before each decision
         assert e["cost"] >= e["extra"]["oracle_charged"] - 1e-9
+        assert e["cost"] <= e["budget"] + 1e-9
 
 
 def test_an_mcp_servers_tools_are_priced_from_their_meta_through_langchain_mcp_adapters():
