@@ -130,6 +130,17 @@ class BudgetGuard:
       its ``additional_kwargs["intent_merged_calls"]`` as ``{dropped id: kept id}`` and logged
       with ``reason="duplicate_call"``), so the oracle judges the call once and the model sees
       one call with one result. Small models repeat a call 5-16 times in one reply.
+    * ``budget``: a float, an :class:`~intent.budget.Budget` (``total``, ``tools`` / ``llm``
+      sub-caps, ``currency``), or :class:`~intent.nesting.FromParent` for a sub-agent.
+    * ``model_prices`` (``{"model-name": ModelPrice(...)}`` or :class:`~intent.pricing.ModelPrices`):
+      the agent's model calls are charged in the same ledger (:mod:`intent.model_meter`), with
+      ``unpriced_model`` ("refuse" | "worst_case"), ``missing_usage`` ("worst_case" | "refuse"),
+      ``prompt_tokens`` ("bytes" | "model" | a function) and ``max_output_tokens`` (bound into a
+      request that has none). ``charge_models=False`` keeps the table for the oracle only.
+    * ``on_over_budget="ask"``: a call that does not fit pauses the run with an interrupt and a
+      human may top up, approve once or deny (:mod:`intent.human`).
+    * ``charge_oracle`` / ``oracle_model`` / ``oracle_max_tokens``: the oracle's own tokens charged.
+    * ``store`` / ``budget_key``: the episode also draws on a shared budget (:mod:`intent.stores`).
     * ``notes_at``: where the oracle's per-turn prompt notes go. ``"end"`` (default): a
       trailing system message after the conversation, so the stable prefix (system prompt,
       history) stays cacheable by the server's prefix cache; ``"system"``: appended to the
