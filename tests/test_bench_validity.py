@@ -155,6 +155,7 @@ def test_runner_raises_when_a_proposed_call_is_not_answered():
         run_episode(spec, market.episode(market.tasks()[0], 0), 0, sim_agent_factory())
 
 
+@pytest.mark.slow
 def test_proposed_equals_answered_for_every_method_on_the_synthetic_market(tmp_path):
     methods = ["raw", "prompt", "tracker", "bats", "dfsdt", "btp", "mco", "intent", "optimal"]
     s = run_benchmark(BenchConfig(tasks=16, methods=methods, out=str(tmp_path), workers=2,

