@@ -91,6 +91,9 @@ class LedgerEntry:
     execution: int = 0  # 1-based run number of the proposed call; 0 while only reserved by the gate
     overrun: float = 0.0  # billed above the reservation
     kind: EntryKind = "tool"  # tool | model | oracle | sub_agent; ``tool`` then names the tool or model
+    # Its charge id in a shared budget store when not the default "<run>/<call_id>" (after a
+    # reprice); kept in the entry so that a run resumed in another process commits the right one.
+    store_id: str = ""
 
     @property
     def call_key(self) -> str:
@@ -102,6 +105,7 @@ class LedgerEntry:
             "call_id": self.call_id, "tool": self.tool, "amount": self.amount, "status": self.status,
             "seq": self.seq, "market_version": self.market_version, "tool_call_id": self.tool_call_id,
             "execution": self.execution, "overrun": self.overrun, "kind": self.kind,
+            **({"store_id": self.store_id} if self.store_id else {}),
         }
 
 
@@ -142,7 +146,6 @@ class BudgetLedger:
         self._lock = threading.RLock()
         # A budget shared with other runs (intent.stores): every reservation must fit it too.
         self._shared: tuple[Any, str, str] | None = None  # (store, budget key, run id)
-        self._shared_ids: dict[str, str] = {}  # call id -> its charge id in the store (changes on reprice)
         for entry in (entries or {}).values():
             self._put(entry)
 
@@ -347,7 +350,6 @@ class BudgetLedger:
             if self._shared is not None:  # atomic in the store: raises if another run took the money
                 store, key, run_id = self._shared
                 store.reserve(key, f"{run_id}/{call_id}", amount, run_id=run_id, tool=tool, kind=kind)
-                self._shared_ids[call_id] = f"{run_id}/{call_id}"
             entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version,
                                 tool_call_id, execution, kind=kind)
             self._put(entry)
@@ -381,11 +383,11 @@ class BudgetLedger:
                 # The store has no reprice: the new amount is reserved under a new charge id first
                 # (refused if it does not fit), then the old hold is given back.
                 store, key, run_id = self._shared
-                old = self._shared_ids.get(call_id, f"{run_id}/{call_id}")
+                old = entry.store_id or f"{run_id}/{call_id}"
                 new = f"{run_id}/{call_id}~{len(self._entries)}:{amount!r}"
                 store.reserve(key, new, amount, run_id=run_id, tool=tool or entry.tool, kind=entry.kind)
                 store.release(key, old)
-                self._shared_ids[call_id] = new
+                entry = replace(entry, store_id=new)
             entry = replace(entry, amount=amount, tool=tool or entry.tool,
                             market_version=entry.market_version if market_version is None else market_version)
             self._put(entry)
@@ -421,7 +423,7 @@ class BudgetLedger:
                 entry = replace(entry, status="committed", amount=billed, overrun=over if over > _EPS else 0.0)
             if self._shared is not None:
                 store, key, run_id = self._shared
-                store.commit(key, self._shared_ids.get(call_id, f"{run_id}/{call_id}"), entry.amount)
+                store.commit(key, entry.store_id or f"{run_id}/{call_id}", entry.amount)
             self._put(entry)
             return entry
 
@@ -433,7 +435,7 @@ class BudgetLedger:
                 return entry
             if self._shared is not None:
                 store, key, run_id = self._shared
-                store.release(key, self._shared_ids.get(call_id, f"{run_id}/{call_id}"))
+                store.release(key, entry.store_id or f"{run_id}/{call_id}")
             entry = _with_status(entry, "released")
             self._put(entry)
             return entry

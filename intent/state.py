@@ -34,6 +34,7 @@ class EntryDict(TypedDict):
     execution: int
     overrun: float
     kind: NotRequired[str]  # tool | model | oracle | sub_agent (absent in states written before v3)
+    store_id: NotRequired[str]  # its charge id in a shared budget store, after a reprice
 
 
 class DecisionDict(TypedDict, total=False):

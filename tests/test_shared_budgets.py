@@ -235,3 +235,19 @@ def test_report_of_a_shared_budget_by_run_tool_and_model(tmp_path, budget_key, c
     assert "| r1 | 1 | 1 |" in out and "| r2 | 0.2 | 1 |" in out and "| model | gpt-x | 0.2 | 1 |" in out
     assert main(["report", "--store", url, "--key", "missing/key"]) == 2
     assert main(["report", "--store", url]) == 2
+
+
+def test_a_repriced_reservation_commits_its_new_store_charge_after_a_resume_elsewhere():
+    from intent.ledger import BudgetLedger
+
+    store = MemoryBudgetStore()
+    store.create_budget("k/day", 1.0)
+    ledger = BudgetLedger(5.0)
+    ledger.share(store, "k/day", "run-1")
+    ledger.reserve("msg:c1", "fetch", 0.3)
+    ledger.reprice("msg:c1", 0.5)  # the price rose between the gate and the run
+    assert store.reserved("k/day") == pytest.approx(0.5)
+    resumed = BudgetLedger.from_state(ledger.to_state())  # another process, from graph state
+    resumed.share(store, "k/day", "run-1")
+    resumed.commit("msg:c1")
+    assert store.spent("k/day") == pytest.approx(0.5) and store.reserved("k/day") == 0.0
