@@ -209,7 +209,7 @@ class BudgetGuard:
             raise GuardConfigError("store= and budget_key= go together: BudgetGuard(..., store=SqliteBudgetStore(path), "
                                    "budget_key='customer-42/2026-11-23')")
         if store is not None:
-            for method in ("reserve", "commit", "release", "spent", "reserved", "budget"):
+            for method in ("reserve", "commit", "release", "spent", "reserved", "budget", "left"):
                 if not callable(getattr(store, method, None)):
                     raise GuardConfigError(f"store must be an intent.stores.BudgetStore (it has no {method}()); use "
                                            "MemoryBudgetStore(), SqliteBudgetStore(path) or PostgresBudgetStore(dsn)")

@@ -215,7 +215,7 @@ class BudgetLedger:
         if self._shared is None:
             return None
         store, key, _ = self._shared
-        return max(0.0, store.budget(key) - store.spent(key) - store.reserved(key))
+        return store.left(key)
 
     def remaining_for(self, kind: str = "tool") -> float:
         """What a call of ``kind`` may still reserve: the total left, its sub-cap's left, and the

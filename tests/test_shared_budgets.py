@@ -251,3 +251,12 @@ def test_a_repriced_reservation_commits_its_new_store_charge_after_a_resume_else
     resumed.share(store, "k/day", "run-1")
     resumed.commit("msg:c1")
     assert store.spent("k/day") == pytest.approx(0.5) and store.reserved("k/day") == 0.0
+
+
+def test_left_is_budget_minus_spent_minus_held(store_url, budget_key):
+    store = _store(store_url)
+    store.create_budget(budget_key, 2.0)
+    store.reserve(budget_key, "a", 0.5)
+    store.reserve(budget_key, "b", 0.25)
+    store.commit(budget_key, "a", 0.4)
+    assert store.left(budget_key) == pytest.approx(2.0 - 0.4 - 0.25)

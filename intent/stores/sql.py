@@ -135,6 +135,14 @@ class _SqlBudgetStore:
             self._expire(cur, key)
             return from_nano(self._row(cur, key)[2])
 
+    def left(self, key: str) -> float:
+        """What can still be reserved (budget - spent - reserved), expired leases released first:
+        one transaction, for the guard's check before it asks the oracle."""
+        with self._tx(key) as cur:
+            self._expire(cur, key)
+            budget, spent, reserved = self._row(cur, key)
+            return from_nano(max(0, budget - spent - reserved))
+
     def reserve(self, key: str, charge_id: str, amount: float, *, run_id: str = "", tool: str = "",
                 kind: str = "tool") -> StoreCharge:
         n = to_nano(amount)
