@@ -217,6 +217,19 @@ class BudgetLedger:
         store, key, _ = self._shared
         return store.left(key)
 
+    def keep_alive(self, call_id: str) -> Any:
+        """A context manager that renews ``call_id``'s lease in the shared store while a call runs
+        (a no-op without a store)."""
+        import contextlib
+
+        if self._shared is None:
+            return contextlib.nullcontext()
+        from intent.stores import LeaseKeeper
+
+        store, key, run_id = self._shared
+        entry = self._entries.get(call_id)
+        return LeaseKeeper(store, key, (entry.store_id if entry and entry.store_id else f"{run_id}/{call_id}"))
+
     def remaining_for(self, kind: str = "tool") -> float:
         """What a call of ``kind`` may still reserve: the total left, its sub-cap's left, and the
         shared budget's left."""

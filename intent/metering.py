@@ -260,7 +260,8 @@ class CallRun:
             return charge_id
         started = self.guard._clock()
         try:
-            with spending_scope(self.guard, self.episode, self.key):  # sub-agents carve from this call
+            # Sub-agents carve from this call; a shared budget's lease is renewed while it runs.
+            with spending_scope(self.guard, self.episode, self.key), self.episode.ledger.keep_alive(charge_id):
                 out = tool.invoke(tool_input, config, **kwargs)
         except GraphBubbleUp:
             self._abort(charge_id)
@@ -283,7 +284,7 @@ class CallRun:
             return charge_id
         started = self.guard._clock()
         try:
-            with spending_scope(self.guard, self.episode, self.key):
+            with spending_scope(self.guard, self.episode, self.key), self.episode.ledger.keep_alive(charge_id):
                 out = await tool.ainvoke(tool_input, config, **kwargs)
         except GraphBubbleUp:
             self._abort(charge_id)

@@ -260,3 +260,37 @@ def test_left_is_budget_minus_spent_minus_held(store_url, budget_key):
     store.reserve(budget_key, "b", 0.25)
     store.commit(budget_key, "a", 0.4)
     assert store.left(budget_key) == pytest.approx(2.0 - 0.4 - 0.25)
+
+
+def test_a_long_call_keeps_its_lease_while_it_runs(tmp_path):
+    """The lease is 0.3 s and the tool runs 1 s: the guard renews the lease while the call runs,
+    so another run cannot take the money meanwhile, and the commit is not late."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import StructuredTool
+
+    from intent.testing import ai, call, scripted
+
+    url = f"sqlite:///{tmp_path / 'lease.db'}"
+    store = _store(url, lease_seconds=0.3)
+    store.create_budget("team/day", 1.0)
+    intruder = _store(url, lease_seconds=0.3)  # another process's view of the same budget
+    seen: dict[str, object] = {}
+
+    def slow(q: str = "") -> str:
+        time.sleep(1.0)
+        try:
+            intruder.reserve("team/day", "intruder", 0.5)
+            seen["intruder"] = "got the money"
+        except BudgetExceededError:
+            seen["intruder"] = "refused"
+        return "done"
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("slow", 0.8)]), 5.0, store=store, budget_key="team/day")
+    agent = create_agent(scripted([ai(call("slow")), ai(text="ok")]),
+                         [StructuredTool.from_function(slow, name="slow", description="slow")],
+                         middleware=[guard.middleware()])
+    agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "long"}})
+    assert seen["intruder"] == "refused"
+    (charge,) = [c for c in store.charges("team/day") if c.status == "committed"]
+    assert not charge.late and store.spent("team/day") == pytest.approx(0.8)

@@ -12,7 +12,9 @@ made against them, with the ledger's three steps done atomically in the store:
     turns the hold into a charge, at what was billed; a commit that arrives after its lease
     expired is still charged (the money was spent) and flagged ``late``;
 ``release(key, charge_id)``
-    gives the hold back.
+    gives the hold back;
+``renew(key, charge_id)``
+    extends a held lease (the guard renews it while the call runs: :class:`LeaseKeeper`).
 
 Money is stored as integer nano-units, so ``spent`` is exactly the sum of the committed
 charges. Stores:
@@ -42,6 +44,7 @@ from intent.market import check_amount
 
 __all__ = [
     "BudgetStore",
+    "LeaseKeeper",
     "MemoryBudgetStore",
     "PostgresBudgetStore",
     "SqliteBudgetStore",
@@ -106,6 +109,7 @@ class BudgetStore(Protocol):
     def spent(self, key: str) -> float: ...
     def reserved(self, key: str) -> float: ...
     def left(self, key: str) -> float: ...
+    def renew(self, key: str, charge_id: str) -> bool: ...
     def reserve(self, key: str, charge_id: str, amount: float, *, run_id: str = "", tool: str = "",
                 kind: str = "tool") -> StoreCharge: ...
     def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge: ...
@@ -118,6 +122,33 @@ def _no_fit(key: str, charge_id: str, amount: int, budget: int, spent: int, rese
     return BudgetExceededError(
         f"shared budget {key!r}: charge {charge_id!r} of {from_nano(amount):g} does not fit "
         f"(budget {from_nano(budget):g}, spent {from_nano(spent):g}, reserved {from_nano(reserved):g})")
+
+
+class LeaseKeeper:
+    """Renews a reservation's lease while its call runs (a thread that wakes every third of the
+    lease), so a long call keeps its money; a process that dies stops renewing and its lease
+    expires as before. ``with LeaseKeeper(store, key, charge_id): run_the_call()``."""
+
+    def __init__(self, store: Any, key: str, charge_id: str) -> None:
+        import threading
+
+        self.store, self.key, self.charge_id = store, key, charge_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{charge_id}", daemon=True)
+
+    def _run(self) -> None:
+        period = max(0.01, float(self.store.lease_seconds) / 3)
+        while not self._stop.wait(period):
+            if not self.store.renew(self.key, self.charge_id):
+                return
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def open_store(url: str, **kwargs: Any) -> BudgetStore:

@@ -135,6 +135,16 @@ class _SqlBudgetStore:
             self._expire(cur, key)
             return from_nano(self._row(cur, key)[2])
 
+    def renew(self, key: str, charge_id: str) -> bool:
+        """Extend a held reservation's lease by ``lease_seconds`` from now (a call still running).
+        False when it is no longer held (committed, released, or already expired)."""
+        with self._tx(key) as cur:
+            now = self._clock()
+            cur.execute(self._q("UPDATE intent_charges SET lease_until = ?, updated_at = ? WHERE key = ? "
+                                "AND charge_id = ? AND status = 'reserved' AND lease_until >= ?"),
+                        (now + self.lease_seconds, now, key, charge_id, now))
+            return cur.rowcount == 1
+
     def left(self, key: str) -> float:
         """What can still be reserved (budget - spent - reserved), expired leases released first:
         one transaction, for the guard's check before it asks the oracle."""
