@@ -28,6 +28,10 @@ def _bench(args: argparse.Namespace) -> int:
         options["solvability"] = False
     if args.paired_with:
         options["paired_with"] = [m.strip() for m in args.paired_with.split(",") if m.strip()]
+    if args.charge_oracle is not None and not args.charge_oracle > 0:
+        raise ValueError(f"--charge-oracle is {args.charge_oracle}; give the oracle's price per million tokens (> 0)")
+    if args.oracle_max_tokens is not None and args.charge_oracle is None:
+        raise ValueError("--oracle-max-tokens bounds a charged oracle's decisions; add --charge-oracle PRICE_PER_MTOK")
     for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens"):
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)

@@ -627,18 +627,12 @@ class BudgetGuard:
                             entry = ledger.reserve(item.key, item.proposal.tool, item.price,
                                                    market_version=market.version, tool_call_id=item.proposal.call_id)
                         except BudgetExceededError:
-                            # Another run took the shared budget's money since the check: refused, not run.
-                            text = fb.over_budget(item.proposal.tool, item.price, ledger.remaining_for("tool"),
-                                                  ledger.budget)
-                            self.records.refusal(
-                                ledger, episode_id=episode_id, step=step, query=query, reasoning=reasoning,
-                                call_id=item.proposal.call_id, tool=item.proposal.tool, args=item.proposal.args,
-                                price=item.price, kind="reject", reason=OVER_BUDGET, text=text,
-                                market_version=market.version)
-                            decisions[item.key] = {"accept": False, "tool": item.proposal.tool,
-                                                   "args": dict(item.proposal.args), "price": item.price,
-                                                   "step": step, "reason": OVER_BUDGET, "feedback": text,
-                                                   "kind": "reject"}
+                            # Another run took the shared budget's money since the check: refused, not
+                            # run. refuse() appends its log record to `effects`, which runs it next.
+                            refuse(item.key, item.proposal.call_id, item.proposal.tool, item.proposal.args,
+                                   item.price, "reject", OVER_BUDGET,
+                                   fb.over_budget(item.proposal.tool, item.price, ledger.remaining_for("tool"),
+                                                  ledger.budget))
                             return
                         new_entries[entry.call_id] = entry
 
@@ -657,7 +651,7 @@ class BudgetGuard:
             humans.rollback()
             raise
         effects.insert(0, humans.log)
-        for effect in effects:
+        for effect in effects:  # (a list: what an effect appends, a late refusal's record, runs too)
             effect()
 
         update: dict[str, Any] = {}
@@ -737,16 +731,17 @@ class BudgetGuard:
             inp, out = int(usage.get("tokens", 0)), 0
             cost = inp * max(price.input_per_mtok, price.output_per_mtok) / 1e6
         ledger = episode.ledger
-        if hold is None:
+        if hold is None:  # no bound: the oracle has already spent this
             if cost <= 0:
                 return None
-            hold = f"oracle:{episode.episode_id}:{step}:{uuid.uuid4().hex[:10]}"
             with episode.lock:
-                ledger.reserve(hold, name, min(cost, ledger.remaining_for("oracle")), kind="oracle", execution=1)
-        if cost <= 0:
+                entry = ledger.charge_now(f"oracle:{episode.episode_id}:{step}:{uuid.uuid4().hex[:10]}", name,
+                                          cost, kind="oracle")
+        elif cost <= 0:
             ledger.release(hold)
             return ledger.get(hold)
-        entry = ledger.commit(hold, cost)
+        else:
+            entry = ledger.commit(hold, cost)
         self.records.model_charge(ledger, entry, episode_id=episode.episode_id, step=step, query=query, model=name,
                                   tokens={"input": inp, "output": out, "cached": 0}, reason="oracle_decision")
         return entry

@@ -293,7 +293,7 @@ class BudgetLedger:
     def _fits_here(self, amount: float, kind: str) -> bool:
         """The local part of :meth:`fits` (the shared store checks its own part atomically)."""
         with self._lock:
-            if self._blocking_overrun > _EPS:
+            if self._blocking_overrun > _EPS and not self._allow_overspend:
                 return False
             group = CAP_OF_KIND.get(kind)
             if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
@@ -301,16 +301,10 @@ class BudgetLedger:
             return self._sum("committed") + self._sum("reserved") + amount <= self.budget + _EPS
 
     def fits(self, amount: float, kind: str = "tool") -> bool:
-        """Whether ``amount`` more of ``kind`` can be reserved: within the total and the kind's
-        sub-cap. After an overrun nothing fits (enforcing ledgers)."""
-        with self._lock:
-            if self._blocking_overrun > _EPS and not self._allow_overspend:
-                return False
-            group = CAP_OF_KIND.get(kind)
-            if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
-                return False
-            if self._sum("committed") + self._sum("reserved") + amount > self.budget + _EPS:
-                return False
+        """Whether ``amount`` more of ``kind`` can be reserved: within the total, the kind's
+        sub-cap and the shared budget. After a tool's overrun nothing fits (enforcing ledgers)."""
+        if not self._fits_here(amount, kind):
+            return False
         shared = self._shared_left()
         return shared is None or amount <= shared + _EPS
 
@@ -379,6 +373,13 @@ class BudgetLedger:
                     f"sub-cap {self._caps[group]:g} is left")
         return (f"call {call_id!r} to {tool!r} costs {amount:g} but only {self.remaining:g} "
                 f"of the budget {self.budget:g} is left")
+
+    def charge_now(self, call_id: str, tool: str, cost: float, *, kind: EntryKind) -> LedgerEntry:
+        """Charge money already spent (a model response nobody metered, an oracle's decision):
+        reserve what still fits, then commit the bill; any excess is recorded as an overrun."""
+        with self._lock:
+            self.reserve(call_id, tool, min(cost, self.remaining_for(kind)), kind=kind, execution=1)
+            return self.commit(call_id, cost)
 
     def reprice(
         self, call_id: str, amount: float, *, tool: str | None = None, market_version: int | None = None

@@ -283,8 +283,20 @@ def declared_price(tool: Any) -> tuple[float, str | None] | None:
             price = check_amount(_number(holder["price"], getattr(tool, "name", "?")),
                                  f"declared price of tool {getattr(tool, 'name', '?')!r}")
             return price, holder.get("currency")
+    return _x402_price(meta, getattr(tool, "name", "?"))
+
+
+def payment_required(artifact: Any, tool: str) -> tuple[float, str | None] | None:
+    """The price in a tool's x402-style "payment required" answer (its ToolMessage artifact
+    ``{"x402": {"accepts": [{"maxAmountRequired": "30000", "decimals": 6, "asset": "USDC"}]}}``,
+    or ``"payment_required"``), or ``None`` for an ordinary answer."""
+    return _x402_price(artifact, tool) if isinstance(artifact, Mapping) else None
+
+
+def _x402_price(holder: Mapping[str, Any], tool: str) -> tuple[float, str | None] | None:
+    """An x402-style payment requirement under ``holder["x402"]`` or ``holder["payment_required"]``."""
     for key in ("x402", "payment_required"):
-        req = meta.get(key)
+        req = holder.get(key)
         if isinstance(req, Mapping):
             accepts = req.get("accepts")
             if isinstance(accepts, list) and accepts and isinstance(accepts[0], Mapping):
@@ -292,24 +304,12 @@ def declared_price(tool: Any) -> tuple[float, str | None] | None:
             raw = req.get("amount", req.get("maxAmountRequired"))
             if raw is None:
                 continue
-            amount = _number(raw, getattr(tool, "name", "?"))
+            amount = _number(raw, tool)
             decimals = req.get("decimals")
             if decimals is not None:
                 amount = amount / (10 ** int(decimals))
-            return check_amount(amount, f"x402 price of tool {getattr(tool, 'name', '?')!r}"), (
-                req.get("currency") or req.get("asset"))
+            return check_amount(amount, f"x402 price of tool {tool!r}"), (req.get("currency") or req.get("asset"))
     return None
-
-
-def payment_required(artifact: Any, tool: str) -> tuple[float, str | None] | None:
-    """The price in a tool's x402-style "payment required" answer (its ToolMessage artifact
-    ``{"x402": {"accepts": [{"maxAmountRequired": "30000", "decimals": 6, "asset": "USDC"}]}}``,
-    or ``"payment_required"``), or ``None`` for an ordinary answer."""
-    if not isinstance(artifact, Mapping):
-        return None
-    holder = type("_Tool", (), {"name": tool, "metadata": {k: artifact[k] for k in ("x402", "payment_required")
-                                                          if k in artifact}})()
-    return declared_price(holder) if holder.metadata else None
 
 
 def _number(value: Any, tool: str) -> float:

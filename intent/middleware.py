@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain.agents.middleware.types import hook_config
 from langchain_core.messages import AIMessage, SystemMessage
-from langgraph.config import get_config
 from typing_extensions import NotRequired
 
 from intent.ledger import merge_ledger_states
-from intent.state import LEDGER_KEY, LedgerChannel
+from intent.state import LEDGER_KEY, LedgerChannel, current_config
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -40,13 +39,6 @@ class BudgetState(AgentState):
     """Agent state with the guard's ledger channel (merged by charge id)."""
 
     intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
-
-
-def _config() -> dict[str, Any] | None:
-    try:
-        return get_config()
-    except RuntimeError:  # outside a runnable context
-        return None
 
 
 def _jump_if_only_invalid(state: dict[str, Any], update: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -72,21 +64,21 @@ class BudgetGuardMiddleware(AgentMiddleware):
 
     # ------------------------------------------------------ model boundary
     def before_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return self.guard.prepare(state, _config())
+        return self.guard.prepare(state, current_config())
 
     async def abefore_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return self.guard.prepare(state, _config())
+        return self.guard.prepare(state, current_config())
 
     def after_agent(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return self.guard.finish(state, _config())
+        return self.guard.finish(state, current_config())
 
     async def aafter_agent(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return self.guard.finish(state, _config())
+        return self.guard.finish(state, current_config())
 
     # ---------------------------------------------------------- model call
     def _prepare(self, request: ModelRequest) -> ModelRequest:
         state = request.state
-        config = _config()
+        config = current_config()
         visible = self.guard.visible_tool_names(state, config)
         overrides: dict[str, Any] = {}
         if visible is not None:
@@ -119,11 +111,11 @@ class BudgetGuardMiddleware(AgentMiddleware):
     @hook_config(can_jump_to=["model"])
     def after_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
         # before_model settled this step already
-        return _jump_if_only_invalid(state, self.guard.gate(state, _config(), settle=False))
+        return _jump_if_only_invalid(state, self.guard.gate(state, current_config(), settle=False))
 
     @hook_config(can_jump_to=["model"])
     async def aafter_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return _jump_if_only_invalid(state, await self.guard.agate(state, _config(), settle=False))
+        return _jump_if_only_invalid(state, await self.guard.agate(state, current_config(), settle=False))
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:

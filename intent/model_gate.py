@@ -20,7 +20,7 @@ from intent.human import HumanTopUps
 from intent.messages import first_human_text
 from intent.model_meter import MODEL_OVER_BUDGET, MODEL_UNPRICED, ModelCallMeter, ModelCallRefused
 from intent.pricing import UnpricedModelError
-from intent.state import LEDGER_KEY, channel_of
+from intent.state import LEDGER_KEY, channel_of, current_config
 
 if TYPE_CHECKING:
     from intent.guard import BudgetGuard
@@ -37,7 +37,7 @@ class ModelGate:
 
     def open(self, request: Any) -> tuple[ModelCallMeter, Any] | Any:
         """Price the request's worst case; a request that does not fit is answered here."""
-        config = _current_config()
+        config = current_config()
         state = request.state or {}
         channel = channel_of(state)
         episode = self.guard.episodes.get(self.guard.episode_id(state, config), channel)
@@ -153,15 +153,6 @@ class ModelGate:
             meter.abandon()
             raise
         return self.close(meter, response)
-
-
-def _current_config() -> dict[str, Any] | None:
-    from langgraph.config import get_config
-
-    try:
-        return get_config()
-    except RuntimeError:  # outside a runnable context
-        return None
 
 
 def _tool_schemas(tools: Sequence[Any]) -> list[Any]:

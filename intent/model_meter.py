@@ -37,7 +37,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage
 
 from intent.ledger import BudgetExceededError, LedgerEntry
-from intent.pricing import ModelPrice, UnpricedModelError, cost_of_usage
+from intent.pricing import ModelPrice, UnpricedModelError, cost_of_usage, tokens_of
 
 if TYPE_CHECKING:
     from intent.episodes import Episode
@@ -204,9 +204,7 @@ class ModelCallMeter:
         tokens: dict[str, int] = {}
         if usage:
             billed: float | None = cost_of_usage(price, usage)
-            details = usage.get("input_token_details") or {}
-            tokens = {"input": int(usage.get("input_tokens", 0) or 0), "output": int(usage.get("output_tokens", 0) or 0),
-                      "cached": int(details.get("cache_read", 0) or 0)}
+            tokens = tokens_of(usage)
         else:
             # No usage: never free. The reserved worst case is charged; with "refuse" the
             # episode also makes no further model call.
@@ -252,19 +250,12 @@ class ModelCallMeter:
             model, price = self.price_of(name)
             cost = cost_of_usage(price, m.usage_metadata)
             charge_id = f"model:{self.episode.episode_id}:{self.step}:{uuid.uuid4().hex[:10]}"
-            with self.episode.lock:
-                # The money was spent: reserve what fits, commit the bill (any excess is an overrun).
-                ledger.reserve(charge_id, model, min(cost, ledger.remaining_for("model")), kind="model",
-                               execution=1)
-                entry = ledger.commit(charge_id, cost)
+            with self.episode.lock:  # the money was spent
+                entry = ledger.charge_now(charge_id, model, cost, kind="model")
             self.entries.append(entry)
-            details = m.usage_metadata.get("input_token_details") or {}
             self.guard.records.model_charge(
                 ledger, entry, episode_id=self.episode.episode_id, step=self.step, query=self.query, model=model,
-                tokens={"input": int(m.usage_metadata.get("input_tokens", 0)),
-                        "output": int(m.usage_metadata.get("output_tokens", 0)),
-                        "cached": int(details.get("cache_read", 0) or 0)},
-                reason=UNMETERED_MODEL_CALL)
+                tokens=tokens_of(m.usage_metadata), reason=UNMETERED_MODEL_CALL)
 
     def abandon(self) -> None:
         """Release executions that never ended (an interrupt or a cancel inside the chain)."""

@@ -73,8 +73,9 @@ class CarvedLedger(BudgetLedger):
         self.closed = False
         self._close_lock = threading.Lock()
 
-    def fits(self, amount: float, kind: str = "tool") -> bool:
-        return not self.closed and super().fits(amount, kind)
+    def _fits_here(self, amount: float, kind: str) -> bool:
+        # Reserve and fits both ask this: a closed carve takes nothing more.
+        return not self.closed and super()._fits_here(amount, kind)
 
     def top_up(self, top_up_id: str, amount: float, *, approved_by: str = "") -> float:
         """A child's top-up grows its carve first: refused (BudgetExceededError) if the parent cannot cover it."""

@@ -23,7 +23,7 @@ from typing import Any
 from intent.errors import GuardConfigError
 from intent.market import check_amount
 
-__all__ = ["ModelPrice", "ModelPrices", "UnpricedModelError", "cost_of_usage"]
+__all__ = ["ModelPrice", "ModelPrices", "UnpricedModelError", "cost_of_usage", "tokens_of"]
 
 _MTOK = 1_000_000.0
 
@@ -66,11 +66,17 @@ class ModelPrice:
                 "cached_input_per_mtok": self.cached_input_per_mtok}
 
 
+def tokens_of(usage: Mapping[str, Any]) -> dict[str, int]:
+    """A LangChain ``usage_metadata`` dict as ``{"input", "output", "cached"}`` token counts."""
+    details = usage.get("input_token_details") or {}
+    return {"input": int(usage.get("input_tokens", 0) or 0), "output": int(usage.get("output_tokens", 0) or 0),
+            "cached": int(details.get("cache_read", 0) or 0)}
+
+
 def cost_of_usage(price: ModelPrice, usage: Mapping[str, Any]) -> float:
     """The cost of a LangChain ``usage_metadata`` dict under ``price``."""
-    details = usage.get("input_token_details") or {}
-    return price.cost(int(usage.get("input_tokens", 0) or 0), int(usage.get("output_tokens", 0) or 0),
-                      int(details.get("cache_read", 0) or 0))
+    t = tokens_of(usage)
+    return price.cost(t["input"], t["output"], t["cached"])
 
 
 class ModelPrices:

@@ -16,7 +16,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from intent.ledger import merge_ledger_states
 
-__all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "channel_of"]
+__all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "channel_of", "current_config"]
 
 LEDGER_KEY = "intent_ledger"
 
@@ -73,6 +73,16 @@ class GuardState(TypedDict):
 
     messages: Annotated[list[AnyMessage], add_messages]
     intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
+
+
+def current_config() -> dict[str, Any] | None:
+    """The running graph step's config (thread id...), or ``None`` outside a runnable context."""
+    from langgraph.config import get_config
+
+    try:
+        return get_config()
+    except RuntimeError:
+        return None
 
 
 def channel_of(state: Any) -> LedgerChannel | None:

@@ -294,3 +294,41 @@ def test_a_long_call_keeps_its_lease_while_it_runs(tmp_path):
     assert seen["intruder"] == "refused"
     (charge,) = [c for c in store.charges("team/day") if c.status == "committed"]
     assert not charge.late and store.spent("team/day") == pytest.approx(0.8)
+
+
+def test_money_taken_by_another_run_between_the_check_and_the_reservation_is_a_refusal():
+    """The gate checks the shared budget, then reserves after the whole batch is decided; if another
+    run took the money in between, the store refuses the reservation: the call is refused (one
+    answer, one log record), not run, not charged."""
+    from intent import MemoryLogSink
+    from intent.testing import GuardDriver, ai, call
+
+    class Racing(MemoryBudgetStore):
+        def left(self, key: str) -> float:  # the check sees the money another run takes right after
+            return self.budget(key)
+
+    store = Racing()
+    store.create_budget("team/day", 1.0)
+    store.reserve("team/day", "other-run/x", 0.9)
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("t", 0.4)]), 5.0, store=store, budget_key="team/day",
+                        log_sink=sink)
+    driver = GuardDriver(guard, thread_id="late")
+    (answer,) = driver.step(ai(call("t")))
+    driver.finish()
+    assert answer.status == "error" and "not executed" in answer.content
+    assert [r.reason for r in sink.records] == ["over_budget"]
+    assert store.spent("team/day") == 0 and store.reserved("team/day") == pytest.approx(0.9)
+
+
+def test_a_store_that_cannot_be_opened_names_its_url(tmp_path, capsys):
+    from intent.cli import main
+
+    with pytest.raises(StoreError, match="no/such/dir"):
+        open_store(f"sqlite:///{tmp_path}/no/such/dir/b.db")
+    with pytest.raises(StoreError, match="cannot connect"):
+        open_store("postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(StoreError, match="unknown store URL"):
+        open_store("redis://x")
+    assert main(["report", "--store", f"sqlite:///{tmp_path}/no/such/dir/b.db", "--key", "k"]) == 2
+    assert "cannot open the budget store" in capsys.readouterr().err

@@ -714,3 +714,20 @@ def test_a_tools_x402_payment_requirement_in_its_first_answer_prices_its_next_ca
     assert [r.reason for r in runs][0] == "payment_required" and runs[0].charged == 0
     assert [r.charged for r in runs[1:]] == [0.25, 0.25]
     assert guard.market.price("premium") == 0.0  # learned for this episode only
+
+
+def test_a_closed_carve_takes_nothing_more():
+    """A sub-agent still running after its parent's call ended cannot spend: its carve is closed."""
+    from intent.ledger import BudgetExceededError
+    from intent.nesting import spending_scope
+
+    parent = BudgetGuard(AcceptAll(), MARKET, 1.0)
+    episode = parent.episodes.get("p")
+    with spending_scope(parent, episode, "call-k"):
+        child = FromParent(0.5).carve("late-child")
+    child.reserve("a", "fetch", 0.1)
+    child.commit("a")
+    child.close()
+    with pytest.raises(BudgetExceededError):
+        child.reserve("b", "fetch", 0.1)
+    assert episode.ledger.spent == pytest.approx(0.1) and episode.ledger.reserved == 0

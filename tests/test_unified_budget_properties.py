@@ -32,7 +32,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from intent import AcceptAll, Budget, BudgetGuard, FromParent, Market, MemoryLogSink, ModelPrice, PricedTool
-from intent.testing import ScriptedToolModel, assert_each_call_answered_once
+from intent.testing import ScriptedToolModel, ai, assert_each_call_answered_once
+from intent.testing import call as tool_call
 
 EXAMPLES = int(os.environ.get("INTENT_UNIFIED_EXAMPLES", "15"))  # 100 in `make test-slow`
 PRICE = ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0)
@@ -69,9 +70,7 @@ class Ledgerless(ScriptedToolModel):
 
 
 def message(calls: list[tuple[str, str]], usage: tuple[int, int]) -> AIMessage:
-    tool_calls = [{"name": n, "args": {"q": q}, "id": f"c{next(_ids)}", "type": "tool_call"} for n, q in calls]
-    return AIMessage("", tool_calls=tool_calls, usage_metadata={
-        "input_tokens": usage[0], "output_tokens": usage[1], "total_tokens": sum(usage)})
+    return ai(*(tool_call(n, q=q) for n, q in calls), usage=usage)
 
 
 usage = st.tuples(st.integers(1, 400), st.integers(1, 3000))

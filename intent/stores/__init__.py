@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from intent.errors import IntentError
-from intent.ledger import BudgetExceededError, LedgerError
+from intent.ledger import BudgetExceededError
 from intent.market import check_amount
 
 __all__ = [
@@ -163,5 +163,3 @@ def open_store(url: str, **kwargs: Any) -> BudgetStore:
 
 
 from intent.stores.sql import MemoryBudgetStore, PostgresBudgetStore, SqliteBudgetStore  # noqa: E402
-
-_ = LedgerError  # re-exported for callers catching ledger errors from stores

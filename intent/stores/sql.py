@@ -239,8 +239,12 @@ class SqliteBudgetStore(_SqlBudgetStore):
         super().__init__(lease_seconds=lease_seconds, clock=clock)
         self.path = str(path)
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, one per operation.
-        self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the budget store {self.path!r}: {exc}; check the path and that its "
+                             "directory exists") from exc
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA foreign_keys=ON")
         with self._tx(None) as cur:
@@ -290,7 +294,10 @@ class PostgresBudgetStore(_SqlBudgetStore):
         except ImportError as exc:
             raise StoreError("PostgresBudgetStore needs psycopg: pip install 'intent[postgres]'") from exc
         self.dsn = dsn
-        self._conn = psycopg.connect(dsn, autocommit=True)
+        try:
+            self._conn = psycopg.connect(dsn, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise StoreError(f"cannot connect to the budget store {dsn!r}: {str(exc).strip()}") from exc
         with self._tx(None) as cur:
             cur.execute("SELECT pg_advisory_xact_lock(727274)")  # two processes creating the schema at once
             for stmt in _SCHEMA:
