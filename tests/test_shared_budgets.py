@@ -263,7 +263,7 @@ def test_left_is_budget_minus_spent_minus_held(store_url, budget_key):
 
 
 def test_a_long_call_keeps_its_lease_while_it_runs(tmp_path):
-    """The lease is 0.3 s and the tool runs 1 s: the guard renews the lease while the call runs,
+    """The lease is 1 s and the tool runs 2.5 s: the guard renews the lease while the call runs,
     so another run cannot take the money meanwhile, and the commit is not late."""
     from langchain.agents import create_agent
     from langchain_core.messages import HumanMessage
@@ -272,13 +272,13 @@ def test_a_long_call_keeps_its_lease_while_it_runs(tmp_path):
     from intent.testing import ai, call, scripted
 
     url = f"sqlite:///{tmp_path / 'lease.db'}"
-    store = _store(url, lease_seconds=0.3)
+    store = _store(url, lease_seconds=1.0)
     store.create_budget("team/day", 1.0)
-    intruder = _store(url, lease_seconds=0.3)  # another process's view of the same budget
+    intruder = _store(url, lease_seconds=1.0)  # another process's view of the same budget
     seen: dict[str, object] = {}
 
     def slow(q: str = "") -> str:
-        time.sleep(1.0)
+        time.sleep(2.5)
         try:
             intruder.reserve("team/day", "intruder", 0.5)
             seen["intruder"] = "got the money"

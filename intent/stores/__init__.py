@@ -35,6 +35,7 @@ amount); nothing is ever reset in place, so past periods stay readable.
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -137,9 +138,16 @@ class LeaseKeeper:
         self._thread = threading.Thread(target=self._run, name=f"lease-{charge_id}", daemon=True)
 
     def _run(self) -> None:
-        period = max(0.01, float(self.store.lease_seconds) / 3)
-        while not self._stop.wait(period):
+        # Renew at once (the gate reserved a while ago) and then every quarter of the lease, so a
+        # renewal delayed by a busy machine still lands before the lease runs out.
+        period = max(0.01, float(self.store.lease_seconds) / 4)
+        while True:
             if not self.store.renew(self.key, self.charge_id):
+                logging.getLogger("intent.stores").warning(
+                    "the lease of charge %s on %r ran out before it was renewed: another run may take "
+                    "its money while the call runs; raise the store's lease_seconds", self.charge_id, self.key)
+                return
+            if self._stop.wait(period):
                 return
 
     def __enter__(self) -> LeaseKeeper:
