@@ -20,6 +20,8 @@ metered run and charge, with a stand-in tool). Each arm reports its fastest repe
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import time
 from typing import Any
@@ -68,18 +70,76 @@ class _NoopHooks(AgentMiddleware):
         return Command(update={"messages": [handler(request)]})
 
 
+class _HookClock:
+    """Time spent inside the guard's hooks, minus the model and tool handlers they wrap: the
+    guard's own code as it runs in the graph (a direct reading, not a difference of two runs)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, middleware: Any) -> Any:
+        clock = self
+
+        def timed(fn: Any) -> Any:
+            @functools.wraps(fn)
+            def hook(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    clock.seconds += time.perf_counter() - started
+            return hook
+
+        def timed_wrapper(fn: Any) -> Any:
+            @functools.wraps(fn)
+            def hook(request: Any, handler: Any) -> Any:
+                inner = 0.0
+
+                def timed_handler(req: Any) -> Any:
+                    nonlocal inner
+                    started = time.perf_counter()
+                    try:
+                        return handler(req)
+                    finally:
+                        inner += time.perf_counter() - started
+
+                started = time.perf_counter()
+                try:
+                    return fn(request, timed_handler)
+                finally:
+                    clock.seconds += time.perf_counter() - started - inner
+            return hook
+
+        for name in ("before_model", "after_model", "after_agent"):
+            object.__setattr__(middleware, name, timed(getattr(middleware, name)))
+        for name in ("wrap_model_call", "wrap_tool_call"):
+            object.__setattr__(middleware, name, timed_wrapper(getattr(middleware, name)))
+        return middleware
+
+
+HOOKS = _HookClock()
+
+
 def _episode(calls: int, arm: str) -> float:
     market = Market([PricedTool("echo", 1.0)])
     middleware: list[Any] = {
         "plain": [],
         "noop_hooks": [_NoopHooks()],
         "guarded": [BudgetGuard(AcceptAll(), market, float(calls)).middleware()],
+        "guarded_timed": [HOOKS.wrap(BudgetGuard(AcceptAll(), market, float(calls)).middleware())],
     }[arm]
-    agent = create_agent(_Model(messages=iter(_script(calls))), [_echo()], middleware=middleware)
+    # One tool object for every episode, as an application defines its tools once.
+    agent = create_agent(_Model(messages=iter(_script(calls))), [_ECHO], middleware=middleware)
     agent = agent.with_config(recursion_limit=4 * calls + 10)
-    started = time.perf_counter()
-    agent.invoke({"messages": [HumanMessage("go")]})
-    return time.perf_counter() - started
+    # A collection in the middle of one arm's episode is noise the other arm does not pay.
+    gc.collect()
+    gc.disable()
+    try:
+        started = time.perf_counter()
+        agent.invoke({"messages": [HumanMessage("go")]})
+        return time.perf_counter() - started
+    finally:
+        gc.enable()
 
 
 def _guard_only(calls: int) -> float:
@@ -101,19 +161,37 @@ ARMS = ("plain", "noop_hooks", "guarded")
 
 
 def run(calls: int = 20, episodes: int = 20, repeats: int = 5) -> dict[str, float]:
-    from tqdm import tqdm
+    from intent.progress import progress
 
-    for arm in ARMS:
+    for arm in (*ARMS, "guarded_timed"):
         _episode(5, arm)  # warm up imports and caches
     times: dict[str, list[float]] = {arm: [] for arm in (*ARMS, "direct")}
-    for _ in tqdm(range(repeats), desc="repeats", leave=False):
-        for arm in ARMS:  # interleaved, so drift hits every arm alike
-            times[arm].append(sum(_episode(calls, arm) for _ in range(episodes)))
-        times["direct"].append(sum(_guard_only(calls) for _ in range(episodes)))
+    # Episode by episode, the arms interleaved: each guarded episode is paired with the no-op
+    # episode run just before it, and the median of those differences is the guard's share
+    # (drift and a busy neighbour hit both halves of a pair alike).
+    pairs: list[float] = []
+    hook_seconds, hook_calls = 0.0, 0
+    bar = progress(repeats * episodes, "bench-guard episodes (4 arms each)")
+    for _ in range(repeats):
+        totals = dict.fromkeys(times, 0.0)
+        for _ in range(episodes):
+            per = {arm: _episode(calls, arm) for arm in ARMS}
+            for arm, seconds in per.items():
+                totals[arm] += seconds
+            pairs.append((per["guarded"] - per["noop_hooks"]) / calls)
+            totals["direct"] += _guard_only(calls)
+            HOOKS.seconds = 0.0
+            _episode(calls, "guarded_timed")
+            hook_seconds, hook_calls = hook_seconds + HOOKS.seconds, hook_calls + calls
+            bar.update()
+        for arm, seconds in totals.items():
+            times[arm].append(seconds)
+    bar.close()
     n = calls * episodes
     # The fastest repeat of each arm: the same work every time, so anything slower is noise
-    # from this shared 2-core machine (thread start-up, GC, other processes).
+    # from this shared 2-core machine (thread start-up, other processes).
     ms = {arm: 1000 * min(v) / n for arm, v in times.items()}
+    pairs.sort()
     return {
         "calls_per_episode": calls,
         "episodes": episodes,
@@ -123,6 +201,8 @@ def run(calls: int = 20, episodes: int = 20, repeats: int = 5) -> dict[str, floa
         "guarded_ms_per_call": ms["guarded"],
         "added_ms_per_call": ms["guarded"] - ms["plain"],
         "guard_own_ms_per_call": ms["guarded"] - ms["noop_hooks"],
+        "guard_share_paired_median_ms": 1000 * pairs[len(pairs) // 2],
+        "guard_hooks_in_graph_ms_per_call": 1000 * hook_seconds / hook_calls,
         "guard_code_only_ms_per_call": ms["direct"],
         "ratio_guarded_to_plain": ms["guarded"] / ms["plain"],
         "ratio_guarded_to_noop_hooks": ms["guarded"] / ms["noop_hooks"],

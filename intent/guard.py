@@ -485,7 +485,7 @@ class BudgetGuard:
         ledger = episode.ledger
         market = self.market_for(episode_id, channel)
         query = first_human_text(messages)
-        step = sum(1 for m in messages if isinstance(m, AIMessage)) - 1
+        step = _count_ai(messages) - 1
         answered = answered_after(messages, index)
         known_decisions = (channel or {}).get("decisions") or {}
         reasoning = text_of(ai)
@@ -527,7 +527,7 @@ class BudgetGuard:
         # the later one is renamed in the message and refused: each call answered once.
         calls, renamed = _dedupe(ai) if ai.id else (list(ai.tool_calls), {})
         merged: dict[str, str] = {}
-        if self.merge_identical_calls and ai.id:
+        if self.merge_identical_calls and ai.id and len(calls) > 1:
             calls, merged = _merge_identical(calls, renamed, answered)
         if (renamed or merged) and ai.id:
             update: dict[str, Any] = {"tool_calls": calls}
@@ -956,6 +956,11 @@ def _check_currencies(budget: Budget | FromParent, market: Market, prices: Model
 
 def _is_oracle_bug(exc: BaseException) -> bool:
     return bool(getattr(exc, _ORACLE_BUG, False))
+
+
+def _count_ai(messages: Sequence[Any]) -> int:
+    # A list of bools summed in C: the gate runs this on every model turn.
+    return sum([isinstance(m, AIMessage) for m in messages])
 
 
 def _merge_identical(calls: list[dict[str, Any]], renamed: Mapping[str, str], answered: Any = ()

@@ -137,6 +137,9 @@ class BudgetLedger:
         self._entries: dict[str, LedgerEntry] = {}
         # Charge ids of each proposed call, in the order they were made (the gate's, then retries).
         self._by_call: dict[str, list[str]] = {}
+        # Reservations not yet settled, in the order made (a dict as an ordered set): the guard
+        # looks for them at every model boundary.
+        self._held_ids: dict[str, None] = {}
         # Running totals per status, so that spent/remaining are O(1) on the hot path.
         self._totals: dict[str, float] = {"reserved": 0.0, "committed": 0.0, "released": 0.0}
         # Held or spent per sub-cap group ("tools", "llm"), for Budget(tools=..., llm=...).
@@ -161,6 +164,10 @@ class BudgetLedger:
         else:
             self._by_call.setdefault(entry.call_key, []).append(entry.call_id)
         self._entries[entry.call_id] = entry
+        if entry.status == "reserved":
+            self._held_ids[entry.call_id] = None
+        else:
+            self._held_ids.pop(entry.call_id, None)
         self._totals[entry.status] += entry.amount
         self._overrun += entry.overrun
         if entry.kind not in _ESTIMATED_KINDS:
@@ -321,7 +328,7 @@ class BudgetLedger:
     def held(self) -> list[LedgerEntry]:
         """Reservations not yet committed or released."""
         with self._lock:
-            return [e for e in self._entries.values() if e.status == "reserved"]
+            return [self._entries[c] for c in self._held_ids]
 
     def charges_of(self, call_key: str) -> list[LedgerEntry]:
         """Every charge of one proposed call: its gate reservation, then one per further run."""

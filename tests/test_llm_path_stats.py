@@ -149,9 +149,13 @@ def test_oracle_log_collection_prints_a_heartbeat_until_complete(tmp_path, capsy
     data = tmp_path / "oracle_data"
     data.mkdir()
     (data / "logs.jsonl").write_text('{"task_id": "prompt:a:1"}\n{"task_id": "prompt:a:1"}\n{"task_id": "prompt:b:1"}\n')
+    out = ""
     with _CollectionHeartbeat(tmp_path, "intent", 10, every_s=0.05):
-        time.sleep(0.3)
-    out = capsys.readouterr().out
+        deadline = time.monotonic() + 20  # a loaded CI machine may delay the heartbeat thread
+        while "episodes with tool calls" not in out and time.monotonic() < deadline:
+            time.sleep(0.05)
+            out += capsys.readouterr().out
+    out += capsys.readouterr().out
     assert "intent needs oracle logs: the Prompt agent first runs 10 tasks" in out
     assert "2 episodes with tool calls so far" in out
     (data / "COMPLETE").write_text("ok\n")
