@@ -11,10 +11,13 @@ model (simulated) and a tool that returns at once:
   ``Command``, ``after_agent``): the price of LangChain's middleware plumbing itself;
 * ``guarded``: ``BudgetGuard(AcceptAll(), ...).middleware()``.
 
-``guard_own_ms_per_call`` = guarded - noop_hooks is what the guard's code adds inside that
-plumbing; ``added_ms_per_call`` = guarded - plain is what a user pays in total. A last figure
+``guard_share_paired_median_ms`` is the headline: the median, over episodes, of (guarded episode
+- the no-op episode run just before it) per call. ``guard_own_ms_per_call`` is the same
+difference between the arms' fastest repeats; ``added_ms_per_call`` = guarded - plain is what a
+user pays in total. ``guard_hooks_in_graph_ms_per_call`` times the guard's hooks directly inside
+the graph (the model and tool handlers they wrap excluded), and ``guard_code_only_ms_per_call``
 times the guard's code with no graph at all (:class:`intent.testing.GuardDriver`: settle, gate,
-metered run and charge, with a stand-in tool). Each arm reports its fastest repeat.
+metered run and charge, with a stand-in tool).
 """
 
 from __future__ import annotations
