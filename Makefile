@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test test-slow bench-stores loop bench-v2 bench-guard bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
+.PHONY: install demo demo-guard study test test-slow bench-stores loop bench-v2 predictor-report bench-guard bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,15 @@ loop: install
 	  $(VENV)/bin/intent bench --methods prompt --tasks 300 --workers 2 --seed 1 --out runs/loop-logs; fi
 	$(VENV)/bin/intent loop --logs $(or $(LOGS),runs/loop-logs/logs.jsonl) --out $(LOOP_OUT) \
 	  --wm-steps $(WM_STEPS) --tasks $(LOOP_TASKS)
+
+# Issue 13's predictor targets, on logs big enough to measure them: the Prompt agent (pre-registered
+# simulated agent, market v2) on 3,000 tasks, then `intent train report` (split by task; ~2,000 held-out
+# calls; AUROC/NLL/Brier/ECE beside the counting baselines; reliability.png, p_histogram.png). ~4 minutes.
+PRED_OUT ?= runs/predictor
+predictor-report: install
+	$(VENV)/bin/intent bench --market synthetic-v2 --agent sim-llm --methods prompt --tasks 3000 --workers 2 \
+	  --seed 7 --out $(PRED_OUT)/logs
+	$(VENV)/bin/intent train report --logs $(PRED_OUT)/logs/logs.jsonl --out $(PRED_OUT) --min-test-examples 2000
 
 # A walk-through of the guard alone: a scripted agent, each decision and the ledger.
 demo-guard: install

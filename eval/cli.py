@@ -35,6 +35,8 @@ def _bench(args: argparse.Namespace) -> int:
     for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens"):
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)
+    if args.oracle_tasks is not None:
+        options["oracle_train_tasks"] = args.oracle_tasks
     for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir", "judge",
                 "judge_url", "judge_model", "judge_runs", "world_model"):
         if getattr(args, key, None):
@@ -62,6 +64,8 @@ def _study(args: argparse.Namespace) -> int:
         kw["options"] = {"base_url": args.base_url}
     if args.max_tokens is not None:
         kw.setdefault("options", {})["max_tokens"] = args.max_tokens
+    if args.oracle_tasks is not None:
+        kw["oracle_tasks"] = args.oracle_tasks
     cfg = StudyConfig.quick(**kw) if args.quick else StudyConfig(**kw)
     run_study(cfg)
     print((__import__("pathlib").Path(args.out) / "report.md").read_text())
@@ -148,6 +152,10 @@ def register(sub: Any) -> None:
     p.add_argument("--oracle-max-tokens", type=int, metavar="N",
                    help="with --charge-oracle: hold N tokens' worth before each decision, so the budget is never "
                         "exceeded (without it the oracle is charged after it decided, and may overrun)")
+    p.add_argument("--oracle-tasks", type=_positive_int, metavar="N",
+                   help="without --oracle-logs: how many tasks (their own, not the benchmark's) the Prompt agent "
+                        "runs first to collect the oracles' training logs (bench: max(50, --tasks); study: 3000, "
+                        "--quick: 300)")
     p.add_argument("--oracle-logs", help="interaction logs (intent.logs JSONL) to build the oracle models from")
     p.add_argument("--predictor-dir", help="a trained intention predictor directory (intent train predictor)")
     p.add_argument("--judge", choices=["proxy", "sopr"], help="StableToolBench judge (default proxy; sopr needs "

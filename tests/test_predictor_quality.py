@@ -155,3 +155,61 @@ def test_learned_predictors_fall_back_to_counting_when_logs_hold_one_label(tmp_p
         model = res._build("predictor", recs)
         assert isinstance(model, EmpiricalMeanPredictor) and any("only z=1" in n for n in res.notes)
         assert isinstance(res._build("predictor_encoder", recs), EmpiricalMeanPredictor)
+
+
+def _miscalibrated(n_tasks: int, seed: int) -> tuple[list, list[int], list[str]]:
+    """Calls whose success needs two name tokens *together* (alpha and beta: 0.9, else 0.15).
+    A logistic model adds the tokens' weights, so it ranks the calls right but puts the calls with
+    one of the two in the middle: too high there, too low for the pairs. One temperature cannot
+    fix both ends; an isotonic map can. Each tool name is near-unique (a serial number), so the
+    whole-name feature cannot learn each tool's rate."""
+    rng = random.Random(seed)
+    items, labels, groups = [], [], []
+    for t in range(n_tasks):
+        for step in range(4):
+            a, b = rng.choice(["alpha", "gamma"]), rng.choice(["beta", "delta"])
+            tool = f"{a}_svc{rng.randrange(100_000)}_{b}"  # no bigram holds both tokens
+            items.append(("call the service", tool, {}))
+            labels.append(int(rng.random() < (0.9 if (a, b) == ("alpha", "beta") else 0.15)))
+            groups.append(f"t{seed}-{t}")
+    return items, labels, groups
+
+
+def test_isotonic_map_is_monotone_and_pools_small_blocks():
+    from worldmodel.calibration import apply_isotonic, fit_isotonic
+
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0, 1, 2000)
+    y = (rng.uniform(0, 1, 2000) < 0.3 + 0.4 * (p > 0.5)).astype(int)  # a step, not the identity
+    xs, ys = fit_isotonic(p, y, min_block=50)
+    assert xs == sorted(xs) and ys == sorted(ys) and len(xs) <= 2000 // 50
+    mapped = apply_isotonic([0.1, 0.4, 0.6, 0.9], xs, ys)
+    assert abs(mapped[0] - 0.3) < 0.08 and abs(mapped[3] - 0.7) < 0.08  # the step's two levels, not p itself
+    with pytest.raises(ValueError, match="both classes"):
+        fit_isotonic([0.2, 0.4], [1, 1])
+
+
+def test_isotonic_calibration_is_kept_when_it_wins_out_of_sample_and_lowers_test_ece():
+    from worldmodel.calibration import ece, sigmoid
+
+    items, labels, groups = _miscalibrated(700, 0)
+    test_items, test_labels, _ = _miscalibrated(500, 1)
+    model = HashedLogisticPredictor(seed=0).fit(items, labels, groups=groups)
+    assert model.calibration_kind == "isotonic" and model.split["calibration"] == "isotonic"
+    assert model.split["isotonic_min_block"] in model.isotonic_blocks
+    assert model.split["dev_ece_isotonic_crossfit"] < model.split["dev_ece_unscaled"]
+    calibrated = model.predict_batch(test_items)
+    temperature_only = sigmoid(np.asarray(model.logits(test_items)) / model.temperature)
+    assert ece(calibrated, test_labels, 15) < ece(temperature_only, test_labels, 15) - 0.02
+    model.calibrated = False  # the "Uncalibrated" ablation: the raw logistic p
+    assert model.predict_batch(test_items) == [float(p) for p in sigmoid(np.asarray(model.logits(test_items)))]
+
+
+def test_isotonic_calibration_that_does_not_win_out_of_sample_is_not_kept(monkeypatch):
+    import worldmodel.calibration as calibration
+
+    items, labels, groups = _miscalibrated(700, 0)
+    # A map that sends every p to 0.5 loses to the logistic p on the other half of the held-out tasks.
+    monkeypatch.setattr(calibration, "apply_isotonic", lambda p, xs, ys: np.full(len(p), 0.5))
+    model = HashedLogisticPredictor(seed=0).fit(items, labels, groups=groups)
+    assert model.isotonic is None and model.calibration_kind != "isotonic"

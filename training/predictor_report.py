@@ -132,7 +132,7 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
                                                     groups=[t.task_id for t in train])
     logits = np.asarray(model.logits(_items(test)))
     raw = [float(p) for p in sigmoid(logits)]
-    cal = [float(p) for p in sigmoid(logits / model.temperature)]
+    cal = [float(p) for p in model._calibrate(logits)]
     baselines = {
         "tool_frequency": EmpiricalMeanPredictor(train, labeler=_z).predict_batch(_items(test)),
         "tool_token_frequency": ToolTokenFrequencyPredictor(train, labeler=_z).predict_batch(_items(test)),
@@ -171,7 +171,7 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
         "split": {"by": "task", "seed": seed, "train_tasks": len(train_tasks), "test_tasks": len(test_tasks),
                   "train_examples": len(train), "test_examples": len(test), "fit": model.split},
         "test_positive_rate": sum(y_test) / max(1, len(y_test)),
-        "temperature": model.temperature, "delta": delta, "scores": scores,
+        "temperature": model.temperature, "calibration": model.calibration_kind, "delta": delta, "scores": scores,
         "ece_floor": ece_floor(enc_cal if chosen == "encoder" else cal, seed=seed),
         "chosen": chosen, "best_baseline": best_name, "auroc_gain_over_best_baseline": mine["auroc"] - best,
         **({"encoder": {k: encoder_report[k] for k in ("base_model", "examples", "steps", "temperature")}}
@@ -188,7 +188,7 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
         from worldmodel.plots import p_histogram_png, reliability_png
 
         reliability_png(out / "reliability.png", raw, cal, y_test,
-                        f"{title}: held-out tasks (T = {model.temperature:.2f})")
+                        f"{title}: held-out tasks (T = {model.temperature:.2f}, {model.calibration_kind})")
         p_histogram_png(out / "p_histogram.png", {"hashed (scaled)": cal, **({"encoder (scaled)": enc_cal}
                                                                              if encoder is not None else {}),
                                                   **baselines}, delta,

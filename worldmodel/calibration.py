@@ -1,4 +1,4 @@
-"""Post-hoc temperature scaling (Guo et al., 2017) and calibration metrics, numpy only.
+"""Post-hoc temperature scaling (Guo et al., 2017), isotonic calibration and calibration metrics, numpy only.
 
 Shared by the light hashed-logistic predictor and the encoder trainer in ``training/``.
 """
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["brier", "ece", "fit_temperature", "nll", "reliability_bins", "sigmoid"]
+__all__ = ["apply_isotonic", "brier", "ece", "fit_isotonic", "fit_temperature", "nll", "reliability_bins", "sigmoid"]
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -71,3 +71,44 @@ def fit_temperature(logits: Sequence[float], labels: Sequence[int], *, low: floa
             a = c
         c, d = b - g * (b - a), a + g * (b - a)
     return float(np.exp((a + b) / 2))
+
+
+def fit_isotonic(probs: Sequence[float], labels: Sequence[int], *, min_block: int = 20
+                 ) -> tuple[list[float], list[float]]:
+    """Isotonic regression of the label on ``probs`` (pool-adjacent-violators), as knots.
+
+    Returns ``(xs, ys)``: each pooled block's mean p and its success rate, increasing in both.
+    :func:`apply_isotonic` interpolates between the knots, so the map is continuous and ranks
+    are kept within a block. Blocks smaller than ``min_block`` calls are pooled with their
+    neighbour first (a block of three calls says nothing about a rate). Temperature scaling can
+    only stretch the logits; this fixes a predictor that is too low at one end and too high in
+    the middle.
+    """
+    p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=float)
+    if len(p) != len(y) or len(p) == 0:
+        raise ValueError(f"isotonic calibration needs one label per probability (got {len(p)} and {len(y)})")
+    if len(set(y.tolist())) < 2:
+        raise ValueError("isotonic calibration needs both classes in the calibration split")
+    order = np.argsort(p, kind="mergesort")
+    # Start from blocks of min_block consecutive calls, then pool adjacent violators.
+    blocks: list[list[float]] = []  # [sum p, sum y, n]
+    for start in range(0, len(order), min_block):
+        sel = order[start:start + min_block]
+        blocks.append([float(p[sel].sum()), float(y[sel].sum()), float(len(sel))])
+    if len(blocks) > 1 and blocks[-1][2] < min_block:
+        last = blocks.pop()
+        blocks[-1] = [a + b for a, b in zip(blocks[-1], last)]
+    stack: list[list[float]] = []
+    for block in blocks:
+        stack.append(block)
+        while len(stack) > 1 and stack[-2][1] / stack[-2][2] >= stack[-1][1] / stack[-1][2]:
+            top = stack.pop()
+            stack[-1] = [a + b for a, b in zip(stack[-1], top)]
+    xs = [s / n for s, _, n in stack]
+    ys = [min(1 - 1e-3, max(1e-3, k / n)) for _, k, n in stack]
+    return xs, ys
+
+
+def apply_isotonic(probs: Sequence[float], xs: Sequence[float], ys: Sequence[float]) -> np.ndarray:
+    """Map ``probs`` through the knots of :func:`fit_isotonic` (linear between knots, flat beyond)."""
+    return np.interp(np.asarray(probs, dtype=float), np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
