@@ -272,3 +272,59 @@ def test_world_model_exports_the_best_validation_step(logs, tiny_lm, tmp_path, m
                                 batch_size=2, max_length=96, progress=False, samples=0, eval_every=1,
                                 keep_best=False)
     assert off["exported_step"] == 8
+
+
+VLLM_PY = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.mark.ml
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PY.exists(), reason="needs vLLM in .venv-vllm (scripts/vllm_venv.sh)")
+def test_loop_benches_its_world_model_served_by_vllm(logs, tmp_path):
+    """The loop's served path, for real: the generator it trains (SmolLM2-135M, a few steps) is
+    served by vLLM (the CPU build here) and the loop's bench runs intent-trained-wm against that
+    server through --world-model-url; each INTENT decision's world-model tokens come from it."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    from eval.loop import LoopConfig, run_loop
+    from training.serve import vllm_command
+    from training.train_worldmodel import train_world_model
+
+    out = tmp_path / "loop"
+    wm_dir = out / "worldmodel"
+    # The loop's own world-model stage, run ahead so that the server can start on its output; the
+    # loop then finds the stage complete and goes on (as a resumed loop does).
+    train_world_model(pairs(load_records(logs)), wm_dir, base_model=None, conditional=True, max_steps=2,
+                      batch_size=2, max_length=96, progress=False, samples=0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = vllm_command(wm_dir, port=port, python=str(VLLM_PY), gpu_memory_utilization=0.4)
+    log = (tmp_path / "vllm.log").open("w")
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            assert server.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "vLLM did not start in 15 minutes"
+                time.sleep(5)
+        cfg = LoopConfig(logs=[str(logs)], out=str(out), encoder_epochs=0, wm_steps=2, fidelity_calls=2,
+                         bench_tasks=2, workers=1, progress=False,
+                         world_model_url=f"http://127.0.0.1:{port}/v1", world_model_name=wm_dir.name)
+        result = run_loop(cfg)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    bench = result["bench"]
+    assert all(m["FR"] == 100.0 for m in bench.values())
+    notes = " ".join(result["bench_config"]["oracle_notes"])
+    assert f"127.0.0.1:{port}" in notes  # intent-trained-wm used the served model, not an in-process one
+    served = (tmp_path / "vllm.log").read_text()
+    assert served.count("POST /v1/chat/completions") > 0  # ... and its rollouts reached the server
