@@ -330,6 +330,7 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
         lines.append(f"| {m} | {_cell(v.get('PR'))} | {_cell(v.get('FR'))} | {_cell(v.get('AC'))} | "
                      f"{_cell(v.get('time_ratio'))} | {_cell(v.get('latency_ratio'))} | {_cell(v.get('token_ratio'))}"
                      f" | {_cell(v.get('cache_hit_rate'))} | {_cell(PAPER_ABLATION_PR.get(m))} |")
+    lines += ["", blacklist_line(summary["ablations"]["methods"])]
     titles = {"relevant_price_scale": "Reference-tool prices (Figure 4 structure)",
               "budget_scale": "Budget scaling (Figure 5 structure)", "gamma": "Risk factor gamma (Figure 7 structure)",
               "oracle_fraction": "Oracle training data (Figure 3 structure)",
@@ -372,13 +373,30 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+def blacklist_line(methods: dict[str, Any]) -> str:
+    """How often INTENT's blacklist fired, and what that means for the no-blacklist ablation."""
+    intent = methods.get("intent") or {}
+    rate, hidden = intent.get("below_delta_rate"), intent.get("blacklisted_per_task")
+    if rate is None:
+        return "- INTENT's blacklist: not measured in this run."
+    line = (f"- INTENT's blacklist: {100 * rate:.1f}% of its predicted steps had p < delta, "
+            f"{hidden or 0.0:.2f} tools hidden per task.")
+    off = methods.get("intent-no-blacklist")
+    if not rate and off is not None:
+        line += (" It never fired, so intent-no-blacklist makes the same decisions as intent: the predictor "
+                 "gave no call p < delta (after calibration, no group of calls in the logs succeeds that rarely).")
+    return line
+
+
 def predictor_lines(cal: dict[str, Any]) -> list[str]:
     """The predictor report as markdown: metrics on held-out tasks beside the counting baselines."""
     split = cal["split"]
     lines = ["![reliability](reliability.png) ![p histogram](p_histogram.png)", "",
              f"{cal['predictor']}; split by task: {split['train_tasks']} training tasks ({split['train_examples']} "
-             f"calls), {split['test_tasks']} test tasks ({split['test_examples']} calls); T = {cal['temperature']:.3f} "
-             f"(chosen on held-out training tasks; kept only if it lowers their NLL and not their ECE).", "",
+             f"calls), {split['test_tasks']} test tasks ({split['test_examples']} calls); T = {cal['temperature']:.3f}, "
+             f"calibration: {cal.get('calibration', 'temperature')} (chosen on held-out training tasks: a temperature "
+             "kept only if it lowers their NLL and not their ECE; an isotonic map kept only if it does so out of "
+             "sample, cross-fitted over them).", "",
              "| predictor | AUROC | NLL | Brier | ECE (15 bins) | accuracy | p < delta |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, sc in cal["scores"].items():

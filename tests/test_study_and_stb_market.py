@@ -64,3 +64,17 @@ def test_study_pipeline_end_to_end(tmp_path):
     assert {"hashed", "tool_frequency", "tool_token_frequency"} <= set(cal["scores"]) and "AUROC" in report
     assert (tmp_path / "p_histogram.png").stat().st_size > 1000
     assert set(summary["fraction_auroc"]) == {"0.5", "1"} and "training calls | AUROC" in report
+    assert "INTENT's blacklist: " in report
+
+
+def test_the_study_says_whether_the_blacklist_fired():
+    from eval.study import blacklist_line
+
+    fired = blacklist_line({"intent": {"below_delta_rate": 0.052, "blacklisted_per_task": 0.5},
+                            "intent-no-blacklist": {}})
+    assert "5.2% of its predicted steps had p < delta, 0.50 tools hidden per task." in fired
+    assert "never fired" not in fired
+    silent = blacklist_line({"intent": {"below_delta_rate": 0.0, "blacklisted_per_task": 0.0},
+                             "intent-no-blacklist": {}})
+    assert "never fired, so intent-no-blacklist makes the same decisions" in silent
+    assert "not measured" in blacklist_line({"intent": {}})
