@@ -213,3 +213,10 @@ def test_isotonic_calibration_that_does_not_win_out_of_sample_is_not_kept(monkey
     monkeypatch.setattr(calibration, "apply_isotonic", lambda p, xs, ys: np.full(len(p), 0.5))
     model = HashedLogisticPredictor(seed=0).fit(items, labels, groups=groups)
     assert model.isotonic is None and model.calibration_kind != "isotonic"
+
+
+def test_no_isotonic_map_from_too_few_held_out_calls():
+    items, labels, groups = _miscalibrated(700, 0)  # ~560 held-out calls: enough for the default
+    few = HashedLogisticPredictor(seed=0, min_isotonic_examples=10_000).fit(items, labels, groups=groups)
+    assert few.isotonic is None and "dev_ece_isotonic_crossfit" not in few.split
+    assert HashedLogisticPredictor(seed=0).fit(items, labels, groups=groups).isotonic is not None

@@ -133,7 +133,8 @@ class HashedLogisticPredictor:
     the held-out ECE, so calibration never makes the model worse on the tasks it was fitted on, and
     only when they hold ``min_calibration_examples`` calls (one scalar fitted on ~90 calls overfits:
     seen here, T = 2.4 doubled the test ECE). An isotonic map after the temperature is kept on the
-    same terms, judged out of sample by cross-fitting over the held-out tasks (temperature scaling
+    same terms, judged out of sample by cross-fitting over the held-out tasks, when they hold
+    ``min_isotonic_examples`` calls (temperature scaling
     cannot fix a predictor too low at one end and too high in the middle). Without groups, the
     held-out split is by record (each record its own task) and the fit says so in ``split``.
 
@@ -145,12 +146,15 @@ class HashedLogisticPredictor:
     def __init__(self, *, n_features: int = 2**15, l2: float | None = None,
                  l2_grid: Sequence[float] = (1e-4, 1e-3, 1e-2), epochs: int = 300, lr: float = 0.1,
                  seed: int = 0, min_calibration_examples: int = 200,
-                 isotonic_blocks: Sequence[int] = (20, 40, 80)) -> None:
+                 isotonic_blocks: Sequence[int] = (20, 40, 80), min_isotonic_examples: int = 500) -> None:
         if epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {epochs}")
         self.n_features, self.epochs, self.lr, self.seed = n_features, epochs, lr, seed
         self.min_calibration_examples = min_calibration_examples
         self.isotonic_blocks = tuple(isotonic_blocks)
+        # A map of several knots needs more held-out calls than one temperature: each half of the
+        # cross-fit must still hold a few blocks of 80.
+        self.min_isotonic_examples = min_isotonic_examples
         self.l2_grid = tuple(l2_grid) if l2 is None else (float(l2),)
         self.l2: float | None = l2
         self.weights: Any = None
@@ -296,7 +300,7 @@ class HashedLogisticPredictor:
                 self.temperature = t
             scaled = sigmoid(logits / self.temperature)
             dev_metrics = {"dev_nll_unscaled": nll(before, y_dev), "dev_ece_unscaled": ece(before, y_dev, 15)}
-            if len(y_dev) >= self.min_calibration_examples:
+            if len(y_dev) >= self.min_isotonic_examples:
                 dev_metrics |= self._fit_isotonic(scaled, y_dev, [keys[i] for i in np.flatnonzero(dev)])
             final = self._calibrate(logits)
             dev_metrics |= {"dev_nll": nll(final, y_dev), "dev_ece": ece(final, y_dev, 15)}
