@@ -54,6 +54,17 @@ def _echo() -> StructuredTool:
     return StructuredTool.from_function(lambda x: str(x), name="echo", description="returns its input")
 
 
+class _TimedEcho(StructuredTool):
+    """The echo tool of the timed arm: its own runs are timed, to take them out of the guard's."""
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return super().invoke(*args, **kwargs)
+        finally:
+            HOOKS.tool_seconds += time.perf_counter() - started
+
+
 class _NoopHooks(AgentMiddleware):
     """The guard's hook shape, doing nothing: isolates LangChain's middleware cost."""
 
@@ -74,11 +85,14 @@ class _NoopHooks(AgentMiddleware):
 
 
 class _HookClock:
-    """Time spent inside the guard's hooks, minus the model and tool handlers they wrap: the
-    guard's own code as it runs in the graph (a direct reading, not a difference of two runs)."""
+    """Time spent in the guard's code inside the graph: its hooks, minus the model and tool
+    handlers they wrap, plus its metered run of the tool (inside the tool handler), minus the
+    tool's own run. A direct reading, not a difference of two runs."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.tool_seconds = 0.0  # the timed arm's tool's own runs (_TimedEcho)
+        self.active = False  # only the timed arm's episodes are counted
 
     def wrap(self, middleware: Any) -> Any:
         clock = self
@@ -119,6 +133,24 @@ class _HookClock:
             object.__setattr__(middleware, name, timed_wrapper(getattr(middleware, name)))
         return middleware
 
+    def install(self) -> None:
+        """Count the guard's metered run (reserve, charge) that happens inside the tool handler."""
+        from intent.metering import CallRun
+
+        clock, execute = self, CallRun.execute
+
+        def timed_execute(run: Any, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
+            if not clock.active:
+                return execute(run, tool, tool_input, config, kwargs)
+            tool_before = clock.tool_seconds
+            started = time.perf_counter()
+            try:
+                return execute(run, tool, tool_input, config, kwargs)
+            finally:
+                clock.seconds += time.perf_counter() - started - (clock.tool_seconds - tool_before)
+
+        CallRun.execute = timed_execute  # type: ignore[method-assign]
+
 
 HOOKS = _HookClock()
 
@@ -132,7 +164,8 @@ def _episode(calls: int, arm: str) -> float:
         "guarded_timed": [HOOKS.wrap(BudgetGuard(AcceptAll(), market, float(calls)).middleware())],
     }[arm]
     # One tool object for every episode, as an application defines its tools once.
-    agent = create_agent(_Model(messages=iter(_script(calls))), [_ECHO], middleware=middleware)
+    tool = _TIMED_ECHO if arm == "guarded_timed" else _ECHO
+    agent = create_agent(_Model(messages=iter(_script(calls))), [tool], middleware=middleware)
     agent = agent.with_config(recursion_limit=4 * calls + 10)
     # A collection in the middle of one arm's episode is noise the other arm does not pay.
     gc.collect()
@@ -158,6 +191,8 @@ def _guard_only(calls: int) -> float:
 
 
 _ECHO = _echo()
+_TIMED_ECHO = _TimedEcho(name="echo", description="returns its input", func=lambda x: str(x),
+                         args_schema=_ECHO.args_schema)
 
 
 ARMS = ("plain", "noop_hooks", "guarded")
@@ -166,6 +201,7 @@ ARMS = ("plain", "noop_hooks", "guarded")
 def run(calls: int = 20, episodes: int = 20, repeats: int = 5) -> dict[str, float]:
     from intent.progress import progress
 
+    HOOKS.install()
     for arm in (*ARMS, "guarded_timed"):
         _episode(5, arm)  # warm up imports and caches
     times: dict[str, list[float]] = {arm: [] for arm in (*ARMS, "direct")}
@@ -183,8 +219,11 @@ def run(calls: int = 20, episodes: int = 20, repeats: int = 5) -> dict[str, floa
                 totals[arm] += seconds
             pairs.append((per["guarded"] - per["noop_hooks"]) / calls)
             totals["direct"] += _guard_only(calls)
-            HOOKS.seconds = 0.0
-            _episode(calls, "guarded_timed")
+            HOOKS.seconds, HOOKS.active = 0.0, True
+            try:
+                _episode(calls, "guarded_timed")
+            finally:
+                HOOKS.active = False
             hook_seconds, hook_calls = hook_seconds + HOOKS.seconds, hook_calls + calls
             bar.update()
         for arm, seconds in totals.items():

@@ -485,7 +485,7 @@ class BudgetGuard:
         ledger = episode.ledger
         market = self.market_for(episode_id, channel)
         query = first_human_text(messages)
-        step = _count_ai(messages) - 1
+        step = episode.count_ai(messages) - 1
         answered = answered_after(messages, index)
         known_decisions = (channel or {}).get("decisions") or {}
         reasoning = text_of(ai)
@@ -956,11 +956,6 @@ def _check_currencies(budget: Budget | FromParent, market: Market, prices: Model
 
 def _is_oracle_bug(exc: BaseException) -> bool:
     return bool(getattr(exc, _ORACLE_BUG, False))
-
-
-def _count_ai(messages: Sequence[Any]) -> int:
-    # A list of bools summed in C: the gate runs this on every model turn.
-    return sum([isinstance(m, AIMessage) for m in messages])
 
 
 def _merge_identical(calls: list[dict[str, Any]], renamed: Mapping[str, str], answered: Any = ()

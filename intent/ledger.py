@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from intent.budget import CAP_OF_KIND, ENTRY_KINDS, Budget, EntryKind
@@ -408,8 +408,8 @@ class BudgetLedger:
                 new = f"{run_id}/{call_id}~{len(self._entries)}:{amount!r}"
                 store.reserve(key, new, amount, run_id=run_id, tool=tool or entry.tool, kind=entry.kind)
                 store.release(key, old)
-                entry = replace(entry, store_id=new)
-            entry = replace(entry, amount=amount, tool=tool or entry.tool,
+                entry = _evolve(entry, store_id=new)
+            entry = _evolve(entry, amount=amount, tool=tool or entry.tool,
                             market_version=entry.market_version if market_version is None else market_version)
             self._put(entry)
             return entry
@@ -418,7 +418,7 @@ class BudgetLedger:
         """Record which run of the proposed call a held reservation pays for."""
         with self._lock:
             entry = self._entries[call_id]
-            entry = replace(entry, execution=execution)
+            entry = _evolve(entry, execution=execution)
             self._put(entry)
             return entry
 
@@ -441,7 +441,7 @@ class BudgetLedger:
             else:
                 billed = check_amount(amount, f"billed amount of call {call_id!r}")
                 over = max(0.0, billed - entry.amount)
-                entry = replace(entry, status="committed", amount=billed, overrun=over if over > _EPS else 0.0)
+                entry = _evolve(entry, status="committed", amount=billed, overrun=over if over > _EPS else 0.0)
             if self._shared is not None:
                 store, key, run_id = self._shared
                 store.commit(key, entry.store_id or f"{run_id}/{call_id}", entry.amount)
@@ -534,8 +534,21 @@ class BudgetLedger:
         return f"BudgetLedger(budget={s['budget']:g}, spent={s['spent']:g}, reserved={s['reserved']:g})"
 
 
+def _evolve(entry: LedgerEntry, **changes: Any) -> LedgerEntry:
+    """``dataclasses.replace`` for an entry, without its per-call field introspection: the
+    ledger makes two or three of these on every tool call."""
+    if not changes.keys() <= _EVOLVABLE:
+        raise TypeError(f"cannot change {sorted(changes.keys() - _EVOLVABLE)} of a ledger entry")
+    return LedgerEntry(
+        changes.get("call_id", entry.call_id), changes.get("tool", entry.tool), changes.get("amount", entry.amount),
+        changes.get("status", entry.status), entry.seq, changes.get("market_version", entry.market_version),
+        entry.tool_call_id, changes.get("execution", entry.execution), changes.get("overrun", entry.overrun),
+        entry.kind, changes.get("store_id", entry.store_id),
+    )
+
+
 def _with_status(entry: LedgerEntry, status: EntryStatus) -> LedgerEntry:
-    return replace(entry, status=status)
+    return _evolve(entry, status=status)
 
 
 def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -550,26 +563,35 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
         return dict(right) if right else None
     if not right:
         return dict(left)
-    entries: dict[str, dict[str, Any]] = dict(left.get("entries") or {})
-    for cid, entry in (right.get("entries") or {}).items():
-        old = entries.get(cid)
-        if old is None or _RANK[entry["status"]] > _RANK[old["status"]]:
-            entries[cid] = entry
-    # Everything but the entries (budget, episode id, overspend flag) is fixed by the first
-    # state that sets it; the market snapshot is the latest one the gate used.
+    # Written for speed: LangGraph applies this to every write of the channel, twice (once to
+    # read fresh state for the next edge, once to apply the step), two writes per tool call.
     merged = dict(left)
     for key, value in right.items():
-        if key in _LATEST_WINS or key not in merged:
+        if key == "entries":
+            value = value or {}
+            known = left.get("entries")
+            if not known:
+                merged["entries"] = dict(value)
+                continue
+            entries = dict(known)
+            for cid, entry in value.items():
+                old = entries.get(cid)
+                if old is None or _RANK[entry["status"]] > _RANK[old["status"]]:
+                    entries[cid] = entry
+            merged["entries"] = entries
+        elif key in _UNION:
+            # Top-ups and the gate's decisions are keyed by id and never change once written.
+            known = left.get(key)
+            merged[key] = {**known, **(value or {})} if known else dict(value or {})
+        elif key in _LATEST_WINS or key not in merged:
+            # Everything else (budget, episode id, overspend flag) is fixed by the first state
+            # that sets it; the market snapshot is the latest one the gate used.
             merged[key] = value
-    merged["entries"] = entries
-    # Top-ups and the gate's decisions are keyed by id and never change once written.
-    for key in _UNION:
-        if left.get(key) or right.get(key):
-            merged[key] = {**(left.get(key) or {}), **(right.get(key) or {})}
     return merged
 
 
 # Model calls are reserved at an estimate of their prompt: a bill above it is not a broken quote.
 _ESTIMATED_KINDS = frozenset({"model", "oracle"})
-_LATEST_WINS = ("market", "market_version", "market_scope")
-_UNION = ("top_ups", "top_up_by", "decisions", "caps")
+_LATEST_WINS = frozenset({"market", "market_version", "market_scope"})
+_UNION = frozenset({"top_ups", "top_up_by", "decisions", "caps"})
+_EVOLVABLE = frozenset({"call_id", "tool", "amount", "status", "market_version", "execution", "overrun", "store_id"})

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Generator, Mapping
+import functools
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
@@ -74,7 +75,7 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     cid, name = call["id"], call["name"]
     state = request.state
     channel = channel_of(state)
-    messages: list[AnyMessage] = list((state.get("messages") if isinstance(state, Mapping) else None) or [])
+    messages: Sequence[AnyMessage] = (state.get("messages") if isinstance(state, Mapping) else None) or []
     index, ai = find_call(messages, cid)
     if not channel or ai is None or not channel.get("episode_id"):
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
@@ -112,6 +113,32 @@ class MeteredTool:
         return f"MeteredTool({self._tool!r})"
 
 
+class _MeteredTools(Sequence[Any]):
+    """``runtime.tools`` as a middleware inside the guard sees it (HumanInTheLoopMiddleware
+    picks a reviewer's redirected tool from there): each tool metered, wrapped when read, so
+    an agent with fifty tools does not pay fifty wrappers on every call."""
+
+    __slots__ = ("_run", "_tools")
+
+    def __init__(self, tools: Sequence[Any], run: CallRun) -> None:
+        self._tools, self._run = tools, run
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [MeteredTool(t, self._run) for t in self._tools[index]]
+        return MeteredTool(self._tools[index], self._run)
+
+    def __iter__(self) -> Iterator[Any]:
+        run = self._run
+        return (MeteredTool(t, run) for t in self._tools)
+
+    def __repr__(self) -> str:
+        return f"MeteredTools({list(self._tools)!r})"
+
+
 def _args_of(tool_input: Any) -> Any:
     if isinstance(tool_input, Mapping) and tool_input.get("type") == "tool_call":
         return tool_input.get("args") or {}
@@ -123,17 +150,25 @@ class CallRun:
 
     def __init__(
         self, guard: BudgetGuard, episode: Episode, key: str, request: ToolCallRequest, meta: dict[str, Any],
-        messages: list[AnyMessage], ai: AIMessage,
+        messages: Sequence[AnyMessage], ai: AIMessage,
     ) -> None:
         self.guard, self.episode, self.key, self.request, self.meta = guard, episode, key, request, meta
         self.tool_call_id: str = request.tool_call["id"]
         self.name: str = request.tool_call["name"]
         self.messages = messages
-        self.query = first_human_text(messages)
-        self.reasoning = text_of(ai)
+        self._ai = ai
         self.last_outcome: Outcome | None = None
         self.regated = False
         self.refused = False  # a run was refused: its record already says why the reservation went unused
+
+    # Read only for a log record or an edited call's re-gate, so not computed on every run.
+    @functools.cached_property
+    def query(self) -> str:
+        return first_human_text(self.messages)
+
+    @functools.cached_property
+    def reasoning(self) -> str:
+        return text_of(self._ai)
 
     # ------------------------------------------------------------------ request
     def metered_request(self) -> ToolCallRequest:
@@ -144,7 +179,7 @@ class CallRun:
         runtime = request.runtime
         tools = getattr(runtime, "tools", None)
         if tools and dataclasses.is_dataclass(runtime):
-            overrides["runtime"] = dataclasses.replace(runtime, tools=[MeteredTool(t, self) for t in tools])
+            overrides["runtime"] = dataclasses.replace(runtime, tools=_MeteredTools(tools, self))
         return request.override(**overrides) if overrides else request
 
     # --------------------------------------------------------------- one run
@@ -305,17 +340,15 @@ class CallRun:
 
     def _charge(self, charge_id: str, args: Any, result: Any, started: float) -> None:
         tool_ms = (self.guard._clock() - started) * 1000.0
-        ledger = self.episode.ledger
+        guard, ledger = self.guard, self.episode.ledger
         reason: str | None = None
-        artifact = None
+        message: ToolMessage | None = None
         bad_bill: Exception | None = None
         if isinstance(result, BaseException):
             billed = getattr(result, "intent_billed", None)
             status: Literal["ok", "error"] = "error"
             if isinstance(result, asyncio.CancelledError):
-                observation, reason = fb.cancelled(self.name), CANCELLED
-            else:
-                observation = fb.tool_raised(self.name, result)
+                reason = CANCELLED
         else:
             try:
                 billed = billed_amount(result, self.tool_call_id)
@@ -328,21 +361,29 @@ class CallRun:
                 # An x402-style "payment required" answer: the call was not served, so it is not
                 # billed, and the market learns the tool's price for the calls that follow.
                 billed, reason = 0.0, PAYMENT_REQUIRED
-                self.guard.learn_price(self.episode.episode_id, self.name, *required)
+                guard.learn_price(self.episode.episode_id, self.name, *required)
             status = "error" if getattr(message, "status", "success") == "error" else "ok"
-            observation = text_of(message) if message is not None else text_of(result)
-            artifact = json_artifact(message)
         entry = ledger.commit(charge_id, billed)
-        self.guard.records.execution(
-            ledger, entry, episode_id=self.episode.episode_id, meta=self.meta, query=self.query,
-            reasoning=self.reasoning, args=args, observation=observation, status=status, tool_ms=tool_ms,
-            artifact=artifact, reason=reason,
-        )
-        snap = ledger.snapshot()
-        outcome = Outcome(self.episode.episode_id, Proposal(self.tool_call_id, entry.tool, dict(args), ""),
-                          entry.amount, status, observation, snap["spent"], snap["remaining"], snap["budget"])
-        self.last_outcome = outcome
-        self.guard._call_hook("observe", outcome)
+        # What the run returned, as text, is built only for a log record or an oracle that reads it.
+        wants_outcome = guard._has_hook("observe") or guard._has_hook("result_note")
+        if guard.records.sink is not None or wants_outcome:
+            if isinstance(result, asyncio.CancelledError):
+                observation = fb.cancelled(self.name)
+            elif isinstance(result, BaseException):
+                observation = fb.tool_raised(self.name, result)
+            else:
+                observation = text_of(message) if message is not None else text_of(result)
+            guard.records.execution(
+                ledger, entry, episode_id=self.episode.episode_id, meta=self.meta, query=self.query,
+                reasoning=self.reasoning, args=args, observation=observation, status=status, tool_ms=tool_ms,
+                artifact=json_artifact(message), reason=reason,
+            )
+            if wants_outcome:
+                snap = ledger.snapshot()
+                outcome = Outcome(self.episode.episode_id, Proposal(self.tool_call_id, entry.tool, dict(args), ""),
+                                  entry.amount, status, observation, snap["spent"], snap["remaining"], snap["budget"])
+                self.last_outcome = outcome
+                guard._call_hook("observe", outcome)
         if bad_bill is not None:
             raise bad_bill
 

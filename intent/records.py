@@ -42,6 +42,8 @@ class Recorder:
         tool: str, args: Any, price: float | None, kind: Literal["reject", "invalid"], reason: str, text: str,
         market_version: int, decision: Decision | None = None, decision_ms: float = 0.0,
     ) -> None:
+        if self.sink is None:  # nothing is built for a guard with no log
+            return
         self._write(
             ledger, task_id=episode_id, step=step, call_id=call_id, query=query, reasoning=reasoning, tool=tool,
             args=_args(args), price=price, decision=kind, reason=reason, feedback=text,
@@ -55,6 +57,8 @@ class Recorder:
         reasoning: str, args: Any, observation: str, status: Literal["ok", "error"], tool_ms: float,
         artifact: dict[str, Any] | None, reason: str | None = None,
     ) -> None:
+        if self.sink is None:  # nothing is built for a guard with no log
+            return
         self._write(
             ledger, task_id=episode_id, step=int(meta.get("step", -1)), call_id=entry.tool_call_id, query=query,
             reasoning=reasoning, tool=entry.tool, args=_args(args), price=entry.amount - entry.overrun,
@@ -70,6 +74,8 @@ class Recorder:
         self, ledger: BudgetLedger, entry: LedgerEntry, *, episode_id: str, meta: Mapping[str, Any], reason: str,
         text: str = "",
     ) -> None:
+        if self.sink is None:  # nothing is built for a guard with no log
+            return
         self._write(
             ledger, task_id=episode_id, step=int(meta.get("step", -1)), call_id=entry.tool_call_id, tool=entry.tool,
             price=entry.amount, decision="accept", reason=reason, feedback=text, status="released", charged=0.0,
@@ -78,6 +84,8 @@ class Recorder:
 
     def top_up(self, ledger: BudgetLedger, *, episode_id: str, top_up_id: str, amount: float, reason: str,
                approved_by: str = "") -> None:
+        if self.sink is None:  # nothing is built for a guard with no log
+            return
         self._write(
             ledger, task_id=episode_id, step=-1, call_id=top_up_id, tool="", price=amount, decision="top_up",
             reason=reason or "top_up", feedback=reason, status="ok", charged=0.0, approved_by=approved_by,
@@ -86,6 +94,8 @@ class Recorder:
     def model_charge(self, ledger: BudgetLedger, entry: LedgerEntry, *, episode_id: str, step: int, query: str,
                      model: str, tokens: Mapping[str, int], reason: str) -> None:
         """One execution of a model (the agent's, or the oracle's with ``kind="oracle"``), charged."""
+        if self.sink is None:  # nothing is built for a guard with no log
+            return
         self._write(
             ledger, task_id=episode_id, step=step, call_id=entry.call_id, query=query, tool=model,
             price=entry.amount - entry.overrun, decision="accept", reason=reason, status="ok", charged=entry.amount,
@@ -96,6 +106,8 @@ class Recorder:
                       price: float | None, reason: str, text: str, status: Literal["rejected", "error"] = "rejected",
                       decision: Literal["reject", "accept"] = "reject") -> None:
         """A model call the budget did not cover (not made), or one that failed unbilled."""
+        if self.sink is None:  # nothing is built for a guard with no log
+            return
         self._write(
             ledger, task_id=episode_id, step=step, call_id=f"model:{episode_id}:{step}", query=query, tool=model,
             price=price, decision=decision, reason=reason, feedback=text, status=status, charged=0.0, kind="model",
@@ -103,6 +115,8 @@ class Recorder:
 
     def sub_budget(self, ledger: BudgetLedger, entry: LedgerEntry, *, episode_id: str, child_episode: str) -> None:
         """A sub-agent's carve closed: ``charged`` is what the sub-agent spent."""
+        if self.sink is None:  # nothing is built for a guard with no log
+            return
         self._write(
             ledger, task_id=episode_id, step=-1, call_id=entry.call_id, tool=entry.tool, price=entry.amount,
             decision="accept", reason="sub_agent", feedback=f"sub-agent episode {child_episode}", status="ok",

@@ -83,3 +83,24 @@ def test_one_exception_tree():
         BudgetGuard(AcceptAll(), Market([]), 1.0, tool_errors="swallow")
     with pytest.raises(IntentError):
         Market([PricedTool("a", -1.0)])
+
+
+def test_the_step_count_follows_a_history_that_grows_is_trimmed_or_is_rewritten():
+    # The gate numbers steps by the AI messages so far, counted on from the last turn; a
+    # history that a middleware trimmed or rewrote must be counted afresh.
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from intent.episodes import Episode
+    from intent.ledger import BudgetLedger
+
+    episode = Episode("e", BudgetLedger(10.0))
+    history = [HumanMessage("go")]
+    for i in range(5):
+        history = [*history, AIMessage(f"a{i}"), ToolMessage("r", tool_call_id=f"c{i}")]
+        assert episode.count_ai(history) == i + 1
+    trimmed = [history[0], *history[-2:]]  # a summariser kept the last turn only
+    assert episode.count_ai(trimmed) == 1
+    rewritten = [HumanMessage("go"), AIMessage("x"), AIMessage("y"), ToolMessage("r", tool_call_id="c")]
+    assert episode.count_ai(rewritten) == 2  # same length as before, other messages
+    assert episode.count_ai([*rewritten, AIMessage("z")]) == 3
+    assert episode.count_ai([]) == 0

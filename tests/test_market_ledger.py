@@ -138,3 +138,42 @@ def test_reducer_is_order_independent_and_idempotent(updates, rnd):
     rnd.shuffle(shuffled)
     b = fold(shuffled + states)  # replays change nothing
     assert (a or {}).get("entries") == (b or {}).get("entries")
+
+
+def test_an_entry_changed_by_the_ledger_keeps_every_other_field():
+    # The ledger copies entries with its own fast replace; a field added to LedgerEntry and
+    # forgotten there would be silently reset on the next commit.
+    import dataclasses
+
+    from intent.ledger import LedgerEntry, _evolve
+
+    values = {"call_id": "m:c1", "tool": "t", "amount": 2.0, "status": "reserved", "seq": 3, "market_version": 4,
+              "tool_call_id": "c1", "execution": 1, "overrun": 0.5, "kind": "model", "store_id": "s"}
+    assert set(values) == {f.name for f in dataclasses.fields(LedgerEntry)}, "a new LedgerEntry field: add it here and to _evolve"
+    entry = LedgerEntry(**values)
+    assert _evolve(entry) == entry
+    new_values = {"call_id": "m:c2", "tool": "u", "amount": 3.0, "status": "committed", "market_version": 5,
+                  "execution": 2, "overrun": 1.5, "store_id": "s2"}
+    for name, value in new_values.items():
+        assert dataclasses.asdict(_evolve(entry, **{name: value})) == {**values, name: value}, name
+    with pytest.raises(TypeError, match="seq"):
+        _evolve(entry, seq=9)
+
+
+def test_ledger_state_merge_keeps_first_budget_unions_ids_and_takes_the_latest_market():
+    left = {"episode_id": "e", "budget": 10.0, "entries": {"a": {"status": "reserved"}},
+            "decisions": {"a": {"accept": True}}, "top_ups": {"t1": 1.0}, "market_version": 1, "market": {"v": 1}}
+    right = {"episode_id": "other", "budget": 99.0, "entries": {"a": {"status": "committed"}, "b": {"status": "reserved"}},
+             "decisions": {"b": {"accept": False}}, "top_ups": None, "market_version": 2, "market": {"v": 2},
+             "caps": {"tools": 5.0}}
+    merged = merge_ledger_states(left, right)
+    assert merged["episode_id"] == "e" and merged["budget"] == 10.0
+    assert merged["entries"] == {"a": {"status": "committed"}, "b": {"status": "reserved"}}
+    assert merged["decisions"] == {"a": {"accept": True}, "b": {"accept": False}}
+    assert merged["top_ups"] == {"t1": 1.0} and merged["caps"] == {"tools": 5.0}
+    assert merged["market_version"] == 2 and merged["market"] == {"v": 2}
+    # The inputs are checkpointed values: never changed in place.
+    assert left["entries"] == {"a": {"status": "reserved"}} and left["decisions"] == {"a": {"accept": True}}
+    # A status never moves back, and an update with no entries keeps them all.
+    assert merge_ledger_states(merged, {"entries": {"a": {"status": "reserved"}}})["entries"]["a"]["status"] == "committed"
+    assert merge_ledger_states(merged, {"entries": None})["entries"] == merged["entries"]
