@@ -91,8 +91,13 @@ class _HookClock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.by_part: dict[str, float] = {}  # the same time, by hook (and "metered_run")
         self.tool_seconds = 0.0  # the timed arm's tool's own runs (_TimedEcho)
         self.active = False  # only the timed arm's episodes are counted
+
+    def add(self, part: str, seconds: float) -> None:
+        self.seconds += seconds
+        self.by_part[part] = self.by_part.get(part, 0.0) + seconds
 
     def wrap(self, middleware: Any) -> Any:
         clock = self
@@ -104,7 +109,7 @@ class _HookClock:
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    clock.seconds += time.perf_counter() - started
+                    clock.add(fn.__name__, time.perf_counter() - started)
             return hook
 
         def timed_wrapper(fn: Any) -> Any:
@@ -124,7 +129,7 @@ class _HookClock:
                 try:
                     return fn(request, timed_handler)
                 finally:
-                    clock.seconds += time.perf_counter() - started - inner
+                    clock.add(fn.__name__, time.perf_counter() - started - inner)
             return hook
 
         for name in ("before_model", "after_model", "after_agent"):
@@ -147,7 +152,7 @@ class _HookClock:
             try:
                 return execute(run, tool, tool_input, config, kwargs)
             finally:
-                clock.seconds += time.perf_counter() - started - (clock.tool_seconds - tool_before)
+                clock.add("metered_run", time.perf_counter() - started - (clock.tool_seconds - tool_before))
 
         CallRun.execute = timed_execute  # type: ignore[method-assign]
 
@@ -204,6 +209,7 @@ def run(calls: int = 20, episodes: int = 20, repeats: int = 5) -> dict[str, floa
     HOOKS.install()
     for arm in (*ARMS, "guarded_timed"):
         _episode(5, arm)  # warm up imports and caches
+    HOOKS.by_part = {}  # the warm-up's hooks are not counted
     times: dict[str, list[float]] = {arm: [] for arm in (*ARMS, "direct")}
     # Episode by episode, the arms interleaved: each guarded episode is paired with the no-op
     # episode run just before it, and the median of those differences is the guard's share
@@ -245,6 +251,7 @@ def run(calls: int = 20, episodes: int = 20, repeats: int = 5) -> dict[str, floa
         "guard_own_ms_per_call": ms["guarded"] - ms["noop_hooks"],
         "guard_share_paired_median_ms": 1000 * pairs[len(pairs) // 2],
         "guard_hooks_in_graph_ms_per_call": 1000 * hook_seconds / hook_calls,
+        **{f"in_graph_{part}_ms": 1000 * seconds / hook_calls for part, seconds in sorted(HOOKS.by_part.items())},
         "guard_code_only_ms_per_call": ms["direct"],
         "ratio_guarded_to_plain": ms["guarded"] / ms["plain"],
         "ratio_guarded_to_noop_hooks": ms["guarded"] / ms["noop_hooks"],
