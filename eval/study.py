@@ -406,4 +406,11 @@ def predictor_lines(cal: dict[str, Any]) -> list[str]:
                                                    for k, v in cal["targets"].items()) + ".",
               "", f"Sampling floor of the ECE on this test set: {cal['ece_floor']:.4f} (the mean ECE a perfectly "
               "calibrated predictor with these p shows when the labels are drawn from them)."]
+    if not cal["targets_met"]:
+        chosen = cal["scores"][cal["chosen"]]
+        best = cal["scores"][cal["best_baseline"]]
+        lines += ["", f"**Gap**: AUROC {chosen['auroc']:.3f} against {best['auroc']:.3f} for {cal['best_baseline']} "
+                      f"({cal['auroc_gain_over_best_baseline']:+.3f}; the target is +0.03), ECE {chosen['ece']:.4f} "
+                      "(the target is <= 0.03). What was tried:"]
+        lines += [f"- {item}" for item in cal.get("tried", [])]
     return lines

@@ -220,3 +220,34 @@ def test_no_isotonic_map_from_too_few_held_out_calls():
     few = HashedLogisticPredictor(seed=0, min_isotonic_examples=10_000).fit(items, labels, groups=groups)
     assert few.isotonic is None and "dev_ece_isotonic_crossfit" not in few.split
     assert HashedLogisticPredictor(seed=0).fit(items, labels, groups=groups).isotonic is not None
+
+
+def _tool_only_records(n_tasks: int, seed: int) -> list[StepRecord]:
+    # Success depends on the tool alone: counting per tool is all there is to learn.
+    rng = random.Random(seed)
+    out = []
+    for t in range(n_tasks):
+        for step in range(3):
+            tool = rng.choice(["weather_plus_forecast", "weather_free_forecast"])
+            z = int(rng.random() < (0.8 if tool == "weather_plus_forecast" else 0.3))
+            out.append(StepRecord(task_id=f"t{t}", step=step, call_id=f"t{t}-{step}", query="q",
+                                  reasoning="I need the weather", tool=tool, args={"city": rng.choice(ENTITIES)},
+                                  price=10.0, decision="accept", status="ok", artifact={"z": z},
+                                  spent=10.0, remaining=40.0, budget=50.0))
+    return out
+
+
+def test_a_missed_target_is_reported_with_its_gap_and_what_was_tried(tmp_path):
+    from eval.study import predictor_lines
+
+    missed = predictor_report(_tool_only_records(400, 1), seed=0, out=tmp_path / "missed")
+    assert not missed["targets_met"]
+    text = "\n".join(predictor_lines(missed))
+    assert "**Gap**" in text and f"{missed['auroc_gain_over_best_baseline']:+.3f}" in text
+    tried = missed["tried"]
+    assert any("hashed logistic" in t for t in tried) and any("temperature scaling" in t for t in tried)
+    assert any("encoder" in t for t in tried)
+    assert all(f"- {t}" in text for t in tried)
+
+    met = {**missed, "targets": dict.fromkeys(missed["targets"], True), "targets_met": True}
+    assert "**Gap**" not in "\n".join(predictor_lines(met))

@@ -40,7 +40,8 @@ def _report(args: argparse.Namespace) -> int:
                               min_test_examples=args.min_test_examples)
     print(json.dumps({"split": {k: v for k, v in report["split"].items() if k != "fit"},
                       "scores": {k: {m: round(x, 4) for m, x in v.items()} for k, v in report["scores"].items()},
-                      "chosen": report["chosen"], "targets": report["targets"]}, indent=2))
+                      "chosen": report["chosen"], "targets": report["targets"],
+                      **({} if report["targets_met"] else {"tried": report["tried"]})}, indent=2))
     print(f"report: {args.out}/predictor_report.json; figures: {args.out}/reliability.png, {args.out}/p_histogram.png")
     return 0
 

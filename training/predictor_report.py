@@ -18,7 +18,7 @@ ECE <= 0.03 after scaling, and scaling not making ECE worse.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,25 @@ def split_tasks(task_ids: Sequence[str], *, seed: int, test_fraction: float = 0.
     return set(tasks[n_test:]), set(tasks[:n_test])
 
 
+def _tried(model: Any, learned: Sequence[str], scores: Mapping[str, Any], *, train_examples: int) -> list[str]:
+    """What this report fitted and calibrated, in words: read beside a missed target."""
+    dev = model.split.get("dev_examples", 0)
+    isotonic = ("an isotonic map after it (cross-fitted over the held-out training tasks, kept only if it won "
+                f"there: {'kept' if model.calibration_kind == 'isotonic' else 'not kept'})"
+                if dev >= model.min_isotonic_examples else
+                f"no isotonic map ({dev} held-out training calls, below the {model.min_isotonic_examples} it needs)")
+    out = [f"hashed logistic model on {train_examples} training calls (word n-grams, tool-name tokens, tool x "
+           f"argument value; L2 chosen on held-out training tasks: {model.l2:g})",
+           f"temperature scaling (T = {model.temperature:.3f}) and {isotonic}"]
+    if "encoder" in learned:
+        out.append(f"the fine-tuned encoder predictor (AUROC {scores['encoder']['auroc']:.3f} on the same test tasks)")
+    else:
+        out.append("not in this report: the fine-tuned encoder predictor (`intent train report --encoder`; the "
+                   "study runs it as INTENT's predictor in its intent-minilm row)")
+    out.append("more training data: --oracle-tasks (`make predictor-report` fits on 3,000 tasks' logs)")
+    return out
+
+
 def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.1, test_fraction: float = 0.2,
                      min_test_examples: int = 500, out: str | Path | None = None, title: str = "Intention predictor",
                      encoder: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -177,6 +196,7 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
         **({"encoder": {k: encoder_report[k] for k in ("base_model", "examples", "steps", "temperature")}}
            if encoder_report else {}),
         "targets": checks, "targets_met": all(checks.values()),
+        "tried": _tried(model, learned, scores, train_examples=len(train)),
         "bins_calibrated": reliability_bins(cal, y_test, ECE_BINS),
     }
     if out is not None:
