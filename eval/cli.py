@@ -32,7 +32,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--charge-oracle is {args.charge_oracle}; give the oracle's price per million tokens (> 0)")
     if args.oracle_max_tokens is not None and args.charge_oracle is None:
         raise ValueError("--oracle-max-tokens bounds a charged oracle's decisions; add --charge-oracle PRICE_PER_MTOK")
-    for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens"):
+    for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens", "feedback_chars"):
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)
     if args.oracle_tasks is not None:
@@ -157,6 +157,9 @@ def register(sub: Any) -> None:
                         "runs first to collect the oracles' training logs (bench: max(50, --tasks); study: 3000, "
                         "--quick: 300)")
     p.add_argument("--oracle-logs", help="interaction logs (intent.logs JSONL) to build the oracle models from")
+    p.add_argument("--feedback-chars", type=int,
+                   help="cap the refusal notes the agent reads per turn (BudgetGuard(feedback_chars=...)); for real "
+                        "LLM agents with a small context (default: no cap)")
     p.add_argument("--predictor-dir", help="a trained intention predictor directory (intent train predictor)")
     p.add_argument("--judge", choices=["proxy", "sopr"], help="StableToolBench judge (default proxy; sopr needs "
                    "--judge-url and --judge-model)")

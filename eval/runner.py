@@ -110,7 +110,8 @@ def run_episode(
                    "charge_oracle": True, "oracle_model": "oracle-model", "charge_models": False,
                    "oracle_max_tokens": (options or {}).get("oracle_max_tokens")}
     guard = BudgetGuard(oracle, env.market, env.budget, enforce=spec.enforce, tool_errors="message",
-                        log_sink=FanoutLogSink([records, log_sink]) if log_sink else records, **charged)
+                        log_sink=FanoutLogSink([records, log_sink]) if log_sink else records,
+                        feedback_chars=(options or {}).get("feedback_chars"), **charged)
     middleware: list[Any] = [guard.middleware()]
     if env.market_now is not None:
         middleware.insert(0, _MarketEvents(guard, episode_id, env.market_now))

@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "BudgetLedger": "intent.ledger",
     "LedgerEntry": "intent.ledger",
     "LedgerError": "intent.ledger",
+    "ContextOverflowError": "intent.errors",
     "GuardConfigError": "intent.errors",
     "IntentError": "intent.errors",
     "SCHEMA_VERSION": "intent.logs",

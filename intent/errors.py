@@ -13,7 +13,8 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     ├── OracleUnavailableError (RuntimeError)     the model behind an oracle could not answer
     │   ├── OracleTimeoutError (TimeoutError)           it did not answer in time
     │   ├── ModelUnreachableError (ConnectionError)     its server is down or overloaded
-    │   └── MalformedModelOutputError (ValueError)      it answered something unreadable
+    │   ├── MalformedModelOutputError (ValueError)      it answered something unreadable
+    │   └── ContextOverflowError (ValueError)           the prompt is longer than its context
     └── ModelRequestError (ValueError)    the model server refused the request itself (HTTP 4xx)
 
 A tool's own exception is never wrapped: the guard charges the run and re-raises it
@@ -31,7 +32,10 @@ the planning oracles) then apply the documented fallback (``on_oracle_error`` /
   5xx / 429 errors: the server is up but cannot answer now), the clients LangChain chat models
   and the OpenAI-compatible world model use;
 * :class:`worldmodel.ModelError`, the world-model / predictor protocol's documented failure
-  (server down, timeout, malformed reply).
+  (server down, timeout, malformed reply);
+* a prompt longer than the model's context (an HTTP 400 that says so, from any OpenAI-compatible
+  server): :class:`ContextOverflowError`. A planning oracle's rollout ends there; elsewhere the
+  fallback applies.
 
 Everything else raised inside an oracle (a ``KeyError``, ``TypeError``, ``AttributeError`` in
 its code, a :class:`ModelRequestError` from a misconfigured model name or URL) is a bug or a
@@ -46,6 +50,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = [
+    "ContextOverflowError",
     "GuardConfigError",
     "IntentError",
     "MalformedModelOutputError",
@@ -86,9 +91,31 @@ class MalformedModelOutputError(OracleUnavailableError, ValueError):
     """A model answered, but not in the documented shape (no content, a probability outside [0, 1]...)."""
 
 
+class ContextOverflowError(OracleUnavailableError, ValueError):
+    """The prompt does not fit the model's context window (an HTTP 400 whose message says so).
+
+    Recoverable: the request was well formed, only too long. A rollout ends there (the agent
+    could not have gone further either); any other oracle call falls back as documented."""
+
+
 class ModelRequestError(IntentError, ValueError):
     """The model server refused the request itself (HTTP 4xx other than 429): a wrong model name,
     URL or key. Never recoverable: retrying or falling back would hide the misconfiguration."""
+
+
+# What servers say when a prompt is longer than the context: vLLM ("This model's maximum context
+# length is 8192 tokens. However, your prompt contains at least 8193 input tokens"), OpenAI
+# (code "context_length_exceeded"), llama.cpp ("the request exceeds the available context size").
+_CONTEXT_OVERFLOW_MARKERS = ("maximum context length", "context_length_exceeded", "exceeds the available context",
+                             "context window")
+
+
+def _is_context_overflow(exc: BaseException) -> bool:
+    """An HTTP 400 from an OpenAI-compatible client whose message says the prompt is too long."""
+    if getattr(exc, "status_code", None) != 400:
+        return False
+    text = f"{exc} {getattr(exc, 'code', '') or ''}".lower()
+    return any(marker in text for marker in _CONTEXT_OVERFLOW_MARKERS)
 
 
 # Optional backends' recoverable errors, by module: (class name, typed error). Looked up in
@@ -123,7 +150,9 @@ def as_oracle_unavailable(exc: BaseException, what: str = "the oracle's model") 
     if isinstance(exc, ModelRequestError):
         return None
     kind: type[OracleUnavailableError] | None = None
-    if isinstance(exc, TimeoutError):
+    if _is_context_overflow(exc):
+        kind = ContextOverflowError
+    elif isinstance(exc, TimeoutError):
         kind = OracleTimeoutError
     elif isinstance(exc, ConnectionError):
         kind = ModelUnreachableError

@@ -97,6 +97,33 @@ def oracle_failed(tool: str, exc: BaseException, *, accepted: bool) -> str:
     return f"Budget guard: the planning oracle failed ({type(exc).__name__}); the call to {tool} was {what}."
 
 
+SHORT_FEEDBACK_CHARS = 240
+
+
+def shortened(tool: str, text: str, *, why: str) -> str:
+    """A refusal's note cut to its first lines (``SHORT_FEEDBACK_CHARS`` at most): what the agent
+    is shown once the turn's feedback budget is spent, or for a refusal of an earlier turn."""
+    head = " ".join(line.strip() for line in text.strip().splitlines()[:2] if line.strip())
+    if len(head) > SHORT_FEEDBACK_CHARS:
+        head = head[: SHORT_FEEDBACK_CHARS - 3].rstrip() + "..."
+    return f"{head} [{tool}: {why}]"
+
+
+def cut_to(text: str, chars: int) -> str:
+    """``text``'s whole lines that fit in ``chars`` (the first line cut if it alone does not), marked as cut."""
+    mark = " [cut to fit the feedback cap]"
+    room = max(0, chars - len(mark))
+    kept: list[str] = []
+    used = 0
+    for line in text.splitlines():
+        if used + len(line) + 1 > room:
+            break
+        kept.append(line)
+        used += len(line) + 1
+    body = "\n".join(kept) if kept else text[:room]
+    return body + mark
+
+
 def generic_rejection(tool: str) -> str:
     return f"Budget guard: the call to {tool} was rejected and cost nothing. Revise your plan."
 

@@ -141,6 +141,12 @@ class BudgetGuard:
       human may top up, approve once or deny (:mod:`intent.human`).
     * ``charge_oracle`` / ``oracle_model`` / ``oracle_max_tokens``: the oracle's own tokens charged.
     * ``store`` / ``budget_key``: the episode also draws on a shared budget (:mod:`intent.stores`).
+    * ``feedback_chars``: a cap on the refusal notes the agent reads, for models with a small
+      context (``None``, the default: no cap). In one turn the refusals' notes are given in full
+      while their total fits; later ones get their first lines only, and in later model calls
+      the refusals of earlier turns are shown in that short form (the request only: graph
+      state keeps every note). A 0.5B model that proposed 20 calls in one turn got 17,000
+      characters of plans back and its next request overflowed its 8,192-token context.
     * ``notes_at``: where the oracle's per-turn prompt notes go. ``"end"`` (default): a
       trailing system message after the conversation, so the stable prefix (system prompt,
       history) stays cacheable by the server's prefix cache; ``"system"``: appended to the
@@ -160,6 +166,7 @@ class BudgetGuard:
         max_episodes: int = 1024,
         merge_identical_calls: bool = True,
         notes_at: Literal["end", "system"] = "end",
+        feedback_chars: int | None = None,
         model_prices: ModelPrices | Mapping[str, ModelPrice] | None = None,
         unpriced_model: Literal["refuse", "worst_case"] = "refuse",
         missing_usage: Literal["worst_case", "refuse"] = "worst_case",
@@ -190,6 +197,10 @@ class BudgetGuard:
             raise GuardConfigError(f"max_episodes must be a positive int, got {max_episodes!r}")
         if notes_at not in ("end", "system"):
             raise GuardConfigError(f"notes_at must be 'end' or 'system', got {notes_at!r}")
+        if feedback_chars is not None and (isinstance(feedback_chars, bool) or not isinstance(feedback_chars, int)
+                                           or feedback_chars < fb.SHORT_FEEDBACK_CHARS):
+            raise GuardConfigError(f"feedback_chars must be None (no cap) or an int >= {fb.SHORT_FEEDBACK_CHARS} "
+                                   f"(characters of refusal notes per turn), got {feedback_chars!r}")
         if unpriced_model not in ("refuse", "worst_case"):
             raise GuardConfigError(f"unpriced_model must be 'refuse' or 'worst_case', got {unpriced_model!r}")
         if missing_usage not in ("worst_case", "refuse"):
@@ -229,6 +240,7 @@ class BudgetGuard:
         self.oracle_max_tokens = oracle_max_tokens
         self.merge_identical_calls = bool(merge_identical_calls)
         self.notes_at = notes_at
+        self.feedback_chars = feedback_chars
         self.oracle = oracle
         if isinstance(budget, FromParent):
             self.budget_spec: Budget | FromParent = budget
@@ -504,10 +516,20 @@ class BudgetGuard:
                 args=args, price=price, kind=kind, reason=reason, text=text, market_version=market.version,
                 decision=decision, decision_ms=decision_ms))
 
+        feedback_left = [self.feedback_chars]  # characters of refusal notes this turn may still show
+
         def refuse(key: str, cid: str, name: str, args: Any, price: float | None, kind: Literal["reject", "invalid"],
                    reason: str, text: str, decision: Decision | None = None, decision_ms: float = 0.0) -> None:
             # The refusal is answered at the tool step, not here: a middleware that answers
             # calls after the gate (a call limit, a human's reject) must not answer it twice.
+            left = feedback_left[0]
+            if left is not None and len(text) > left:
+                # The first long note of the turn is cut to the cap; once half of it is used, the
+                # rest of the turn's refusals get their first lines only.
+                text = (fb.cut_to(text, left) if 2 * left >= (self.feedback_chars or 0) else
+                        fb.shortened(name, text, why="shortened: this turn's budget notes are above"))
+            if left is not None:
+                feedback_left[0] = max(0, left - len(text))
             record(cid, name, args, price, kind, reason, text, decision, decision_ms)
             decisions[key] = {"accept": False, "tool": name, "args": dict(args) if isinstance(args, Mapping) else {},
                               "price": price, "step": step, "reason": reason, "feedback": text, "kind": kind}

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain.agents.middleware.types import hook_config
-from langchain_core.messages import AIMessage, SystemMessage
+from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from typing_extensions import NotRequired
 
+from intent import feedback as fb
 from intent.ledger import merge_ledger_states
 from intent.state import LEDGER_KEY, LedgerChannel, current_config
 
@@ -49,6 +50,23 @@ def _jump_if_only_invalid(state: dict[str, Any], update: dict[str, Any] | None) 
     if update and isinstance(last, AIMessage) and last.invalid_tool_calls and not last.tool_calls:
         return {**update, "jump_to": "model"}
     return update
+
+
+def _older_refusals_shortened(messages: list[Any]) -> list[Any]:
+    """The request's messages with the guard's refusals of earlier turns cut to their first lines
+    (``feedback_chars``): the agent still sees that they were refused and why, not every plan
+    again. The latest turn's refusals stay whole. ``messages`` itself if nothing changes."""
+    last_ai = max((i for i, m in enumerate(messages) if isinstance(m, AIMessage)), default=-1)
+    out = None
+    for i in range(last_ai):
+        m = messages[i]
+        if (isinstance(m, ToolMessage) and isinstance(m.artifact, dict) and "intent_reason" in m.artifact
+                and isinstance(m.content, str) and len(m.content) > fb.SHORT_FEEDBACK_CHARS):
+            if out is None:
+                out = list(messages)
+            out[i] = m.model_copy(update={"content": fb.shortened(m.name or "", m.content,
+                                                                  why="an earlier refusal, shortened")})
+    return messages if out is None else out
 
 
 class BudgetGuardMiddleware(AgentMiddleware):
@@ -85,11 +103,16 @@ class BudgetGuardMiddleware(AgentMiddleware):
             overrides["tools"] = [
                 t for t in request.tools if (t.get("name") if isinstance(t, dict) else t.name) in visible
             ]
+        messages = request.messages
+        if self.guard.feedback_chars is not None:
+            messages = _older_refusals_shortened(messages)
+            if messages is not request.messages:
+                overrides["messages"] = messages
         notes = self.guard.system_notes(state, config)
         if notes and self.guard.notes_at == "end":
             # After the conversation, not in the system prompt: the notes change every turn, and
             # a changing prefix defeats the server's prefix cache. Not written to graph state.
-            overrides["messages"] = [*request.messages, SystemMessage(content=notes)]
+            overrides["messages"] = [*messages, SystemMessage(content=notes)]
         elif notes:
             base = request.system_prompt or ""
             overrides["system_message"] = SystemMessage(content=f"{base}\n\n{notes}".strip())

@@ -3,7 +3,9 @@
 From the current history, the proposal (and the calls after it in the same batch) is
 executed against a world model instead of the real tool; then the agent's own policy proposes
 each next step, whose calls are simulated too, until the agent answers or ``max_depth`` model
-turns are reached. Nothing here charges money or runs a real tool. A world model that times
+turns are reached, or until the simulated history no longer fits the policy model's context
+(:class:`~intent.errors.ContextOverflowError`: the rollout ends there, ``context_full``).
+Nothing here charges money or runs a real tool. A world model that times
 out, cannot be reached or answers garbage raises an :class:`~intent.errors.OracleUnavailableError`
 (see :func:`intent.errors.model_call`); other exceptions propagate unchanged.
 """
@@ -16,7 +18,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from intent.errors import model_call
+from intent.errors import ContextOverflowError, model_call
 from intent.market import Market
 from intent.oracle import DecisionContext
 from intent.policy import AgentPolicy
@@ -39,6 +41,7 @@ class Rollout:
     steps: list[SimStep] = field(default_factory=list)
     answered: bool = False
     truncated: bool = False
+    context_full: bool = False  # ended because the policy's prompt no longer fit its model's context
     turns: int = 0
     policy_tokens: int = 0
     world_model_tokens: int = 0
@@ -99,7 +102,13 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
         if depth >= max_depth:
             out.truncated = True
             return out
-        reply, tokens = policy.next_action(messages, visible=visible, notes=notes)
+        try:
+            reply, tokens = policy.next_action(messages, visible=visible, notes=notes)
+        except ContextOverflowError:
+            # The simulated history outgrew the agent model's context: the real agent could not
+            # go further either, so the rollout ends here, as at max_depth.
+            out.truncated = out.context_full = True
+            return out
         out.policy_tokens += tokens
         if not reply.tool_calls:
             out.answered = True

@@ -12,7 +12,17 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 
-from intent import AcceptAll, BudgetGuard, Decision, DecisionContext, Market, MemoryLogSink, Oracle, PricedTool
+from intent import (
+    AcceptAll,
+    BudgetGuard,
+    Decision,
+    DecisionContext,
+    Market,
+    MemoryLogSink,
+    Oracle,
+    PricedTool,
+    Proposal,
+)
 from intent.testing import assert_each_call_answered_once
 
 
@@ -114,3 +124,62 @@ def test_per_turn_notes_after_the_conversation_keep_the_prefix_stable(notes_at):
         assert not any(isinstance(m, SystemMessage) and "Budget" in str(m.content) for m in out["messages"])
     else:
         assert "Budget: spent 0, 50 left." in first[0].content and "spent 7" in second[0].content
+
+
+class RejectsWithAPlan(Oracle):
+    """Rejects every call with a long plan, as INTENT does (a head and one line per planned step)."""
+
+    def decide(self, ctx: DecisionContext) -> Decision:
+        plan = "\n".join(f"{i} | tool_{i} | 5 | 0.50 | 10" for i in range(60))
+        return Decision.rejected(f"Budget check failed: {ctx.tool}({ctx.args['symbol']}) not executed.\n"
+                                 f"Remaining budget: 50.\nPredicted tool trace:\n{plan}", reason="plan_over_budget")
+
+
+def _symbols(n: int, turn: int) -> AIMessage:
+    return AIMessage("", tool_calls=[{"name": "get_stock_price", "args": {"symbol": f"S{turn}{i}"},
+                                      "id": f"t{turn}c{i}", "type": "tool_call"} for i in range(n)])
+
+
+def test_feedback_chars_caps_a_turns_refusal_notes_and_shortens_earlier_turns_in_the_request():
+    # bench-llm: a 0.5B model proposed 20 calls in one turn, INTENT rejected 14 with its plan
+    # (17,490 characters), and the next request overflowed the model's 8,192-token context.
+    runs: Counter = Counter()
+    guard = BudgetGuard(RejectsWithAPlan(), Market([PricedTool("get_stock_price", 7.0)]), 50.0, feedback_chars=1500)
+    full = RejectsWithAPlan().decide(DecisionContext(  # what the oracle says about the first call
+        "e", "q", Proposal("x", "get_stock_price", {"symbol": "S00"}, ""), 7.0, 50.0, 0.0, 50.0,
+        guard.market, step=0)).feedback
+    assert len(full) > 1500
+    out, model = _run(guard, [_symbols(6, 0), _symbols(2, 1), AIMessage("done")], runs)
+    assert not runs and guard.ledger(out).spent == 0
+    assert_each_call_answered_once(out["messages"])
+    turn0 = [m for m in out["messages"] if isinstance(m, ToolMessage) and m.tool_call_id.startswith("t0")]
+    assert len(turn0) == 6
+    # The turn's first note is cut to the cap at a line boundary; the others keep their first lines.
+    assert turn0[0].content.startswith(full.splitlines()[0]) and len(turn0[0].content) <= 1500
+    assert all(len(m.content) < 320 and "Budget check failed" in m.content for m in turn0[1:])
+    assert sum(len(m.content) for m in turn0) < 1500 + 5 * 320
+    # The second model call sees turn 0's notes as they are; the third sees them shortened.
+    def notes(request: list, prefix: str) -> list[str]:
+        return [m.content for m in request if isinstance(m, ToolMessage) and m.tool_call_id.startswith(prefix)]
+    assert notes(model.seen[1], "t0") == [m.content for m in turn0]
+    older = notes(model.seen[2], "t0")
+    assert "an earlier refusal" in older[0] and older[0].startswith("Budget check failed")
+    assert all(len(c) < 320 for c in older)
+    assert notes(model.seen[2], "t1") == [m.content for m in out["messages"]
+                                          if isinstance(m, ToolMessage) and m.tool_call_id.startswith("t1")]
+
+
+def test_without_feedback_chars_every_note_is_whole():
+    runs: Counter = Counter()
+    guard = BudgetGuard(RejectsWithAPlan(), Market([PricedTool("get_stock_price", 7.0)]), 50.0)
+    out, model = _run(guard, [_symbols(3, 0), _symbols(1, 1), AIMessage("done")], runs)
+    assert all(len(m.content) > 1500 for m in out["messages"] if isinstance(m, ToolMessage))
+    assert all(len(m.content) > 1500 for m in model.seen[2] if isinstance(m, ToolMessage))
+
+
+@pytest.mark.parametrize("bad", [10, 0, True, 2.5, "1500"])
+def test_feedback_chars_must_leave_room_for_a_short_note(bad):
+    from intent import GuardConfigError
+
+    with pytest.raises(GuardConfigError, match="feedback_chars"):
+        BudgetGuard(AcceptAll(), Market([PricedTool("get_stock_price", 7.0)]), 50.0, feedback_chars=bad)

@@ -25,6 +25,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from intent import BudgetGuard, Decision, DecisionContext, Market, MemoryLogSink, Oracle, PricedTool, Proposal
 from intent.errors import (
+    ContextOverflowError,
     IntentError,
     MalformedModelOutputError,
     ModelRequestError,
@@ -56,6 +57,10 @@ RECOVERABLE = {
         "overloaded", response=httpx.Response(503, request=REQUEST), body=None),
     "worldmodel.ModelError": lambda: ModelError("world model down"),
     "MalformedModelOutputError": lambda: MalformedModelOutputError("no content in the reply"),
+    # vLLM's own words when a prompt outgrows the context (seen from bench-llm's INTENT rollouts).
+    "openai.BadRequestError (context length)": lambda: openai.BadRequestError(
+        "Error code: 400 - This model's maximum context length is 8192 tokens. However, your prompt contains at "
+        "least 8193 input tokens", response=httpx.Response(400, request=REQUEST), body=None),
 }
 # Bugs in an oracle's code, and a misconfigured model: never a fallback case.
 BUGS = {
@@ -131,6 +136,8 @@ def test_recoverable_errors_are_typed(name):
     assert typed is exc or typed.__cause__ is exc
     if "Timeout" in name:
         assert isinstance(typed, OracleTimeoutError)
+    if "context length" in name:
+        assert isinstance(typed, ContextOverflowError)
 
 
 @pytest.mark.parametrize("name", sorted(BUGS))
@@ -395,3 +402,42 @@ def test_an_edited_call_whose_regate_crashed_never_runs_undecided():
                                                "type": "tool_call"}]), edit_then_retry)
     assert runs == []  # the edited call never ran undecided
     assert driver.guard.oracle.calls == 3  # the gate, then a re-gate for each attempt
+
+
+class ContextFullAfterOneTurn(ScriptedToolModel):
+    """The agent's model behind the policy: one more call, then the simulated history is too long."""
+
+    turns: int = 0
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        self.turns += 1
+        if self.turns > 1:
+            raise openai.BadRequestError(
+                "Error code: 400 - This model's maximum context length is 8192 tokens. However, your prompt "
+                "contains at least 8193 input tokens", response=httpx.Response(400, request=REQUEST), body=None)
+        return AIMessage("", tool_calls=[tc("b", "r1", x=2)])
+
+
+def test_a_rollout_that_outgrows_the_policy_models_context_ends_there_and_the_oracle_still_plans():
+    # bench-llm with a 0.5B model: INTENT's rollouts called the agent's model on a simulated
+    # history that grew past its 8,192-token context, and the HTTP 400 crashed the episode.
+    from intent.rollout import simulate_rollout
+
+    policy = AgentPolicy(ContextFullAfterOneTurn(messages=iter([]), bound=[]))
+    out = simulate_rollout(ctx(), policy, WM(), satisfied=None, max_depth=5)
+    assert out.context_full and out.truncated and not out.answered
+    assert [s.tool for s in out.steps] == ["a", "b"]  # the proposal and the one turn that fit
+    for kind in ("mco", "intent"):
+        d = planners(WM(), ContextFullAfterOneTurn(messages=iter([]), bound=[]))[kind].decide(ctx())
+        assert d.reason != "oracle_error", kind  # a plan from the rollout it had, not the fallback
+        assert d.trace, kind
+
+
+def test_openai_compatible_world_model_context_overflow_is_recoverable():
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, text='{"error": {"message": "This model\'s maximum context length is 2048 tokens"}}')
+
+    with pytest.raises(ContextOverflowError) as raised:
+        _wm(handler).simulate("a", {})
+    assert isinstance(raised.value, ModelError) and as_oracle_unavailable(raised.value) is raised.value
+    assert planners(_wm(handler))["mco"].decide(ctx()).reason == "oracle_error"

@@ -26,7 +26,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from intent.errors import MalformedModelOutputError, ModelRequestError, ModelUnreachableError, OracleTimeoutError
+from intent.errors import (
+    ContextOverflowError,
+    MalformedModelOutputError,
+    ModelRequestError,
+    ModelUnreachableError,
+    OracleTimeoutError,
+)
 from worldmodel.formats import world_model_messages
 from worldmodel.protocols import ModelError
 
@@ -49,6 +55,17 @@ class WorldModelUnreachable(ModelError, ModelUnreachableError):
 
 class MalformedWorldModelReply(ModelError, MalformedModelOutputError):
     """The server answered without ``choices[0].message.content`` (recoverable)."""
+
+
+class WorldModelContextOverflow(ModelError, ContextOverflowError):
+    """The prompt is longer than the served model's context (HTTP 400 saying so): recoverable."""
+
+
+def _is_context_overflow(response: Any) -> bool:
+    from intent.errors import _CONTEXT_OVERFLOW_MARKERS
+
+    text = response.text.lower()
+    return any(marker in text for marker in _CONTEXT_OVERFLOW_MARKERS)
 
 
 class WorldModelRequestRejected(ModelError, ModelRequestError):
@@ -111,6 +128,9 @@ class OpenAICompatibleWorldModel:
                 if response.status_code >= 500 or response.status_code == 429:
                     last = WorldModelUnreachable(f"world model server {self.base_url} failed: answered HTTP "
                                                  f"{response.status_code}")
+                elif response.status_code == 400 and _is_context_overflow(response):
+                    raise WorldModelContextOverflow(
+                        f"world model prompt too long for {self.model!r}: HTTP 400: {response.text[:200]}")
                 elif response.status_code >= 400:
                     raise WorldModelRequestRejected(
                         f"world model request rejected: HTTP {response.status_code}: {response.text[:200]}; "

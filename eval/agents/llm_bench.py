@@ -223,7 +223,9 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
     stats_path = out / "llm_stats.json"
     saved = json.loads(stats_path.read_text()).get("methods", {}) if stats_path.exists() else {}
     options: dict[str, Any] = {"base_url": args.base_url, "max_tokens": args.max_tokens,
-                               "oracle_train_tasks": args.oracle_tasks}
+                               "oracle_train_tasks": args.oracle_tasks, "feedback_chars": args.feedback_chars}
+    if args.oracle_logs:
+        options["oracle_logs"] = args.oracle_logs
     if market == "stabletoolbench":
         options["solvability"] = args.solvability
         if args.stb_path:
@@ -293,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="StableToolBench: run the exhaustive DFSDT search for OR (hours with a real model)")
     ap.add_argument("--stb-path", default=None)
     ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--feedback-chars", type=int, default=1500,
+                    help="characters of refusal notes the agent reads per turn; older turns' notes are shortened "
+                         "(BudgetGuard(feedback_chars=...); default 1500: a 0.5B model's 8,192-token context "
+                         "overflowed on 17,490 characters of plans in one turn)")
+    ap.add_argument("--oracle-logs", default=None,
+                    help="reuse these oracle logs (e.g. OUT/<market>/oracle_data/logs.jsonl from an earlier run) "
+                         "instead of running the Prompt agent on --oracle-tasks first")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench-llm")
