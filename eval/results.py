@@ -59,7 +59,7 @@ class EpisodeResult:
 
     @property
     def feasible(self) -> bool:
-        # A crashed episode's spend is unknown: it cannot count as within budget.
+        # A crashed episode did not finish (its spend so far is in ``cost``): never counted as within budget.
         return not self.crashed and self.cost <= self.budget + BUDGET_EPS
 
     @property

@@ -76,6 +76,17 @@ class _MarketEvents(AgentMiddleware):
         return None
 
 
+def _count_records(result: EpisodeResult, records: list[Any]) -> None:
+    """The episode's calls, refusals and decision times from its log records (also for a crash)."""
+    executed = [r for r in records if r.charged > 0 or (r.decision == "accept" and r.status in ("ok", "error"))]
+    result.n_calls = len(executed)
+    result.price_sum = sum(r.charged for r in executed)
+    result.n_rejected = sum(r.decision == "reject" for r in records)
+    result.n_invalid = sum(r.decision == "invalid" for r in records)
+    result.oracle_errors = sum(r.reason == "oracle_error" for r in records)
+    result.decision_ms = [round(r.decision_ms, 4) for r in records if r.decision in ("accept", "reject")]
+
+
 def run_episode(
     spec: MethodSpec,
     env: EpisodeEnv,
@@ -140,6 +151,11 @@ def run_episode(
     except Exception as exc:  # noqa: BLE001 - a crashed episode is recorded, counted as failed and listed
         result.error = f"{type(exc).__name__}: {exc}"
         result.wall_s = time.perf_counter() - started
+        # What it spent before it crashed is known (the guard's working ledger, and its log
+        # records, which agree by construction): a crash never hides a charge.
+        working = guard.episodes.peek(episode_id)
+        result.cost = working.ledger.spent if working is not None else sum(r.charged for r in records.records)
+        _count_records(result, records.records)
         return result
     if "proposed_calls" not in extra or "answered_calls" not in extra:
         raise HarnessError(f"method {spec.name!r}: its episode loop must report proposed_calls and answered_calls")
@@ -154,17 +170,11 @@ def run_episode(
     result.passed = env.judge(answer)
     judge_runs = list(getattr(env.judge, "runs", None) or [])
     result.cost = ledger.spent
-    executed = [r for r in records.records if r.charged > 0 or (r.decision == "accept" and r.status in ("ok", "error"))]
-    result.n_calls = len(executed)
-    result.price_sum = sum(r.charged for r in executed)
-    result.n_rejected = sum(r.decision == "reject" for r in records.records)
-    result.n_invalid = sum(r.decision == "invalid" for r in records.records)
-    result.oracle_errors = sum(r.reason == "oracle_error" for r in records.records)
+    _count_records(result, records.records)
     decisions = [r.decision for r in records.records if r.decision in ("accept", "reject")]
     # Whether the episode's first gate decision was a refusal (BTP's plan must be in force from
     # the first model call, so its first proposal should rarely be refused).
     extra["opened_with_rejection"] = bool(decisions) and decisions[0] == "reject"
-    result.decision_ms = [round(r.decision_ms, 4) for r in records.records if r.decision in ("accept", "reject")]
     result.agent_tokens = int(extra.pop("agent_tokens", 0)) or sum(
         (m.usage_metadata or {}).get("total_tokens", 0) for m in messages if isinstance(m, AIMessage))
     totals = oracle.episode_usage(episode_id) if hasattr(oracle, "episode_usage") else None

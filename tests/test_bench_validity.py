@@ -187,6 +187,36 @@ def test_a_crashed_episode_counts_as_failed_and_is_listed(tmp_path):
     assert not crashed.feasible and crashed.score == 0.0
 
 
+def test_a_crashed_episode_keeps_what_it_spent_before_the_crash():
+    # bench-llm: INTENT episodes that died on the model's context reported cost 0 while the log
+    # said 18 and 30 were spent. The crash path now reads the guard's working ledger.
+    from intent.testing import ScriptedToolModel
+
+    market = SyntheticBenchMarket(1, 0)
+    env = market.episode(market.tasks()[0], 0)
+    tool = env.tools[0]
+    args = {name: "x" for name in tool.args}
+    price = env.market.price(tool.name)
+
+    class DiesOnSecondTurn(ScriptedToolModel):
+        turns: int = 0
+
+        def _generate(self, *a, **k):
+            self.turns += 1
+            if self.turns > 1:
+                raise RuntimeError("maximum context length exceeded")
+            return super()._generate(*a, **k)
+
+    def factory(env, seed):
+        return DiesOnSecondTurn(messages=iter([AIMessage("", tool_calls=[
+            {"name": tool.name, "args": args, "id": "c1", "type": "tool_call"}])]), bound=[])
+
+    result = run_episode(get_method("tracker"), env, 0, factory)
+    assert result.crashed and "maximum context length" in result.error
+    assert result.cost == price > 0 and result.n_calls == 1 and result.price_sum == price
+    assert not result.feasible
+
+
 # --------------------------------------------------------------------------- OR
 def test_a_clairvoyant_agent_scores_or_100_and_solves_exactly_the_solvable_episodes(tmp_path):
     s = run_benchmark(BenchConfig(tasks=40, methods=["raw"], out=str(tmp_path), workers=2),
