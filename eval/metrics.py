@@ -40,6 +40,21 @@ from eval.results import EpisodeResult
 __all__ = ["compute_metrics", "group_pass_rates", "paired_pr_differences"]
 
 
+def _regret_split(rs: list[Any]) -> dict[str, float | None]:
+    """Decision regret pooled over every audited decision, by kind: what the acceptances lost and
+    what the rejections lost, and the share of decisions that were rejections."""
+    sums = {k: sum(float(r.extra.get(k, 0.0) or 0.0) for r in rs)
+            for k in ("regret_accept_sum", "regret_accept_n", "regret_reject_sum", "regret_reject_n")}
+    n = sums["regret_accept_n"] + sums["regret_reject_n"]
+    if not n:
+        return {}
+    return {
+        "regret_per_accept": round(sums["regret_accept_sum"] / sums["regret_accept_n"], 5) if sums["regret_accept_n"] else None,
+        "regret_per_reject": round(sums["regret_reject_sum"] / sums["regret_reject_n"], 5) if sums["regret_reject_n"] else None,
+        "reject_share": round(sums["regret_reject_n"] / n, 4),
+    }
+
+
 def _pct(x: float) -> float:
     return round(100.0 * x, 2)
 
@@ -97,6 +112,7 @@ def compute_metrics(
             **_oracle_stats(rs, len(decisions)),
             "opened_with_rejection": _pct(sum(bool(r.extra.get("opened_with_rejection")) for r in rs) / n) if n else None,
             "decision_regret": round(statistics.fmean(regrets), 5) if regrets else None,
+            **_regret_split(rs),
             "proposed_calls": sum(r.proposed_calls for r in rs),
             "answered_calls": sum(r.answered_calls for r in rs),
             "episode_errors": sum(r.crashed for r in rs),

@@ -187,14 +187,23 @@ class DecisionAudit(Oracle):
         self.values = values or StateValues(truth.task)
         self.name = getattr(inner, "name", type(inner).__name__)
         self.regrets: list[float] = []
+        self.accepted: list[bool] = []  # beside each regret: was the decision an acceptance?
         self._lock = threading.Lock()
 
     def _measure(self, ctx: DecisionContext, decision: Decision) -> Decision:
-        regret = self.values.regret(ctx.market, self.truth.satisfied(), ctx.remaining, ctx.tool, ctx.args,
-                                    bool(getattr(decision, "accept", False)))
+        accepted = bool(getattr(decision, "accept", False))
+        regret = self.values.regret(ctx.market, self.truth.satisfied(), ctx.remaining, ctx.tool, ctx.args, accepted)
         with self._lock:
             self.regrets.append(regret)
+            self.accepted.append(accepted)
         return decision
+
+    def split(self) -> dict[str, float]:
+        """Regret sums and counts by decision kind (acceptances, rejections), for pooling over episodes."""
+        with self._lock:
+            pairs = list(zip(self.regrets, self.accepted))
+        return {"regret_accept_sum": sum(r for r, a in pairs if a), "regret_accept_n": sum(a for _, a in pairs),
+                "regret_reject_sum": sum(r for r, a in pairs if not a), "regret_reject_n": sum(not a for _, a in pairs)}
 
     def decide(self, ctx: DecisionContext) -> Decision:
         return self._measure(ctx, self.inner.decide(ctx))

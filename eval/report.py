@@ -47,9 +47,24 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
         markdown_table(summary),
         "",
         *paired_lines(summary),
+        *regret_lines(summary),
     ])
     (out / "results.md").write_text(text)
     return text
+
+
+def regret_lines(summary: dict[str, Any]) -> list[str]:
+    """Decision regret pooled over every audited decision, split by kind (synthetic market only)."""
+    rows = {m: r for m, r in summary["methods"].items() if r.get("reject_share") is not None}
+    if not rows:
+        return []
+    lines = ["Decision regret by kind, pooled over every audited decision (the table's Regret averages each "
+             "episode's mean): what an acceptance lost, what a rejection lost, and how often the oracle rejected:",
+             "", "| method | per acceptance | per rejection | rejections |", "|---|---:|---:|---:|"]
+    for m, r in rows.items():
+        lines.append(f"| {m} | {_fmt(r.get('regret_per_accept'))} | {_fmt(r.get('regret_per_reject'))} | "
+                     f"{100 * r['reject_share']:.1f}% |")
+    return [*lines, ""]
 
 
 def paired_lines(summary: dict[str, Any]) -> list[str]:

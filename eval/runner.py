@@ -187,6 +187,7 @@ def run_episode(
     if audit is not None:
         extra["decision_regret"] = (sum(audit.regrets) / len(audit.regrets)) if audit.regrets else None
         extra["decisions_audited"] = len(audit.regrets)
+        extra.update(audit.split())
     extra["oracle_charged"] = sum(r.charged for r in records.records if r.kind == "oracle")
     result.extra = {"tool_messages": sum(isinstance(m, ToolMessage) for m in messages),
                     "oracle_usage": usage_sums, **({"judge_runs": judge_runs} if judge_runs else {}),

@@ -304,6 +304,48 @@ def test_optimal_has_zero_regret_and_no_method_beats_its_pass_rate(tmp_path):
     assert s["config"]["upper_bounds"] == ["optimal"]
 
 
+def test_regret_splits_into_what_acceptances_and_rejections_lost(tmp_path):
+    # The split explains a regret figure: per acceptance, per rejection, and how often the gate rejects.
+    s = run_benchmark(BenchConfig(tasks=12, methods=["mco", "optimal"], out=str(tmp_path), workers=1,
+                                  options={"oracle_train_tasks": 16}), progress=False)
+    rows = s["methods"]
+    assert rows["optimal"]["regret_per_accept"] == 0.0 and rows["optimal"]["regret_per_reject"] == 0.0
+    assert rows["optimal"]["reject_share"] > 0
+    tracker = rows["mco"]
+    assert 0.0 < tracker["reject_share"] < 1.0 and tracker["regret_per_accept"] > 0
+    # Pooled over the decisions, the two kinds make up the whole: re-derive the pooled mean from the episodes.
+    episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    mine = [e for e in episodes if e["method"] == "mco"]
+    n = sum(e["extra"]["decisions_audited"] for e in mine)
+    pooled = sum(e["extra"]["decision_regret"] * e["extra"]["decisions_audited"] for e in mine) / n
+    per = (tracker["regret_per_accept"] * (1 - tracker["reject_share"]) + (tracker["regret_per_reject"] or 0.0)
+           * tracker["reject_share"])
+    assert abs(per - pooled) < 1e-4
+
+
+def test_the_audit_splits_regret_by_decision_kind():
+    from intent.oracle import Decision
+
+    class Values:
+        def __init__(self) -> None:
+            self.next = iter([0.3, 0.0, 0.2, 0.5])
+
+        def regret(self, *args, **kwargs):
+            return next(self.next)
+
+    class Truth:
+        def satisfied(self):
+            return frozenset()
+
+    audit = DecisionAudit(AcceptAll(), Truth(), Values())
+    ctx = DecisionContext("e", "q", Proposal("c", "a", {}, ""), 1.0, 10.0, 0.0, 10.0, Market([PricedTool("a", 1.0)]),
+                          step=0)
+    for accept in (True, True, False, False):
+        audit._measure(ctx, Decision.accepted() if accept else Decision.rejected("no", reason="r"))
+    assert audit.split() == {"regret_accept_sum": 0.3, "regret_accept_n": 2, "regret_reject_sum": 0.7,
+                             "regret_reject_n": 2}
+
+
 # --------------------------------------------------------------------------- configuration
 def test_budget_stays_a_float_end_to_end(tmp_path):
     s = run_benchmark(BenchConfig(tasks=3, methods=["raw"], out=str(tmp_path), budget=12.5), progress=False)
