@@ -246,7 +246,9 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
 
         needs_logs = get_method(method).needs_oracle_logs
         collect_tasks = tasks if market == "stabletoolbench" else args.oracle_tasks  # STB: cross-fitted folds
-        with _CollectionHeartbeat(out, method, collect_tasks) if needs_logs else nullcontext():
+        if needs_logs and args.oracle_logs:
+            print(f"  {method}: oracle models built from {args.oracle_logs} (--oracle-logs)", flush=True)
+        with _CollectionHeartbeat(out, method, collect_tasks) if needs_logs and not args.oracle_logs else nullcontext():
             run_benchmark(replace(config, methods=[method]), progress=not args.no_progress)
         seconds = time.monotonic() - started
         ran = len(_episodes(out, method, args.seed)) - before_n
