@@ -103,7 +103,7 @@ class BudgetGuard:
 
     ``BudgetGuard(oracle, market, budget, *, enforce=True, log_sink=None,
     on_oracle_error="accept_if_fits", tool_errors="raise", max_episodes=1024,
-    merge_identical_calls=True, notes_at="end")``
+    merge_identical_calls=True, notes_at="end", feedback_chars=None)``
 
     * ``enforce=False`` is for the soft benchmark baselines only: calls that do not fit are
       still run, and the overspend is recorded in the ledger (``overspent``) and the logs.
