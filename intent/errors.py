@@ -60,6 +60,7 @@ __all__ = [
     "OracleUnavailableError",
     "as_oracle_unavailable",
     "model_call",
+    "says_context_overflow",
 ]
 
 
@@ -110,12 +111,15 @@ _CONTEXT_OVERFLOW_MARKERS = ("maximum context length", "context_length_exceeded"
                              "context window")
 
 
+def says_context_overflow(text: str) -> bool:
+    """Whether a server's HTTP 400 error text says the prompt is longer than the model's context."""
+    text = text.lower()
+    return any(marker in text for marker in _CONTEXT_OVERFLOW_MARKERS)
+
+
 def _is_context_overflow(exc: BaseException) -> bool:
     """An HTTP 400 from an OpenAI-compatible client whose message says the prompt is too long."""
-    if getattr(exc, "status_code", None) != 400:
-        return False
-    text = f"{exc} {getattr(exc, 'code', '') or ''}".lower()
-    return any(marker in text for marker in _CONTEXT_OVERFLOW_MARKERS)
+    return getattr(exc, "status_code", None) == 400 and says_context_overflow(f"{exc} {getattr(exc, 'code', '') or ''}")
 
 
 # Optional backends' recoverable errors, by module: (class name, typed error). Looked up in

@@ -32,6 +32,7 @@ from intent.errors import (
     ModelRequestError,
     ModelUnreachableError,
     OracleTimeoutError,
+    says_context_overflow,
 )
 from worldmodel.formats import world_model_messages
 from worldmodel.protocols import ModelError
@@ -59,13 +60,6 @@ class MalformedWorldModelReply(ModelError, MalformedModelOutputError):
 
 class WorldModelContextOverflow(ModelError, ContextOverflowError):
     """The prompt is longer than the served model's context (HTTP 400 saying so): recoverable."""
-
-
-def _is_context_overflow(response: Any) -> bool:
-    from intent.errors import _CONTEXT_OVERFLOW_MARKERS
-
-    text = response.text.lower()
-    return any(marker in text for marker in _CONTEXT_OVERFLOW_MARKERS)
 
 
 class WorldModelRequestRejected(ModelError, ModelRequestError):
@@ -128,7 +122,7 @@ class OpenAICompatibleWorldModel:
                 if response.status_code >= 500 or response.status_code == 429:
                     last = WorldModelUnreachable(f"world model server {self.base_url} failed: answered HTTP "
                                                  f"{response.status_code}")
-                elif response.status_code == 400 and _is_context_overflow(response):
+                elif response.status_code == 400 and says_context_overflow(response.text):
                     raise WorldModelContextOverflow(
                         f"world model prompt too long for {self.model!r}: HTTP 400: {response.text[:200]}")
                 elif response.status_code >= 400:
