@@ -151,7 +151,7 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
                                                     groups=[t.task_id for t in train])
     logits = np.asarray(model.logits(_items(test)))
     raw = [float(p) for p in sigmoid(logits)]
-    cal = [float(p) for p in model._calibrate(logits)]
+    cal = [float(p) for p in model.calibrate(logits)]
     baselines = {
         "tool_frequency": EmpiricalMeanPredictor(train, labeler=_z).predict_batch(_items(test)),
         "tool_token_frequency": ToolTokenFrequencyPredictor(train, labeler=_z).predict_batch(_items(test)),

@@ -302,7 +302,7 @@ class HashedLogisticPredictor:
             dev_metrics = {"dev_nll_unscaled": nll(before, y_dev), "dev_ece_unscaled": ece(before, y_dev, 15)}
             if len(y_dev) >= self.min_isotonic_examples:
                 dev_metrics |= self._fit_isotonic(scaled, y_dev, [keys[i] for i in np.flatnonzero(dev)])
-            final = self._calibrate(logits)
+            final = self.calibrate(logits)
             dev_metrics |= {"dev_nll": nll(final, y_dev), "dev_ece": ece(final, y_dev, 15)}
         self.split = {"by": "task" if groups is not None else "record", "train_tasks": len(tasks) - len(dev_tasks),
                       "dev_tasks": len(dev_tasks) if dev.any() else 0, "train_examples": int(len(y_train)),
@@ -352,7 +352,7 @@ class HashedLogisticPredictor:
             return "isotonic"
         return "temperature" if self.temperature != 1.0 else "none"
 
-    def _calibrate(self, logits: Any) -> Any:
+    def calibrate(self, logits: Any) -> Any:
         """Probabilities from logits: the temperature, then the isotonic map when one was kept."""
         from worldmodel.calibration import apply_isotonic, sigmoid
 
@@ -373,7 +373,7 @@ class HashedLogisticPredictor:
         if not items:
             return []
         logits = self.logits(items)
-        return [float(v) for v in (self._calibrate(logits) if self.calibrated else sigmoid(logits))]
+        return [float(v) for v in (self.calibrate(logits) if self.calibrated else sigmoid(logits))]
 
 
 class ToolTokenFrequencyPredictor:
