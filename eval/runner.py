@@ -26,6 +26,7 @@ from eval.markets import BenchMarket, EpisodeEnv
 from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec
 from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
+from intent.feedback import check_feedback_chars
 from intent.guard import LEDGER_KEY, BudgetGuard
 from intent.logs import FanoutLogSink, JsonlLogSink, LogSink, MemoryLogSink
 
@@ -254,6 +255,8 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
                          "own budget")
     if not config.methods:
         raise ValueError("--methods is empty; name at least one method, e.g. --methods raw,prompt")
+    # Checked before any episode (or the oracle logs' collection, hours with a real model) runs.
+    check_feedback_chars(config.options.get("feedback_chars"))
     specs = [get_method(m) for m in config.methods]
     if config.reference and config.reference not in config.methods:
         raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}; "

@@ -100,6 +100,16 @@ def oracle_failed(tool: str, exc: BaseException, *, accepted: bool) -> str:
 SHORT_FEEDBACK_CHARS = 240
 
 
+def check_feedback_chars(value: Any) -> int | None:
+    """``BudgetGuard(feedback_chars=...)``: ``None`` (no cap) or an int with room for a short note."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < SHORT_FEEDBACK_CHARS):
+        from intent.errors import GuardConfigError
+
+        raise GuardConfigError(f"feedback_chars must be None (no cap) or an int >= {SHORT_FEEDBACK_CHARS} "
+                               f"(characters of refusal notes per turn), got {value!r}")
+    return value
+
+
 def shortened(tool: str, text: str, *, why: str) -> str:
     """A refusal's note cut to its first lines (``SHORT_FEEDBACK_CHARS`` at most): what the agent
     is shown once the turn's feedback budget is spent, or for a refusal of an earlier turn."""

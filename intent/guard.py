@@ -197,10 +197,6 @@ class BudgetGuard:
             raise GuardConfigError(f"max_episodes must be a positive int, got {max_episodes!r}")
         if notes_at not in ("end", "system"):
             raise GuardConfigError(f"notes_at must be 'end' or 'system', got {notes_at!r}")
-        if feedback_chars is not None and (isinstance(feedback_chars, bool) or not isinstance(feedback_chars, int)
-                                           or feedback_chars < fb.SHORT_FEEDBACK_CHARS):
-            raise GuardConfigError(f"feedback_chars must be None (no cap) or an int >= {fb.SHORT_FEEDBACK_CHARS} "
-                                   f"(characters of refusal notes per turn), got {feedback_chars!r}")
         if unpriced_model not in ("refuse", "worst_case"):
             raise GuardConfigError(f"unpriced_model must be 'refuse' or 'worst_case', got {unpriced_model!r}")
         if missing_usage not in ("worst_case", "refuse"):
@@ -240,7 +236,7 @@ class BudgetGuard:
         self.oracle_max_tokens = oracle_max_tokens
         self.merge_identical_calls = bool(merge_identical_calls)
         self.notes_at = notes_at
-        self.feedback_chars = feedback_chars
+        self.feedback_chars = fb.check_feedback_chars(feedback_chars)
         self.oracle = oracle
         if isinstance(budget, FromParent):
             self.budget_spec: Budget | FromParent = budget
@@ -526,7 +522,7 @@ class BudgetGuard:
             if left is not None and len(text) > left:
                 # The first long note of the turn is cut to the cap; once half of it is used, the
                 # rest of the turn's refusals get their first lines only.
-                text = (fb.cut_to(text, left) if 2 * left >= (self.feedback_chars or 0) else
+                text = (fb.cut_to(text, left) if 2 * left >= self.feedback_chars else
                         fb.shortened(name, text, why="shortened: this turn's budget notes are above"))
             if left is not None:
                 feedback_left[0] = max(0, left - len(text))

@@ -390,3 +390,13 @@ def test_imports_point_down():
               if m.split(".")[0] == "eval" or (f.startswith("intent") and m.split(".")[0] == "baselines")]
     assert not upward, upward
     assert not [(f, m) for f, m in _imports("eval") if f == "eval/oracle_methods.py" and m == "eval.runner"]
+
+
+def test_a_bad_feedback_cap_stops_the_run_before_any_episode(tmp_path):
+    from intent.errors import GuardConfigError
+
+    with pytest.raises(GuardConfigError, match="feedback_chars must be None"):
+        run_benchmark(BenchConfig(tasks=2, methods=["intent"], out=str(tmp_path),
+                                  options={"feedback_chars": 10, "oracle_train_tasks": 4}), progress=False)
+    # Not even the oracle logs' collection ran (hours with a real model).
+    assert not (tmp_path / "oracle_data").exists() and not (tmp_path / "episodes.jsonl").exists()
