@@ -141,8 +141,8 @@ def _symbols(n: int, turn: int) -> AIMessage:
 
 
 def test_feedback_chars_caps_a_turns_refusal_notes_and_shortens_earlier_turns_in_the_request():
-    # bench-llm: a 0.5B model proposed 20 calls in one turn, INTENT rejected 14 with its plan
-    # (17,490 characters), and the next request overflowed the model's 8,192-token context.
+    # bench-llm: INTENT rejected 14 of a 0.5B model's calls in one turn with its plan (15,448
+    # characters shown to the agent), and the episode then overflowed the 8,192-token context.
     runs: Counter = Counter()
     guard = BudgetGuard(RejectsWithAPlan(), Market([PricedTool("get_stock_price", 7.0)]), 50.0, feedback_chars=1500)
     full = RejectsWithAPlan().decide(DecisionContext(  # what the oracle says about the first call

@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feedback-chars", type=int, default=1500,
                     help="characters of refusal notes the agent reads per turn; older turns' notes are shortened "
                          "(BudgetGuard(feedback_chars=...); default 1500: a 0.5B model's 8,192-token context "
-                         "overflowed on 17,490 characters of plans in one turn)")
+                         "overflowed on 15,448 characters of refusal notes in one turn)")
     ap.add_argument("--oracle-logs", default=None,
                     help="reuse these oracle logs (e.g. OUT/<market>/oracle_data/logs.jsonl from an earlier run) "
                          "instead of running the Prompt agent on --oracle-tasks first")

@@ -1,0 +1,77 @@
+"""What a guard log says about each episode, also for a run that never finished.
+
+``python -m eval.log_summary LOGS [--method intent]``
+
+Per episode: the turns it reached, what it spent, the calls accepted and refused, the characters
+of refusal notes the agent was shown per turn (merged duplicate calls are logged but never shown:
+they are left out), and the gate's decision times. ``results.md`` needs a finished run; a run
+stopped by hand (a real model at minutes per decision) still has its ``logs.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+from intent.logs import StepRecord, read_log
+from intent.oracle import DUPLICATE_CALL
+
+__all__ = ["summarize"]
+
+
+def summarize(records: Iterable[StepRecord], method: str | None = None) -> dict[str, Any]:
+    """Per-episode figures and the decision times of every gate decision, from log records.
+
+    ``method``: keep the episodes whose task id starts with ``"<method>:"`` (the benchmark's ids).
+    """
+    episodes: dict[str, dict[str, Any]] = {}
+    seconds: list[float] = []
+    for r in records:
+        if method is not None and not r.task_id.startswith(f"{method}:"):
+            continue
+        ep = episodes.setdefault(r.task_id, {"turns": set(), "spent": 0.0, "accepted": 0, "refused": 0,
+                                             "refusal_chars_per_turn": {}})
+        ep["turns"].add(r.step)
+        ep["spent"] = max(ep["spent"], r.spent)
+        if r.decision in ("accept", "reject"):
+            seconds.append(r.decision_ms / 1000.0)
+        if r.decision == "accept" and r.execution == 1:
+            ep["accepted"] += 1
+        shown = r.decision == "reject" or (r.decision == "invalid" and r.reason != DUPLICATE_CALL)
+        if shown:
+            ep["refused"] += 1
+            per_turn = ep["refusal_chars_per_turn"]
+            per_turn[r.step] = per_turn.get(r.step, 0) + len(r.feedback or "")
+    for ep in episodes.values():
+        ep["turns"] = len(ep["turns"])
+    return {
+        "episodes": episodes,
+        "decisions": len(seconds),
+        "decision_s": ({"median": statistics.median(seconds), "min": min(seconds), "max": max(seconds)}
+                       if seconds else None),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logs", help="a guard log (intent.logs JSONL), e.g. OUT/synthetic/logs.jsonl")
+    parser.add_argument("--method", help="only this method's episodes (task ids '<method>:...')")
+    args = parser.parse_args(argv)
+    out = summarize(read_log(args.logs), args.method)
+    if not out["episodes"]:
+        raise SystemExit(f"error: {args.logs} has no records" + (f" of method {args.method!r}" if args.method else ""))
+    print("| episode | turns | spent | accepted | refused | refusal characters shown per turn |")
+    print("|---|---:|---:|---:|---:|---|")
+    for task, ep in out["episodes"].items():
+        chars = ", ".join(f"{turn}: {n:,}" for turn, n in sorted(ep["refusal_chars_per_turn"].items()))
+        print(f"| {task} | {ep['turns']} | {ep['spent']:g} | {ep['accepted']} | {ep['refused']} | {chars} |")
+    if out["decision_s"]:
+        d = out["decision_s"]
+        print(f"\n{out['decisions']} gate decisions: {d['median']:.1f} s median ({d['min']:.1f} s to {d['max']:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""eval.log_summary: per-episode figures of a run that may not have finished."""
+
+from intent.logs import StepRecord
+from eval.log_summary import summarize
+
+
+def _rec(task: str, step: int, decision: str, reason: str = "r", feedback: str = "", ms: float = 0.0,
+         spent: float = 0.0, execution: int = 0) -> StepRecord:
+    return StepRecord(task_id=task, step=step, call_id=f"{task}-{step}-{reason}", query="q", reasoning="", tool="t",
+                      args={}, price=1.0, decision=decision, reason=reason, feedback=feedback, decision_ms=ms,
+                      spent=spent, remaining=10.0, budget=10.0, execution=execution,
+                      status="ok" if decision == "accept" else ("rejected" if decision == "reject" else "invalid"))
+
+
+def test_summary_counts_only_the_refusals_the_agent_was_shown():
+    records = [
+        _rec("intent:a", 0, "reject", feedback="x" * 100, ms=2000.0),
+        _rec("intent:a", 0, "invalid", reason="duplicate_call", feedback="y" * 50),  # merged: never shown
+        _rec("intent:a", 0, "invalid", reason="unknown_tool", feedback="z" * 30),
+        _rec("intent:a", 1, "accept", reason="accepted", ms=4000.0, spent=3.0, execution=1),
+        _rec("tracker:a", 0, "reject", feedback="w" * 10, ms=1.0),
+    ]
+    out = summarize(records, "intent")
+    ep = out["episodes"]["intent:a"]
+    assert ep == {"turns": 2, "spent": 3.0, "accepted": 1, "refused": 2, "refusal_chars_per_turn": {0: 130}}
+    assert out["decisions"] == 2 and out["decision_s"] == {"median": 3.0, "min": 2.0, "max": 4.0}
