@@ -146,7 +146,7 @@ class BudgetGuard:
       while their total fits; later ones get their first lines only, and in later model calls
       the refusals of earlier turns are shown in that short form (the request only: graph
       state keeps every note). A 0.5B model whose 14 calls of one turn were refused got 15,448
-      characters of plans back and its next request overflowed its 8,192-token context.
+      characters of plans back, and the episode then overflowed its 8,192-token context.
     * ``notes_at``: where the oracle's per-turn prompt notes go. ``"end"`` (default): a
       trailing system message after the conversation, so the stable prefix (system prompt,
       history) stays cacheable by the server's prefix cache; ``"system"``: appended to the
