@@ -43,7 +43,7 @@ from intent.errors import GuardConfigError, OracleUnavailableError, as_oracle_un
 from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
-from intent.messages import answered_after, call_key, first_human_text, last_ai, text_of
+from intent.messages import answered_after, call_key, call_signature, first_human_text, last_ai, text_of
 from intent.oracle import (
     BAD_ARGUMENTS,
     DUPLICATE_CALL,
@@ -981,8 +981,6 @@ def _merge_identical(calls: list[dict[str, Any]], renamed: Mapping[str, str], an
     """The calls with later copies of an identical (tool, arguments) call removed; ``{dropped: kept}``.
     A call renamed for a reused id, or one another middleware already answered (a call limit, a
     reviewer), is left alone: removing it would orphan its answer."""
-    import json
-
     first: dict[str, str] = {}
     keep: list[dict[str, Any]] = []
     merged: dict[str, str] = {}
@@ -991,9 +989,8 @@ def _merge_identical(calls: list[dict[str, Any]], renamed: Mapping[str, str], an
         if cid is None or cid in renamed or cid in answered:
             keep.append(call)
             continue
-        try:
-            sig = call["name"] + "\x00" + json.dumps(call.get("args") or {}, sort_keys=True, default=str)
-        except (TypeError, ValueError):
+        sig = call_signature(call["name"], call.get("args"))
+        if sig is None:
             keep.append(call)  # arguments that do not serialise are never merged
             continue
         if sig in first:

@@ -22,6 +22,7 @@ __all__ = [
     "argument_problem",
     "billed_amount",
     "call_key",
+    "call_signature",
     "find_call",
     "first_human_text",
     "json_artifact",
@@ -73,6 +74,16 @@ def call_key(ai: AIMessage, index: int, tool_call_id: str) -> str:
     AIMessage without an id (hand-driven histories) is named by its position.
     """
     return f"{ai.id if ai.id else f'm{index}'}:{tool_call_id}"
+
+
+def call_signature(name: str, args: Any) -> str | None:
+    """What makes two proposed calls identical: the tool and its arguments (key order ignored).
+    ``None`` for arguments that do not serialise: such calls are never treated as identical.
+    The guard merges identical calls of one message with it, and rollouts simulate them the same way."""
+    try:
+        return name + "\x00" + json.dumps(args or {}, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return None
 
 
 def find_call(messages: Sequence[AnyMessage], tool_call_id: str) -> tuple[int, AIMessage | None]:

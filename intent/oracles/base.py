@@ -37,7 +37,8 @@ class PlanningOracle(Oracle):
     """
 
     def __init__(self, policy: AgentPolicy | Callable[[DecisionContext], AgentPolicy], *, max_depth: int,
-                 show_market: bool = True, on_model_error: ModelErrorPolicy = "accept_if_fits") -> None:
+                 show_market: bool = True, on_model_error: ModelErrorPolicy = "accept_if_fits",
+                 merge_identical_calls: bool = True) -> None:
         if max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")
         if on_model_error not in ("accept_if_fits", "reject"):
@@ -46,6 +47,9 @@ class PlanningOracle(Oracle):
         self.max_depth = max_depth
         self.show_market = show_market
         self.on_model_error = on_model_error
+        # Rollouts simulate identical calls of one turn once, as the guard runs them; False for a
+        # guard built with merge_identical_calls=False.
+        self.merge_identical_calls = bool(merge_identical_calls)
         self.memory = EpisodeMemory()
         # adecide: one decision at a time per episode (episode id -> [lock, holders + waiters]).
         self._turns: dict[str, list] = {}

@@ -64,8 +64,10 @@ class IntentOracle(PlanningOracle):
         show_market: bool = True,
         alternatives: int = 0,
         on_model_error: ModelErrorPolicy = "accept_if_fits",
+        merge_identical_calls: bool = True,
     ) -> None:
-        super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error)
+        super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error,
+                         merge_identical_calls=merge_identical_calls)
         if not gamma > 0:
             raise ValueError(f"gamma must be > 0 (the paper uses 0.5; 0.5-0.7 is the sweet spot), got {gamma}")
         if not 0 <= delta < 1:
@@ -122,7 +124,8 @@ class IntentOracle(PlanningOracle):
         if self.lookahead:
             rollout = simulate_rollout(
                 ctx, self.policy_for(ctx), self.generator, satisfied=None if self.stochastic else True,
-                max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx), on_turn=on_turn)
+                max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx), on_turn=on_turn,
+                merge_identical=self.merge_identical_calls)
             steps = rollout.steps
         else:  # "No Rollout": the immediate action alone
             rollout = None

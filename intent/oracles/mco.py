@@ -34,8 +34,10 @@ class MCOOracle(PlanningOracle):
 
     def __init__(self, policy: AgentPolicy | Callable[[DecisionContext], AgentPolicy], world_model: Any, *,
                  max_depth: int = 8, temperature: float | None = 1.0, rollout_cache: bool = True,
-                 show_market: bool = True, on_model_error: ModelErrorPolicy = "accept_if_fits") -> None:
-        super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error)
+                 show_market: bool = True, on_model_error: ModelErrorPolicy = "accept_if_fits",
+                 merge_identical_calls: bool = True) -> None:
+        super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error,
+                         merge_identical_calls=merge_identical_calls)
         self.temperature = temperature
         self.temperature_applied = temperature is not None and accepts_temperature(world_model)
         self.world_model = AtTemperature(world_model, temperature) if self.temperature_applied else world_model
@@ -48,7 +50,8 @@ class MCOOracle(PlanningOracle):
         if self.rollout_cache and self.memory.pop_if_head(eid, ctx.tool, dict(ctx.args)) and fits:
             return Decision.accepted(reason=CACHE_HIT, cache_hit=1)
         rollout = simulate_rollout(ctx, self.policy_for(ctx), self.world_model, satisfied=None,
-                                   max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx))
+                                   max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx),
+                                   merge_identical=self.merge_identical_calls)
         total = rollout.total_price
         trace = tuple(PlannedStep(s.tool, s.price) for s in rollout.steps)
         info = usage(tokens=rollout.policy_tokens + rollout.world_model_tokens, policy_tokens=rollout.policy_tokens,
