@@ -32,7 +32,8 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--charge-oracle is {args.charge_oracle}; give the oracle's price per million tokens (> 0)")
     if args.oracle_max_tokens is not None and args.charge_oracle is None:
         raise ValueError("--oracle-max-tokens bounds a charged oracle's decisions; add --charge-oracle PRICE_PER_MTOK")
-    for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens", "feedback_chars"):
+    for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens", "feedback_chars",
+                "rollout_max_tokens"):
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)
     if args.oracle_tasks is not None:
@@ -160,6 +161,9 @@ def register(sub: Any) -> None:
     p.add_argument("--feedback-chars", type=int,
                    help="cap the refusal notes the agent reads per turn (BudgetGuard(feedback_chars=...)); for real "
                         "LLM agents with a small context (default: no cap)")
+    p.add_argument("--rollout-max-tokens", type=int,
+                   help="with --agent openai:NAME: cap each reply INTENT's and MCO's rollouts ask of the agent's "
+                        "model (default: the agent's --max-tokens)")
     p.add_argument("--predictor-dir", help="a trained intention predictor directory (intent train predictor)")
     p.add_argument("--judge", choices=["proxy", "sopr"], help="StableToolBench judge (default proxy; sopr needs "
                    "--judge-url and --judge-model)")

@@ -227,6 +227,11 @@ def _policy(ctx: MethodContext) -> AgentPolicy:
     # Other models (the old 'sim' agent, real LLMs) are used as they are.
     for_rollout = getattr(ctx.model, "for_rollout", None)
     model = for_rollout() if callable(for_rollout) else ctx.model
+    cap = ctx.options.get("rollout_max_tokens")
+    if cap is not None:
+        from eval.agents.chat import with_reply_cap
+
+        model = with_reply_cap(model, cap)
     return AgentPolicy(model, ctx.env.tools, system_prompt=SYSTEM_PROMPT)
 
 

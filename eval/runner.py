@@ -257,6 +257,9 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
         raise ValueError("--methods is empty; name at least one method, e.g. --methods raw,prompt")
     # Checked before any episode (or the oracle logs' collection, hours with a real model) runs.
     check_feedback_chars(config.options.get("feedback_chars"))
+    from eval.agents.chat import check_rollout_max_tokens
+
+    check_rollout_max_tokens(config.options.get("rollout_max_tokens"))
     specs = [get_method(m) for m in config.methods]
     if config.reference and config.reference not in config.methods:
         raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}; "

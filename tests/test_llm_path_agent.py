@@ -184,3 +184,45 @@ def test_probe_server_without_tool_calling_names_the_fix(stub, capsys):
     _Stub.mode = "no_tool_choice"
     assert main(["probe", "--base-url", stub, "--model", STUB_MODEL]) == 2
     _one_line_error(capsys, "HTTP 400", "--enable-auto-tool-choice", "intent_lenient")
+
+
+# -- rollout replies capped (--rollout-max-tokens) ----------------------------------------------------
+
+def test_rollout_policy_replies_are_capped_and_the_agents_are_not(stub):
+    # A 0.5B model on a CPU wrote 300-400 tokens per reply; a rollout needs only the next calls.
+    from types import SimpleNamespace
+
+    from langchain_core.messages import HumanMessage
+
+    from eval.agents.chat import chat_agent_factory
+    from eval.method_spec import MethodContext
+    from eval.oracle_methods import _policy
+
+    agent = chat_agent_factory(f"openai:{STUB_MODEL}", {"base_url": stub})(None, 0)
+    env = SimpleNamespace(tools=[])
+    policy = _policy(MethodContext(env=env, seed=0, options={"rollout_max_tokens": 48}, model=agent))
+    policy.next_action([HumanMessage("hi")])
+    agent.invoke([HumanMessage("hi")])
+    sent = [r.get("max_completion_tokens", r.get("max_tokens")) for r in _Stub.requests]
+    assert sent == [48, 512]
+    _Stub.requests.clear()
+    _policy(MethodContext(env=env, seed=0, options={}, model=agent)).next_action([HumanMessage("hi")])
+    assert [r.get("max_completion_tokens", r.get("max_tokens")) for r in _Stub.requests] == [512]
+
+
+def test_rollout_max_tokens_on_a_model_without_the_setting_names_the_flag():
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    from eval.agents.chat import with_reply_cap
+
+    with pytest.raises(ValueError, match="--rollout-max-tokens.*GenericFakeChatModel"):
+        with_reply_cap(GenericFakeChatModel(messages=iter([])), 64)
+
+
+@pytest.mark.parametrize("value", ["4", "0"])
+def test_rollout_max_tokens_is_checked_before_any_episode(stub, tmp_path, capsys, value):
+    code = main(["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "tracker",
+                 "--tasks", "1", "--rollout-max-tokens", value, "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2
+    _one_line_error(capsys, "--rollout-max-tokens", ">= 16")
+    assert _Stub.requests == []

@@ -5,7 +5,9 @@
 episode runs, the endpoint is checked (``GET /models``) and so is the model name: a wrong URL
 or a model the server does not serve fails in seconds with one line, never with a table of
 failed episodes. An ``openai:`` agent with neither ``--base-url`` nor ``OPENAI_API_KEY`` fails
-the same way. ``max_tokens`` (``--max-tokens``, default 512) caps each reply of the agent.
+the same way. ``max_tokens`` (``--max-tokens``, default 512) caps each reply of the agent;
+``rollout_max_tokens`` (``--rollout-max-tokens``) caps the replies INTENT's and MCO's rollouts
+ask of the same model (:func:`with_reply_cap`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,37 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_TOKENS", "EndpointError", "chat_agent_factory", "check_endpoint", "check_model"]
+__all__ = ["DEFAULT_MAX_TOKENS", "EndpointError", "chat_agent_factory", "check_endpoint", "check_model",
+           "check_rollout_max_tokens", "with_reply_cap"]
 
 DEFAULT_MAX_TOKENS = 512
 OPENAI_URL = "https://api.openai.com/v1"
+
+
+def check_rollout_max_tokens(value: Any) -> None:
+    """``--rollout-max-tokens``: absent, or an integer >= 16 (a tool call needs a few dozen tokens)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 16:
+        raise ValueError(f"--rollout-max-tokens must be an integer >= 16 (tokens per rollout reply of the agent's "
+                         f"model), got {value!r}; leave it out to let rollouts use the agent's own --max-tokens")
+
+
+def with_reply_cap(model: Any, cap: int) -> Any:
+    """A copy of a LangChain chat model whose replies stop at ``cap`` tokens.
+
+    Why: a rollout needs the agent's next calls, not the whole reply. A 0.5B model on a CPU wrote
+    300-400 tokens per reply (the same call over and over), about 40 s each, so one gate decision
+    took 1-8 minutes. A call cut off by the cap is left as text and ends the rollout there (a
+    shorter plan); the bench counts the agent's own replies cut by ``--max-tokens`` separately.
+    """
+    check_rollout_max_tokens(cap)
+    fields = getattr(type(model), "model_fields", {})
+    if "max_tokens" not in fields:
+        raise ValueError(f"--rollout-max-tokens caps a chat model's replies, but the agent's model "
+                         f"{type(model).__name__} has no max_tokens setting; use it with --agent openai:NAME, "
+                         "or leave it out")
+    return model.model_copy(update={"max_tokens": cap})
 
 
 class EndpointError(ValueError):

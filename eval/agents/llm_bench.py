@@ -224,6 +224,8 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
     saved = json.loads(stats_path.read_text()).get("methods", {}) if stats_path.exists() else {}
     options: dict[str, Any] = {"base_url": args.base_url, "max_tokens": args.max_tokens,
                                "oracle_train_tasks": args.oracle_tasks, "feedback_chars": args.feedback_chars}
+    if args.rollout_max_tokens:
+        options["rollout_max_tokens"] = args.rollout_max_tokens
     if args.oracle_logs:
         options["oracle_logs"] = args.oracle_logs
     if market == "stabletoolbench":
@@ -270,11 +272,13 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
         stats[method]["usage_tok_s"] = round(fresh["agent_tokens"] / run_s, 1) if run_s else None
     stats_path.write_text(json.dumps({"market": market, "model": args.model, "base_url": args.base_url,
                                       "tasks": tasks, "seed": args.seed, "workers": args.workers,
-                                      "max_tokens": args.max_tokens, "methods": stats}, indent=2))
+                                      "max_tokens": args.max_tokens, "rollout_max_tokens": args.rollout_max_tokens or None,
+                                      "methods": stats}, indent=2))
     cfg = summary["config"]
     print(f"\n{market}: {cfg['market_label']}; agent: {cfg['agent_label']}; judge: {cfg['judge']}")
     print(markdown_table(summary))
-    print(f"\nLLM path ({args.model}, {tasks} tasks, max_tokens {args.max_tokens}):")
+    rollout_cap = f", rollout replies <= {args.rollout_max_tokens} tokens" if args.rollout_max_tokens else ""
+    print(f"\nLLM path ({args.model}, {tasks} tasks, max_tokens {args.max_tokens}{rollout_cap}):")
     print(stats_table(stats))
     for method, s in stats.items():
         for err in s.get("errors", [])[:3]:
@@ -301,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="characters of refusal notes the agent reads per turn; older turns' notes are shortened "
                          "(BudgetGuard(feedback_chars=...); default 1500: a 0.5B model's 8,192-token context "
                          "overflowed on 15,448 characters of refusal notes in one turn)")
+    ap.add_argument("--rollout-max-tokens", type=int, default=160,
+                    help="cap on each reply INTENT's and MCO's rollouts ask of the agent's model (default 160; 0: "
+                         "the agent's --max-tokens). A 0.5B model on a CPU wrote 300-400 tokens per reply, ~40 s, "
+                         "so a decision took minutes; a rollout needs the next calls, not the whole reply")
     ap.add_argument("--oracle-logs", default=None,
                     help="reuse these oracle logs (e.g. OUT/<market>/oracle_data/logs.jsonl from an earlier run) "
                          "instead of running the Prompt agent on --oracle-tasks first")
