@@ -48,7 +48,16 @@ def _regret_split(rs: list[Any]) -> dict[str, float | None]:
     n = sums["regret_accept_n"] + sums["regret_reject_n"]
     if not n:
         return {}
+    by_reason: dict[str, list[float]] = {}
+    for r in rs:
+        for reason, (total, count) in (r.extra.get("regret_by_reason") or {}).items():
+            acc = by_reason.setdefault(reason, [0.0, 0])
+            acc[0] += float(total)
+            acc[1] += int(count)
     return {
+        # reason -> mean regret and the share of all audited decisions that had it
+        "regret_by_reason": {k: {"regret": round(t / c, 5), "share": round(c / n, 4)}
+                             for k, (t, c) in sorted(by_reason.items()) if c},
         "regret_per_accept": round(sums["regret_accept_sum"] / sums["regret_accept_n"], 5) if sums["regret_accept_n"] else None,
         "regret_per_reject": round(sums["regret_reject_sum"] / sums["regret_reject_n"], 5) if sums["regret_reject_n"] else None,
         "reject_share": round(sums["regret_reject_n"] / n, 4),

@@ -188,6 +188,7 @@ class DecisionAudit(Oracle):
         self.name = getattr(inner, "name", type(inner).__name__)
         self.regrets: list[float] = []
         self.accepted: list[bool] = []  # beside each regret: was the decision an acceptance?
+        self.reasons: list[str] = []  # ... and the oracle's reason (accepted, cache_hit, plan_over_budget, ...)
         self._lock = threading.Lock()
 
     def _measure(self, ctx: DecisionContext, decision: Decision) -> Decision:
@@ -196,14 +197,22 @@ class DecisionAudit(Oracle):
         with self._lock:
             self.regrets.append(regret)
             self.accepted.append(accepted)
+            self.reasons.append(str(getattr(decision, "reason", "") or ("accepted" if accepted else "rejected")))
         return decision
 
-    def split(self) -> dict[str, float]:
-        """Regret sums and counts by decision kind (acceptances, rejections), for pooling over episodes."""
+    def split(self) -> dict[str, Any]:
+        """Regret sums and counts by decision kind (acceptances, rejections) and by the oracle's
+        reason (``regret_by_reason``: reason -> [sum, count]), for pooling over episodes."""
         with self._lock:
             pairs = list(zip(self.regrets, self.accepted))
+            by_reason: dict[str, list[float]] = {}
+            for r, reason in zip(self.regrets, self.reasons):
+                acc = by_reason.setdefault(reason, [0.0, 0])
+                acc[0] += r
+                acc[1] += 1
         return {"regret_accept_sum": sum(r for r, a in pairs if a), "regret_accept_n": sum(a for _, a in pairs),
-                "regret_reject_sum": sum(r for r, a in pairs if not a), "regret_reject_n": sum(not a for _, a in pairs)}
+                "regret_reject_sum": sum(r for r, a in pairs if not a), "regret_reject_n": sum(not a for _, a in pairs),
+                "regret_by_reason": by_reason}
 
     def decide(self, ctx: DecisionContext) -> Decision:
         return self._measure(ctx, self.inner.decide(ctx))

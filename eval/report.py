@@ -64,6 +64,15 @@ def regret_lines(summary: dict[str, Any]) -> list[str]:
     for m, r in rows.items():
         lines.append(f"| {m} | {_fmt(r.get('regret_per_accept'))} | {_fmt(r.get('regret_per_reject'))} | "
                      f"{100 * r['reject_share']:.1f}% |")
+    reasons = sorted({k for r in rows.values() for k in (r.get("regret_by_reason") or {})})
+    if reasons:
+        lines += ["", "The same by the oracle's reason for each decision (mean regret, and in brackets the share of "
+                  "the method's audited decisions with that reason):", "",
+                  "| method | " + " | ".join(reasons) + " |", "|---|" + "---:|" * len(reasons)]
+        for m, r in rows.items():
+            got = r.get("regret_by_reason") or {}
+            cells = [f"{_fmt(got[k]['regret'])} ({100 * got[k]['share']:.1f}%)" if k in got else "–" for k in reasons]
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 

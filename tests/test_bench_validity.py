@@ -321,6 +321,11 @@ def test_regret_splits_into_what_acceptances_and_rejections_lost(tmp_path):
     per = (tracker["regret_per_accept"] * (1 - tracker["reject_share"]) + (tracker["regret_per_reject"] or 0.0)
            * tracker["reject_share"])
     assert abs(per - pooled) < 1e-4
+    # By the oracle's reason: every audited decision has one, and the reasons make up the same whole.
+    by = tracker["regret_by_reason"]
+    assert {"accepted", "plan_over_budget"} <= set(by), by
+    assert abs(sum(v["share"] for v in by.values()) - 1.0) < 1e-3
+    assert abs(sum(v["regret"] * v["share"] for v in by.values()) - pooled) < 1e-3
 
 
 def test_the_audit_splits_regret_by_decision_kind():
@@ -343,7 +348,7 @@ def test_the_audit_splits_regret_by_decision_kind():
     for accept in (True, True, False, False):
         audit._measure(ctx, Decision.accepted() if accept else Decision.rejected("no", reason="r"))
     assert audit.split() == {"regret_accept_sum": 0.3, "regret_accept_n": 2, "regret_reject_sum": 0.7,
-                             "regret_reject_n": 2}
+                             "regret_reject_n": 2, "regret_by_reason": {"accepted": [0.3, 2], "r": [0.7, 2]}}
 
 
 # --------------------------------------------------------------------------- configuration
