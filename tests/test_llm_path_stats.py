@@ -162,3 +162,18 @@ def test_oracle_log_collection_prints_a_heartbeat_until_complete(tmp_path, capsy
     with _CollectionHeartbeat(tmp_path, "intent", 10, every_s=0.05):
         time.sleep(0.2)
     assert capsys.readouterr().out == ""  # logs already collected: nothing to wait for
+
+
+def test_oracle_logs_say_which_market_they_belong_to():
+    # A synthetic run's logs would give StableToolBench's oracles a world model of tools it does not have.
+    from eval.agents.llm_bench import oracle_logs_by_market
+
+    assert oracle_logs_by_market(None, ["synthetic", "stabletoolbench"]) == {}
+    assert oracle_logs_by_market("a.jsonl", ["synthetic"]) == {"synthetic": "a.jsonl"}
+    assert oracle_logs_by_market("synthetic=a.jsonl", ["synthetic", "stabletoolbench"]) == {"synthetic": "a.jsonl"}
+    assert oracle_logs_by_market("synthetic=a.jsonl, stabletoolbench=b.jsonl", ["synthetic", "stabletoolbench"]) == {
+        "synthetic": "a.jsonl", "stabletoolbench": "b.jsonl"}
+    with pytest.raises(ValueError, match="several markets.*--oracle-logs synthetic=a.jsonl"):
+        oracle_logs_by_market("a.jsonl", ["synthetic", "stabletoolbench"])
+    with pytest.raises(ValueError, match="'cosmic=a.jsonl' is not MARKET=PATH"):
+        oracle_logs_by_market("cosmic=a.jsonl", ["synthetic"])

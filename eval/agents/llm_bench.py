@@ -226,8 +226,9 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
                                "oracle_train_tasks": args.oracle_tasks, "feedback_chars": args.feedback_chars}
     if args.rollout_max_tokens:
         options["rollout_max_tokens"] = args.rollout_max_tokens
-    if args.oracle_logs:
-        options["oracle_logs"] = args.oracle_logs
+    given_logs = args.oracle_logs_by_market.get(market)
+    if given_logs:
+        options["oracle_logs"] = given_logs
     if market == "stabletoolbench":
         options["solvability"] = args.solvability
         if args.stb_path:
@@ -248,9 +249,9 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
 
         needs_logs = get_method(method).needs_oracle_logs
         collect_tasks = tasks if market == "stabletoolbench" else args.oracle_tasks  # STB: cross-fitted folds
-        if needs_logs and args.oracle_logs:
-            print(f"  {method}: oracle models built from {args.oracle_logs} (--oracle-logs)", flush=True)
-        with _CollectionHeartbeat(out, method, collect_tasks) if needs_logs and not args.oracle_logs else nullcontext():
+        if needs_logs and given_logs:
+            print(f"  {method}: oracle models built from {given_logs} (--oracle-logs)", flush=True)
+        with _CollectionHeartbeat(out, method, collect_tasks) if needs_logs and not given_logs else nullcontext():
             run_benchmark(replace(config, methods=[method]), progress=not args.no_progress)
         seconds = time.monotonic() - started
         ran = len(_episodes(out, method, args.seed)) - before_n
@@ -287,6 +288,31 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
     return stats
 
 
+def oracle_logs_by_market(value: str | None, markets: list[str]) -> dict[str, str]:
+    """``--oracle-logs``: ``PATH`` (one market only) or ``market=PATH[,market=PATH]``.
+
+    Logs belong to one market (its tools, its observations): a synthetic run's logs would give
+    StableToolBench's oracles a world model of tools it does not have, so with several markets
+    each path must say whose it is; a market without logs collects its own.
+    """
+    if not value:
+        return {}
+    if "=" not in value:
+        if len(markets) != 1:
+            raise ValueError(f"--oracle-logs {value!r} with several markets ({','.join(markets)}): say which market's "
+                             f"logs they are, e.g. --oracle-logs {markets[0]}={value} (ORACLE_LOGS in "
+                             "scripts/bench_llm.sh); a market without logs collects its own")
+        return {markets[0]: value}
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        market, sep, path = part.partition("=")
+        market, path = market.strip(), path.strip()
+        if not sep or not path or market not in markets:
+            raise ValueError(f"--oracle-logs: {part!r} is not MARKET=PATH for one of --markets {','.join(markets)}")
+        out[market] = path
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval.agents.llm_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-url", required=True, help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
@@ -310,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                          "the agent's --max-tokens). A 0.5B model on a CPU wrote 300-400 tokens per reply, ~40 s, "
                          "so a decision took minutes; a rollout needs the next calls, not the whole reply")
     ap.add_argument("--oracle-logs", default=None,
-                    help="reuse these oracle logs (e.g. OUT/<market>/oracle_data/logs.jsonl from an earlier run) "
-                         "instead of running the Prompt agent on --oracle-tasks first")
+                    help="reuse oracle logs of an earlier run instead of running the Prompt agent on --oracle-tasks "
+                         "first: PATH with one market, or MARKET=PATH[,MARKET=PATH] (e.g. "
+                         "synthetic=OUT/synthetic/oracle_data/logs.jsonl)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench-llm")
@@ -321,9 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from eval.agents.chat import check_model
 
-    check_model(args.base_url, args.model, flag="--model ")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for market in [m.strip() for m in args.markets.split(",") if m.strip()]:
+    markets = [m.strip() for m in args.markets.split(",") if m.strip()]
+    args.oracle_logs_by_market = oracle_logs_by_market(args.oracle_logs, markets)
+    check_model(args.base_url, args.model, flag="--model ")
+    for market in markets:
         run_market(market, args, methods)
     return 0
 
