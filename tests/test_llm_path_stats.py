@@ -75,7 +75,7 @@ def test_stats_table_has_a_row_per_method_and_dashes_for_missing_numbers():
     table = stats_table({"raw": {"PR": 0.0, "duplicate_call_pct": 80.8}, "tracker": {}})
     lines = table.splitlines()
     assert len(lines) == 4 and lines[2].startswith("| raw | 0.0 |") and "80.8" in lines[2]
-    assert lines[3].count("| - ") == 15
+    assert lines[3].count("| - ") == 18
 
 
 # -- the serving command -------------------------------------------------------------------------------
@@ -177,3 +177,19 @@ def test_oracle_logs_say_which_market_they_belong_to():
         oracle_logs_by_market("a.jsonl", ["synthetic", "stabletoolbench"])
     with pytest.raises(ValueError, match="'cosmic=a.jsonl' is not MARKET=PATH"):
         oracle_logs_by_market("cosmic=a.jsonl", ["synthetic"])
+
+
+def test_llm_stats_show_the_planning_oracles_cost(tmp_path):
+    # With a real model INTENT's rollouts call it too: tokens per episode, seconds per decision, cache hits.
+    from eval.agents.llm_bench import method_stats, stats_table
+
+    rows = [{"method": "intent", "seed": 0, "task_id": f"t{i}", "agent_tokens": 100, "wall_s": 10.0} for i in range(2)]
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = {"PR": 0.0, "FR": 100.0, "AC": 5.0, "oracle_tokens": 9000, "decision_ms_mean": 4250.0,
+               "cache_hit_rate": 0.25}
+    s = method_stats(tmp_path, "intent", 0, metrics)
+    assert (s["oracle_tokens_per_episode"], s["decision_s_mean"], s["oracle_cache_hit_pct"]) == (4500, 4.25, 25.0)
+    table = stats_table({"intent": s, "tracker": method_stats(tmp_path, "tracker", 0, {"PR": 0.0})})
+    header, _, intent, tracker = table.splitlines()
+    assert "oracle tok/ep | s/decision | plan cache% |" in header
+    assert intent.endswith("| 4500 | 4.2 | 25.0 |") and tracker.endswith("| - | - | - |")
