@@ -39,8 +39,8 @@ def with_reply_cap(model: Any, cap: int) -> Any:
 
     Why: a rollout needs the agent's next calls, not the whole reply. A 0.5B model on a CPU wrote
     300-400 tokens per reply (the same call over and over), about 40 s each, so one gate decision
-    took 1-8 minutes. A call cut off by the cap is left as text and ends the rollout there (a
-    shorter plan); the bench counts the agent's own replies cut by ``--max-tokens`` separately.
+    took 3 s to 8.5 minutes. The complete calls before the cut count; a reply cut before its first
+    complete call reads as an answer and ends the rollout there (a shorter plan).
     """
     check_rollout_max_tokens(cap)
     fields = getattr(type(model), "model_fields", {})
