@@ -63,8 +63,9 @@ def _study(args: argparse.Namespace) -> int:
                           "progress": not args.no_progress}
     if args.base_url:
         kw["options"] = {"base_url": args.base_url}
-    if args.max_tokens is not None:
-        kw.setdefault("options", {})["max_tokens"] = args.max_tokens
+    for key in ("max_tokens", "feedback_chars", "rollout_max_tokens"):  # every run of the study gets them
+        if getattr(args, key, None) is not None:
+            kw.setdefault("options", {})[key] = getattr(args, key)
     if args.oracle_tasks is not None:
         kw["oracle_tasks"] = args.oracle_tasks
     cfg = StudyConfig.quick(**kw) if args.quick else StudyConfig(**kw)

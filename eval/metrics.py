@@ -54,9 +54,11 @@ def _regret_split(rs: list[Any]) -> dict[str, float | None]:
             acc = by_reason.setdefault(reason, [0.0, 0])
             acc[0] += float(total)
             acc[1] += int(count)
+    by_n = sum(c for _, c in by_reason.values())
     return {
-        # reason -> mean regret and the share of all audited decisions that had it
-        "regret_by_reason": {k: {"regret": round(t / c, 5), "share": round(c / n, 4)}
+        # reason -> mean regret and the share of the decisions with a recorded reason that had it
+        # (episodes saved before reasons were recorded have none and are left out of this split)
+        "regret_by_reason": {k: {"regret": round(t / c, 5), "share": round(c / by_n, 4)}
                              for k, (t, c) in sorted(by_reason.items()) if c},
         "regret_per_accept": round(sums["regret_accept_sum"] / sums["regret_accept_n"], 5) if sums["regret_accept_n"] else None,
         "regret_per_reject": round(sums["regret_reject_sum"] / sums["regret_reject_n"], 5) if sums["regret_reject_n"] else None,
@@ -150,6 +152,8 @@ def _oracle_stats(rs: Sequence[EpisodeResult], decisions: int) -> dict[str, Any]
         "world_model_tokens": int(sums.get("world_model_tokens", 0.0)),
         "cache_hit_rate": round(hits / decisions, 4),
         "model_errors": int(sums.get("model_error", 0.0)),
+        # rollouts that ended on a reply cut by --rollout-max-tokens before a whole call
+        "rollouts_capped": int(sums.get("rollout_capped", 0.0)),
         # INTENT's blacklist: the share of predicted steps with p < delta, and tools hidden per episode.
         "below_delta_rate": (round(sums.get("below_delta", 0.0) / sums["predictor_items"], 4)
                              if sums.get("predictor_items") else None),

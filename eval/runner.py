@@ -260,6 +260,9 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
     from eval.agents.chat import check_rollout_max_tokens
 
     check_rollout_max_tokens(config.options.get("rollout_max_tokens"))
+    if config.options.get("rollout_max_tokens") is not None and config.agent in ("sim", "sim-llm"):
+        raise ValueError(f"--rollout-max-tokens caps a chat model's rollout replies; the {config.agent!r} agent "
+                         "writes no tokens. Use it with --agent openai:NAME, or leave it out")
     specs = [get_method(m) for m in config.methods]
     if config.reference and config.reference not in config.methods:
         raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}; "
@@ -293,6 +296,12 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
             from eval.agents.chat import chat_agent_factory
 
             agent_factory = chat_agent_factory(config.agent, config.options)
+            if config.options.get("rollout_max_tokens") is not None:
+                from eval.agents.chat import with_reply_cap
+
+                # Here, not when the first oracle is built: that comes after the oracle logs'
+                # collection, hours with a real model.
+                with_reply_cap(agent_factory(None, config.seed), config.options["rollout_max_tokens"])
         else:
             agent_factory = sim_agent_factory(config.options.get("sim_agent"))
     market = build_market(config)
@@ -421,6 +430,8 @@ def _check_config(out: Path, config: BenchConfig) -> None:
     path = out / "run_config.json"
     key = {k: getattr(config, k) for k in ("market", "agent", "tasks", "seed", "event_rate", "budget", "budget_scale",
                                            "relevant_price_scale")}
+    # Options that change what an episode is (set only: a directory written without them stays usable).
+    key |= {k: config.options[k] for k in ("feedback_chars", "rollout_max_tokens") if config.options.get(k) is not None}
     if path.exists():
         old = json.loads(path.read_text())
         if old != key:

@@ -235,6 +235,14 @@ class BudgetGuard:
         self.oracle_model = oracle_model
         self.oracle_max_tokens = oracle_max_tokens
         self.merge_identical_calls = bool(merge_identical_calls)
+        oracle_merges = getattr(oracle, "merge_identical_calls", None)
+        if oracle_merges is not None and bool(oracle_merges) != self.merge_identical_calls:
+            # The oracle's rollouts would price a message's identical calls otherwise than the guard
+            # runs and charges them: plans too cheap (guard runs each) or too dear (guard merges).
+            raise GuardConfigError(
+                f"merge_identical_calls={self.merge_identical_calls} but the oracle "
+                f"{type(oracle).__name__} has merge_identical_calls={bool(oracle_merges)}; build both with the "
+                "same value")
         self.notes_at = notes_at
         self.feedback_chars = fb.check_feedback_chars(feedback_chars)
         self.oracle = oracle

@@ -46,6 +46,7 @@ class Rollout:
     answered: bool = False
     truncated: bool = False
     context_full: bool = False  # ended because the policy's prompt no longer fit its model's context
+    capped: bool = False  # ended on a reply cut by its token cap before any complete call
     turns: int = 0
     policy_tokens: int = 0
     world_model_tokens: int = 0
@@ -116,7 +117,12 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
             return out
         out.policy_tokens += tokens
         if not reply.tool_calls:
-            out.answered = True
+            if (reply.response_metadata or {}).get("finish_reason") == "length":
+                # Cut by the reply cap before a whole call (--rollout-max-tokens): not an answer, an
+                # unknown rest, so the plan is truncated here and the oracles count it.
+                out.truncated = out.capped = True
+            else:
+                out.answered = True
             return out
         proposed = _merged(reply.tool_calls) if merge_identical else list(reply.tool_calls)
         calls = [dict(c, id=f"rollout-{depth}-{k}") for k, c in enumerate(proposed)]

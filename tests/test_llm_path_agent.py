@@ -226,3 +226,49 @@ def test_rollout_max_tokens_is_checked_before_any_episode(stub, tmp_path, capsys
     assert code == 2
     _one_line_error(capsys, "--rollout-max-tokens", ">= 16")
     assert _Stub.requests == []
+
+
+def test_rollout_max_tokens_with_a_simulated_agent_is_refused_before_anything_runs(tmp_path, capsys):
+    code = main(["bench", "--agent", "sim", "--methods", "raw,mco", "--tasks", "1", "--rollout-max-tokens", "64",
+                 "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2
+    _one_line_error(capsys, "--rollout-max-tokens", "'sim' agent", "--agent openai:NAME")
+    assert not (tmp_path / "o" / "episodes.jsonl").exists() and not (tmp_path / "o" / "oracle_data").exists()
+
+
+def test_the_rollout_cap_never_exceeds_the_agents_own(stub):
+    from eval.agents.chat import chat_agent_factory, with_reply_cap
+
+    agent = chat_agent_factory(f"openai:{STUB_MODEL}", {"base_url": stub, "max_tokens": 40})(None, 0)
+    assert with_reply_cap(agent, 160).max_tokens == 40 and with_reply_cap(agent, 24).max_tokens == 24
+
+
+def test_a_run_directory_refuses_another_rollout_cap(stub, tmp_path, capsys):
+    # Resuming with another cap would mix episodes of two configurations in one table.
+    args = ["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "tracker", "--tasks", "1",
+            "--out", str(tmp_path / "o"), "--no-progress"]
+    assert main([*args, "--rollout-max-tokens", "64"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--rollout-max-tokens", "96"]) == 2
+    _one_line_error(capsys, "another configuration", "rollout_max_tokens")
+
+
+def test_the_study_passes_the_llm_options_to_every_run(monkeypatch, tmp_path):
+    # `intent bench study --rollout-max-tokens N` used to be accepted and then ignored.
+    import eval.study
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_study(cfg):
+        seen.update(cfg.options)
+        raise Stop
+
+    monkeypatch.setattr(eval.study, "run_study", fake_run_study)
+    with pytest.raises(Stop):
+        main(["bench", "study", "--quick", "--agent", f"openai:{STUB_MODEL}", "--base-url", "http://x.invalid/v1",
+              "--rollout-max-tokens", "64", "--feedback-chars", "900", "--max-tokens", "128",
+              "--out", str(tmp_path / "s"), "--no-progress"])
+    assert (seen["rollout_max_tokens"], seen["feedback_chars"], seen["max_tokens"]) == (64, 900, 128)

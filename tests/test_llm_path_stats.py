@@ -75,7 +75,7 @@ def test_stats_table_has_a_row_per_method_and_dashes_for_missing_numbers():
     table = stats_table({"raw": {"PR": 0.0, "duplicate_call_pct": 80.8}, "tracker": {}})
     lines = table.splitlines()
     assert len(lines) == 4 and lines[2].startswith("| raw | 0.0 |") and "80.8" in lines[2]
-    assert lines[3].count("| - ") == 18
+    assert lines[3].count("| - ") == 19
 
 
 # -- the serving command -------------------------------------------------------------------------------
@@ -185,11 +185,18 @@ def test_llm_stats_show_the_planning_oracles_cost(tmp_path):
 
     rows = [{"method": "intent", "seed": 0, "task_id": f"t{i}", "agent_tokens": 100, "wall_s": 10.0} for i in range(2)]
     (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    metrics = {"PR": 0.0, "FR": 100.0, "AC": 5.0, "oracle_tokens": 9000, "decision_ms_mean": 4250.0,
-               "cache_hit_rate": 0.25}
+    # The metrics as the runner computes them (names and units included): 2 episodes, 4 decisions.
+    from eval.metrics import compute_metrics
+    from eval.results import EpisodeResult
+
+    results = [EpisodeResult("intent", f"t{i}", 0, budget=10.0, cost=5.0, oracle_tokens=4500,
+                             decision_ms=[4300.0, 4300.0],
+                             extra={"oracle_usage": {"cache_hit": float(i), "rollout_capped": 1.0}})
+               for i in range(2)]
+    metrics = compute_metrics(results)["intent"]
     s = method_stats(tmp_path, "intent", 0, metrics)
-    assert (s["oracle_tokens_per_episode"], s["decision_s_mean"], s["oracle_cache_hit_pct"]) == (4500, 4.25, 25.0)
+    assert (s["oracle_tokens_per_episode"], s["decision_s_mean"], s["oracle_cache_hit_pct"]) == (4500, 4.3, 25.0)
     table = stats_table({"intent": s, "tracker": method_stats(tmp_path, "tracker", 0, {"PR": 0.0})})
     header, _, intent, tracker = table.splitlines()
-    assert "oracle tok/ep | s/decision | plan cache% |" in header
-    assert intent.endswith("| 4500 | 4.2 | 25.0 |") and tracker.endswith("| - | - | - |")
+    assert "oracle tok/ep | s/decision | plan cache% | capped rollouts |" in header
+    assert intent.endswith("| 4500 | 4.3 | 25.0 | 2 |") and tracker.endswith("| - | - | - | - |")

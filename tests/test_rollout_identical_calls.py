@@ -69,3 +69,29 @@ def test_the_planning_oracles_accept_a_plan_whose_copies_alone_would_not_fit():
         copies = build(_repeating_policy(), False).decide(_ctx(30.0))
         assert merged.accept and len(merged.trace) == 3, merged
         assert not copies.accept and len(copies.trace) == 7, copies
+
+
+def test_a_rollout_reply_cut_by_its_cap_before_any_call_is_not_an_answer():
+    # --rollout-max-tokens: a reply that stops on its length with no whole call says nothing about
+    # what the agent does next; the rollout is truncated there, and the oracles count it.
+    cut = AIMessage('{"name": "b", "argu', response_metadata={"finish_reason": "length"})
+    out = simulate_rollout(_ctx(50.0), AgentPolicy(scripted([cut])), CountingWM(), satisfied=True, max_depth=4)
+    assert out.capped and out.truncated and not out.answered
+    done = simulate_rollout(_ctx(50.0), AgentPolicy(scripted([AIMessage("done")])), CountingWM(), satisfied=True,
+                            max_depth=4)
+    assert done.answered and not done.capped
+    d = MCOOracle(AgentPolicy(scripted([cut])), CountingWM(), max_depth=4).decide(_ctx(50.0))
+    assert d.usage["rollout_capped"] == 1.0
+
+
+def test_a_guard_and_its_oracle_must_merge_identical_calls_alike():
+    import pytest
+
+    from intent import BudgetGuard
+    from intent.errors import GuardConfigError
+
+    oracle = MCOOracle(_repeating_policy(), CountingWM(), merge_identical_calls=True)
+    with pytest.raises(GuardConfigError, match="merge_identical_calls=False but the oracle MCOOracle"):
+        BudgetGuard(oracle, MARKET, 50.0, merge_identical_calls=False)
+    BudgetGuard(MCOOracle(_repeating_policy(), CountingWM(), merge_identical_calls=False), MARKET, 50.0,
+                merge_identical_calls=False)

@@ -31,7 +31,7 @@ def check_rollout_max_tokens(value: Any) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 16:
         raise ValueError(f"--rollout-max-tokens must be an integer >= 16 (tokens per rollout reply of the agent's "
-                         f"model), got {value!r}; leave it out to let rollouts use the agent's own --max-tokens")
+                         f"model), got {value!r}; without a cap rollouts use the agent's own --max-tokens")
 
 
 def with_reply_cap(model: Any, cap: int) -> Any:
@@ -48,7 +48,9 @@ def with_reply_cap(model: Any, cap: int) -> Any:
         raise ValueError(f"--rollout-max-tokens caps a chat model's replies, but the agent's model "
                          f"{type(model).__name__} has no max_tokens setting; use it with --agent openai:NAME, "
                          "or leave it out")
-    return model.model_copy(update={"max_tokens": cap})
+    own = getattr(model, "max_tokens", None)
+    # Never above the agent's own cap: a rollout predicts the agent's replies, which stop there.
+    return model.model_copy(update={"max_tokens": min(cap, own) if isinstance(own, int) else cap})
 
 
 class EndpointError(ValueError):

@@ -163,10 +163,11 @@ def method_stats(out: Path, method: str, seed: int, metrics: dict[str, Any]) -> 
             "invalid_call_pct": round(100 * p["invalid"] / p["proposals"], 1) if p["proposals"] else None,
             # The planning oracles' own cost with the real model (their rollouts call it too).
             "oracle_tokens_per_episode": round(metrics["oracle_tokens"] / n) if n and metrics.get("oracle_tokens") else None,
-            "decision_s_mean": (round(metrics["decision_ms_mean"] / 1000.0, 2)
+            "decision_s_mean": (round(metrics["decision_ms_mean"] / 1000.0, 1)
                                 if metrics.get("decision_ms_mean") is not None else None),
             "oracle_cache_hit_pct": (round(100 * metrics["cache_hit_rate"], 1)
                                      if metrics.get("cache_hit_rate") is not None else None),
+            "rollouts_capped": metrics.get("rollouts_capped"),
             "errors": sorted({str(r.get("error"))[:160] for r in rows if r.get("error")})}
 
 
@@ -182,7 +183,7 @@ def stats_table(stats: dict[str, dict[str, Any]]) -> str:
             ("inv%", "invalid_call_pct"), ("malf%", "malformed_reply_pct"), ("cap%", "length_capped_pct"), ("gen tok/s", "server_gen_tok_s"),
             ("all tok/s", "server_total_tok_s"), ("cache%", "prefix_cache_hit_pct"), ("usage tok/s", "usage_tok_s"),
             ("oracle tok/ep", "oracle_tokens_per_episode"), ("s/decision", "decision_s_mean"),
-            ("plan cache%", "oracle_cache_hit_pct")]
+            ("plan cache%", "oracle_cache_hit_pct"), ("capped rollouts", "rollouts_capped")]
     lines = ["| method | " + " | ".join(c for c, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for method, s in stats.items():
         lines.append(f"| {method} | " + " | ".join(_fmt(s.get(k)) for _, k in cols) + " |")

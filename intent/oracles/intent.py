@@ -143,6 +143,7 @@ class IntentOracle(PlanningOracle):
             policy_tokens=rollout.policy_tokens if rollout else 0,
             world_model_tokens=rollout.world_model_tokens if rollout else 0,
             rollout_steps=len(steps), rollout_turns=rollout.turns if rollout else 0,
+            rollout_capped=int(rollout.capped) if rollout else 0,
             predictor_items=len(steps), risk_cost=self.gamma * sigma,
             below_delta=sum(p < self.delta for p in ps), blacklisted=newly_hidden,
             oracle_ms=(time.perf_counter() - started) * 1000.0,

@@ -56,7 +56,7 @@ class MCOOracle(PlanningOracle):
         trace = tuple(PlannedStep(s.tool, s.price) for s in rollout.steps)
         info = usage(tokens=rollout.policy_tokens + rollout.world_model_tokens, policy_tokens=rollout.policy_tokens,
                      world_model_tokens=rollout.world_model_tokens, rollout_steps=len(rollout.steps),
-                     rollout_turns=rollout.turns, plan_cost=total, oracle_ms=(time.perf_counter() - started) * 1000)
+                     rollout_turns=rollout.turns, rollout_capped=int(rollout.capped), plan_cost=total, oracle_ms=(time.perf_counter() - started) * 1000)
         if fits and total <= left + 1e-9:
             if self.rollout_cache:
                 self.memory.set_rollout(eid, [CachedStep(s.tool, s.args) for s in rollout.steps[1:]])
