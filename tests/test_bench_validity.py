@@ -326,6 +326,8 @@ def test_regret_splits_into_what_acceptances_and_rejections_lost(tmp_path):
     assert {"accepted", "plan_over_budget"} <= set(by), by
     assert abs(sum(v["share"] for v in by.values()) - 1.0) < 1e-3
     assert abs(sum(v["regret"] * v["share"] for v in by.values()) - pooled) < 1e-3
+    report = (tmp_path / "results.md").read_text()
+    assert "| method | accepted |" in report and f"| mco | {by['accepted']['regret']:.2f} (" in report
 
 
 def test_the_audit_splits_regret_by_decision_kind():
