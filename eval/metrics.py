@@ -127,6 +127,8 @@ def compute_metrics(
             "proposed_calls": sum(r.proposed_calls for r in rs),
             "answered_calls": sum(r.answered_calls for r in rs),
             "episode_errors": sum(r.crashed for r in rs),
+            # Ended because the agent model's context was full (no answer; not a crash).
+            "context_full": sum(bool(r.extra.get("context_full")) for r in rs),
             "crashed": sorted(r.task_id for r in rs if r.crashed),
         }
     base = out.get(ratio_base)

@@ -125,6 +125,10 @@ def run_episode(
                         log_sink=FanoutLogSink([records, log_sink]) if log_sink else records,
                         feedback_chars=(options or {}).get("feedback_chars"), **charged)
     middleware: list[Any] = [guard.middleware()]
+    if not _is_simulated(model):
+        from eval.agents.context_full import StopWhenContextFull
+
+        middleware.insert(0, StopWhenContextFull())  # outermost: a full context ends the episode, no crash
     if env.market_now is not None:
         middleware.insert(0, _MarketEvents(guard, episode_id, env.market_now))
     result = EpisodeResult(method=spec.name, task_id=env.task_id, seed=seed, group=env.group,
@@ -149,6 +153,10 @@ def run_episode(
             answer = str(last.content) if isinstance(last, AIMessage) and not last.tool_calls else None
             ledger = guard.ledger(out)
             extra["proposed_calls"], extra["answered_calls"] = _calls_and_answers(messages)
+            from eval.agents.context_full import ended_on_full_context
+
+            if ended_on_full_context(messages):
+                extra["context_full"] = True
     except Exception as exc:  # noqa: BLE001 - a crashed episode is recorded, counted as failed and listed
         result.error = f"{type(exc).__name__}: {exc}"
         result.wall_s = time.perf_counter() - started

@@ -59,6 +59,7 @@ __all__ = [
     "OracleTimeoutError",
     "OracleUnavailableError",
     "as_oracle_unavailable",
+    "is_context_overflow",
     "model_call",
     "says_context_overflow",
 ]
@@ -117,9 +118,11 @@ def says_context_overflow(text: str) -> bool:
     return any(marker in text for marker in _CONTEXT_OVERFLOW_MARKERS)
 
 
-def _is_context_overflow(exc: BaseException) -> bool:
-    """An HTTP 400 from an OpenAI-compatible client whose message says the prompt is too long."""
-    return getattr(exc, "status_code", None) == 400 and says_context_overflow(f"{exc} {getattr(exc, 'code', '') or ''}")
+def is_context_overflow(exc: BaseException) -> bool:
+    """A :class:`ContextOverflowError`, or an HTTP 400 from an OpenAI-compatible client whose
+    message says the prompt is too long (vLLM, OpenAI, llama.cpp texts)."""
+    return isinstance(exc, ContextOverflowError) or (
+        getattr(exc, "status_code", None) == 400 and says_context_overflow(f"{exc} {getattr(exc, 'code', '') or ''}"))
 
 
 # Optional backends' recoverable errors, by module: (class name, typed error). Looked up in
@@ -154,7 +157,7 @@ def as_oracle_unavailable(exc: BaseException, what: str = "the oracle's model") 
     if isinstance(exc, ModelRequestError):
         return None
     kind: type[OracleUnavailableError] | None = None
-    if _is_context_overflow(exc):
+    if is_context_overflow(exc):
         kind = ContextOverflowError
     elif isinstance(exc, TimeoutError):
         kind = OracleTimeoutError

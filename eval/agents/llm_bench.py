@@ -156,6 +156,7 @@ def method_stats(out: Path, method: str, seed: int, metrics: dict[str, Any]) -> 
     p = proposal_stats(out / "logs.jsonl", method, seed)
     return {"episodes": n, "PR": metrics.get("PR"), "FR": metrics.get("FR"), "AC": metrics.get("AC"),
             "crashed": sum(bool(r.get("error")) for r in rows),
+            "context_full": sum(bool((r.get("extra") or {}).get("context_full")) for r in rows),
             "wall_s_per_episode": round(wall / n, 2) if n else None,
             "agent_tokens": tokens, "agent_tokens_per_episode": round(tokens / n) if n else None,
             "proposed_calls": p["proposals"], "duplicate_calls": p["duplicates"], "invalid_calls": p["invalid"],
@@ -178,7 +179,8 @@ def _fmt(value: Any) -> str:
 
 
 def stats_table(stats: dict[str, dict[str, Any]]) -> str:
-    cols = [("PR", "PR"), ("FR", "FR"), ("AC", "AC"), ("crashed", "crashed"), ("s/ep", "wall_s_per_episode"),
+    cols = [("PR", "PR"), ("FR", "FR"), ("AC", "AC"), ("crashed", "crashed"), ("ctx full", "context_full"),
+            ("s/ep", "wall_s_per_episode"),
             ("tok/ep", "agent_tokens_per_episode"), ("calls", "proposed_calls"), ("dup%", "duplicate_call_pct"),
             ("inv%", "invalid_call_pct"), ("malf%", "malformed_reply_pct"), ("cap%", "length_capped_pct"), ("gen tok/s", "server_gen_tok_s"),
             ("all tok/s", "server_total_tok_s"), ("cache%", "prefix_cache_hit_pct"), ("usage tok/s", "usage_tok_s"),
@@ -231,7 +233,7 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
     out.mkdir(parents=True, exist_ok=True)
     stats_path = out / "llm_stats.json"
     saved = json.loads(stats_path.read_text()).get("methods", {}) if stats_path.exists() else {}
-    options: dict[str, Any] = {"base_url": args.base_url, "max_tokens": args.max_tokens,
+    options: dict[str, Any] = {"base_url": args.base_url, "max_tokens": args.max_tokens, "timeout": args.request_timeout,
                                "oracle_train_tasks": args.oracle_tasks, "feedback_chars": args.feedback_chars}
     if args.rollout_max_tokens:
         options["rollout_max_tokens"] = args.rollout_max_tokens
@@ -336,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="StableToolBench: run the exhaustive DFSDT search for OR (hours with a real model)")
     ap.add_argument("--stb-path", default=None)
     ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--request-timeout", type=float, default=600.0,
+                    help="seconds one agent request may take (default 600: on a CPU a 512-token reply to a long "
+                         "history took over 120 s while other jobs shared the cores)")
     ap.add_argument("--feedback-chars", type=int, default=1500,
                     help="characters of refusal notes the agent reads per turn; older turns' notes are shortened "
                          "(BudgetGuard(feedback_chars=...); default 1500: a 0.5B model's 8,192-token context "
@@ -360,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     markets = [m.strip() for m in args.markets.split(",") if m.strip()]
     args.oracle_logs_by_market = oracle_logs_by_market(args.oracle_logs, markets)
+    if not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
     check_model(args.base_url, args.model, flag="--model ")
     for market in markets:
         run_market(market, args, methods)

@@ -1,0 +1,83 @@
+"""A real-LLM agent whose context is full ends its episode without an answer, not with a crash.
+
+bench-llm with Qwen2.5-Coder-0.5B (8,192 tokens): a tracker episode died on the server's HTTP 400
+"maximum context length" after 459 s, within budget, and was listed as crashed (so infeasible).
+"""
+
+from __future__ import annotations
+
+import json
+
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+
+from eval.agents.context_full import StopWhenContextFull, ended_on_full_context
+from eval.runner import BenchConfig, run_benchmark
+from intent import AcceptAll, BudgetGuard, Market, PricedTool
+from intent.testing import ai, call
+
+
+class ServerSaysTooLong(Exception):
+    """What an OpenAI-compatible client raises for vLLM's answer to a prompt that does not fit."""
+
+    status_code = 400
+
+    def __init__(self) -> None:
+        super().__init__("Error code: 400 - This model's maximum context length is 8192 tokens. However, you "
+                         "requested 8300 tokens.")
+
+
+class FullAfter(GenericFakeChatModel):
+    """Answers with its script, then raises ``error`` once the script is used up."""
+
+    error: type[Exception] = ServerSaysTooLong
+
+    def bind_tools(self, tools, **kwargs):
+        return self
+
+    def _generate(self, *args, **kwargs):
+        try:
+            return super()._generate(*args, **kwargs)
+        except StopIteration:
+            raise self.error() from None
+
+
+def test_the_middleware_turns_a_full_context_into_an_empty_final_message():
+    from langchain_core.tools import StructuredTool
+
+    tool = StructuredTool.from_function(lambda x: "ok", name="a", description="a")
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 5.0)]), 20.0)
+    model = FullAfter(messages=iter([ai(call("a", x=1))]))
+    agent = create_agent(model, [tool], middleware=[StopWhenContextFull(), guard.middleware()])
+    out = agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "t"}})
+    assert ended_on_full_context(out["messages"]) and out["messages"][-1].content == ""
+    ledger = guard.ledger(out)
+    assert ledger.spent == 5.0 and ledger.reserved == 0.0
+
+
+def test_any_other_model_error_still_raises():
+    import pytest
+
+    class Boom(ValueError):
+        status_code = 400  # a 400 that is not about the context
+
+    model = FullAfter(messages=iter([]), error=Boom)
+    agent = create_agent(model, [], middleware=[StopWhenContextFull()])
+    with pytest.raises(Boom):
+        agent.invoke({"messages": [("user", "go")]})
+
+
+def test_the_runner_lists_a_full_context_as_a_failed_episode_not_a_crash(tmp_path):
+    def factory(env, seed):
+        tool = env.tools[0]
+        name = tool["name"] if isinstance(tool, dict) else tool.name
+        return FullAfter(messages=iter([AIMessage("", tool_calls=[{"name": name, "args": {}, "id": "c1",
+                                                                   "type": "tool_call"}])]))
+
+    s = run_benchmark(BenchConfig(tasks=2, methods=["tracker"], out=str(tmp_path), workers=1), agent_factory=factory,
+                      progress=False)
+    row = s["methods"]["tracker"]
+    assert row["context_full"] == 2 and row["episode_errors"] == 0 and row["FR"] == 100.0 and row["PR"] == 0.0
+    episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert all(e["error"] == "" and e["extra"]["context_full"] for e in episodes)
