@@ -15,8 +15,10 @@
 # Environment (defaults): MODEL (runs/models/qwen2.5-coder-0.5b-instruct), SERVED_NAME (MODEL's basename),
 # METHODS (raw,prompt,tracker,intent), MARKETS (synthetic,stabletoolbench), TASKS (10 synthetic tasks),
 # STB_TASKS (5 queries), ORACLE_TASKS (10: tasks the Prompt agent runs first to collect INTENT's oracle logs),
-# MAX_TOKENS (512 per agent reply), ROLLOUT_MAX_TOKENS (160 per reply in INTENT's/MCO's rollouts), FEEDBACK_CHARS (1500: refusal notes per turn), ORACLE_LOGS (none: reuse
-# oracle logs of an earlier run), WORKERS (2), SEED (0), OUT (runs/bench-llm/<served name>), PORT (8000),
+# MAX_TOKENS (512 per agent reply), ROLLOUT_MAX_TOKENS (160 per reply in INTENT's/MCO's rollouts),
+# REQUEST_TIMEOUT (600 s per agent request), FEEDBACK_CHARS (1500: refusal notes per turn), ORACLE_LOGS (none;
+# MARKET=PATH[,MARKET=PATH] reuses an earlier run's OUT/<market>/oracle_data/logs.jsonl, a bare PATH only with
+# one market), WORKERS (2), SEED (0), OUT (runs/bench-llm/<served name>), PORT (8000),
 # BASE_URL (none: start a server), PROBE_MIN_RATE (0.5), KEEP_SERVER (0: stop a server we started).
 # GPU: the same command; scripts/vllm_venv.sh installs plain vLLM there and GPU_MEM defaults to 0.9, e.g.
 #   make bench-llm MODEL=Qwen/Qwen2.5-7B-Instruct TASKS=100
@@ -57,5 +59,6 @@ mkdir -p "$OUT"
   --markets "${MARKETS:-synthetic,stabletoolbench}" --methods "${METHODS:-raw,prompt,tracker,intent}" \
   --tasks "${TASKS:-10}" --stb-tasks "${STB_TASKS:-5}" --oracle-tasks "${ORACLE_TASKS:-10}" \
   --max-tokens "${MAX_TOKENS:-512}" --workers "${WORKERS:-2}" --seed "${SEED:-0}" --out "$OUT" \
-  --feedback-chars "${FEEDBACK_CHARS:-1500}" --rollout-max-tokens "${ROLLOUT_MAX_TOKENS:-160}" ${ORACLE_LOGS:+--oracle-logs "$ORACLE_LOGS"} \
+  --feedback-chars "${FEEDBACK_CHARS:-1500}" --rollout-max-tokens "${ROLLOUT_MAX_TOKENS:-160}" \
+  --request-timeout "${REQUEST_TIMEOUT:-600}" ${ORACLE_LOGS:+--oracle-logs "$ORACLE_LOGS"} \
   ${INTENT_TOOL_PARSE_LOG:+--parse-log "$INTENT_TOOL_PARSE_LOG"}
