@@ -129,7 +129,9 @@ class BudgetGuard:
       run once and are charged once: the later copies are removed from the message (recorded in
       its ``additional_kwargs["intent_merged_calls"]`` as ``{dropped id: kept id}`` and logged
       with ``reason="duplicate_call"``), so the oracle judges the call once and the model sees
-      one call with one result. Small models repeat a call 5-16 times in one reply.
+      one call with one result. Small models repeat a call 5-16 times in one reply. MCO's and
+      INTENT's rollouts simulate a turn's identical calls the same way; an oracle with another
+      ``merge_identical_calls`` is refused (:class:`~intent.errors.GuardConfigError`).
     * ``budget``: a float, an :class:`~intent.budget.Budget` (``total``, ``tools`` / ``llm``
       sub-caps, ``currency``), or :class:`~intent.nesting.FromParent` for a sub-agent.
     * ``model_prices`` (``{"model-name": ModelPrice(...)}`` or :class:`~intent.pricing.ModelPrices`):
