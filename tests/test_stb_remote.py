@@ -87,7 +87,7 @@ def stub() -> Iterator[Stub]:
 
 def test_server_request_and_success(stub: Stub) -> None:
     stub.reply(200, {"error": "", "response": {"clips": [1, 2]}})
-    with ServerEnvironment(stub.url, [API], toolbench_key="k1", timeout=5) as env:
+    with ServerEnvironment(stub.url, [API], toolbench_key="k1", timeout=30) as env:
         r = env.call(FN, '{"channel_name": "gmhikaru"}')
     assert r.ok and r.environment == "stabletoolbench-server"
     assert json.loads(r.observation) == {"error": "", "response": {"clips": [1, 2]}}
@@ -111,7 +111,7 @@ def test_server_request_and_success(stub: Stub) -> None:
 )
 def test_server_error_codes(stub: Stub, error: str, code: int) -> None:
     stub.reply(200, {"error": error, "response": ""})
-    with ServerEnvironment(stub.url + "/virtual", [API], timeout=5) as env:
+    with ServerEnvironment(stub.url + "/virtual", [API], timeout=30) as env:
         r = env.call(FN, "{}")
     assert r.status_code == code and r.error == error and not r.ok
 
@@ -133,7 +133,7 @@ def test_server_http_failures(stub: Stub) -> None:
 
 def test_server_truncates(stub: Stub) -> None:
     stub.reply(200, {"error": "", "response": "y" * 5000})
-    with ServerEnvironment(stub.url, [API], timeout=5) as env:
+    with ServerEnvironment(stub.url, [API], timeout=30) as env:
         r = env.call(FN, "{}")
     assert len(r.observation) == 1027 and r.observation.endswith("...")
 
@@ -147,7 +147,7 @@ def _completion(content: str) -> dict[str, Any]:
 
 def test_mirror_request_and_parse(stub: Stub) -> None:
     stub.reply(200, _completion('{"error": "", "response": "{\\"clips\\": [\\"a\\"]}"}'))
-    env = OpenAICompatibleSimulator([API], base_url=stub.url + "/v1", model="mirror-test", api_key="sk-x", timeout=5)
+    env = OpenAICompatibleSimulator([API], base_url=stub.url + "/v1", model="mirror-test", api_key="sk-x", timeout=30)
     try:
         r = env.call(FN, '{"channel_name": "gmhikaru", "toolbench_key": "secret"}')
         again = env.call(FN, {"toolbench_key": "secret", "channel_name": "gmhikaru"})
@@ -174,7 +174,7 @@ def test_mirror_regex_fallback_and_failure(stub: Stub) -> None:
     stub.reply(200, _completion('{"error": "", "response": "{"status":0,"languages":["en"]}"}'))
     stub.reply(200, _completion("I cannot help with that."))
     stub.reply(500, {"detail": "boom"})
-    env = OpenAICompatibleSimulator([API], base_url=stub.url, model="m", timeout=5)
+    env = OpenAICompatibleSimulator([API], base_url=stub.url, model="m", timeout=30)
     try:
         r1 = env.call(FN, '{"channel_name": "a"}')
         r2 = env.call(FN, '{"channel_name": "b"}')
