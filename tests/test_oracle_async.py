@@ -18,6 +18,12 @@ from worldmodel.protocols import ModelError
 MARKET = Market([PricedTool("a", 10), PricedTool("b", 20), PricedTool("c", 5)])
 SLOW = 0.2  # every model call sleeps this long (a blocking call, as a real HTTP/GPU call would be)
 TICK = 0.01
+MODEL_THREADS: list[int] = []  # the thread each model call ran on
+
+
+def _model_call() -> None:
+    MODEL_THREADS.append(threading.get_ident())
+    time.sleep(SLOW)
 
 
 class SlowWM:
@@ -31,7 +37,7 @@ class SlowWM:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
         try:
-            time.sleep(SLOW)
+            _model_call()
             if self.fail:
                 raise ModelError("world model down")
             return '{"ok": true}'
@@ -45,17 +51,17 @@ class SlowPredictor:
         self.table = table
 
     def predict(self, reasoning, tool, args):
-        time.sleep(SLOW)
+        _model_call()
         return self.table.get(tool, 1.0)
 
     def predict_batch(self, items):
-        time.sleep(SLOW)
+        _model_call()
         return [self.table.get(t, 1.0) for _, t, _ in items]
 
 
 class SlowScriptedModel(ScriptedToolModel):
     def invoke(self, *args, **kwargs):
-        time.sleep(SLOW)
+        _model_call()
         return super().invoke(*args, **kwargs)
 
 
@@ -120,13 +126,14 @@ async def decide_while_ticking(oracle, context):
     task = asyncio.create_task(ticker())
     await asyncio.sleep(TICK * 2)  # the ticker is running
     before, gaps[0] = ticks[0], 0.0
+    MODEL_THREADS.clear()
     started = time.perf_counter()
     decision = await oracle.adecide(context)
     elapsed = time.perf_counter() - started
     during, longest = ticks[0] - before, gaps[0]
     stop.set()
     await task
-    return decision, during, longest, elapsed
+    return decision, during, longest, elapsed, threading.get_ident(), list(MODEL_THREADS)
 
 
 @pytest.mark.parametrize("case", list(FACTORIES))
@@ -135,13 +142,15 @@ def test_adecide_does_not_block_the_loop_and_equals_decide(case):
     context = ctx("a", remaining=remaining)
     expected = factory().decide(context)
     assert (expected.accept, expected.reason) == outcome  # the case covers what it claims to
-    decision, during, longest, elapsed = asyncio.run(decide_while_ticking(factory(), context))
+    decision, during, longest, elapsed, loop_thread, model_threads = asyncio.run(
+        decide_while_ticking(factory(), context))
 
     assert comparable(decision) == comparable(expected)
-    assert elapsed >= SLOW  # at least one slow model call really ran
-    # A blocked loop ticks 0-1 times; a free one ticks about elapsed / 10 ms (>= 20 here).
-    assert during >= max(5, int(0.25 * elapsed / TICK)), (during, elapsed)
-    assert longest < SLOW * 0.75, f"the loop stalled for {longest:.3f}s during adecide"
+    assert elapsed >= SLOW and model_threads  # at least one slow model call really ran
+    # Behaviour, not timing: no blocking model call ran on the event loop's thread, and the loop
+    # went on ticking while they ran (a blocked loop cannot tick at all during a call).
+    assert loop_thread not in model_threads, "a model call ran on the event loop's thread"
+    assert during >= 1, (during, elapsed, longest)
 
 
 @pytest.mark.parametrize("make", [mco, intent], ids=["mco", "intent"])
