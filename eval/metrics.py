@@ -129,6 +129,8 @@ def compute_metrics(
             "episode_errors": sum(r.crashed for r in rs),
             # Ended because the agent model's context was full (no answer; not a crash).
             "context_full": sum(bool(r.extra.get("context_full")) for r in rs),
+            # Ended at the real-LLM agent's --max-turns model calls (no answer; not a crash).
+            "turn_limit": sum(bool(r.extra.get("turn_limit")) for r in rs),
             "crashed": sorted(r.task_id for r in rs if r.crashed),
         }
     base = out.get(ratio_base)

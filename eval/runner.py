@@ -40,6 +40,18 @@ class HarnessError(RuntimeError):
     because every number it would print is suspect."""
 
 
+TURN_LIMIT_TEXT = "Model call limits exceeded"  # ModelCallLimitMiddleware's final message
+DEFAULT_MAX_TURNS = 30
+
+
+def _max_turns(options: dict[str, Any] | None) -> int:
+    value = (options or {}).get("max_turns", DEFAULT_MAX_TURNS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"--max-turns must be an integer >= 1 (model calls per episode of a real-LLM agent), got "
+                         f"{value!r}")
+    return value
+
+
 def _is_simulated(model: Any) -> bool:
     from eval.agents.simulated import SimulatedAgent
 
@@ -126,9 +138,16 @@ def run_episode(
                         feedback_chars=(options or {}).get("feedback_chars"), **charged)
     middleware: list[Any] = [guard.middleware()]
     if not _is_simulated(model):
+        from langchain.agents.middleware import ModelCallLimitMiddleware
+
         from eval.agents.context_full import StopWhenContextFull
 
-        middleware.insert(0, StopWhenContextFull())  # outermost: a full context ends the episode, no crash
+        # Outermost: a full context ends the episode, no crash. Then LangChain's own call limit: a
+        # real model stuck in a loop (a 0.5B model called "budget status" as a tool for 35 turns)
+        # ends without an answer after --max-turns model calls instead of hitting LangGraph's
+        # recursion limit (a crash).
+        middleware[:0] = [StopWhenContextFull(),
+                          ModelCallLimitMiddleware(run_limit=_max_turns(options), exit_behavior="end")]
     if env.market_now is not None:
         middleware.insert(0, _MarketEvents(guard, episode_id, env.market_now))
     result = EpisodeResult(method=spec.name, task_id=env.task_id, seed=seed, group=env.group,
@@ -157,6 +176,8 @@ def run_episode(
 
             if ended_on_full_context(messages):
                 extra["context_full"] = True
+            if answer is not None and answer.startswith(TURN_LIMIT_TEXT):
+                extra["turn_limit"], answer = True, None  # LangChain's limit message is not an answer
     except Exception as exc:  # noqa: BLE001 - a crashed episode is recorded, counted as failed and listed
         result.error = f"{type(exc).__name__}: {exc}"
         result.wall_s = time.perf_counter() - started
@@ -268,6 +289,7 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
     from eval.agents.chat import check_rollout_max_tokens
 
     check_rollout_max_tokens(config.options.get("rollout_max_tokens"))
+    _max_turns(config.options)
     if config.options.get("rollout_max_tokens") is not None and config.agent in ("sim", "sim-llm"):
         raise ValueError(f"--rollout-max-tokens caps a chat model's rollout replies; the {config.agent!r} agent "
                          "writes no tokens. Use it with --agent openai:NAME, or leave it out")
@@ -439,7 +461,8 @@ def _check_config(out: Path, config: BenchConfig) -> None:
     key = {k: getattr(config, k) for k in ("market", "agent", "tasks", "seed", "event_rate", "budget", "budget_scale",
                                            "relevant_price_scale")}
     # Options that change what an episode is (set only: a directory written without them stays usable).
-    key |= {k: config.options[k] for k in ("feedback_chars", "rollout_max_tokens") if config.options.get(k) is not None}
+    key |= {k: config.options[k] for k in ("feedback_chars", "rollout_max_tokens", "max_turns")
+            if config.options.get(k) is not None}
     if path.exists():
         old = json.loads(path.read_text())
         if old != key:

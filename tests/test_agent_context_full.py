@@ -81,3 +81,34 @@ def test_the_runner_lists_a_full_context_as_a_failed_episode_not_a_crash(tmp_pat
     assert row["context_full"] == 2 and row["episode_errors"] == 0 and row["FR"] == 100.0 and row["PR"] == 0.0
     episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
     assert all(e["error"] == "" and e["extra"]["context_full"] for e in episodes)
+
+
+class Looping(GenericFakeChatModel):
+    """Calls a tool that does not exist, turn after turn (a 0.5B model did, 35 turns in a row)."""
+
+    def bind_tools(self, tools, **kwargs):
+        return self
+
+    def _generate(self, *args, **kwargs):
+        from langchain_core.outputs import ChatGeneration, ChatResult
+
+        msg = AIMessage("", tool_calls=[{"name": "budget status", "args": {"spent": 8}, "id": "c", "type": "tool_call"}])
+        return ChatResult(generations=[ChatGeneration(message=msg)])
+
+
+def test_a_looping_agent_ends_at_its_turn_limit_without_an_answer_not_a_crash(tmp_path):
+    s = run_benchmark(BenchConfig(tasks=1, methods=["tracker"], out=str(tmp_path), workers=1,
+                                  options={"max_turns": 4}),
+                      agent_factory=lambda env, seed: Looping(messages=iter([])), progress=False)
+    row = s["methods"]["tracker"]
+    assert row["turn_limit"] == 1 and row["episode_errors"] == 0 and row["FR"] == 100.0
+    (episode,) = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert episode["error"] == "" and episode["answered"] is False and episode["proposed_calls"] == 4
+
+
+def test_max_turns_must_be_a_positive_integer(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="--max-turns must be an integer >= 1"):
+        run_benchmark(BenchConfig(tasks=1, methods=["raw"], out=str(tmp_path), options={"max_turns": 0}),
+                      progress=False)

@@ -75,7 +75,7 @@ def test_stats_table_has_a_row_per_method_and_dashes_for_missing_numbers():
     table = stats_table({"raw": {"PR": 0.0, "duplicate_call_pct": 80.8}, "tracker": {}})
     lines = table.splitlines()
     assert len(lines) == 4 and lines[2].startswith("| raw | 0.0 |") and "80.8" in lines[2]
-    assert lines[3].count("| - ") == 20
+    assert lines[3].count("| - ") == 21
 
 
 # -- the serving command -------------------------------------------------------------------------------

@@ -157,6 +157,7 @@ def method_stats(out: Path, method: str, seed: int, metrics: dict[str, Any]) -> 
     return {"episodes": n, "PR": metrics.get("PR"), "FR": metrics.get("FR"), "AC": metrics.get("AC"),
             "crashed": sum(bool(r.get("error")) for r in rows),
             "context_full": sum(bool((r.get("extra") or {}).get("context_full")) for r in rows),
+            "turn_limit": sum(bool((r.get("extra") or {}).get("turn_limit")) for r in rows),
             "wall_s_per_episode": round(wall / n, 2) if n else None,
             "agent_tokens": tokens, "agent_tokens_per_episode": round(tokens / n) if n else None,
             "proposed_calls": p["proposals"], "duplicate_calls": p["duplicates"], "invalid_calls": p["invalid"],
@@ -179,7 +180,7 @@ def _fmt(value: Any) -> str:
 
 
 def stats_table(stats: dict[str, dict[str, Any]]) -> str:
-    cols = [("PR", "PR"), ("FR", "FR"), ("AC", "AC"), ("crashed", "crashed"), ("ctx full", "context_full"),
+    cols = [("PR", "PR"), ("FR", "FR"), ("AC", "AC"), ("crashed", "crashed"), ("ctx full", "context_full"), ("turn limit", "turn_limit"),
             ("s/ep", "wall_s_per_episode"),
             ("tok/ep", "agent_tokens_per_episode"), ("calls", "proposed_calls"), ("dup%", "duplicate_call_pct"),
             ("inv%", "invalid_call_pct"), ("malf%", "malformed_reply_pct"), ("cap%", "length_capped_pct"), ("gen tok/s", "server_gen_tok_s"),
@@ -234,6 +235,7 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
     stats_path = out / "llm_stats.json"
     saved = json.loads(stats_path.read_text()).get("methods", {}) if stats_path.exists() else {}
     options: dict[str, Any] = {"base_url": args.base_url, "max_tokens": args.max_tokens, "timeout": args.request_timeout,
+                               "max_turns": args.max_turns,
                                "oracle_train_tasks": args.oracle_tasks, "feedback_chars": args.feedback_chars}
     if args.rollout_max_tokens:
         options["rollout_max_tokens"] = args.rollout_max_tokens
@@ -338,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="StableToolBench: run the exhaustive DFSDT search for OR (hours with a real model)")
     ap.add_argument("--stb-path", default=None)
     ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--max-turns", type=int, default=30,
+                    help="model calls per episode before it ends without an answer (LangChain's "
+                         "ModelCallLimitMiddleware; default 30: a 0.5B model looped for 35 turns on an invented tool)")
     ap.add_argument("--request-timeout", type=float, default=600.0,
                     help="seconds one agent request may take (default 600: on a CPU a 512-token reply to a long "
                          "history took over 120 s while other jobs shared the cores)")
