@@ -268,8 +268,10 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
             run_benchmark(replace(config, methods=[method]), progress=not args.no_progress)
         seconds = time.monotonic() - started
         ran = len(_episodes(out, method, args.seed)) - before_n
-        if ran <= 0 and method in saved:
-            stats[method] = {k: v for k, v in saved[method].items()}
+        if ran <= 0:
+            # Nothing ran now (a resumed run): the server and parser figures of the run that made
+            # these episodes are the saved ones, or unknown if that run was stopped before saving.
+            stats[method] = dict(saved.get(method, {}))
             continue
         _, parsed = parse_log_totals(args.parse_log, skip=lines_before)
         entry = {"run_seconds": round(seconds, 1), **server_stats(metrics_before, read_metrics(args.base_url), seconds),
