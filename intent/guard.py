@@ -43,7 +43,7 @@ from intent.errors import GuardConfigError, OracleUnavailableError, as_oracle_un
 from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
-from intent.messages import answered_after, call_key, call_signature, first_human_text, last_ai, text_of
+from intent.messages import answered_after, call_key, first_human_text, last_ai, merge_identical, text_of
 from intent.oracle import (
     BAD_ARGUMENTS,
     DUPLICATE_CALL,
@@ -556,7 +556,10 @@ class BudgetGuard:
         calls, renamed = _dedupe(ai) if ai.id else (list(ai.tool_calls), {})
         merged: dict[str, str] = {}
         if self.merge_identical_calls and ai.id and len(calls) > 1:
-            calls, merged = _merge_identical(calls, renamed, answered)
+            # A call renamed for a reused id, or one another middleware already answered (a call
+            # limit, a reviewer), is left alone: removing it would orphan its answer.
+            calls, merged = merge_identical(
+                calls, keep=lambda c: c.get("id") is None or c["id"] in renamed or c["id"] in answered)
         if (renamed or merged) and ai.id:
             update: dict[str, Any] = {"tool_calls": calls}
             if merged:
@@ -984,31 +987,6 @@ def _check_currencies(budget: Budget | FromParent, market: Market, prices: Model
 
 def _is_oracle_bug(exc: BaseException) -> bool:
     return bool(getattr(exc, _ORACLE_BUG, False))
-
-
-def _merge_identical(calls: list[dict[str, Any]], renamed: Mapping[str, str], answered: Any = ()
-                     ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """The calls with later copies of an identical (tool, arguments) call removed; ``{dropped: kept}``.
-    A call renamed for a reused id, or one another middleware already answered (a call limit, a
-    reviewer), is left alone: removing it would orphan its answer."""
-    first: dict[str, str] = {}
-    keep: list[dict[str, Any]] = []
-    merged: dict[str, str] = {}
-    for call in calls:
-        cid = call.get("id")
-        if cid is None or cid in renamed or cid in answered:
-            keep.append(call)
-            continue
-        sig = call_signature(call["name"], call.get("args"))
-        if sig is None:
-            keep.append(call)  # arguments that do not serialise are never merged
-            continue
-        if sig in first:
-            merged[cid] = first[sig]
-            continue
-        first[sig] = cid
-        keep.append(call)
-    return keep, merged
 
 
 def _dedupe(ai: AIMessage) -> tuple[list[dict[str, Any]], dict[str, str]]:

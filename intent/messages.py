@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
@@ -23,6 +23,7 @@ __all__ = [
     "billed_amount",
     "call_key",
     "call_signature",
+    "merge_identical",
     "find_call",
     "first_human_text",
     "json_artifact",
@@ -84,6 +85,26 @@ def call_signature(name: str, args: Any) -> str | None:
         return name + "\x00" + json.dumps(args or {}, sort_keys=True, default=str)
     except (TypeError, ValueError):
         return None
+
+
+def merge_identical(calls: Sequence[Mapping[str, Any]], keep: Callable[[Mapping[str, Any]], bool] = lambda c: False
+                    ) -> tuple[list[Any], dict[Any, Any]]:
+    """``calls`` with later copies of an identical call (:func:`call_signature`) left out, and
+    ``{dropped id: kept id}``. A call ``keep`` says to keep, or one whose arguments do not
+    serialise, is never merged. The guard's rule for one message, and the rollouts' for a turn."""
+    first: dict[str, Any] = {}
+    kept: list[Any] = []
+    merged: dict[Any, Any] = {}
+    for call in calls:
+        sig = None if keep(call) else call_signature(call["name"], call.get("args"))
+        if sig is None:
+            kept.append(call)
+        elif sig in first:
+            merged[call.get("id")] = first[sig]
+        else:
+            first[sig] = call.get("id")
+            kept.append(call)
+    return kept, merged
 
 
 def find_call(messages: Sequence[AnyMessage], tool_call_id: str) -> tuple[int, AIMessage | None]:

@@ -6,7 +6,7 @@ each next step, whose calls are simulated too, until the agent answers or ``max_
 turns are reached, or until the simulated history no longer fits the policy model's context
 (:class:`~intent.errors.ContextOverflowError`: the rollout ends there, ``context_full``).
 Identical calls (same tool, same arguments) in one simulated turn are simulated and priced once,
-as the guard runs and charges them once (``merge_identical``, the guard's default): a small model
+as the guard runs and charges them once (``merge_identical_calls``, the guard's default): a small model
 that repeats a call ten times in a reply plans one call, not ten.
 Nothing here charges money or runs a real tool. A world model that times
 out, cannot be reached or answers garbage raises an :class:`~intent.errors.OracleUnavailableError`
@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from intent.errors import ContextOverflowError, model_call
 from intent.market import Market
-from intent.messages import call_signature
+from intent.messages import merge_identical
 from intent.oracle import DecisionContext
 from intent.policy import AgentPolicy
 
@@ -66,7 +66,7 @@ def _price(market: Market, tool: str) -> float | None:
 def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any, *, satisfied: bool | None,
                      max_depth: int, visible: Sequence[str] | None = None, notes: str | None = None,
                      on_turn: Callable[[list[SimStep]], Iterable[str]] | None = None,
-                     merge_identical: bool = True) -> Rollout:
+                     merge_identical_calls: bool = True) -> Rollout:
     """Roll the agent's policy out against ``world_model`` from the proposal, to an answer or ``max_depth`` turns.
 
     ``on_turn`` sees each turn's new priced steps and returns tools to hide from the policy for the
@@ -124,20 +124,7 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
             else:
                 out.answered = True
             return out
-        proposed = _merged(reply.tool_calls) if merge_identical else list(reply.tool_calls)
+        proposed = merge_identical(reply.tool_calls)[0] if merge_identical_calls else list(reply.tool_calls)
         calls = [dict(c, id=f"rollout-{depth}-{k}") for k, c in enumerate(proposed)]
         turn_calls.append((AIMessage(content=reply.content, tool_calls=calls), calls))
 
-
-def _merged(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The turn's calls with later copies of an identical call left out (the guard's rule)."""
-    seen: set[str] = set()
-    out = []
-    for call in calls:
-        sig = call_signature(call["name"], call.get("args"))
-        if sig is not None and sig in seen:
-            continue
-        if sig is not None:
-            seen.add(sig)
-        out.append(call)
-    return out

@@ -56,7 +56,7 @@ def test_identical_calls_of_a_simulated_turn_are_simulated_and_priced_once():
 
 def test_without_merging_every_copy_is_priced():
     out = simulate_rollout(_ctx(50.0), _repeating_policy(), CountingWM(), satisfied=True, max_depth=4,
-                           merge_identical=False)
+                           merge_identical_calls=False)
     assert out.total_price == 10.0 + 6 * 7.0
 
 

@@ -40,7 +40,7 @@ def with_reply_cap(model: Any, cap: int) -> Any:
     Why: a rollout needs the agent's next calls, not the whole reply. A 0.5B model on a CPU wrote
     300-400 tokens per reply (the same call over and over), about 40 s each, so one gate decision
     took 3 s to 8.5 minutes. The complete calls before the cut count; a reply cut before its first
-    complete call reads as an answer and ends the rollout there (a shorter plan).
+    complete call truncates the rollout there and is counted (``rollouts_capped``), not read as an answer.
     """
     check_rollout_max_tokens(cap)
     fields = getattr(type(model), "model_fields", {})

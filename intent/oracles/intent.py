@@ -125,7 +125,7 @@ class IntentOracle(PlanningOracle):
             rollout = simulate_rollout(
                 ctx, self.policy_for(ctx), self.generator, satisfied=None if self.stochastic else True,
                 max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx), on_turn=on_turn,
-                merge_identical=self.merge_identical_calls)
+                merge_identical_calls=self.merge_identical_calls)
             steps = rollout.steps
         else:  # "No Rollout": the immediate action alone
             rollout = None

@@ -51,7 +51,7 @@ class MCOOracle(PlanningOracle):
             return Decision.accepted(reason=CACHE_HIT, cache_hit=1)
         rollout = simulate_rollout(ctx, self.policy_for(ctx), self.world_model, satisfied=None,
                                    max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx),
-                                   merge_identical=self.merge_identical_calls)
+                                   merge_identical_calls=self.merge_identical_calls)
         total = rollout.total_price
         trace = tuple(PlannedStep(s.tool, s.price) for s in rollout.steps)
         info = usage(tokens=rollout.policy_tokens + rollout.world_model_tokens, policy_tokens=rollout.policy_tokens,
