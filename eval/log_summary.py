@@ -4,7 +4,9 @@
 
 Per episode: the turns it reached, what it spent, the calls accepted and refused, the characters
 of refusal notes the agent was shown per turn (merged duplicate calls are logged but never shown:
-they are left out), and the gate's decision times. ``results.md`` needs a finished run; a run
+they are left out). Over every gate decision: its time, accepted / refused counts, and what the
+planning oracles reported (policy tokens and rollout steps per decision, rollouts cut by the
+reply cap). ``results.md`` needs a finished run; a run
 stopped by hand (a real model at minutes per decision) still has its ``logs.jsonl``.
 """
 
@@ -28,6 +30,9 @@ def summarize(records: Iterable[StepRecord], method: str | None = None) -> dict[
     """
     episodes: dict[str, dict[str, Any]] = {}
     seconds: list[float] = []
+    gate = {"accepted": 0, "refused": 0, "rollouts_capped": 0}
+    tokens: list[float] = []
+    steps: list[float] = []
     for r in records:
         if method is not None and not r.task_id.startswith(f"{method}:"):
             continue
@@ -37,6 +42,13 @@ def summarize(records: Iterable[StepRecord], method: str | None = None) -> dict[
         ep["spent"] = max(ep["spent"], r.spent)
         if r.decision in ("accept", "reject"):
             seconds.append(r.decision_ms / 1000.0)
+            gate["accepted" if r.decision == "accept" else "refused"] += 1
+            usage = r.oracle_usage or {}
+            gate["rollouts_capped"] += int(usage.get("rollout_capped", 0))
+            if "policy_tokens" in usage:
+                tokens.append(float(usage["policy_tokens"]))
+            if "rollout_steps" in usage:
+                steps.append(float(usage["rollout_steps"]))
         if r.decision == "accept" and r.execution == 1:
             ep["accepted"] += 1
         shown = r.decision == "reject" or (r.decision == "invalid" and r.reason != DUPLICATE_CALL)
@@ -49,9 +61,15 @@ def summarize(records: Iterable[StepRecord], method: str | None = None) -> dict[
     return {
         "episodes": episodes,
         "decisions": len(seconds),
-        "decision_s": ({"median": statistics.median(seconds), "min": min(seconds), "max": max(seconds)}
-                       if seconds else None),
+        "decision_s": _spread(seconds),
+        "gate": gate,
+        "policy_tokens": _spread(tokens),
+        "rollout_steps": _spread(steps),
     }
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {task} | {ep['turns']} | {ep['spent']:g} | {ep['accepted']} | {ep['refused']} | {chars} |")
     if out["decision_s"]:
         d = out["decision_s"]
-        print(f"\n{out['decisions']} gate decisions: {d['median']:.1f} s median ({d['min']:.1f} s to {d['max']:.1f} s)")
+        g = out["gate"]
+        print(f"\n{out['decisions']} gate decisions ({g['accepted']} accepted, {g['refused']} refused): "
+              f"{d['median']:.1f} s median ({d['min']:.1f} s to {d['max']:.1f} s)")
+        for key, what in (("policy_tokens", "policy tokens"), ("rollout_steps", "rollout steps")):
+            if out[key]:
+                v = out[key]
+                print(f"{what} per decision: {v['median']:,.0f} median ({v['min']:,.0f} to {v['max']:,.0f})")
+        if out["policy_tokens"] is not None:
+            print(f"rollouts cut by the reply cap before a whole call: {g['rollouts_capped']}")
     return 0
 
 
