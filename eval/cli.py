@@ -33,7 +33,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.oracle_max_tokens is not None and args.charge_oracle is None:
         raise ValueError("--oracle-max-tokens bounds a charged oracle's decisions; add --charge-oracle PRICE_PER_MTOK")
     for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens", "feedback_chars",
-                "rollout_max_tokens", "max_turns"):
+                "rollout_max_tokens", "max_turns", "max_depth"):
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)
     if args.oracle_tasks is not None:
@@ -63,7 +63,7 @@ def _study(args: argparse.Namespace) -> int:
                           "progress": not args.no_progress}
     if args.base_url:
         kw["options"] = {"base_url": args.base_url}
-    for key in ("max_tokens", "feedback_chars", "rollout_max_tokens", "max_turns"):  # every run of the study gets them
+    for key in ("max_tokens", "feedback_chars", "rollout_max_tokens", "max_turns", "max_depth"):  # every run of the study gets them
         if getattr(args, key, None) is not None:
             kw.setdefault("options", {})[key] = getattr(args, key)
     if args.oracle_tasks is not None:
@@ -165,6 +165,9 @@ def register(sub: Any) -> None:
     p.add_argument("--max-turns", type=int,
                    help="with --agent openai:NAME: model calls per episode before it ends without an answer "
                         "(default 30)")
+    p.add_argument("--max-depth", type=int,
+                   help="model turns in each MCO/INTENT rollout (default 8, the paper's horizon); a smaller one "
+                        "makes a real LLM's decisions cheaper and the oracle more lenient, and is printed with the table")
     p.add_argument("--rollout-max-tokens", type=int,
                    help="with --agent openai:NAME: cap each reply INTENT's and MCO's rollouts ask of the agent's "
                         "model (default: the agent's --max-tokens)")

@@ -47,3 +47,15 @@ class MethodSpec:
     episode: EpisodeLoop | None = None
     upper_bound: bool = False
     needs_oracle_logs: bool = False  # its oracle is built from logs collected before the run (timed apart)
+
+
+DEFAULT_MAX_DEPTH = 8  # the paper's rollout horizon (model turns)
+
+
+def rollout_depth(options: dict[str, Any] | None) -> int:
+    """MCO's and INTENT's rollout horizon in model turns (``--max-depth``; default 8)."""
+    value = (options or {}).get("max_depth", DEFAULT_MAX_DEPTH)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"--max-depth must be an integer >= 1 (model turns in each MCO/INTENT rollout), got "
+                         f"{value!r}")
+    return value

@@ -27,7 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec
+from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec, rollout_depth
 from intent.logs import JsonlLogSink, read_log
 from intent.oracle import Oracle
 from intent.oracles import IntentOracle, MCOOracle
@@ -266,7 +266,7 @@ def _world_model(ctx: MethodContext, key: str, fold: int | None) -> Any:
 def _mco(ctx: MethodContext) -> Oracle:
     res = ctx.resources
     fold = res.fold_for(ctx.env.task_id)
-    return MCOOracle(_policy(ctx), _world_model(ctx, "world_model", fold), max_depth=int(ctx.options.get("max_depth", 8)))
+    return MCOOracle(_policy(ctx), _world_model(ctx, "world_model", fold), max_depth=rollout_depth(ctx.options))
 
 
 def _trained_world_model(ctx: MethodContext, temperature: float) -> Any:
@@ -314,7 +314,7 @@ def _intent(predictor: str = "predictor", world: str = "default", **switches: An
             generator = _world_model(ctx, "world_model" if switches.get("stochastic") else "generator", fold)
         return IntentOracle(_policy(ctx), generator, res.get(predictor, fold),
                             gamma=float(ctx.options.get("gamma", 0.5)), delta=float(ctx.options.get("delta", 0.1)),
-                            max_depth=int(ctx.options.get("max_depth", 8)), **switches)
+                            max_depth=rollout_depth(ctx.options), **switches)
 
     return build
 

@@ -35,7 +35,9 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
         f"- market: {cfg['market_label']}",
         f"- agent: {cfg['agent_label']}",
         f"- judge: {cfg['judge']}",
-        f"- world model (MCO/INTENT): {cfg.get('world_model')}; oracle models: {cfg.get('oracle_models')}",
+        f"- world model (MCO/INTENT): {cfg.get('world_model')}; oracle models: {cfg.get('oracle_models')}"
+        + (f"; rollouts cut at {cfg['rollout_depth']} model turns (the paper's horizon is 8)"
+           if cfg.get("rollout_depth", 8) != 8 else ""),
         *([f"- agent's needs: {cfg['agent_needs']}"] if cfg.get("agent_needs") else []),
         *([f"- upper bounds (read the ground truth; not deployable): {', '.join(cfg['upper_bounds'])}"]
           if cfg.get("upper_bounds") else []),

@@ -23,7 +23,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
 from eval.markets import BenchMarket, EpisodeEnv
-from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec
+from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec, rollout_depth
 from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
 from intent.feedback import check_feedback_chars
@@ -290,6 +290,7 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
 
     check_rollout_max_tokens(config.options.get("rollout_max_tokens"))
     _max_turns(config.options)
+    rollout_depth(config.options)
     if config.options.get("rollout_max_tokens") is not None and config.agent in ("sim", "sim-llm"):
         raise ValueError(f"--rollout-max-tokens caps a chat model's rollout replies; the {config.agent!r} agent "
                          "writes no tokens. Use it with --agent openai:NAME, or leave it out")
@@ -416,6 +417,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
                    "workers": config.workers, "oracle_notes": sorted(set(resources.notes)),
                    "oracle_models": "cross-fitted (2 folds)" if resources.cross_fit else "built from other tasks",
                    "world_model": getattr(resources, "world_model_label", "replay of the oracle logs"),
+                   "rollout_depth": rollout_depth(config.options),
                    "oracle_data_collection_s": round(timing.get("oracle_data_collection", 0.0), 3),
                    "upper_bounds": [s.name for s in specs if s.upper_bound],
                    **({"agent_needs": market.need_inference_label,
@@ -461,7 +463,7 @@ def _check_config(out: Path, config: BenchConfig) -> None:
     key = {k: getattr(config, k) for k in ("market", "agent", "tasks", "seed", "event_rate", "budget", "budget_scale",
                                            "relevant_price_scale")}
     # Options that change what an episode is (set only: a directory written without them stays usable).
-    key |= {k: config.options[k] for k in ("feedback_chars", "rollout_max_tokens", "max_turns")
+    key |= {k: config.options[k] for k in ("feedback_chars", "rollout_max_tokens", "max_turns", "max_depth")
             if config.options.get(k) is not None}
     if path.exists():
         old = json.loads(path.read_text())

@@ -16,7 +16,7 @@
 # METHODS (raw,prompt,tracker,intent), MARKETS (synthetic,stabletoolbench), TASKS (10 synthetic tasks),
 # STB_TASKS (5 queries), ORACLE_TASKS (10: tasks the Prompt agent runs first to collect INTENT's oracle logs),
 # MAX_TOKENS (512 per agent reply), ROLLOUT_MAX_TOKENS (160 per reply in INTENT's/MCO's rollouts),
-# REQUEST_TIMEOUT (600 s per agent request), MAX_TURNS (30 model calls per episode), FEEDBACK_CHARS (1500: refusal notes per turn), ORACLE_LOGS (none;
+# MAX_DEPTH (8: model turns per INTENT/MCO rollout; 3 on a CPU), REQUEST_TIMEOUT (600 s per agent request), MAX_TURNS (30 model calls per episode), FEEDBACK_CHARS (1500: refusal notes per turn), ORACLE_LOGS (none;
 # MARKET=PATH[,MARKET=PATH] reuses an earlier run's OUT/<market>/oracle_data/logs.jsonl, a bare PATH only with
 # one market), WORKERS (2), SEED (0), OUT (runs/bench-llm/<served name>), PORT (8000),
 # BASE_URL (none: start a server), PROBE_MIN_RATE (0.5), KEEP_SERVER (0: stop a server we started).
@@ -60,5 +60,5 @@ mkdir -p "$OUT"
   --tasks "${TASKS:-10}" --stb-tasks "${STB_TASKS:-5}" --oracle-tasks "${ORACLE_TASKS:-10}" \
   --max-tokens "${MAX_TOKENS:-512}" --workers "${WORKERS:-2}" --seed "${SEED:-0}" --out "$OUT" \
   --feedback-chars "${FEEDBACK_CHARS:-1500}" --rollout-max-tokens "${ROLLOUT_MAX_TOKENS:-160}" \
-  --request-timeout "${REQUEST_TIMEOUT:-600}" --max-turns "${MAX_TURNS:-30}" ${ORACLE_LOGS:+--oracle-logs "$ORACLE_LOGS"} \
+  --request-timeout "${REQUEST_TIMEOUT:-600}" --max-turns "${MAX_TURNS:-30}" ${MAX_DEPTH:+--max-depth "$MAX_DEPTH"} ${ORACLE_LOGS:+--oracle-logs "$ORACLE_LOGS"} \
   ${INTENT_TOOL_PARSE_LOG:+--parse-log "$INTENT_TOOL_PARSE_LOG"}

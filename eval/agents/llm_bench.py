@@ -239,6 +239,8 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
                                "oracle_train_tasks": args.oracle_tasks, "feedback_chars": args.feedback_chars}
     if args.rollout_max_tokens:
         options["rollout_max_tokens"] = args.rollout_max_tokens
+    if args.max_depth is not None:
+        options["max_depth"] = args.max_depth
     given_logs = args.oracle_logs_by_market.get(market)
     if given_logs:
         options["oracle_logs"] = given_logs
@@ -289,11 +291,13 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
     stats_path.write_text(json.dumps({"market": market, "model": args.model, "base_url": args.base_url,
                                       "tasks": tasks, "seed": args.seed, "workers": args.workers,
                                       "max_tokens": args.max_tokens, "rollout_max_tokens": args.rollout_max_tokens or None,
+                                      "max_depth": args.max_depth,
                                       "methods": stats}, indent=2))
     cfg = summary["config"]
     print(f"\n{market}: {cfg['market_label']}; agent: {cfg['agent_label']}; judge: {cfg['judge']}")
     print(markdown_table(summary))
     rollout_cap = f", rollout replies <= {args.rollout_max_tokens} tokens" if args.rollout_max_tokens else ""
+    rollout_cap += f", rollouts <= {args.max_depth} turns" if args.max_depth is not None else ""
     print(f"\nLLM path ({args.model}, {tasks} tasks, max_tokens {args.max_tokens}{rollout_cap}):")
     print(stats_table(stats))
     for method, s in stats.items():
@@ -352,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="characters of refusal notes the agent reads per turn; older turns' notes are shortened "
                          "(BudgetGuard(feedback_chars=...); default 1500: a 0.5B model's 8,192-token context "
                          "overflowed on 15,448 characters of refusal notes in one turn)")
+    ap.add_argument("--max-depth", type=int, default=None,
+                    help="model turns in each INTENT/MCO rollout (default 8, the paper's horizon). Each turn is one "
+                         "reply of the agent's model: on a CPU, 3 keeps a 0.5B model's decisions near 15 s instead "
+                         "of 45 s; the table says so")
     ap.add_argument("--rollout-max-tokens", type=int, default=160,
                     help="cap on each reply INTENT's and MCO's rollouts ask of the agent's model (default 160; 0: "
                          "the agent's --max-tokens). A 0.5B model on a CPU wrote 300-400 tokens per reply, ~40 s, "
