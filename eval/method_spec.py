@@ -52,10 +52,15 @@ class MethodSpec:
 DEFAULT_MAX_DEPTH = 8  # the paper's rollout horizon (model turns)
 
 
+def positive_int_option(options: dict[str, Any] | None, key: str, default: int, *, flag: str, meaning: str) -> int:
+    """``options[key]`` (or ``default``), refused unless an integer >= 1, naming its flag."""
+    value = (options or {}).get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{flag} must be an integer >= 1 ({meaning}), got {value!r}")
+    return value
+
+
 def rollout_depth(options: dict[str, Any] | None) -> int:
     """MCO's and INTENT's rollout horizon in model turns (``--max-depth``; default 8)."""
-    value = (options or {}).get("max_depth", DEFAULT_MAX_DEPTH)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"--max-depth must be an integer >= 1 (model turns in each MCO/INTENT rollout), got "
-                         f"{value!r}")
-    return value
+    return positive_int_option(options, "max_depth", DEFAULT_MAX_DEPTH, flag="--max-depth",
+                               meaning="model turns in each MCO/INTENT rollout")

@@ -23,7 +23,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
 from eval.markets import BenchMarket, EpisodeEnv
-from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec, rollout_depth
+from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec, positive_int_option, rollout_depth
 from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
 from intent.feedback import check_feedback_chars
@@ -45,11 +45,8 @@ DEFAULT_MAX_TURNS = 30
 
 
 def _max_turns(options: dict[str, Any] | None) -> int:
-    value = (options or {}).get("max_turns", DEFAULT_MAX_TURNS)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"--max-turns must be an integer >= 1 (model calls per episode of a real-LLM agent), got "
-                         f"{value!r}")
-    return value
+    return positive_int_option(options, "max_turns", DEFAULT_MAX_TURNS, flag="--max-turns",
+                               meaning="model calls per episode of a real-LLM agent")
 
 
 def _is_simulated(model: Any) -> bool:
