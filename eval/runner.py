@@ -361,7 +361,8 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
                   file=sys.stderr, flush=True)
         with progress_bar(len(tasks_), "oracle logs", enabled=progress) as bar:
             for task in tasks_:
-                run_episode(prompt, train_market.episode(task, agent_seed), agent_seed, agent_factory, log_sink=sink)
+                run_episode(prompt, train_market.episode(task, agent_seed), agent_seed, agent_factory, log_sink=sink,
+                            options=train_cfg.options)
                 bar.update(1)
 
     resources = OracleResources(config, agent_factory=agent_factory, collect=collect)

@@ -112,3 +112,14 @@ def test_max_turns_must_be_a_positive_integer(tmp_path):
     with pytest.raises(ValueError, match="--max-turns must be an integer >= 1"):
         run_benchmark(BenchConfig(tasks=1, methods=["raw"], out=str(tmp_path), options={"max_turns": 0}),
                       progress=False)
+
+
+def test_the_oracle_log_collection_honours_the_turn_limit_too(tmp_path):
+    """The Prompt agent's collection run (hours with a real model) gets the run's options: a looping
+    model ends there at --max-turns as it does in the benchmark's own episodes."""
+    run_benchmark(BenchConfig(tasks=1, methods=["intent"], out=str(tmp_path), workers=1,
+                              options={"max_turns": 3, "oracle_train_tasks": 1}),
+                  agent_factory=lambda env, seed: Looping(messages=iter([])), progress=False)
+    (log,) = (tmp_path / "oracle_data").glob("**/logs.jsonl")
+    collected = [json.loads(line) for line in log.read_text().splitlines()]
+    assert collected and len({r["step"] for r in collected}) == 3  # one call per turn, three turns
