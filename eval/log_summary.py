@@ -40,7 +40,7 @@ def summarize(records: Iterable[StepRecord], method: str | None = None) -> dict[
                                              "refusal_chars_per_turn": {}})
         ep["turns"].add(r.step)
         ep["spent"] = max(ep["spent"], r.spent)
-        if r.decision in ("accept", "reject"):
+        if r.is_gate_decision:
             seconds.append(r.decision_ms / 1000.0)
             gate["accepted" if r.decision == "accept" else "refused"] += 1
             usage = r.oracle_usage or {}

@@ -94,7 +94,7 @@ def _count_records(result: EpisodeResult, records: list[Any]) -> None:
     result.n_rejected = sum(r.decision == "reject" for r in records)
     result.n_invalid = sum(r.decision == "invalid" for r in records)
     result.oracle_errors = sum(r.reason == "oracle_error" for r in records)
-    result.decision_ms = [round(r.decision_ms, 4) for r in records if r.decision in ("accept", "reject")]
+    result.decision_ms = [round(r.decision_ms, 4) for r in records if r.is_gate_decision]
 
 
 def run_episode(
@@ -198,7 +198,7 @@ def run_episode(
     judge_runs = list(getattr(env.judge, "runs", None) or [])
     result.cost = ledger.spent
     _count_records(result, records.records)
-    decisions = [r.decision for r in records.records if r.decision in ("accept", "reject")]
+    decisions = [r.decision for r in records.records if r.is_gate_decision]
     # Whether the episode's first gate decision was a refusal (BTP's plan must be in force from
     # the first model call, so its first proposal should rarely be refused).
     extra["opened_with_rejection"] = bool(decisions) and decisions[0] == "reject"

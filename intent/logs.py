@@ -106,6 +106,17 @@ class StepRecord(BaseModel):
         None, description="the tool's JSON artifact, e.g. a simulated environment's ground-truth label z")
     timestamp: float = Field(default_factory=time.time)
 
+    @property
+    def is_gate_decision(self) -> bool:
+        """Whether this record stands for one gate decision on a proposed tool call: its refusal,
+        its first run, or its reservation released unused. A retry's run, a model's or the
+        oracle's charge, a top-up and a call too malformed to decide on are not decisions."""
+        if self.kind != "tool":
+            return False
+        if self.decision == "reject":
+            return True
+        return self.decision == "accept" and (self.execution == 1 or self.status == "released")
+
 
 @runtime_checkable
 class LogSink(Protocol):

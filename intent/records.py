@@ -79,7 +79,8 @@ class Recorder:
         self._write(
             ledger, task_id=episode_id, step=int(meta.get("step", -1)), call_id=entry.tool_call_id, tool=entry.tool,
             price=entry.amount, decision="accept", reason=reason, feedback=text, status="released", charged=0.0,
-            market_version=entry.market_version,
+            market_version=entry.market_version, decision_ms=float(meta.get("decision_ms", 0.0)),
+            oracle_usage=dict(meta.get("usage", {})),
         )
 
     def top_up(self, ledger: BudgetLedger, *, episode_id: str, top_up_id: str, amount: float, reason: str,
