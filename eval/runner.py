@@ -304,7 +304,9 @@ def default_reference(methods: Sequence[str]) -> str:
 
 
 def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = None,
-                  progress: bool = True) -> dict[str, Any]:
+                  progress: bool = True, run_missing: bool = True) -> dict[str, Any]:
+    """Run every (method, task) episode the run directory lacks (a crashed one again), then
+    write and return the summary. ``run_missing=False`` only summarizes what is stored."""
     from eval.progress import progress as progress_bar
 
     from eval.metrics import compute_metrics, group_pass_rates, paired_pr_differences
@@ -375,12 +377,12 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     # One discarded episode first, so that import and first-call costs do not land on
     # whichever method happens to run first (the time ratios compare methods). Only for the
     # simulated agent: with a real endpoint a warm-up episode would cost real tokens.
-    if config.agent in ("sim", "sim-llm"):
+    if config.agent in ("sim", "sim-llm") and run_missing:
         run_episode(specs[0], market.episode(tasks[0], config.seed), config.seed, agent_factory,
                     options=config.options, resources=resources)
     for spec in specs:
         todo = [t for t in tasks if (spec.name, market.task_id(t), config.seed) not in done]
-        if not todo:
+        if not todo or not run_missing:
             continue
         if spec.needs_oracle_logs and "oracle_data_collection" not in timing:
             # Collecting the oracle's training logs is timed on its own, not charged to the first

@@ -20,6 +20,7 @@ FENCED = '```json\n{"name": "%s", "arguments": {"symbol": "ACME"}}\n```'
 
 class _Stub(BaseHTTPRequestHandler):
     mode = "tool_calls"  # tool_calls | fenced | bad_args | plain | no_tool_choice
+    fail_next = 0  # answer this many chat requests with HTTP 400
     requests: list[dict] = []
 
     def log_message(self, *args):  # keep the test output clean
@@ -45,6 +46,9 @@ class _Stub(BaseHTTPRequestHandler):
         if req.get("model") != STUB_MODEL:
             return self._send({"error": {"message": f"The model `{req.get('model')}` does not exist."}}, 404)
         mode = type(self).mode
+        if type(self).fail_next > 0:  # a server error the client does not retry: the episode crashes
+            type(self).fail_next -= 1
+            return self._send({"error": {"message": "stub: bad request"}}, 400)
         if mode == "no_tool_choice":
             return self._send({"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice and '
                                                     "--tool-call-parser to be set"}}, 400)
@@ -68,7 +72,7 @@ class _Stub(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stub():
-    _Stub.mode, _Stub.requests = "tool_calls", []
+    _Stub.mode, _Stub.requests, _Stub.fail_next = "tool_calls", [], 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -297,3 +301,29 @@ def test_bench_llm_runs_both_markets_with_intent_end_to_end(stub, tmp_path, caps
         assert summary["methods"]["tracker"]["FR"] == summary["methods"]["intent"]["FR"] == 100.0  # the gated ones
         assert summary["config"]["rollout_depth"] == 2  # --max-depth reached the oracles
         assert (out / market / "oracle_data" / "COMPLETE").exists()
+
+
+@pytest.mark.slow
+def test_a_crashed_episode_is_listed_once_and_its_rerun_on_resume_gets_fresh_figures(stub, tmp_path, capsys):
+    """The table after a method's run lists a crashed episode instead of quietly running it again;
+    a resumed run re-runs it, and its server figures are this run's, not the saved ones."""
+    from eval.agents.llm_bench import main as llm_bench
+
+    out = tmp_path / "run"
+    argv = ["--base-url", stub, "--model", STUB_MODEL, "--markets", "synthetic", "--methods", "raw", "--tasks", "2",
+            "--workers", "1", "--out", str(out), "--no-progress"]
+    _Stub.fail_next = 1
+    assert llm_bench(argv) == 0
+    rows = [json.loads(line) for line in (out / "synthetic" / "episodes.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and sum(bool(r["error"]) for r in rows) == 1  # listed, not run again for the table
+    first = json.loads((out / "synthetic" / "llm_stats.json").read_text())["methods"]["raw"]
+    assert first["crashed"] == 1
+    stats_path = out / "synthetic" / "llm_stats.json"
+    saved = json.loads(stats_path.read_text())
+    saved["methods"]["raw"]["run_seconds"] = -1.0  # a marker: the resumed run must not report it
+    stats_path.write_text(json.dumps(saved))
+    assert llm_bench(argv) == 0
+    rows = [json.loads(line) for line in (out / "synthetic" / "episodes.jsonl").read_text().splitlines()]
+    assert len(rows) == 3  # the crashed episode ran again, the finished one did not
+    again = json.loads(stats_path.read_text())["methods"]["raw"]
+    assert again["crashed"] == 0 and again["run_seconds"] >= 0

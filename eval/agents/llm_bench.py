@@ -134,9 +134,10 @@ def proposal_stats(logs_path: Path, method: str, seed: int) -> dict[str, int]:
     return counts
 
 
-def _episodes(out: Path, method: str, seed: int) -> list[dict[str, Any]]:
+def _episode_rows(out: Path, method: str, seed: int) -> list[dict[str, Any]]:
+    """Every row the method's episodes wrote, a crashed episode's re-run included."""
     path = out / "episodes.jsonl"
-    latest: dict[str, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
@@ -144,8 +145,13 @@ def _episodes(out: Path, method: str, seed: int) -> list[dict[str, Any]]:
             except ValueError:
                 continue
             if row.get("method") == method and row.get("seed") == seed:
-                latest[row.get("task_id", "")] = row
-    return list(latest.values())
+                rows.append(row)
+    return rows
+
+
+def _episodes(out: Path, method: str, seed: int) -> list[dict[str, Any]]:
+    """The method's episodes, the latest row of each task (a re-run replaces a crash)."""
+    return list({row.get("task_id", ""): row for row in _episode_rows(out, method, seed)}.values())
 
 
 def method_stats(out: Path, method: str, seed: int, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +259,7 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
                          workers=args.workers, seed=args.seed, out=str(out), options=options)
     stats: dict[str, dict[str, Any]] = {}
     for method in methods:
-        before_n = len(_episodes(out, method, args.seed))
+        before_n = len(_episode_rows(out, method, args.seed))
         lines_before, _ = parse_log_totals(args.parse_log)
         metrics_before = read_metrics(args.base_url)
         started = time.monotonic()
@@ -269,7 +275,7 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
         with _CollectionHeartbeat(out, method, collect_tasks) if needs_logs and not given_logs else nullcontext():
             run_benchmark(replace(config, methods=[method]), progress=not args.no_progress)
         seconds = time.monotonic() - started
-        ran = len(_episodes(out, method, args.seed)) - before_n
+        ran = len(_episode_rows(out, method, args.seed)) - before_n  # re-runs of crashed ones count
         if ran <= 0:
             # Nothing ran now (a resumed run): the server and parser figures of the run that made
             # these episodes are the saved ones, or unknown if that run was stopped before saving.
@@ -281,7 +287,8 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
                  "malformed_reply_pct": (round(100 * parsed["malformed_replies"] / parsed["replies"], 1)
                                          if parsed["replies"] else None)}
         stats[method] = entry
-    summary = run_benchmark(replace(config, methods=methods), progress=False)
+    # The table of what ran above: a crashed episode is listed, not quietly run again here.
+    summary = run_benchmark(replace(config, methods=methods), progress=False, run_missing=False)
     for method in methods:
         row = summary["methods"].get(method, {})
         fresh = method_stats(out, method, args.seed, row)
