@@ -123,3 +123,16 @@ def test_the_oracle_log_collection_honours_the_turn_limit_too(tmp_path):
     (log,) = (tmp_path / "oracle_data").glob("**/logs.jsonl")
     collected = [json.loads(line) for line in log.read_text().splitlines()]
     assert collected and len({r["step"] for r in collected}) == 3  # one call per turn, three turns
+
+
+def test_an_overflow_on_the_first_call_is_a_configuration_error_not_a_full_context():
+    """vLLM answers a reply cap at or above the model's context with the same "maximum context
+    length" error as a full history: on the episode's first call it must not pass as context_full."""
+    import pytest
+
+    from eval.agents.context_full import PromptDoesNotFitError
+
+    model = FullAfter(messages=iter([]))
+    agent = create_agent(model, [], middleware=[StopWhenContextFull()])
+    with pytest.raises(PromptDoesNotFitError, match="first model call.*--max-tokens"):
+        agent.invoke({"messages": [("user", "go")]})

@@ -36,7 +36,7 @@ class _Stub(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path.rstrip("/") == "/v1/models":
-            self._send({"object": "list", "data": [{"id": STUB_MODEL, "object": "model"}]})
+            self._send({"object": "list", "data": [{"id": STUB_MODEL, "object": "model", "max_model_len": 4096}]})
         else:
             self._send({"error": {"message": "not found"}}, 404)
 
@@ -327,3 +327,22 @@ def test_a_crashed_episode_is_listed_once_and_its_rerun_on_resume_gets_fresh_fig
     assert len(rows) == 3  # the crashed episode ran again, the finished one did not
     again = json.loads(stats_path.read_text())["methods"]["raw"]
     assert again["crashed"] == 0 and again["run_seconds"] >= 0
+
+
+def test_a_reply_cap_the_served_context_cannot_hold_is_a_one_line_error(stub, tmp_path, capsys):
+    """vLLM lists each model's max_model_len: a --max-tokens at or above it would leave no room for
+    a prompt, and every episode would end at its first call."""
+    from eval.agents.chat import EndpointError
+    from eval.agents.llm_bench import main as llm_bench
+
+    code = main(["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "raw", "--tasks", "1",
+                 "--max-tokens", "4096", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 2
+    _one_line_error(capsys, "--max-tokens 4096", "4096 tokens (max_model_len)")
+    with pytest.raises(EndpointError, match="--max-tokens 4096 leaves no room"):
+        llm_bench(["--base-url", stub, "--model", STUB_MODEL, "--markets", "synthetic", "--methods", "raw",
+                   "--tasks", "1", "--max-tokens", "4096", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert _Stub.requests == []  # no episode ran
+    # 4095 leaves room for a one-token prompt: the check passes it on to the server
+    assert main(["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "raw", "--tasks", "1",
+                 "--max-tokens", "4095", "--out", str(tmp_path / "p"), "--no-progress"]) == 0

@@ -59,6 +59,10 @@ class EndpointError(ValueError):
 
 def check_endpoint(base_url: str, *, api_key: str | None = None, timeout: float = 5.0) -> list[str]:
     """Return the model ids the server lists; raise :class:`EndpointError` naming the URL otherwise."""
+    return [m.get("id", "") for m in _model_cards(base_url, api_key=api_key, timeout=timeout)]
+
+
+def _model_cards(base_url: str, *, api_key: str | None, timeout: float) -> list[dict[str, Any]]:
     url = base_url.rstrip("/") + "/models"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key or 'EMPTY'}"})
     try:
@@ -74,17 +78,29 @@ def check_endpoint(base_url: str, *, api_key: str | None = None, timeout: float 
         raise EndpointError(f"{url} did not answer with JSON; is --base-url the server's /v1 root?") from exc
     if not isinstance(data, dict) or not isinstance(data.get("data", []), list):
         raise EndpointError(f"{url} did not answer with an OpenAI model list; is --base-url the server's /v1 root?")
-    return [m.get("id", "") for m in data.get("data", []) if isinstance(m, dict)]
+    return [m for m in data.get("data", []) if isinstance(m, dict)]
 
 
 def check_model(base_url: str, model: str, *, api_key: str | None = None, timeout: float = 5.0,
-                flag: str = "--agent openai:") -> list[str]:
-    """Check that ``base_url`` answers and serves ``model``; return the served ids."""
-    served = check_endpoint(base_url, api_key=api_key, timeout=timeout)
+                flag: str = "--agent openai:", max_tokens: int | None = None) -> list[str]:
+    """Check that ``base_url`` answers and serves ``model``; return the served ids.
+
+    With ``max_tokens``: a server that says its context length (vLLM's ``max_model_len``) must
+    leave room for a prompt besides the reply cap. vLLM refuses such a request with the same
+    "maximum context length" error as a full history, so without this check every episode would
+    end at its first call as if its context had filled up.
+    """
+    cards = _model_cards(base_url, api_key=api_key, timeout=timeout)
+    served = [c.get("id", "") for c in cards]
     if model not in served:
         listed = ", ".join(served[:10]) + (" ..." if len(served) > 10 else "") if served else "none"
         raise EndpointError(f"model {model!r} is not served at {base_url.rstrip('/')} (it serves: {listed}); "
                             f"pass {flag}<one of those>")
+    context = next((c.get("max_model_len") for c in cards if c.get("id") == model), None)
+    if max_tokens is not None and isinstance(context, int) and not isinstance(context, bool) and max_tokens >= context:
+        raise EndpointError(f"--max-tokens {max_tokens} leaves no room for a prompt: {model!r} is served with a "
+                            f"context of {context} tokens (max_model_len); pass --max-tokens below it (e.g. "
+                            f"{max(1, context // 16)}) or serve the model with a longer context")
     return served
 
 
@@ -107,7 +123,7 @@ def chat_agent_factory(spec: str, options: dict[str, Any] | None = None) -> Any:
     api_key = options.get("api_key") or os.environ.get("OPENAI_API_KEY")
     if base_url:
         api_key = api_key or "EMPTY"
-        check_model(base_url, name, api_key=api_key)
+        check_model(base_url, name, api_key=api_key, max_tokens=max_tokens)
         kwargs.update(base_url=base_url, api_key=api_key, timeout=options.get("timeout", 120))
     elif provider == "openai":
         if not api_key:

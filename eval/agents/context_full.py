@@ -17,17 +17,28 @@ from langchain_core.messages import AIMessage
 
 from intent.errors import is_context_overflow
 
-__all__ = ["CONTEXT_FULL", "StopWhenContextFull", "ended_on_full_context"]
+__all__ = ["CONTEXT_FULL", "PromptDoesNotFitError", "StopWhenContextFull", "ended_on_full_context"]
 
 CONTEXT_FULL = "intent_context_full"  # response_metadata flag on the empty final message
 
 
-def _stop(exc: BaseException) -> AIMessage:
+class PromptDoesNotFitError(ValueError):
+    """The episode's first model call does not fit the model's context: a configuration error
+    (the reply cap, the tools' schemas or the system prompt are too large for the model), not a
+    history that grew too long."""
+
+
+def _stop(request: Any, exc: Exception) -> AIMessage:
+    if not any(isinstance(m, AIMessage) for m in getattr(request, "messages", None) or []):
+        raise PromptDoesNotFitError(
+            f"the episode's first model call does not fit the model's context ({exc}); lower --max-tokens, "
+            "or serve the model with a longer context (vLLM: --max-model-len)") from exc
     return AIMessage(content="", response_metadata={CONTEXT_FULL: True, "error": f"{type(exc).__name__}: {exc}"[:300]})
 
 
 class StopWhenContextFull(AgentMiddleware):
-    """Outermost around the model call: a context overflow becomes an empty final message."""
+    """Outermost around the model call: a context overflow after the first turn becomes an empty
+    final message; one on the first call is a configuration error and is raised."""
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         try:
@@ -35,7 +46,7 @@ class StopWhenContextFull(AgentMiddleware):
         except Exception as exc:
             if not is_context_overflow(exc):
                 raise
-            return _stop(exc)
+            return _stop(request, exc)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         try:
@@ -43,7 +54,7 @@ class StopWhenContextFull(AgentMiddleware):
         except Exception as exc:
             if not is_context_overflow(exc):
                 raise
-            return _stop(exc)
+            return _stop(request, exc)
 
 
 def ended_on_full_context(messages: list[Any]) -> bool:

@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     args.oracle_logs_by_market = oracle_logs_by_market(args.oracle_logs, markets)
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
-    check_model(args.base_url, args.model, flag="--model ")
+    check_model(args.base_url, args.model, flag="--model ", max_tokens=args.max_tokens)
     for market in markets:
         run_market(market, args, methods)
     return 0
