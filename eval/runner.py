@@ -23,7 +23,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
 from eval.markets import BenchMarket, EpisodeEnv
-from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec, positive_int_option, rollout_depth
+from eval.method_spec import DEFAULT_MAX_DEPTH, SYSTEM_PROMPT, MethodContext, MethodSpec, positive_int_option, rollout_depth
 from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
 from intent.feedback import check_feedback_chars
@@ -457,18 +457,26 @@ def _judge_label(config: BenchConfig) -> str:
     return "proxy pass rate (not SoPR)"
 
 
+# Options that change what an episode is, with their defaults: a value equal to its default is
+# the same configuration as the option left out (a directory written either way stays usable).
+_EPISODE_OPTIONS: dict[str, Any] = {"feedback_chars": None, "rollout_max_tokens": None,
+                                    "max_turns": DEFAULT_MAX_TURNS, "max_depth": DEFAULT_MAX_DEPTH}
+
+
+def _without_defaults(key: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in key.items() if not (k in _EPISODE_OPTIONS and v == _EPISODE_OPTIONS[k])}
+
+
 def _check_config(out: Path, config: BenchConfig) -> None:
     """A run directory holds one task set: refuse to mix results from another config."""
     path = out / "run_config.json"
     key = {k: getattr(config, k) for k in ("market", "agent", "tasks", "seed", "event_rate", "budget", "budget_scale",
                                            "relevant_price_scale")}
-    # Options that change what an episode is (set only: a directory written without them stays usable).
-    key |= {k: config.options[k] for k in ("feedback_chars", "rollout_max_tokens", "max_turns", "max_depth")
-            if config.options.get(k) is not None}
+    key = _without_defaults(key | {k: config.options.get(k, default) for k, default in _EPISODE_OPTIONS.items()})
     if path.exists():
-        old = json.loads(path.read_text())
+        old = _without_defaults(json.loads(path.read_text()))
         if old != key:
-            diff = {k: (old.get(k), v) for k, v in key.items() if old.get(k) != v}
+            diff = {k: (old.get(k), key.get(k)) for k in sorted(old.keys() | key.keys()) if old.get(k) != key.get(k)}
             raise ValueError(f"{out} holds results of another configuration {diff}; pass a new --out to start fresh")
     else:
         _atomic_write(path, json.dumps(key, indent=2))

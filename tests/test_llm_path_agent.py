@@ -273,9 +273,10 @@ def test_the_study_passes_the_llm_options_to_every_run(monkeypatch, tmp_path):
     monkeypatch.setattr(eval.study, "run_study", fake_run_study)
     with pytest.raises(Stop):
         main(["bench", "study", "--quick", "--agent", f"openai:{STUB_MODEL}", "--base-url", "http://x.invalid/v1",
-              "--rollout-max-tokens", "64", "--feedback-chars", "900", "--max-tokens", "128",
-              "--out", str(tmp_path / "s"), "--no-progress"])
-    assert (seen["rollout_max_tokens"], seen["feedback_chars"], seen["max_tokens"]) == (64, 900, 128)
+              "--rollout-max-tokens", "64", "--feedback-chars", "900", "--max-tokens", "128", "--max-turns", "12",
+              "--max-depth", "3", "--out", str(tmp_path / "s"), "--no-progress"])
+    assert (seen["rollout_max_tokens"], seen["feedback_chars"], seen["max_tokens"], seen["max_turns"],
+            seen["max_depth"]) == (64, 900, 128, 12, 3)
 
 
 @pytest.mark.slow

@@ -43,3 +43,11 @@ def test_a_run_directory_refuses_another_horizon(tmp_path):
     with pytest.raises(ValueError, match="max_depth"):
         run_benchmark(BenchConfig(tasks=1, methods=["raw"], out=str(tmp_path), options={"max_depth": 4}),
                       progress=False)
+
+
+def test_the_default_horizon_given_or_left_out_is_one_configuration(tmp_path):
+    run_benchmark(BenchConfig(tasks=1, methods=["raw"], out=str(tmp_path), options={"max_depth": 8}), progress=False)
+    run_benchmark(BenchConfig(tasks=1, methods=["raw"], out=str(tmp_path)), progress=False)  # the same: no error
+    with pytest.raises(ValueError, match=r"'max_depth': \(None, 2\)"):
+        run_benchmark(BenchConfig(tasks=1, methods=["raw"], out=str(tmp_path), options={"max_depth": 2}),
+                      progress=False)
