@@ -328,6 +328,9 @@ def test_a_crashed_episode_is_listed_once_and_its_rerun_on_resume_gets_fresh_fig
     assert len(rows) == 3  # the crashed episode ran again, the finished one did not
     again = json.loads(stats_path.read_text())["methods"]["raw"]
     assert again["crashed"] == 0 and again["run_seconds"] >= 0
+    # tokens per second of this run: the re-run episode's tokens only, not the finished one's as well
+    assert again["run_agent_tokens"] == rows[-1]["agent_tokens"] > 0
+    assert again["agent_tokens"] == sum(r["agent_tokens"] for r in rows if not r["error"]) > again["run_agent_tokens"]
 
 
 def test_a_reply_cap_the_served_context_cannot_hold_is_a_one_line_error(stub, tmp_path, capsys):

@@ -275,14 +275,16 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
         with _CollectionHeartbeat(out, method, collect_tasks) if needs_logs and not given_logs else nullcontext():
             run_benchmark(replace(config, methods=[method]), progress=not args.no_progress)
         seconds = time.monotonic() - started
-        ran = len(_episode_rows(out, method, args.seed)) - before_n  # re-runs of crashed ones count
+        rows_now = _episode_rows(out, method, args.seed)[before_n:]  # re-runs of crashed ones count
+        ran = len(rows_now)
         if ran <= 0:
             # Nothing ran now (a resumed run): the server and parser figures of the run that made
             # these episodes are the saved ones, or unknown if that run was stopped before saving.
             stats[method] = dict(saved.get(method, {}))
             continue
         _, parsed = parse_log_totals(args.parse_log, skip=lines_before)
-        entry = {"run_seconds": round(seconds, 1), **server_stats(metrics_before, read_metrics(args.base_url), seconds),
+        entry = {"run_seconds": round(seconds, 1), "run_agent_tokens": sum(int(r.get("agent_tokens", 0)) for r in rows_now),
+                 **server_stats(metrics_before, read_metrics(args.base_url), seconds),
                  "parser": parsed,
                  "malformed_reply_pct": (round(100 * parsed["malformed_replies"] / parsed["replies"], 1)
                                          if parsed["replies"] else None)}
@@ -293,8 +295,10 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
         row = summary["methods"].get(method, {})
         fresh = method_stats(out, method, args.seed, row)
         stats[method] = {**stats.get(method, {}), **fresh}
-        run_s = stats[method].get("run_seconds")
-        stats[method]["usage_tok_s"] = round(fresh["agent_tokens"] / run_s, 1) if run_s else None
+        # The agent's tokens of this run's episodes over this run's seconds (a resumed run's older
+        # episodes took their time in another run).
+        run_s, run_tokens = stats[method].get("run_seconds"), stats[method].get("run_agent_tokens")
+        stats[method]["usage_tok_s"] = round(run_tokens / run_s, 1) if run_s and run_tokens is not None else None
     stats_path.write_text(json.dumps({"market": market, "model": args.model, "base_url": args.base_url,
                                       "tasks": tasks, "seed": args.seed, "workers": args.workers,
                                       "max_tokens": args.max_tokens, "rollout_max_tokens": args.rollout_max_tokens or None,
