@@ -85,6 +85,11 @@ def test_openai_compatible_errors(server):
     _Handler.mode, _Handler.hits = "slow", 0
     with pytest.raises(ModelError, match="failed"):
         OpenAICompatibleWorldModel(server, "wm", timeout=0.2, retries=1, backoff=0).simulate("t", {})
+    # The client gave up on its retry after 0.2 s; on a loaded machine the server's thread may
+    # not have read that request yet, so wait (bounded) until it has, then count.
+    deadline = time.monotonic() + 10.0
+    while _Handler.hits < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert _Handler.hits == 2  # one retry after the timeout
     _Handler.mode, _Handler.hits = "flaky", 0
     assert OpenAICompatibleWorldModel(server, "wm", retries=1, backoff=0).simulate("t", {}).startswith("SIM:")
