@@ -228,11 +228,14 @@ def _policy(ctx: MethodContext) -> AgentPolicy:
     for_rollout = getattr(ctx.model, "for_rollout", None)
     model = for_rollout() if callable(for_rollout) else ctx.model
     cap = ctx.options.get("rollout_max_tokens")
+    own = getattr(model, "max_tokens", None)
     if cap is not None:
         from eval.agents.chat import with_reply_cap
 
         model = with_reply_cap(model, cap)
-    return AgentPolicy(model, ctx.env.tools, system_prompt=SYSTEM_PROMPT)
+    # A cap at or above the agent's own leaves its replies as they are: a cut one is an answer then.
+    capped = cap is not None and not (isinstance(own, int) and cap >= own)
+    return AgentPolicy(model, ctx.env.tools, system_prompt=SYSTEM_PROMPT, replies_capped=capped)
 
 
 def _world_model(ctx: MethodContext, key: str, fold: int | None) -> Any:

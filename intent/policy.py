@@ -21,12 +21,18 @@ __all__ = ["AgentPolicy"]
 
 
 class AgentPolicy:
-    def __init__(self, model: Any, tools: Sequence[Any] = (), *, system_prompt: str | None = None) -> None:
+    """``replies_capped``: the model's replies are cut shorter than the agent's own (a rollout
+    reply cap). A reply cut there before any call is then an unknown rest, not an answer; without
+    it, a reply cut by the length limit is what the agent itself would have answered."""
+
+    def __init__(self, model: Any, tools: Sequence[Any] = (), *, system_prompt: str | None = None,
+                 replies_capped: bool = False) -> None:
         if not callable(getattr(model, "invoke", None)):
             raise TypeError(f"AgentPolicy needs a LangChain chat model, got {type(model).__name__}")
         self.model = model
         self.tools = list(tools)
         self.system_prompt = system_prompt
+        self.replies_capped = replies_capped
 
     def next_action(self, history: Sequence[BaseMessage], *, visible: Iterable[str] | None = None,
                     notes: str | None = None) -> tuple[AIMessage, int]:

@@ -117,7 +117,8 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
             return out
         out.policy_tokens += tokens
         if not reply.tool_calls:
-            if (reply.response_metadata or {}).get("finish_reason") == "length":
+            if (reply.response_metadata or {}).get("finish_reason") == "length" and getattr(policy, "replies_capped",
+                                                                                             True):
                 # Cut by the reply cap before a whole call (--rollout-max-tokens): not an answer, an
                 # unknown rest, so the plan is truncated here and the oracles count it.
                 out.truncated = out.capped = True

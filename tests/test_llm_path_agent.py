@@ -209,9 +209,13 @@ def test_rollout_policy_replies_are_capped_and_the_agents_are_not(stub):
     agent.invoke([HumanMessage("hi")])
     sent = [r.get("max_completion_tokens", r.get("max_tokens")) for r in _Stub.requests]
     assert sent == [48, 512]
+    assert policy.replies_capped  # its replies stop earlier than the agent's
     _Stub.requests.clear()
-    _policy(MethodContext(env=env, seed=0, options={}, model=agent)).next_action([HumanMessage("hi")])
+    uncapped = _policy(MethodContext(env=env, seed=0, options={}, model=agent))
+    uncapped.next_action([HumanMessage("hi")])
     assert [r.get("max_completion_tokens", r.get("max_tokens")) for r in _Stub.requests] == [512]
+    at_own = _policy(MethodContext(env=env, seed=0, options={"rollout_max_tokens": 600}, model=agent))
+    assert not uncapped.replies_capped and not at_own.replies_capped  # cut where the agent is cut
 
 
 def test_rollout_max_tokens_on_a_model_without_the_setting_names_the_flag():

@@ -75,13 +75,17 @@ def test_a_rollout_reply_cut_by_its_cap_before_any_call_is_not_an_answer():
     # --rollout-max-tokens: a reply that stops on its length with no whole call says nothing about
     # what the agent does next; the rollout is truncated there, and the oracles count it.
     cut = AIMessage('{"name": "b", "argu', response_metadata={"finish_reason": "length"})
-    out = simulate_rollout(_ctx(50.0), AgentPolicy(scripted([cut])), CountingWM(), satisfied=True, max_depth=4)
+    capped = AgentPolicy(scripted([cut]), replies_capped=True)
+    out = simulate_rollout(_ctx(50.0), capped, CountingWM(), satisfied=True, max_depth=4)
     assert out.capped and out.truncated and not out.answered
-    done = simulate_rollout(_ctx(50.0), AgentPolicy(scripted([AIMessage("done")])), CountingWM(), satisfied=True,
-                            max_depth=4)
+    done = simulate_rollout(_ctx(50.0), AgentPolicy(scripted([AIMessage("done")]), replies_capped=True), CountingWM(),
+                            satisfied=True, max_depth=4)
     assert done.answered and not done.capped
-    d = MCOOracle(AgentPolicy(scripted([cut])), CountingWM(), max_depth=4).decide(_ctx(50.0))
+    d = MCOOracle(AgentPolicy(scripted([cut]), replies_capped=True), CountingWM(), max_depth=4).decide(_ctx(50.0))
     assert d.usage["rollout_capped"] == 1.0
+    # Cut at the agent's own limit (no shorter rollout cap), the reply is what the agent answers.
+    own = simulate_rollout(_ctx(50.0), AgentPolicy(scripted([cut])), CountingWM(), satisfied=True, max_depth=4)
+    assert own.answered and not own.capped and not own.truncated
 
 
 def test_a_guard_and_its_oracle_must_merge_identical_calls_alike():
