@@ -284,28 +284,35 @@ def test_the_study_passes_the_llm_options_to_every_run(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_llm_runs_both_markets_with_intent_end_to_end(stub, tmp_path, capsys):
-    """The whole llm_bench path (probe aside) with an OpenAI-compatible agent: the synthetic market
-    and StableToolBench, a planning oracle whose logs are collected first (cross-fitted on
-    StableToolBench), the table and the LLM stats. vLLM runs it in `make bench-llm`."""
+@pytest.mark.parametrize("market", ["synthetic", "stabletoolbench"])
+def test_bench_llm_runs_each_market_with_intent_end_to_end(stub, tmp_path, capsys, market):
+    """The whole llm_bench path (probe aside) with an OpenAI-compatible agent: a market, a planning
+    oracle whose logs are collected first (cross-fitted on StableToolBench), the table and the LLM
+    stats. vLLM runs it in `make bench-llm`."""
     from eval.agents.llm_bench import main as llm_bench
 
+    if market == "stabletoolbench":
+        from eval.stabletoolbench.loader import StbDataError, resolve_root
+
+        try:
+            resolve_root()
+        except StbDataError as exc:
+            pytest.skip(f"StableToolBench data not available: {exc}")
     out = tmp_path / "run"
-    assert llm_bench(["--base-url", stub, "--model", STUB_MODEL, "--markets", "synthetic,stabletoolbench",
+    assert llm_bench(["--base-url", stub, "--model", STUB_MODEL, "--markets", market,
                       "--methods", "raw,tracker,intent", "--tasks", "2", "--stb-tasks", "2", "--oracle-tasks", "2",
                       "--max-depth", "2", "--workers", "1", "--out", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("LLM path (stub-model, 2 tasks") == 2 and "rollouts <= 2 turns" in printed
-    for market in ("synthetic", "stabletoolbench"):
-        stats = json.loads((out / market / "llm_stats.json").read_text())
-        assert stats["max_depth"] == 2 and set(stats["methods"]) == {"raw", "tracker", "intent"}
-        for method, row in stats["methods"].items():
-            assert row["episodes"] == 2 and row["errors"] == [], (market, method, row)
-        assert stats["methods"]["intent"]["oracle_tokens_per_episode"] > 0  # the rollouts asked the model
-        summary = json.loads((out / market / "results.json").read_text())
-        assert summary["methods"]["tracker"]["FR"] == summary["methods"]["intent"]["FR"] == 100.0  # the gated ones
-        assert summary["config"]["rollout_depth"] == 2  # --max-depth reached the oracles
-        assert (out / market / "oracle_data" / "COMPLETE").exists()
+    assert printed.count("LLM path (stub-model, 2 tasks") == 1 and "rollouts <= 2 turns" in printed
+    stats = json.loads((out / market / "llm_stats.json").read_text())
+    assert stats["max_depth"] == 2 and set(stats["methods"]) == {"raw", "tracker", "intent"}
+    for method, row in stats["methods"].items():
+        assert row["episodes"] == 2 and row["errors"] == [], (market, method, row)
+    assert stats["methods"]["intent"]["oracle_tokens_per_episode"] > 0  # the rollouts asked the model
+    summary = json.loads((out / market / "results.json").read_text())
+    assert summary["methods"]["tracker"]["FR"] == summary["methods"]["intent"]["FR"] == 100.0  # the gated ones
+    assert summary["config"]["rollout_depth"] == 2  # in the run's options (test_rollout_depth: the oracles use it)
+    assert (out / market / "oracle_data" / "COMPLETE").exists()
 
 
 @pytest.mark.slow
