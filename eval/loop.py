@@ -146,6 +146,7 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
 
 def _fidelity(records: list[Any], train_tasks: set[str], test_tasks: set[str], wm_dir: Path,
               cfg: LoopConfig) -> dict[str, Any]:
+    from intent.feedback import without_result_note
     from intent.logs import label_of
     from worldmodel.replay import ReplayWorldModel
     from worldmodel.transformers_lm import TransformersWorldModel
@@ -160,7 +161,7 @@ def _fidelity(records: list[Any], train_tasks: set[str], test_tasks: set[str], w
     }
     out: dict[str, Any] = {"calls": len(calls), "held_out_tasks": len({r.task_id for r in calls}), "models": {}}
     out["models"]["environment (logged observations)"] = sum(
-        observation_answers(r.tool, r.args, r.observation.split("\n[Budget status]")[0]) for r in calls) / len(calls)
+        observation_answers(r.tool, r.args, without_result_note(r.observation)) for r in calls) / len(calls)
     from intent.progress import progress as progress_reporter
 
     for name, model in models.items():

@@ -138,8 +138,22 @@ def generic_rejection(tool: str) -> str:
     return f"Budget guard: the call to {tool} was rejected and cost nothing. Revise your plan."
 
 
+BUDGET_STATUS_MARK = "[Budget status]"
+# Notes a method appends to a tool's result on a line of its own: the budget status above
+# (Prompt, MCO, INTENT) and BATS's ``<budget>used/remaining</budget>`` tracker block.
+_RESULT_NOTE_MARKS = ("\n" + BUDGET_STATUS_MARK, "\n<budget>")
+
+
 def budget_status(spent: float, remaining: float, budget: float) -> str:
-    return f"[Budget status] spent {_money(spent)} of {_money(budget)}; {_money(remaining)} left."
+    return f"{BUDGET_STATUS_MARK} spent {_money(spent)} of {_money(budget)}; {_money(remaining)} left."
+
+
+def without_result_note(text: str) -> str:
+    """A tool result as the tool returned it, without the budget note a method appended to it
+    (what a world model learns, an agent parses and a judge of observations reads)."""
+    for mark in _RESULT_NOTE_MARKS:
+        text = text.split(mark, 1)[0]
+    return text
 
 
 def trace_table(trace: Sequence[PlannedStep]) -> str:

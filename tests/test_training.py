@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from intent.feedback import without_result_note
 from intent.logs import LogFormatError
 from training.data import load_records, pairs, parse_fraction, split_by_task, subsample, triples
 
@@ -224,11 +225,11 @@ def test_synthetic_checker_accepts_real_answers_and_rejects_others(logs):
 
     records = [r for r in load_records(logs) if r.decision == "accept" and isinstance(r.args, dict)]
     good = [r for r in records if label_of(r) == 1]
-    assert good and all(observation_answers(r.tool, r.args, r.observation.split("\n[Budget status]")[0])
+    assert good and all(observation_answers(r.tool, r.args, without_result_note(r.observation))
                         for r in good[:30])
     # One call of one provider (not a bundle), in canonical order: the log's line order follows thread timing.
     r = min((r for r in good if "results" not in r.observation), key=lambda r: (r.task_id, r.step, r.call_id))
-    body = json.loads(r.observation.split("\n[Budget status]")[0])
+    body = json.loads(without_result_note(r.observation))
     assert not observation_answers(r.tool, r.args, json.dumps({**body, **{k: "somewhere else" for k in r.args}}))
     assert not observation_answers(r.tool, r.args, "503 Service Unavailable")
     assert not observation_answers(r.tool, r.args, json.dumps({**body, "error": "400"}))

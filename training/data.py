@@ -10,6 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from intent.feedback import without_result_note
 from intent.logs import LogFormatError, StepRecord, label_of, read_log
 
 __all__ = ["Pair", "Triple", "load_records", "parse_fraction", "split_by_task", "subsample", "triples", "pairs"]
@@ -75,7 +76,7 @@ def pairs(records: Iterable[StepRecord], *, only_z: int | None = None,
         z = labeler(r)
         if only_z is not None and z != only_z:
             continue
-        obs = r.observation.split("\n[Budget status]")[0].split("\n<budget>")[0]
+        obs = without_result_note(r.observation)
         out.append(Pair(r.tool, r.args if isinstance(r.args, dict) else {}, obs, z, r.task_id))
     return out
 

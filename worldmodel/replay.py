@@ -41,12 +41,14 @@ class ReplayWorldModel:
 
     def __init__(self, records: Iterable[Any], *, labeler: Callable[[Any], int | None] = label_of,
                  temperature: float = 0.0, seed: int = 0, ground: bool = True) -> None:
+        from intent.feedback import without_result_note
+
         self._by_tool: dict[str, list[tuple[str, int | None]]] = defaultdict(list)
         for r in records:
             get = r.get if isinstance(r, Mapping) else lambda k, d=None, r=r: getattr(r, k, d)
             if get("decision") != "accept" or get("status") not in ("ok", "error") or not get("observation"):
                 continue
-            obs = str(get("observation")).split("\n[Budget status]")[0].split("\n<budget>")[0]
+            obs = without_result_note(str(get("observation")))
             self._by_tool[str(get("tool"))].append((obs, labeler(r)))
         for pool in self._by_tool.values():  # the log's order (thread interleaving) must not matter
             pool.sort(key=lambda item: (item[0], -1 if item[1] is None else item[1]))

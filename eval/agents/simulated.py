@@ -60,6 +60,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict
 
+from intent.feedback import without_result_note
+
 __all__ = ["SIMULATED_AGENT_LABEL", "NeedView", "SimAgentConfig", "SimulatedAgent", "TaskView", "looks_successful"]
 
 SIMULATED_AGENT_LABEL = "simulated agent (behaviour model, not an LLM)"
@@ -120,7 +122,7 @@ class SimAgentConfig:
 def looks_successful(need: NeedView, text: str, reading: str = "entity") -> bool:
     """The agent's reading of a tool result: a JSON payload about the entity it asked for."""
     if reading == "envelope":
-        body = (text or "").split("\n[Budget status]")[0].split("\n<budget>")[0]
+        body = without_result_note(text or "")
         try:
             payload = json.loads(body)
         except json.JSONDecodeError:  # StableToolBench cuts observations at 1024 characters
@@ -129,7 +131,7 @@ def looks_successful(need: NeedView, text: str, reading: str = "entity") -> bool
     if _ERROR_START.match(text or ""):
         return False
     try:
-        payload = json.loads(text.split("\n[Budget status]")[0].split("\n<budget>")[0])
+        payload = json.loads(without_result_note(text))
     except (json.JSONDecodeError, AttributeError):
         return False
     if not isinstance(payload, dict) or payload.get("error"):
