@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from eval.method_spec import DEFAULT_MAX_DEPTH
+
 COLUMNS = (
     ("PR", "PR"), ("decision_regret", "Regret"), ("OR", "OR"), ("WR", "WR"), ("FR", "FR"), ("AC", "AC"), ("AP", "AP"),
     ("time_ratio", "Time×"), ("latency_ratio", "Lat.×"), ("token_ratio", "Tok.×"), ("n", "n"),
@@ -36,8 +38,8 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
         f"- agent: {cfg['agent_label']}",
         f"- judge: {cfg['judge']}",
         f"- world model (MCO/INTENT): {cfg.get('world_model')}; oracle models: {cfg.get('oracle_models')}"
-        + (f"; rollouts cut at {cfg['rollout_depth']} model turns (the paper's horizon is 8)"
-           if cfg.get("rollout_depth", 8) != 8 else ""),
+        + (f"; rollouts cut at {cfg['rollout_depth']} model turns (the paper's horizon is {DEFAULT_MAX_DEPTH})"
+           if cfg.get("rollout_depth", DEFAULT_MAX_DEPTH) != DEFAULT_MAX_DEPTH else ""),
         *([f"- agent's needs: {cfg['agent_needs']}"] if cfg.get("agent_needs") else []),
         *([f"- upper bounds (read the ground truth; not deployable): {', '.join(cfg['upper_bounds'])}"]
           if cfg.get("upper_bounds") else []),

@@ -344,6 +344,8 @@ def oracle_logs_by_market(value: str | None, markets: list[str]) -> dict[str, st
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eval.runner import DEFAULT_MAX_TURNS
+
     ap = argparse.ArgumentParser(prog="python -m eval.agents.llm_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-url", required=True, help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--model", required=True, help="served model name (GET /models)")
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="StableToolBench: run the exhaustive DFSDT search for OR (hours with a real model)")
     ap.add_argument("--stb-path", default=None)
     ap.add_argument("--max-tokens", type=int, default=512)
-    ap.add_argument("--max-turns", type=int, default=30,
+    ap.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS,
                     help="model calls per episode before it ends without an answer (LangChain's "
                          "ModelCallLimitMiddleware; default 30: a 0.5B model looped for 35 turns on an invented tool)")
     ap.add_argument("--request-timeout", type=float, default=600.0,
@@ -369,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                          "overflowed on 15,448 characters of refusal notes in one turn)")
     ap.add_argument("--max-depth", type=int, default=None,
                     help="model turns in each INTENT/MCO rollout (default 8, the paper's horizon). Each turn is one "
-                         "reply of the agent's model: on a CPU, 3 keeps a 0.5B model's decisions near 15 s instead "
-                         "of 45 s; the table says so")
+                         "reply of the agent's model: on a CPU, 3 took a 0.5B model's median synthetic decision from "
+                         "44 s to 34 s (README); the table says so")
     ap.add_argument("--rollout-max-tokens", type=int, default=160,
                     help="cap on each reply INTENT's and MCO's rollouts ask of the agent's model (default 160; 0: "
                          "the agent's --max-tokens). A 0.5B model on a CPU wrote 300-400 tokens per reply, ~40 s, "
