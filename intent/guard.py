@@ -601,7 +601,7 @@ class BudgetGuard:
         top_ups: dict[str, float] = {}
         # Top-ups a human approves in this run: taken back if the run is interrupted before it
         # ends (it replays the answers on resume), logged once when it completes.
-        humans = HumanTopUps(self, episode)
+        humans: HumanTopUps | None = None  # made when a human is first asked (rarely)
         try:
             for batch_index, item in enumerate(pending):
                 asked = 0
@@ -639,6 +639,8 @@ class BudgetGuard:
                     # Over budget: ask a human (a LangGraph interrupt; the node re-runs on resume).
                     top_up_id = f"top-up:{item.key}:{asked}"
                     shortfall = max(0.0, held + item.price - ledger.remaining_for("tool"))
+                    if humans is None:
+                        humans = HumanTopUps(self, episode)
                     action, amount = humans.ask(ctx, decision, top_up_id, shortfall, kind="tool")
                     asked += 1
                     if amount:
@@ -679,9 +681,11 @@ class BudgetGuard:
                            decision.reason, decision.feedback or fb.generic_rejection(item.proposal.tool), decision,
                            decision_ms)
         except BaseException:
-            humans.rollback()
+            if humans is not None:
+                humans.rollback()
             raise
-        effects.insert(0, humans.log)
+        if humans is not None:
+            effects.insert(0, humans.log)
         for effect in effects:  # (a list: what an effect appends, a late refusal's record, runs too)
             effect()
 

@@ -41,6 +41,7 @@ commit their own call merge without losing a charge.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ _RANK: dict[str, int] = {"reserved": 0, "released": 1, "committed": 2}
 # The one tolerance for "fits the budget", used by the ledger and by every metric that
 # compares a spend with a budget (float sums of prices).
 BUDGET_EPS = 1e-9
+_NO_LEASE = contextlib.nullcontext()  # reusable: entering it does nothing
 _EPS = BUDGET_EPS
 
 
@@ -227,10 +229,8 @@ class BudgetLedger:
     def keep_alive(self, call_id: str) -> Any:
         """A context manager that renews ``call_id``'s lease in the shared store while a call runs
         (a no-op without a store)."""
-        import contextlib
-
         if self._shared is None:
-            return contextlib.nullcontext()
+            return _NO_LEASE
         from intent.stores import LeaseKeeper
 
         store, key, run_id = self._shared

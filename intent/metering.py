@@ -350,12 +350,12 @@ class CallRun:
             if isinstance(result, asyncio.CancelledError):
                 reason = CANCELLED
         else:
+            message = result_message(result, self.tool_call_id)
             try:
-                billed = billed_amount(result, self.tool_call_id)
+                billed = billed_amount(message, self.tool_call_id)
             except (TypeError, ValueError) as exc:
                 # The tool's bill is malformed: the run happened, so charge the quote, then fail loudly.
                 bad_bill, billed = exc, None
-            message = result_message(result, self.tool_call_id)
             required = payment_required(getattr(message, "artifact", None), self.name)
             if required is not None:
                 # An x402-style "payment required" answer: the call was not served, so it is not

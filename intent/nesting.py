@@ -161,6 +161,8 @@ class FromParent:
 
 def close_carves(episode: Episode, key_prefix: str) -> list[LedgerEntry]:
     """Close every open carve of ``episode`` made under ``key_prefix`` (a call's key, a scope)."""
+    if not episode.carves:  # no sub-agent ever ran here: the usual case, on every tool call
+        return []
     with episode.lock:
         open_carves = [c for cid, c in episode.carves.items() if cid.startswith(key_prefix + "#sub:")]
     closed = [c.close() for c in open_carves]
