@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "ContextOverflowError": "intent.errors",
     "GuardConfigError": "intent.errors",
     "IntentError": "intent.errors",
+    "InvalidBillError": "intent.errors",
     "SCHEMA_VERSION": "intent.logs",
     "JsonlLogSink": "intent.logs",
     "MemoryLogSink": "intent.logs",
@@ -72,7 +73,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from intent.budget import Budget
-    from intent.errors import GuardConfigError, IntentError
+    from intent.errors import GuardConfigError, IntentError, InvalidBillError
     from intent.nesting import FromParent
     from intent.pricing import ModelPrice, ModelPrices, UnpricedModelError
     from intent.report import budget_report

@@ -10,6 +10,8 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     │   └── BudgetExceededError           a reservation that does not fit
     ├── InvalidDecisionError (TypeError)  an oracle returned something that is not a Decision
     ├── GuardConfigError (ValueError, TypeError)  a BudgetGuard built with a bad argument
+    ├── InvalidBillError (ValueError, TypeError)  a tool reported a bill that is not a number >= 0
+    ├── LogFormatError (ValueError)       a log line is not a valid step record
     ├── OracleUnavailableError (RuntimeError)     the model behind an oracle could not answer
     │   ├── OracleTimeoutError (TimeoutError)           it did not answer in time
     │   ├── ModelUnreachableError (ConnectionError)     its server is down or overloaded
@@ -53,6 +55,8 @@ __all__ = [
     "ContextOverflowError",
     "GuardConfigError",
     "IntentError",
+    "InvalidBillError",
+    "LogFormatError",
     "MalformedModelOutputError",
     "ModelRequestError",
     "ModelUnreachableError",
@@ -71,6 +75,16 @@ class IntentError(Exception):
 
 class GuardConfigError(IntentError, ValueError, TypeError):
     """A :class:`~intent.BudgetGuard` argument is invalid; the message names it and the fix."""
+
+
+class InvalidBillError(IntentError, ValueError, TypeError):
+    """A tool reported what its provider billed (``intent_billed``) as something other than a
+    finite number >= 0. A bug in the tool, so never turned into a tool error message: the run is
+    charged at its quote and the error propagates."""
+
+
+class LogFormatError(IntentError, ValueError):
+    """A log file line is not a valid :class:`~intent.logs.StepRecord`."""
 
 
 class OracleUnavailableError(IntentError, RuntimeError):

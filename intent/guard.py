@@ -39,7 +39,7 @@ from langgraph.types import Command
 from intent import feedback as fb
 from intent.episodes import Episode, EpisodeRegistry
 from intent.budget import Budget
-from intent.errors import GuardConfigError, OracleUnavailableError, as_oracle_unavailable
+from intent.errors import GuardConfigError, InvalidBillError, OracleUnavailableError, as_oracle_unavailable
 from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
@@ -867,8 +867,10 @@ class BudgetGuard:
         try:
             result = handler(run.metered_request())
         except Exception as exc:
-            if _is_oracle_bug(exc):
-                run.finish(None)  # the re-gate crashed before the run: its reservation is given back
+            if _is_oracle_bug(exc) or isinstance(exc, InvalidBillError):
+                # The re-gate crashed before the run (its reservation is given back), or a tool
+                # reported a malformed bill (charged at its quote): bugs, never a tool error message.
+                run.finish(None)
                 raise
             result = run.failed(exc)
         return run.finish(result)
@@ -883,7 +885,7 @@ class BudgetGuard:
         try:
             result = await handler(run.metered_request())
         except Exception as exc:
-            if _is_oracle_bug(exc):
+            if _is_oracle_bug(exc) or isinstance(exc, InvalidBillError):
                 run.finish(None)
                 raise
             result = run.failed(exc)

@@ -266,6 +266,13 @@ class BudgetLedger:
             return self._blocking_overrun
 
     @property
+    def halted(self) -> bool:
+        """Whether a tool's overrun stopped all further spending (enforcing ledgers only): then even
+        a reservation made before the overrun may not start its run."""
+        with self._lock:
+            return self._blocking_overrun > _EPS and not self._allow_overspend
+
+    @property
     def allow_overspend(self) -> bool:
         return self._allow_overspend
 
@@ -300,7 +307,7 @@ class BudgetLedger:
     def _fits_here(self, amount: float, kind: str) -> bool:
         """The local part of :meth:`fits` (the shared store checks its own part atomically)."""
         with self._lock:
-            if self._blocking_overrun > _EPS and not self._allow_overspend:
+            if self.halted:
                 return False
             group = CAP_OF_KIND.get(kind)
             if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:

@@ -44,6 +44,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from intent.errors import LogFormatError
+
 __all__ = [
     "SCHEMA_VERSION",
     "JsonlLogSink",
@@ -60,10 +62,6 @@ SCHEMA_VERSION = 3
 # Versions read_log still accepts: 2 added execution / overrun / the top_up decision;
 # 3 added kind / tokens / approved_by (model, oracle and sub-agent charges in the same log).
 READABLE_VERSIONS = (1, 2, 3)
-
-
-class LogFormatError(ValueError):
-    """A log file line is not a valid :class:`StepRecord`."""
 
 
 class StepRecord(BaseModel):

@@ -14,6 +14,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
+from intent.errors import InvalidBillError
 from intent.market import check_amount
 
 __all__ = [
@@ -23,13 +24,15 @@ __all__ = [
     "billed_amount",
     "call_key",
     "call_signature",
-    "merge_identical",
+    "checked_bill",
     "find_call",
     "first_human_text",
     "json_artifact",
     "last_ai",
     "model_args",
+    "merge_identical",
     "model_schema",
+    "raised_bill",
     "result_message",
     "text_of",
     "with_update",
@@ -190,17 +193,31 @@ def result_message(result: Any, tool_call_id: str) -> ToolMessage | None:
     return None
 
 
+def checked_bill(value: Any, where: str) -> float:
+    """A reported bill, checked: a finite number >= 0 (``where`` names the field in the error)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidBillError(f"{where} must be a number, got {value!r}; "
+                               "report the amount the provider billed, e.g. 0.0 for a failure it did not bill")
+    try:
+        return check_amount(value, where)
+    except ValueError as exc:
+        raise InvalidBillError(str(exc)) from None
+
+
 def billed_amount(result: Any, tool_call_id: str) -> float | None:
     """What the tool says its provider billed (``artifact["intent_billed"]``), if it says."""
     message = result_message(result, tool_call_id)
     artifact = getattr(message, "artifact", None)
     if isinstance(artifact, Mapping) and BILLED_KEY in artifact:
-        value = artifact[BILLED_KEY]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"artifact[{BILLED_KEY!r}] of the tool's result must be a number, got {value!r}; "
-                            "report the amount the provider billed, e.g. {'intent_billed': 0.0}")
-        return check_amount(value, f"artifact[{BILLED_KEY!r}] of the tool's result")
+        return checked_bill(artifact[BILLED_KEY], f"artifact[{BILLED_KEY!r}] of the tool's result")
     return None
+
+
+def raised_bill(exc: BaseException) -> float | None:
+    """What a tool that raised says its provider billed: the exception's ``intent_billed``
+    attribute (e.g. 0.0 when the provider does not bill a failed call), if it has one."""
+    value = getattr(exc, BILLED_KEY, None)
+    return None if value is None else checked_bill(value, f"the exception's {BILLED_KEY!r} attribute")
 
 
 def with_update(result: Any, tool_call_id: str, message: ToolMessage | None, update: dict[str, Any]) -> Any:

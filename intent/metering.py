@@ -26,6 +26,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.types import Command
 
 from intent import feedback as fb
+from intent.errors import InvalidBillError
 
 PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead of serving the call
 from intent.ledger import BudgetExceededError
@@ -39,6 +40,7 @@ from intent.messages import (
     first_human_text,
     json_artifact,
     model_args,
+    raised_bill,
     result_message,
     text_of,
     with_update,
@@ -224,6 +226,10 @@ class CallRun:
             gated = ledger.get(self.key)
             try:
                 if gated is not None and gated.status == "reserved" and gated.execution == 0:
+                    if ledger.halted:
+                        # Reserved at the gate, but a call of the same batch has since been billed
+                        # above its quote: money already held does not license a run any more.
+                        raise BudgetExceededError(f"call {self.key!r}: spending stopped by an overrun")
                     charge_id = self.key
                     if abs(price - gated.amount) > 1e-12 or name != gated.tool:
                         ledger.reprice(charge_id, price, tool=name, market_version=version)
@@ -345,7 +351,10 @@ class CallRun:
         message: ToolMessage | None = None
         bad_bill: Exception | None = None
         if isinstance(result, BaseException):
-            billed = getattr(result, "intent_billed", None)
+            try:
+                billed = raised_bill(result)
+            except InvalidBillError as exc:
+                bad_bill, billed = exc, None  # the run happened: charge the quote, then fail loudly
             status: Literal["ok", "error"] = "error"
             if isinstance(result, asyncio.CancelledError):
                 reason = CANCELLED
@@ -353,7 +362,7 @@ class CallRun:
             message = result_message(result, self.tool_call_id)
             try:
                 billed = billed_amount(message, self.tool_call_id)
-            except (TypeError, ValueError) as exc:
+            except InvalidBillError as exc:
                 # The tool's bill is malformed: the run happened, so charge the quote, then fail loudly.
                 bad_bill, billed = exc, None
             required = payment_required(getattr(message, "artifact", None), self.name)
@@ -385,7 +394,7 @@ class CallRun:
                 self.last_outcome = outcome
                 guard._call_hook("observe", outcome)
         if bad_bill is not None:
-            raise bad_bill
+            raise bad_bill from (result if isinstance(result, BaseException) else None)
 
     # ------------------------------------------------------------ the answer
     def failed(self, exc: Exception) -> ToolMessage:

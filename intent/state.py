@@ -38,8 +38,11 @@ class EntryDict(TypedDict):
 
 
 class DecisionDict(TypedDict, total=False):
-    """What the gate decided about one proposed call (read by the tool step for its record)."""
+    """What the gate decided about one proposed call (read by the tool step: whether to run it,
+    or the refusal to answer with, and what to log)."""
 
+    accept: bool
+    kind: str  # a refusal's kind: "reject" (the oracle or the budget) | "invalid" (a malformed call)
     tool: str
     args: dict[str, Any]
     price: float

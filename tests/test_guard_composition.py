@@ -11,6 +11,7 @@ Executions are counted inside the tools themselves (:class:`Runs`), never inferr
 the guard's own bookkeeping.
 """
 
+import asyncio
 import threading
 from collections import Counter
 from typing import Annotated, Any
@@ -32,7 +33,17 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.store.memory import InMemoryStore
 from langgraph.types import Command
 
-from intent import AcceptAll, BudgetGuard, Decision, GuardState, Market, MemoryLogSink, Oracle, PricedTool  # noqa: F401
+from intent import (  # noqa: F401
+    AcceptAll,
+    BudgetGuard,
+    Decision,
+    GuardState,
+    InvalidBillError,
+    Market,
+    MemoryLogSink,
+    Oracle,
+    PricedTool,
+)
 from intent.testing import assert_each_call_answered_once
 
 # ====================================================================== helpers
@@ -438,6 +449,54 @@ def test_tool_that_reports_a_zero_bill_on_failure_is_charged_nothing():
     assert_each_call_answered_once(msgs_of(out))
 
 
+class _ProviderError(RuntimeError):
+    def __init__(self, billed: Any) -> None:
+        super().__init__("provider error")
+        self.intent_billed = billed
+
+
+@pytest.mark.parametrize(("billed", "charged"), [(0.0, 0.0), (7, 7.0), (None, 20.0)])
+def test_a_tool_that_raises_can_report_its_bill_on_the_exception(billed: Any, charged: float):
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink, tool_errors="message")
+
+    def fn(x: int = 0) -> str:
+        runs.hit("a")
+        raise _ProviderError(billed) if billed is not None else RuntimeError("no bill reported")
+
+    tool_a = StructuredTool.from_function(fn, name="a", description="Tool a.")
+    agent = create_agent(scripted([ai(call("a")), AIMessage("done")]), [tool_a], middleware=[guard.middleware()])
+    out = agent.invoke(USER)
+    assert runs["a"] == 1
+    ledger = guard.ledger(out)
+    assert ledger.spent == charged and ledger.reserved == 0  # no bill reported: the quote
+    assert [r.charged for r in executions(sink)] == [charged]
+    assert_each_call_answered_once(msgs_of(out))
+
+
+@pytest.mark.parametrize("tool_errors", ["raise", "message"])
+@pytest.mark.parametrize("bad", ["free", -1.0, True])
+def test_a_malformed_bill_on_an_exception_is_charged_at_the_quote_and_fails_loudly(bad: Any, tool_errors: str):
+    # A bug in the tool: never turned into an error message for the agent, even with
+    # tool_errors="message", and the run is charged at its quote, not forgotten.
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink, tool_errors=tool_errors)
+
+    def fn(x: int = 0) -> str:
+        runs.hit("a")
+        raise _ProviderError(bad)
+
+    tool_a = StructuredTool.from_function(fn, name="a", description="Tool a.")
+    agent = create_agent(scripted([ai(call("a")), AIMessage("done")]), [tool_a], middleware=[guard.middleware()],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"bad-bill-{bad!r}-{tool_errors}"}}
+    with pytest.raises(InvalidBillError, match="intent_billed") as raised:
+        agent.invoke(USER, config)
+    assert isinstance(raised.value.__cause__, _ProviderError)  # the tool's own error stays attached
+    assert runs["a"] == 1
+    assert [r.charged for r in executions(sink)] == [20]
+
+
 def test_bill_above_the_price_is_an_overrun_and_refuses_further_calls():
     runs, sink = Runs(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=10.0), 100, log_sink=sink)
@@ -451,6 +510,28 @@ def test_bill_above_the_price_is_an_overrun_and_refuses_further_calls():
     assert [r.charged for r in executions(sink, first["id"])] == [15]
     assert executions(sink, second["id"]) == []
     assert tool_message(out, second["id"]).status == "error"
+    assert sum(r.charged for r in sink.records) == 15
+    assert_each_call_answered_once(msgs_of(out))
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_an_overrun_stops_the_calls_still_waiting_in_its_batch(use_async: bool):
+    # Three calls in one message, gated together (10 each fits 30), run one at a time: the first
+    # is billed 15, an overrun, so the two still waiting must not run on their gate reservations.
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=10.0), 30, log_sink=sink)
+    batch = [call("a", x=i) for i in range(3)]
+    agent = create_agent(scripted([ai(*batch), AIMessage("done")]), [billing_tool("a", runs, 15.0)],
+                         middleware=[guard.middleware()])
+    config = {"max_concurrency": 1}
+    out = asyncio.run(agent.ainvoke(USER, config)) if use_async else agent.invoke(USER, config)
+    assert runs["a"] == 1, "a call reserved before the overrun must not run after it"
+    ledger = guard.ledger(out)
+    assert ledger.spent == 15 and ledger.reserved == 0 and ledger.overrun == 5
+    for waiting in batch[1:]:
+        message = tool_message(out, waiting["id"])
+        assert message.status == "error" and "above its quoted price" in message.content
+        assert executions(sink, waiting["id"]) == []
     assert sum(r.charged for r in sink.records) == 15
     assert_each_call_answered_once(msgs_of(out))
 
