@@ -77,6 +77,7 @@ __all__ = ["LEDGER_KEY", "BudgetGuard", "GuardState", "OracleErrorPolicy", "Tool
 OracleErrorPolicy = Literal["accept_if_fits", "reject"]
 ToolErrorPolicy = Literal["raise", "message"]
 RELEASED_UNUSED = "released_unused"  # reason of a release record: the reservation was never used
+ANSWERED_BEFORE_GATE = "answered_before_gate"  # reason of an answered record: another middleware answered first
 HUMAN_APPROVED = "human_approved"  # a call over budget a human approved (on_over_budget="ask")
 # Rejections a human may overrule with money (on_over_budget="ask"): the call does not fit,
 # or the oracle's plan does not.
@@ -576,11 +577,22 @@ class BudgetGuard:
         pending: list[_Pending] = []
         for call in calls:
             cid = call["id"]
-            if cid is None or cid in answered:
+            if cid is None:
                 continue
             key = call_key(ai, index, cid)
             if key in ledger or key in known_decisions:
                 continue  # gated before (the gate ran again on the same message)
+            if cid in answered:
+                # Another middleware answered it before this gate (a call limit or a reviewer whose
+                # after_model runs first): nothing to decide or reserve, but the call gets its one
+                # record, and its decision in state keeps a re-run of the gate from logging it again.
+                name, args = call["name"], dict(call.get("args") or {})
+                effects.append(lambda cid=cid, name=name, args=args: self.records.answered(
+                    ledger, episode_id=episode_id, step=step, query=query, reasoning=reasoning, call_id=cid,
+                    tool=name, args=args, reason=ANSWERED_BEFORE_GATE, market_version=market.version))
+                decisions[key] = {"accept": False, "tool": name, "args": args, "price": None, "step": step,
+                                  "reason": ANSWERED_BEFORE_GATE, "feedback": "", "kind": "answered"}
+                continue
             name, args = call["name"], dict(call.get("args") or {})
             if cid in renamed:
                 refuse(key, cid, name, args, None, "invalid", BAD_ARGUMENTS, fb.duplicate_call(name, renamed[cid]))

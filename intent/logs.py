@@ -13,6 +13,9 @@ Each proposal produces exactly one record:
   ``decision="accept"``, ``execution`` = 1, 2, ..., ``charged`` = what was billed;
 * accepted and never run (reservation released, e.g. another middleware answered it):
   ``decision="accept"``, ``status="released"``, ``charged=0``, ``execution=0``;
+* answered by another middleware before the guard's gate saw it (a call limit or a human's
+  reject listed after the guard): ``decision="answered"``, ``status="released"``, ``charged=0``,
+  ``execution=0``; not a gate decision;
 * a budget top-up: ``decision="top_up"``, ``price`` = the amount, ``charged=0``,
   ``approved_by`` = who approved it;
 * one execution of the agent's chat model (``kind="model"``, ``tool`` = the model name,
@@ -58,10 +61,11 @@ __all__ = [
     "read_log_rows",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Versions read_log still accepts: 2 added execution / overrun / the top_up decision;
-# 3 added kind / tokens / approved_by (model, oracle and sub-agent charges in the same log).
-READABLE_VERSIONS = (1, 2, 3)
+# 3 added kind / tokens / approved_by (model, oracle and sub-agent charges in the same log);
+# 4 added the answered decision (a call another middleware answered before the gate).
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 class StepRecord(BaseModel):
@@ -78,7 +82,7 @@ class StepRecord(BaseModel):
     tool: str
     args: dict[str, Any] | str = Field(default_factory=dict)
     price: float | None = None
-    decision: Literal["accept", "reject", "invalid", "top_up"]
+    decision: Literal["accept", "reject", "invalid", "top_up", "answered"]
     reason: str = ""
     oracle: str = ""
     feedback: str = ""

@@ -1,4 +1,5 @@
-"""Log records: one :class:`~intent.logs.StepRecord` per rejection, execution, release or top-up.
+"""Log records: one :class:`~intent.logs.StepRecord` per rejection, execution, release, call
+answered elsewhere, or top-up.
 
 The guard builds every record here, so the log's invariants live in one place:
 Σ ``charged`` == the ledger's spend, and the records with ``execution > 0`` are the runs.
@@ -81,6 +82,18 @@ class Recorder:
             price=entry.amount, decision="accept", reason=reason, feedback=text, status="released", charged=0.0,
             market_version=entry.market_version, decision_ms=float(meta.get("decision_ms", 0.0)),
             oracle_usage=dict(meta.get("usage", {})),
+        )
+
+    def answered(self, ledger: BudgetLedger, *, episode_id: str, step: int, query: str, reasoning: str,
+                 call_id: str, tool: str, args: Any, reason: str, market_version: int) -> None:
+        """A call another middleware answered before the guard's gate saw it: never decided,
+        never reserved, never run; its one record says so."""
+        if self.sink is None:  # nothing is built for a guard with no log
+            return
+        self._write(
+            ledger, task_id=episode_id, step=step, call_id=call_id, query=query, reasoning=reasoning, tool=tool,
+            args=_args(args), decision="answered", reason=reason, status="released", charged=0.0,
+            market_version=market_version,
         )
 
     def top_up(self, ledger: BudgetLedger, *, episode_id: str, top_up_id: str, amount: float, reason: str,

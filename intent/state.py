@@ -42,7 +42,7 @@ class DecisionDict(TypedDict, total=False):
     or the refusal to answer with, and what to log)."""
 
     accept: bool
-    kind: str  # a refusal's kind: "reject" (the oracle or the budget) | "invalid" (a malformed call)
+    kind: str  # "reject" (oracle or budget) | "invalid" (malformed) | "answered" (by another middleware first)
     tool: str
     args: dict[str, Any]
     price: float

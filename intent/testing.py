@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "ScriptedToolModel",
     "ai",
     "assert_each_call_answered_once",
+    "assert_one_record_per_call",
     "call",
     "check_oracle",
     "scripted",
@@ -85,6 +87,30 @@ def assert_each_call_answered_once(messages: Sequence[AnyMessage]) -> None:
             assert n == 1, f"tool call {cid!r} of AIMessage #{k} has {n} ToolMessages"
         stray = set(answers) - set(ids)
         assert not stray, f"ToolMessages after AIMessage #{k} answer no call of it: {sorted(stray)}"
+
+
+def assert_one_record_per_call(messages: Sequence[AnyMessage], records: Sequence[Any]) -> None:
+    """Every tool call of every AIMessage has exactly one log record that answers for it: its
+    refusal, its first run, its reservation released unused, or ``answered`` (another middleware
+    answered it before the guard's gate). A retry's run (``execution > 1``) and a retry refused
+    after a run are further records of the same call, not second answers.
+
+    Calls are told apart by (model turn, id), so an id reused in a later message is a new call;
+    the turn is the AIMessage's index among the AIMessages, the records' ``step``."""
+    turns = [m for m in messages if isinstance(m, AIMessage)]
+    proposed = Counter((step, c["id"]) for step, m in enumerate(turns) for c in m.tool_calls)
+    answers: Counter[tuple[int, str]] = Counter()
+    ran: set[tuple[int, str]] = set()
+    for r in records:
+        key = (r.step, r.call_id)
+        if r.kind != "tool" or r.decision == "top_up" or key not in proposed:
+            continue
+        if r.execution == 1 or (r.execution == 0 and key not in ran):
+            answers[key] += 1
+        if r.execution >= 1:
+            ran.add(key)
+    wrong = {f"turn {step} {cid}": answers[(step, cid)] for step, cid in proposed if answers[(step, cid)] != 1}
+    assert not wrong, f"calls without exactly one answering record ({{call: records}}): {wrong}"
 
 
 class GuardDriver:

@@ -8,8 +8,11 @@ and async through ``create_agent``. After every run:
 
 * ``spent == Σ executions × price <= budget`` (executions counted inside the tools);
 * nothing stays reserved;
-* every proposed call is answered by exactly one ToolMessage;
-* one execution record per run of a tool, and the log's charges add up to the spend.
+* every proposed call is answered by exactly one ToolMessage and has exactly one answering
+  log record (its refusal, its first run, its release, or ``answered`` by another middleware);
+* one execution record per run of a tool, and the log's charges add up to the spend;
+* with an oracle that refuses every call with ``x == 3``, no such call runs, reviewers' edits
+  (which set ``x = 3``, on the same tool or another one) included: an edit is re-gated.
 
 ``INTENT_PROPERTY_EXAMPLES`` sets the number of examples (100 in `make test`, 500 in `make test-slow`, which CI runs).
 """
@@ -36,8 +39,8 @@ from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, PricedTool
-from intent.testing import ScriptedToolModel, assert_each_call_answered_once
+from intent import AcceptAll, BudgetGuard, Decision, Market, MemoryLogSink, PricedTool
+from intent.testing import ScriptedToolModel, assert_each_call_answered_once, assert_one_record_per_call
 
 # 100 examples in `make test`; `make test-slow` (CI) runs 500.
 EXAMPLES = int(os.environ.get("INTENT_PROPERTY_EXAMPLES", "100"))
@@ -46,6 +49,15 @@ NAMES = ["t0", "t1", "t2", "t3"]  # t1: a human reviews it; t3: the custom middl
 
 class ToolDown(RuntimeError):
     pass
+
+
+class RefusesThree:
+    """An oracle with a reason of its own: it refuses every call whose ``x`` is 3."""
+
+    def decide(self, ctx: Any) -> Decision:
+        if ctx.args.get("x") == 3:
+            return Decision.rejected(f"{ctx.tool} with x=3 is not wanted", reason="refuses_three")
+        return Decision.accepted()
 
 
 class Answerer(AgentMiddleware):
@@ -66,10 +78,11 @@ class Answerer(AgentMiddleware):
         return await handler(request)
 
 
-def make_tools(fail_runs: dict[str, set[int]], runs: Counter) -> list[StructuredTool]:
+def make_tools(fail_runs: dict[str, set[int]], runs: Counter, xs: Counter) -> list[StructuredTool]:
     def make(name: str) -> StructuredTool:
         def run(x: int = 0) -> str:
             runs[name] += 1
+            xs[x] += 1
             if runs[name] in fail_runs.get(name, ()):
                 raise ToolDown(f"{name} is down")
             return f"{name}:{x}"
@@ -103,7 +116,9 @@ def scenario(draw: Any) -> dict[str, Any]:
         "retries": draw(st.integers(1, 3)),
         "tool_limit": draw(st.integers(1, 4)),
         "model_limit": draw(st.integers(1, 5)),
-        "reviews": draw(st.lists(st.sampled_from(["approve", "edit", "reject"]), min_size=8, max_size=8)),
+        "reviews": draw(st.lists(st.sampled_from(["approve", "edit", "edit_tool", "reject"]), min_size=8,
+                                 max_size=8)),
+        "oracle": draw(st.sampled_from(["accept_all", "refuses_three"])),
         "tool_errors": draw(st.sampled_from(["raise", "message"])),
     }
 
@@ -148,8 +163,10 @@ def review(sc: dict[str, Any], interrupt: Any, k: int) -> dict[str, Any]:
     decisions = []
     for i, action in enumerate(interrupt.value["action_requests"]):
         kind = sc["reviews"][(k + i) % len(sc["reviews"])]
-        if kind == "edit":
-            decisions.append({"type": "edit", "edited_action": {"name": action["name"], "args": {"x": 9}}})
+        if kind in ("edit", "edit_tool"):
+            # x=3: what RefusesThree refuses, so an edit that skipped the re-gate would show
+            name = "t2" if kind == "edit_tool" else action["name"]
+            decisions.append({"type": "edit", "edited_action": {"name": name, "args": {"x": 3}}})
         else:
             decisions.append({"type": kind, **({"message": "no"} if kind == "reject" else {})})
     return {"decisions": decisions}
@@ -157,15 +174,17 @@ def review(sc: dict[str, Any], interrupt: Any, k: int) -> dict[str, Any]:
 
 def run_once(sc: dict[str, Any], mode: str) -> None:
     runs: Counter = Counter()
+    xs: Counter = Counter()  # runs by their argument x
     sink = MemoryLogSink()
     # With tool_errors="raise" and no retry middleware a failing tool ends the run with its
     # exception (as without the guard); keep those runs comparable by failing nothing then.
     fail_runs = sc["fail_runs"] if (sc["tool_errors"] == "message" or "retry" in sc["order"]) else {}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in sc["prices"].items()]), sc["budget"],
+    oracle = RefusesThree() if sc["oracle"] == "refuses_three" else AcceptAll()
+    guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in sc["prices"].items()]), sc["budget"],
                         log_sink=sink, tool_errors=sc["tool_errors"])
     dup_ids = guard_sees_calls_first(sc["order"])
     model = ScriptedToolModel(messages=iter(script(sc["turns"], unique_in_message=not dup_ids)), bound=[])
-    agent = create_agent(model, make_tools(fail_runs, runs), middleware=build_stack(sc, guard),
+    agent = create_agent(model, make_tools(fail_runs, runs, xs), middleware=build_stack(sc, guard),
                          checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": f"prop-{mode}"}, "recursion_limit": 200}
 
@@ -193,6 +212,9 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     assert ledger.reserved == 0
     assert abs(ledger.remaining - max(0.0, sc["budget"] - ledger.spent)) < 1e-9
     assert_each_call_answered_once(out["messages"])
+    assert_one_record_per_call(out["messages"], sink.records)
+    if sc["oracle"] == "refuses_three":
+        assert xs[3] == 0, "a call the oracle refuses ran (an edit must be re-gated)"
     executions = [r for r in sink.records if r.execution > 0]
     assert len(executions) == sum(runs.values())
     assert abs(sum(r.charged for r in sink.records) - ledger.spent) < 1e-9
@@ -201,6 +223,10 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     if "answerer" in sc["order"] and runs["t3"]:
         raise AssertionError("the custom middleware answers t3 itself; the tool must never run")
     event(f"ids duplicated inside a message: {dup_ids}")
+    if sc["oracle"] == "refuses_three" and any(r.reason == "refuses_three" for r in sink.records):
+        event("the oracle refused a call for its own reason")
+    if any(r.decision == "answered" for r in sink.records):
+        event("a call was answered before the guard's gate")
     if any(r.reason == "over_budget" for r in sink.records):
         event("a run was refused for budget")
     if sum(runs.values()) > len({(r.call_id, r.step) for r in executions}):

@@ -44,7 +44,7 @@ from intent import (  # noqa: F401
     Oracle,
     PricedTool,
 )
-from intent.testing import assert_each_call_answered_once
+from intent.testing import assert_each_call_answered_once, assert_one_record_per_call
 
 # ====================================================================== helpers
 ORDERS = ["guard_first", "guard_last"]
@@ -124,6 +124,7 @@ def assert_invariants(guard: BudgetGuard, out: Any, runs: Runs, prices: dict[str
     assert_each_call_answered_once(msgs_of(out))
     if sink is not None:
         assert sum(r.charged for r in sink.records) == pytest.approx(ledger.spent)
+        assert_one_record_per_call(msgs_of(out), sink.records)
     return ledger
 
 
@@ -311,6 +312,43 @@ def test_hitl_edit_to_a_pricier_tool_is_repriced(order, budget):
         assert guard.ledger(out).spent == 0
         assert tool_message(out, c["id"]).status == "error"
     assert_invariants(guard, out, runs, {"a": 20.0, "b": 50.0}, budget, sink)
+
+
+class RefusesToolB:
+    """An oracle with a reason of its own (not the budget): it never lets tool b run."""
+
+    def decide(self, ctx: Any) -> Decision:
+        if ctx.tool == "b":
+            return Decision.rejected("b is not wanted for this task", reason="not_wanted")
+        return Decision.accepted()
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("order", ORDERS)
+def test_hitl_edit_is_regated_and_the_oracle_can_refuse_it_for_its_own_reason(order, use_async):
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(RefusesToolB(), market(a=20.0, b=5.0), 100, log_sink=sink)
+    c = call("a", x=1)
+    agent = create_agent(scripted([ai(c), AIMessage("done")]), [make_tool("a", runs), make_tool("b", runs)],
+                         middleware=with_guard(guard, HumanInTheLoopMiddleware(interrupt_on={"a": True}), order),
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"hitl-regate-{order}-{use_async}"}}
+    resume = Command(resume={"decisions": [{"type": "edit", "edited_action": {"name": "b", "args": {"x": 2}}}]})
+
+    async def drive() -> Any:
+        await agent.ainvoke(USER, config)
+        return await agent.ainvoke(resume, config)
+
+    if use_async:
+        out = asyncio.run(drive())
+    else:
+        agent.invoke(USER, config)
+        out = agent.invoke(resume, config)
+    assert runs.total == 0, "the reviewer turned a into b, which the oracle refuses: nothing may run"
+    message = tool_message(out, c["id"])
+    assert message.status == "error" and "not wanted" in message.content
+    assert [r.reason for r in sink.records if r.decision == "reject"] == ["not_wanted"]
+    assert_invariants(guard, out, runs, {"a": 20.0, "b": 5.0}, 100, sink)
 
 
 # ======================================================= row 6: injected args
