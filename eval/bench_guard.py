@@ -32,16 +32,11 @@ from typing import Any
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langgraph.types import Command
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
 
 from intent import AcceptAll, BudgetGuard, Market, PricedTool
-
-
-class _Model(GenericFakeChatModel):
-    def bind_tools(self, tools: Any, **kwargs: Any) -> _Model:
-        return self
+from intent.testing import scripted
 
 
 def _script(calls: int) -> list[AIMessage]:
@@ -170,7 +165,7 @@ def _episode(calls: int, arm: str) -> float:
     }[arm]
     # One tool object for every episode, as an application defines its tools once.
     tool = _TIMED_ECHO if arm == "guarded_timed" else _ECHO
-    agent = create_agent(_Model(messages=iter(_script(calls))), [tool], middleware=middleware)
+    agent = create_agent(scripted(_script(calls)), [tool], middleware=middleware)
     agent = agent.with_config(recursion_limit=4 * calls + 10)
     # A collection in the middle of one arm's episode is noise the other arm does not pay.
     gc.collect()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.tools import StructuredTool
 
@@ -16,13 +15,9 @@ from intent.guard import BudgetGuard
 from intent.logs import MemoryLogSink
 from intent.market import Market, PricedTool
 from intent.oracle import Decision, DecisionContext, Oracle
+from intent.testing import scripted
 
 __all__ = ["run_demo"]
-
-
-class _ScriptedModel(GenericFakeChatModel):
-    def bind_tools(self, tools: Any, **kwargs: Any) -> _ScriptedModel:
-        return self
 
 
 class CheapestFirst(Oracle):
@@ -88,8 +83,11 @@ def run_demo(budget: float = 50.0, *, console: Any = None) -> dict[str, Any]:
         AIMessage("Oslo: rain. ACME trades at 101.5 after beating estimates."),
     ]
     sink = MemoryLogSink()
-    guard = BudgetGuard(CheapestFirst({"weather_premium": ["weather_basic"]}), market, budget, log_sink=sink)
-    agent = create_agent(_ScriptedModel(messages=iter(script)), tools, middleware=[guard.middleware()])
+    # tool_errors="message": the flaky geocoder's failure is shown to the agent (and charged)
+    # instead of ending the run, as ToolNode's error handling would in an application.
+    guard = BudgetGuard(CheapestFirst({"weather_premium": ["weather_basic"]}), market, budget, log_sink=sink,
+                        tool_errors="message")
+    agent = create_agent(scripted(script), tools, middleware=[guard.middleware()])
     console.print(f"[bold]intent demo[/bold] — scripted agent and canned tool outputs (simulated); budget {budget:g}")
     out = agent.invoke({"messages": [("user", "Weather in Oslo and how is ACME doing?")]},
                        {"configurable": {"thread_id": "demo"}})

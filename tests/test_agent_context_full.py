@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 
 from langchain.agents import create_agent
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 
 from eval.agents.context_full import StopWhenContextFull, ended_on_full_context
 from eval.runner import BenchConfig, run_benchmark
 from intent import AcceptAll, BudgetGuard, Market, PricedTool
-from intent.testing import ai, call
+from intent.testing import ScriptedToolModel, ai, call
 
 
 class ServerSaysTooLong(Exception):
@@ -28,13 +27,10 @@ class ServerSaysTooLong(Exception):
                          "requested 8300 tokens.")
 
 
-class FullAfter(GenericFakeChatModel):
+class FullAfter(ScriptedToolModel):
     """Answers with its script, then raises ``error`` once the script is used up."""
 
     error: type[Exception] = ServerSaysTooLong
-
-    def bind_tools(self, tools, **kwargs):
-        return self
 
     def _generate(self, *args, **kwargs):
         try:
@@ -83,11 +79,8 @@ def test_the_runner_lists_a_full_context_as_a_failed_episode_not_a_crash(tmp_pat
     assert all(e["error"] == "" and e["extra"]["context_full"] for e in episodes)
 
 
-class Looping(GenericFakeChatModel):
+class Looping(ScriptedToolModel):
     """Calls a tool that does not exist, turn after turn (a 0.5B model did, 35 turns in a row)."""
-
-    def bind_tools(self, tools, **kwargs):
-        return self
 
     def _generate(self, *args, **kwargs):
         from langchain_core.outputs import ChatGeneration, ChatResult

@@ -4,11 +4,9 @@ tool names, and per-turn notes that must not break the server's prefix cache."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 
@@ -23,7 +21,7 @@ from intent import (
     PricedTool,
     Proposal,
 )
-from intent.testing import assert_each_call_answered_once
+from intent.testing import ScriptedToolModel, assert_each_call_answered_once
 
 
 def _tool(runs: Counter) -> StructuredTool:
@@ -39,11 +37,8 @@ def _calls(n: int, symbol: str = "ACME") -> AIMessage:
                                       "type": "tool_call"} for i in range(n)])
 
 
-class Recording(GenericFakeChatModel):
+class Recording(ScriptedToolModel):
     seen: list = []
-
-    def bind_tools(self, tools: Any, **kw: Any) -> Recording:
-        return self
 
     def _generate(self, messages, stop=None, run_manager=None, **kw):  # noqa: ANN001
         self.seen.append(list(messages))
