@@ -21,7 +21,8 @@ One guarded step:
 
 The pieces live in their own modules: :mod:`intent.episodes` (per-episode working state),
 :mod:`intent.records` (log records), :mod:`intent.messages` (message helpers),
-:mod:`intent.metering` (one metered call), :mod:`intent.state` (the graph-state channel).
+:mod:`intent.gate` (the batch gate), :mod:`intent.metering` (one metered call),
+:mod:`intent.state` (the graph-state channel).
 """
 
 from __future__ import annotations
@@ -29,41 +30,32 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.messages import AnyMessage, ToolMessage
 from langgraph.types import Command
 
 from intent import feedback as fb
 from intent.episodes import Episode, EpisodeRegistry
 from intent.budget import Budget
 from intent.errors import GuardConfigError, InvalidBillError, OracleUnavailableError, as_oracle_unavailable
-from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry
+from intent.ledger import BudgetLedger
 from intent.logs import LogSink
-from intent.market import Market, PricedTool, UnpricedToolError, check_amount
-from intent.messages import answered_after, call_key, first_human_text, last_ai, merge_identical, text_of
+from intent.market import Market, PricedTool, check_amount
+from intent.gate import RELEASED_UNUSED, gate_batch
+from intent.messages import first_human_text
 from intent.oracle import (
-    BAD_ARGUMENTS,
-    DUPLICATE_CALL,
-    BANNED_TOOL,
     ORACLE_ERROR,
-    OVER_BUDGET,
-    PLAN_OVER_BUDGET,
-    UNKNOWN_TOOL,
-    UNPRICED_TOOL,
     Decision,
     DecisionContext,
     EpisodeInfo,
     InvalidDecisionError,
     Oracle,
-    Proposal,
 )
 from intent.records import Recorder
 from intent.metering import open_call
-from intent.human import HumanTopUps
-from intent.model_gate import MAX_ASKS, ModelGate
+from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
@@ -76,21 +68,6 @@ __all__ = ["LEDGER_KEY", "BudgetGuard", "GuardState", "OracleErrorPolicy", "Tool
 
 OracleErrorPolicy = Literal["accept_if_fits", "reject"]
 ToolErrorPolicy = Literal["raise", "message"]
-RELEASED_UNUSED = "released_unused"  # reason of a release record: the reservation was never used
-ANSWERED_BEFORE_GATE = "answered_before_gate"  # reason of an answered record: another middleware answered first
-HUMAN_APPROVED = "human_approved"  # a call over budget a human approved (on_over_budget="ask")
-# Rejections a human may overrule with money (on_over_budget="ask"): the call does not fit,
-# or the oracle's plan does not.
-_BUDGET_REASONS = frozenset({OVER_BUDGET, PLAN_OVER_BUDGET})
-
-
-@dataclass
-class _Pending:
-    """A tool call that passed the gate's validation and waits for the oracle."""
-
-    key: str
-    proposal: Proposal
-    price: float
 
 
 def _messages_of(state: Any) -> Sequence[AnyMessage]:
@@ -484,244 +461,6 @@ class BudgetGuard:
         return update
 
     # ============================================================ the gate
-    def _gate(
-        self, state: Any, config: Mapping[str, Any] | None, settle: bool = True
-    ) -> Generator[DecisionContext, Decision | BaseException, dict[str, Any] | None]:
-        """The batch gate as a generator: yields each context, receives the oracle's decision.
-
-        Written once and driven by a sync loop (:meth:`gate`) or an async one (:meth:`agate`).
-        """
-        messages = _messages_of(state)
-        index, ai = last_ai(messages)
-        if ai is None:
-            return None
-        channel = channel_of(state)
-        episode_id = self.episode_id(state, config)
-        episode = self.episodes.get(episode_id, channel)
-        self._start(episode, channel, messages)
-        # A graph whose agent node did not call prepare() (a hand-built one) is settled here.
-        settled = self._settle(episode, state, reason=RELEASED_UNUSED) if settle else None
-        ledger = episode.ledger
-        market = self.market_for(episode_id, channel)
-        query = first_human_text(messages)
-        step = episode.count_ai(messages) - 1
-        answered = answered_after(messages, index)
-        known_decisions = (channel or {}).get("decisions") or {}
-        reasoning = text_of(ai)
-        out_messages: list[Any] = []
-        new_entries: dict[str, LedgerEntry] = {}
-        decisions: dict[str, dict[str, Any]] = {}
-        # The batch's reservations and log records, applied in order once every decision is in:
-        # an oracle that raises mid-batch (a bug, not a fallback case) leaves nothing of the
-        # batch reserved or logged, so a resumed run gates the message afresh.
-        effects: list[Callable[[], None]] = []
-
-        def record(cid: str, name: str, args: Any, price: float | None, kind: Literal["reject", "invalid"],
-                   reason: str, text: str, decision: Decision | None = None, decision_ms: float = 0.0) -> None:
-            effects.append(lambda: self.records.refusal(
-                ledger, episode_id=episode_id, step=step, query=query, reasoning=reasoning, call_id=cid, tool=name,
-                args=args, price=price, kind=kind, reason=reason, text=text, market_version=market.version,
-                decision=decision, decision_ms=decision_ms))
-
-        feedback_left = [self.feedback_chars]  # characters of refusal notes this turn may still show
-
-        def refuse(key: str, cid: str, name: str, args: Any, price: float | None, kind: Literal["reject", "invalid"],
-                   reason: str, text: str, decision: Decision | None = None, decision_ms: float = 0.0) -> None:
-            # The refusal is answered at the tool step, not here: a middleware that answers
-            # calls after the gate (a call limit, a human's reject) must not answer it twice.
-            left = feedback_left[0]
-            if left is not None and len(text) > left:
-                # The first long note of the turn is cut to the cap; once half of it is used, the
-                # rest of the turn's refusals get their first lines only.
-                text = (fb.cut_to(text, left) if 2 * left >= self.feedback_chars else
-                        fb.shortened(name, text, why="shortened: this turn's budget notes are above"))
-            if left is not None:
-                feedback_left[0] = max(0, left - len(text))
-            record(cid, name, args, price, kind, reason, text, decision, decision_ms)
-            decisions[key] = {"accept": False, "tool": name, "args": dict(args) if isinstance(args, Mapping) else {},
-                              "price": price, "step": step, "reason": reason, "feedback": text, "kind": kind}
-
-        # Calls the model could not even format: answered here, cost nothing.
-        for bad in ai.invalid_tool_calls or []:
-            cid = bad.get("id")
-            if not cid or cid in answered:
-                continue
-            # Not in tool_calls, so no tool step will answer it: answered here.
-            text = fb.invalid_call(bad.get("name"), bad.get("error") or "its arguments are not valid JSON")
-            out_messages.append(ToolMessage(text, tool_call_id=cid, name=bad.get("name") or "", status="error",
-                                            artifact={"intent_reason": BAD_ARGUMENTS}))
-            record(cid, bad.get("name") or "", bad.get("args") or "", None, "invalid", BAD_ARGUMENTS, text)
-
-        # Two calls sharing an id cannot each get their own answer (answers match by id), so
-        # the later one is renamed in the message and refused: each call answered once.
-        calls, renamed = _dedupe(ai) if ai.id else (list(ai.tool_calls), {})
-        merged: dict[str, str] = {}
-        if self.merge_identical_calls and ai.id and len(calls) > 1:
-            # A call renamed for a reused id, or one another middleware already answered (a call
-            # limit, a reviewer), is left alone: removing it would orphan its answer.
-            calls, merged = merge_identical(
-                calls, keep=lambda c: c.get("id") is None or c["id"] in renamed or c["id"] in answered)
-        if (renamed or merged) and ai.id:
-            update: dict[str, Any] = {"tool_calls": calls}
-            if merged:
-                update["additional_kwargs"] = {**ai.additional_kwargs,
-                                               "intent_merged_calls": {**ai.additional_kwargs.get(
-                                                   "intent_merged_calls", {}), **merged}}
-            out_messages.insert(0, ai.model_copy(update=update))
-        for dropped, kept in merged.items():
-            # Not a proposed call any more (removed from the message), but logged: the
-            # duplicate-call rate of a model is read from these records.
-            dup = next(c for c in ai.tool_calls if c.get("id") == dropped)
-            record(dropped, dup["name"], dict(dup.get("args") or {}), None, "invalid", DUPLICATE_CALL,
-                   fb.merged_call(dup["name"], kept))
-        pending: list[_Pending] = []
-        for call in calls:
-            cid = call["id"]
-            if cid is None:
-                continue
-            key = call_key(ai, index, cid)
-            if key in ledger or key in known_decisions:
-                continue  # gated before (the gate ran again on the same message)
-            if cid in answered:
-                # Another middleware answered it before this gate (a call limit or a reviewer whose
-                # after_model runs first): nothing to decide or reserve, but the call gets its one
-                # record, and its decision in state keeps a re-run of the gate from logging it again.
-                name, args = call["name"], dict(call.get("args") or {})
-                effects.append(lambda cid=cid, name=name, args=args: self.records.answered(
-                    ledger, episode_id=episode_id, step=step, query=query, reasoning=reasoning, call_id=cid,
-                    tool=name, args=args, reason=ANSWERED_BEFORE_GATE, market_version=market.version))
-                decisions[key] = {"accept": False, "tool": name, "args": args, "price": None, "step": step,
-                                  "reason": ANSWERED_BEFORE_GATE, "feedback": "", "kind": "answered"}
-                continue
-            name, args = call["name"], dict(call.get("args") or {})
-            if cid in renamed:
-                refuse(key, cid, name, args, None, "invalid", BAD_ARGUMENTS, fb.duplicate_call(name, renamed[cid]))
-                continue
-            proposal = Proposal(cid, name, args, reasoning)
-            if name in market.banned:
-                refuse(key, cid, name, args, None, "invalid", BANNED_TOOL, fb.banned_tool(name))
-                continue
-            try:
-                pending.append(_Pending(key, proposal, market.price(name)))
-            except UnpricedToolError as exc:
-                refuse(key, cid, name, args, None, "invalid", UNPRICED_TOOL if name in market else UNKNOWN_TOOL,
-                       fb.unpriced_tool(name, str(exc)) if name in market
-                       else fb.unknown_tool(name, self._visible_names(state, config, market)))
-
-        batch = tuple(p.proposal for p in pending)
-        held = 0.0  # accepted earlier in this batch: reserved once the whole batch is decided
-        top_ups: dict[str, float] = {}
-        # Top-ups a human approves in this run: taken back if the run is interrupted before it
-        # ends (it replays the answers on resume), logged once when it completes.
-        humans: HumanTopUps | None = None  # made when a human is first asked (rarely)
-        try:
-            for batch_index, item in enumerate(pending):
-                asked = 0
-                while True:
-                    left = max(0.0, ledger.remaining_for("tool") - held)
-                    ctx = DecisionContext(
-                        episode_id=episode_id, query=query, proposal=item.proposal, price=item.price,
-                        budget=ledger.budget, spent=ledger.spent, remaining=left, market=market, step=step,
-                        history=messages, batch=batch, batch_index=batch_index,
-                    )
-                    started = self._clock()
-                    oracle_hold = self._hold_oracle(episode, step) if self.charge_oracle else None
-                    if oracle_hold == "":
-                        # The budget cannot pay for the oracle's next decision: the guard decides
-                        # alone (its hard check below), as when the oracle is unavailable.
-                        answer = OracleUnavailableError("the budget left does not cover the oracle's next "
-                                                        f"decision ({self.oracle_max_tokens} tokens)")
-                    else:
-                        answer = yield ctx
-                    decision_ms = (self._clock() - started) * 1000.0
-                    decision = self.check_decision(answer, ctx)
-                    if self.charge_oracle and oracle_hold != "":
-                        oracle_entry = self._charge_oracle(episode, decision, step, query, oracle_hold)
-                        if oracle_entry is not None:
-                            new_entries[oracle_entry.call_id] = oracle_entry
-                    if decision.accept and self.enforce and not ledger.fits(held + item.price):
-                        # The guard's own check: no oracle can overspend the budget.
-                        decision = Decision.rejected(
-                            fb.over_budget(item.proposal.tool, item.price, left, ledger.budget),
-                            reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
-                        )
-                    if (decision.accept or self.on_over_budget != "ask" or not self.enforce
-                            or decision.reason not in _BUDGET_REASONS or asked >= MAX_ASKS):
-                        break
-                    # Over budget: ask a human (a LangGraph interrupt; the node re-runs on resume).
-                    top_up_id = f"top-up:{item.key}:{asked}"
-                    shortfall = max(0.0, held + item.price - ledger.remaining_for("tool"))
-                    if humans is None:
-                        humans = HumanTopUps(self, episode)
-                    action, amount = humans.ask(ctx, decision, top_up_id, shortfall, kind="tool")
-                    asked += 1
-                    if amount:
-                        top_ups[top_up_id] = amount
-                    if action == "deny":
-                        break
-                    if action == "approve_once":
-                        if ledger.fits(held + item.price):
-                            decision = Decision.accepted(reason=HUMAN_APPROVED, trace=decision.trace, **decision.usage)
-                        break
-                    # A top-up: the oracle decides again against the raised budget.
-                if decision.accept:
-                    held += item.price
-
-                    def reserve(item: _Pending = item) -> None:
-                        try:
-                            entry = ledger.reserve(item.key, item.proposal.tool, item.price,
-                                                   market_version=market.version, tool_call_id=item.proposal.call_id)
-                        except BudgetExceededError:
-                            # Another run took the shared budget's money since the check: refused, not
-                            # run. refuse() appends its log record to `effects`, which runs it next.
-                            refuse(item.key, item.proposal.call_id, item.proposal.tool, item.proposal.args,
-                                   item.price, "reject", OVER_BUDGET,
-                                   fb.over_budget(item.proposal.tool, item.price, ledger.remaining_for("tool"),
-                                                  ledger.budget))
-                            return
-                        new_entries[entry.call_id] = entry
-
-                    effects.append(reserve)
-                    decisions[item.key] = {
-                        "accept": True, "tool": item.proposal.tool, "args": dict(item.proposal.args), "price": item.price, "step": step,
-                        "reason": decision.reason, "feedback": decision.feedback,
-                        "trace": [s.to_dict() for s in decision.trace], "decision_ms": decision_ms,
-                        "usage": dict(decision.usage),
-                    }
-                else:
-                    refuse(item.key, item.proposal.call_id, item.proposal.tool, item.proposal.args, item.price, "reject",
-                           decision.reason, decision.feedback or fb.generic_rejection(item.proposal.tool), decision,
-                           decision_ms)
-        except BaseException:
-            if humans is not None:
-                humans.rollback()
-            raise
-        if humans is not None:
-            effects.insert(0, humans.log)
-        for effect in effects:  # (a list: what an effect appends, a late refusal's record, runs too)
-            effect()
-
-        update: dict[str, Any] = {}
-        if out_messages:
-            update["messages"] = out_messages
-        channel_update = dict((settled or {}).get(LEDGER_KEY) or self._channel_base(episode))
-        channel_update["entries"] = {**channel_update.get("entries", {}),
-                                     **{k: e.to_dict() for k, e in new_entries.items()}}
-        if decisions:
-            channel_update["decisions"] = decisions
-        if top_ups:
-            by = ledger.approved_by
-            channel_update["top_ups"] = {**channel_update.get("top_ups", {}), **top_ups}
-            channel_update["top_up_by"] = {**channel_update.get("top_up_by", {}),
-                                           **{k: by[k] for k in top_ups if k in by}}
-        channel_update["market_version"] = market.version
-        if episode.market is not None:
-            channel_update["market"] = market.to_dict()
-            channel_update["market_scope"] = "episode"
-        if settled or not channel or decisions or top_ups or channel.get("market_version") != market.version:
-            update[LEDGER_KEY] = channel_update
-        return update or None
-
     # ===================================================== the agent's model calls
     @property
     def meters_models(self) -> bool:
@@ -735,63 +474,6 @@ class BudgetGuard:
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         """Async twin of :meth:`wrap_model_call`."""
         return await self._model_gate.awrap(request, handler)
-
-    def _oracle_price(self) -> tuple[str, ModelPrice]:
-        found = self.model_prices.find(self.oracle_model)
-        assert found is not None  # checked in __init__
-        return found
-
-    def _hold_oracle(self, episode: Episode, step: int) -> str | None:
-        """With ``oracle_max_tokens``, hold the most the oracle's next decision may cost before it runs.
-
-        Returns the hold's charge id, ``""`` when it does not fit (the oracle is not asked), or
-        ``None`` without a per-decision bound (the decision is charged after the fact).
-        """
-        if self.oracle_max_tokens is None:
-            return None
-        name, price = self._oracle_price()
-        worst = self.oracle_max_tokens * max(price.input_per_mtok, price.output_per_mtok) / 1e6
-        charge_id = f"oracle:{episode.episode_id}:{step}:{uuid.uuid4().hex[:10]}"
-        try:
-            episode.ledger.reserve(charge_id, name, worst, kind="oracle", execution=1)
-        except BudgetExceededError:
-            return ""
-        return charge_id
-
-    def _charge_oracle(self, episode: Episode, decision: Decision, step: int, query: str,
-                       hold: str | None) -> LedgerEntry | None:
-        """Charge the oracle's own model tokens (``Decision.usage``) at ``oracle_model``'s price.
-
-        With ``oracle_max_tokens`` the decision's worst case was held before it ran (``hold``) and
-        the real cost is committed against it, so the budget is never exceeded unless the oracle
-        used more than its bound (an overrun, recorded). Without it the oracle has already run when
-        it is charged: money spent is spent, and a charge that does not fit is an overrun.
-        ``input_tokens`` / ``output_tokens`` are priced as such; a bare ``tokens`` count at the dearer
-        of the two per-token prices (an upper bound).
-        """
-        usage = decision.usage
-        name, price = self._oracle_price()
-        if "input_tokens" in usage or "output_tokens" in usage:
-            inp, out = int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
-            cost = price.cost(inp, out)
-        else:
-            inp, out = int(usage.get("tokens", 0)), 0
-            cost = inp * max(price.input_per_mtok, price.output_per_mtok) / 1e6
-        ledger = episode.ledger
-        if hold is None:  # no bound: the oracle has already spent this
-            if cost <= 0:
-                return None
-            with episode.lock:
-                entry = ledger.charge_now(f"oracle:{episode.episode_id}:{step}:{uuid.uuid4().hex[:10]}", name,
-                                          cost, kind="oracle")
-        elif cost <= 0:
-            ledger.release(hold)
-            return ledger.get(hold)
-        else:
-            entry = ledger.commit(hold, cost)
-        self.records.model_charge(ledger, entry, episode_id=episode.episode_id, step=step, query=query, model=name,
-                                  tokens={"input": inp, "output": out, "cached": 0}, reason="oracle_decision")
-        return entry
 
     def check_decision(self, answer: Decision | OracleUnavailableError, ctx: DecisionContext) -> Decision:
         """The oracle's answer, or the documented fallback when it failed recoverably.
@@ -842,7 +524,7 @@ class BudgetGuard:
         ``settle=False`` when :meth:`prepare` already ran since the last tool step (the
         middleware's ``before_model``), so unused reservations are not looked for twice.
         """
-        gen = self._gate(state, config, settle)
+        gen = gate_batch(self, state, config, settle)
         try:
             ctx = next(gen)
             while True:
@@ -857,7 +539,7 @@ class BudgetGuard:
         self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True
     ) -> dict[str, Any] | None:
         """Async twin of :meth:`gate`, using the oracle's ``adecide`` when it has one."""
-        gen = self._gate(state, config, settle)
+        gen = gate_batch(self, state, config, settle)
         try:
             ctx = next(gen)
             while True:
@@ -1005,23 +687,3 @@ def _check_currencies(budget: Budget | FromParent, market: Market, prices: Model
 
 def _is_oracle_bug(exc: BaseException) -> bool:
     return bool(getattr(exc, _ORACLE_BUG, False))
-
-
-def _dedupe(ai: AIMessage) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """The message's calls with later duplicates of an id renamed; ``{new id: shared id}``."""
-    seen: set[str] = set()
-    calls: list[dict[str, Any]] = []
-    renamed: dict[str, str] = {}
-    for call in ai.tool_calls:
-        cid = call.get("id")
-        if cid is not None and cid in seen:
-            n = 1
-            while f"{cid}~dup{n}" in seen:
-                n += 1
-            new = f"{cid}~dup{n}"
-            renamed[new] = cid
-            call = {**call, "id": new}
-        if call.get("id") is not None:
-            seen.add(call["id"])
-        calls.append(call)
-    return calls, renamed
