@@ -7,8 +7,8 @@ model (simulated) and a tool that returns at once:
 
 * ``plain``: ``create_agent`` with no middleware;
 * ``noop_hooks``: a middleware with the same hooks as the guard that do nothing
-  (``before_model``, ``wrap_model_call``, ``after_model``, a ``wrap_tool_call`` returning a
-  ``Command``, ``after_agent``): the price of LangChain's middleware plumbing itself;
+  (``wrap_model_call``, a ``wrap_tool_call`` returning a ``Command``, ``after_agent``): the
+  price of LangChain's middleware plumbing itself;
 * ``guarded``: ``BudgetGuard(AcceptAll(), ...).middleware()``.
 
 ``guard_vs_unguarded_paired_median_ms`` is the headline (issue #11's measure, "guarded vs
@@ -64,16 +64,11 @@ class _TimedEcho(StructuredTool):
 
 
 class _NoopHooks(AgentMiddleware):
-    """The guard's hook shape, doing nothing: isolates LangChain's middleware cost."""
-
-    def before_model(self, state: Any, runtime: Any) -> None:
-        return None
+    """The guard's hook shape (``gate_at="model_call"``, the default), doing nothing: isolates
+    LangChain's middleware cost."""
 
     def wrap_model_call(self, request: Any, handler: Any) -> Any:
         return handler(request)
-
-    def after_model(self, state: Any, runtime: Any) -> None:
-        return None
 
     def after_agent(self, state: Any, runtime: Any) -> None:
         return None
@@ -131,7 +126,8 @@ class _HookClock:
             return hook
 
         for name in ("before_model", "after_model", "after_agent"):
-            object.__setattr__(middleware, name, timed(getattr(middleware, name)))
+            if hasattr(middleware, name):
+                object.__setattr__(middleware, name, timed(getattr(middleware, name)))
         for name in ("wrap_model_call", "wrap_tool_call"):
             object.__setattr__(middleware, name, timed_wrapper(getattr(middleware, name)))
         return middleware

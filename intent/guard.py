@@ -6,8 +6,9 @@ One guarded step:
    answered (a call limit, a human's reject, another middleware's ToolMessage) are released,
    charges the state has not seen yet are written to it, and the oracle's ``start`` hook
    runs for a new episode, so a plan is in force before the model first sees the tools;
-2. the *gate* (``after_model``, or :meth:`BudgetGuard.node`) goes through the calls of the
-   new message **in order, as one batch**: prices from one market snapshot, the oracle's
+2. the *gate* (inside the middleware's ``wrap_model_call`` right after the model answers, or
+   its ``after_model`` hook with ``gate_at="after_model"``, or :meth:`BudgetGuard.node`) goes
+   through the calls of the new message **in order, as one batch**: prices from one market snapshot, the oracle's
    decision, then the guard's own check that the call fits what is left after the
    reservations made earlier in the batch. Accepted calls are reserved and the decision is
    written to graph state; rejected ones get a ToolMessage with the feedback, cost nothing;
@@ -127,6 +128,15 @@ class BudgetGuard:
       the refusals of earlier turns are shown in that short form (the request only: graph
       state keeps every note). A 0.5B model whose 14 calls of one turn were refused got 15,448
       characters of plans back, and the episode then overflowed its 8,192-token context.
+    * ``gate_at``: where the middleware gates a message's calls. ``"model_call"``: inside
+      ``wrap_model_call``, right after the model answers; the decisions and reservations come
+      back with the response as one state update, and the gate sees the calls before any other
+      middleware's ``after_model`` in every list order. ``"after_model"``: in an ``after_model``
+      hook, one more graph step per turn (about 0.1 ms per tool call), but the model's message
+      is checkpointed before the gate runs, so an interrupt in the gate or a crash of the oracle
+      resumes by gating the same message again; inside the model call the resumed step asks the
+      model again. ``"auto"`` (default): ``"after_model"`` with ``on_over_budget="ask"`` (a
+      human's answer resumes the gate), else ``"model_call"``.
     * ``notes_at``: where the oracle's per-turn prompt notes go. ``"end"`` (default): a
       trailing system message after the conversation, so the stable prefix (system prompt,
       history) stays cacheable by the server's prefix cache; ``"system"``: appended to the
@@ -160,6 +170,7 @@ class BudgetGuard:
         store: Any = None,
         budget_key: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        gate_at: Literal["auto", "model_call", "after_model"] = "auto",
     ) -> None:
         if not callable(getattr(oracle, "decide", None)):
             raise GuardConfigError(
@@ -188,6 +199,15 @@ class BudgetGuard:
             raise GuardConfigError(f"max_output_tokens must be a positive int, got {max_output_tokens!r}")
         if on_over_budget not in ("refuse", "ask"):
             raise GuardConfigError(f"on_over_budget must be 'refuse' or 'ask' (a human top-up), got {on_over_budget!r}")
+        if gate_at not in ("auto", "model_call", "after_model"):
+            raise GuardConfigError(f"gate_at must be 'auto', 'model_call' or 'after_model', got {gate_at!r}")
+        if gate_at == "model_call" and on_over_budget == "ask":
+            raise GuardConfigError(
+                "on_over_budget='ask' needs gate_at='after_model' (or 'auto'): a human's answer resumes the gate, "
+                "and inside the model call that would ask the model again")
+        # A human's top-up is an interrupt in the gate: it must resume on a checkpointed message.
+        self.gate_at: Literal["model_call", "after_model"] = (
+            ("after_model" if on_over_budget == "ask" else "model_call") if gate_at == "auto" else gate_at)
         if charge_oracle and (oracle_model is None or oracle_model not in ModelPrices.of(model_prices)):
             raise GuardConfigError(
                 "charge_oracle=True needs oracle_model='<name>' with a price in model_prices: the oracle's tokens "
@@ -613,8 +633,10 @@ class BudgetGuard:
     # =============================================================== adapters
     def middleware(self) -> Any:
         """This guard as a LangChain v1 ``AgentMiddleware`` for ``create_agent(..., middleware=[...])``."""
-        from intent.middleware import BudgetGuardMiddleware
+        from intent.middleware import BudgetGuardAfterModelMiddleware, BudgetGuardMiddleware
 
+        if self.gate_at == "after_model":
+            return BudgetGuardAfterModelMiddleware(self)
         return BudgetGuardMiddleware(self)
 
     def node(self) -> Any:

@@ -1,13 +1,22 @@
-"""The guard as a LangChain v1 ``AgentMiddleware``.
+"""The guard as a LangChain v1 ``AgentMiddleware``, with three hooks.
 
-* ``before_model``: release reservations another middleware answered, write charges state
-  has not seen, start a new episode's oracle (so a plan is in force before the first call);
-* ``wrap_model_call``: hide tools the market banned or the oracle removed, add the
-  oracle's prompt notes (prices, quotas, guidelines) to the system message; with
-  ``model_prices``, reserve each model execution's worst case and charge its usage;
-* ``after_model``: gate the new message's tool calls as one batch;
+* ``wrap_model_call``, around each model call:
+
+  - before it: release reservations another middleware answered (a call limit, a human's
+    reject, a jump), start a new episode's oracle (so a plan is in force before the first
+    call), hide tools the market banned or the oracle removed, add the oracle's prompt notes;
+    with ``model_prices``, reserve the model execution's worst case;
+  - after it: charge the model's usage, then **gate** the new message's tool calls as one
+    batch, and return the decisions and reservations with the response as a state update
+    (``ExtendedModelResponse``), so the tool step reads them from graph state;
+
 * ``wrap_tool_call``: run an accepted call with a metered tool, charging every run;
 * ``after_agent``: nothing stays reserved; the episode's working state is dropped.
+
+Why the gate is inside the model call and not an ``after_model`` hook: each node hook adds a
+graph step to every turn (about 0.1 ms per tool call here, more than the guard's own code),
+and inside the model call the gate sees the calls before any other middleware's
+``after_model`` (a call limit, a reviewer) in every order of the middleware list.
 
 Every hook has its async twin, so ``agent.ainvoke`` works with async oracles. This module
 knows the guard only through these methods, so it does not import :mod:`intent.guard`.
@@ -15,12 +24,14 @@ knows the guard only through these methods, so it does not import :mod:`intent.g
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
-from langchain.agents.middleware.types import hook_config
+from langchain.agents.middleware.types import ExtendedModelResponse, hook_config
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
+from langgraph.types import Command
 from typing_extensions import NotRequired
 
 from intent import feedback as fb
@@ -33,7 +44,7 @@ if TYPE_CHECKING:
 
     from intent.guard import BudgetGuard
 
-__all__ = ["BudgetGuardMiddleware", "BudgetState"]
+__all__ = ["BudgetGuardAfterModelMiddleware", "BudgetGuardMiddleware", "BudgetState"]
 
 
 class BudgetState(AgentState):
@@ -42,14 +53,62 @@ class BudgetState(AgentState):
     intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
 
 
-def _jump_if_only_invalid(state: dict[str, Any], update: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A message with only malformed calls has no tool_calls, so the agent loop would end;
-    send it back to the model with the error messages instead."""
-    messages = state.get("messages") or []
-    last = messages[-1] if messages else None
-    if update and isinstance(last, AIMessage) and last.invalid_tool_calls and not last.tool_calls:
-        return {**update, "jump_to": "model"}
-    return update
+def _open_response(state: Any, settled: dict[str, Any] | None, result: Any, *, gate: bool
+                   ) -> tuple[ModelResponse, list[dict[str, Any] | None], AIMessage | None, dict[str, Any]]:
+    """The model's response, the state updates so far (settling, the model's charge), the message
+    to gate (``None``: no calls, or ``gate`` is false) and the state the gate reads (as it will be
+    after this step)."""
+    updates: list[dict[str, Any] | None] = [settled]
+    if isinstance(result, AIMessage):
+        response = ModelResponse(result=[result])
+    elif isinstance(result, ExtendedModelResponse):
+        response = result.model_response
+        if result.command is not None:
+            updates.append(result.command.update if isinstance(result.command.update, dict) else None)
+    else:
+        response = result
+    ai = next((m for m in reversed(response.result) if isinstance(m, AIMessage)), None) if gate else None
+    if ai is None or not (ai.tool_calls or ai.invalid_tool_calls):
+        return response, updates, None, {}
+    if not ai.id:
+        # The gate keys each call by its message's id (a reused call id in a later message is a new
+        # call); add_messages would give it one only after this step.
+        ai.id = f"lc_{uuid.uuid4()}"
+    channel = merge_ledger_states(state.get(LEDGER_KEY), _ledger_of(updates))
+    gated_state = {**state, "messages": [*(state.get("messages") or []), *response.result], LEDGER_KEY: channel}
+    return response, updates, ai, gated_state
+
+
+def _ledger_of(updates: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    merged: dict[str, Any] | None = None
+    for update in updates:
+        if update and update.get(LEDGER_KEY):
+            merged = merge_ledger_states(merged, update[LEDGER_KEY])
+    return merged
+
+
+def _close_response(response: ModelResponse, updates: list[dict[str, Any] | None], ai: AIMessage | None) -> Any:
+    """The response, with the gate's copy of the message (renamed ids, merged calls) in place
+    of the model's, and one state update: the ledger, the gate's answers to malformed calls."""
+    update: dict[str, Any] = {}
+    extra: list[Any] = []
+    for part in updates:
+        for m in (part or {}).get("messages") or ():
+            if isinstance(m, AIMessage) and ai is not None and m.id == ai.id:
+                response = ModelResponse(result=[m if r is ai else r for r in response.result],
+                                         structured_response=response.structured_response)
+            else:
+                extra.append(m)
+    ledger = _ledger_of(updates)
+    if ledger:
+        update[LEDGER_KEY] = ledger
+    if extra:
+        update["messages"] = extra
+    if ai is not None and ai.invalid_tool_calls and not ai.tool_calls:
+        # Only malformed calls: the message has no tool_calls, so the agent loop would end;
+        # send it back to the model with the error messages instead.
+        update["jump_to"] = "model"
+    return ExtendedModelResponse(model_response=response, command=Command(update=update)) if update else response
 
 
 def _older_refusals_shortened(messages: list[Any]) -> list[Any]:
@@ -70,7 +129,10 @@ def _older_refusals_shortened(messages: list[Any]) -> list[Any]:
 
 
 class BudgetGuardMiddleware(AgentMiddleware):
+    """The guard's middleware with the gate inside the model call (``gate_at="model_call"``)."""
+
     state_schema = BudgetState
+    gates_in_model_call = True
 
     def __init__(self, guard: BudgetGuard) -> None:
         super().__init__()
@@ -80,13 +142,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
     def name(self) -> str:
         return "BudgetGuard"
 
-    # ------------------------------------------------------ model boundary
-    def before_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return self.guard.prepare(state, current_config())
-
-    async def abefore_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return self.guard.prepare(state, current_config())
-
+    # --------------------------------------------------------- end of run
     def after_agent(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
         return self.guard.finish(state, current_config())
 
@@ -118,27 +174,41 @@ class BudgetGuardMiddleware(AgentMiddleware):
             overrides["system_message"] = SystemMessage(content=f"{base}\n\n{notes}".strip())
         return request.override(**overrides) if overrides else request
 
+    def _settled_request(self, request: ModelRequest) -> tuple[ModelRequest, dict[str, Any] | None]:
+        """Settle before the model call; the request's state then carries what settling wrote
+        (a new episode's id, above all), so the model meter finds the same episode."""
+        settled = self.guard.prepare(request.state, current_config())
+        if settled and settled.get(LEDGER_KEY):
+            state = request.state
+            request = request.override(
+                state={**state, LEDGER_KEY: merge_ledger_states(state.get(LEDGER_KEY), settled[LEDGER_KEY])})
+        return request, settled
+
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
-        if self.guard.meters_models:  # every execution of the model reserved and charged
-            return self.guard.wrap_model_call(self._prepare(request), handler)
-        return handler(self._prepare(request))
+        guard, state = self.guard, request.state
+        request, settled = self._settled_request(request)
+        if guard.meters_models:  # every execution of the model reserved and charged
+            result = guard.wrap_model_call(self._prepare(request), handler)
+        else:
+            result = handler(self._prepare(request))
+        response, updates, ai, gated_state = _open_response(state, settled, result, gate=self.gates_in_model_call)
+        if ai is not None:
+            updates.append(guard.gate(gated_state, current_config(), settle=False))
+        return _close_response(response, updates, ai)
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> Any:
-        if self.guard.meters_models:
-            return await self.guard.awrap_model_call(self._prepare(request), handler)
-        return await handler(self._prepare(request))
-
-    # ---------------------------------------------------------------- gate
-    @hook_config(can_jump_to=["model"])
-    def after_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        # before_model settled this step already
-        return _jump_if_only_invalid(state, self.guard.gate(state, current_config(), settle=False))
-
-    @hook_config(can_jump_to=["model"])
-    async def aafter_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        return _jump_if_only_invalid(state, await self.guard.agate(state, current_config(), settle=False))
+        guard, state = self.guard, request.state
+        request, settled = self._settled_request(request)
+        if guard.meters_models:
+            result = await guard.awrap_model_call(self._prepare(request), handler)
+        else:
+            result = await handler(self._prepare(request))
+        response, updates, ai, gated_state = _open_response(state, settled, result, gate=self.gates_in_model_call)
+        if ai is not None:
+            updates.append(await guard.agate(gated_state, current_config(), settle=False))
+        return _close_response(response, updates, ai)
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:
@@ -151,3 +221,37 @@ class BudgetGuardMiddleware(AgentMiddleware):
 
 
 assert LEDGER_KEY in BudgetState.__annotations__  # the channel name and the state schema agree
+
+
+def _jump_if_only_invalid(state: dict[str, Any], update: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A message with only malformed calls has no tool_calls, so the agent loop would end;
+    send it back to the model with the error messages instead."""
+    messages = state.get("messages") or []
+    last = messages[-1] if messages else None
+    if update and isinstance(last, AIMessage) and last.invalid_tool_calls and not last.tool_calls:
+        return {**update, "jump_to": "model"}
+    return update
+
+
+class BudgetGuardAfterModelMiddleware(BudgetGuardMiddleware):
+    """The guard's middleware with the gate in an ``after_model`` hook (``gate_at="after_model"``).
+
+    The model's message is checkpointed before the gate runs, so an interrupt in the gate (a
+    human asked for a top-up: ``on_over_budget="ask"``) or a crash of the oracle resumes by
+    gating the same message again, without asking the model again. One more graph step per turn.
+    """
+
+    gates_in_model_call = False
+
+    @property
+    def name(self) -> str:
+        return "BudgetGuard"
+
+    @hook_config(can_jump_to=["model"])
+    def after_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
+        # wrap_model_call settled this step already
+        return _jump_if_only_invalid(state, self.guard.gate(state, current_config(), settle=False))
+
+    @hook_config(can_jump_to=["model"])
+    async def aafter_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
+        return _jump_if_only_invalid(state, await self.guard.agate(state, current_config(), settle=False))

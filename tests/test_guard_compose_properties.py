@@ -2,7 +2,8 @@
 
 Random stacks of ToolRetryMiddleware, ToolCallLimitMiddleware, HumanInTheLoopMiddleware
 (approve / edit / reject), ModelCallLimitMiddleware and a custom middleware that answers
-some calls itself, in random orders around the guard; flaky tools; parallel batches;
+some calls itself, in random orders around the guard, which gates inside the model call or
+in an after_model hook (``gate_at``); flaky tools; parallel batches;
 call ids duplicated inside a message and reused across messages. Each example runs sync
 and async through ``create_agent``. After every run:
 
@@ -119,6 +120,7 @@ def scenario(draw: Any) -> dict[str, Any]:
         "reviews": draw(st.lists(st.sampled_from(["approve", "edit", "edit_tool", "reject"]), min_size=8,
                                  max_size=8)),
         "oracle": draw(st.sampled_from(["accept_all", "refuses_three"])),
+        "gate_at": draw(st.sampled_from(["model_call", "after_model"])),
         "tool_errors": draw(st.sampled_from(["raise", "message"])),
     }
 
@@ -149,12 +151,16 @@ def script(turns: list[list[tuple[str, str, int]]], *, unique_in_message: bool) 
     return [*out, AIMessage("final answer")]
 
 
-def guard_sees_calls_first(order: list[str]) -> bool:
-    """after_model hooks run last-listed first: is the guard's gate before every other gate?
+def guard_sees_calls_first(order: list[str], gate_at: str) -> bool:
+    """Does the guard's gate see a message's calls before every other middleware's after_model?
 
-    Only then can it rename a duplicated call id before a call limit or a reviewer answers
-    that id (their answers match calls by id, so they would answer both calls at once).
+    Inside the model call it always does; as an after_model hook only when listed last among
+    the gates (after_model hooks run last-listed first). Only then can it rename a duplicated
+    call id before a call limit or a reviewer answers that id (their answers match calls by
+    id, so they would answer both calls at once).
     """
+    if gate_at == "model_call":
+        return True
     gates = [k for k in order if k in ("guard", "limit", "hitl")]
     return gates[-1] == "guard"
 
@@ -181,8 +187,8 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     fail_runs = sc["fail_runs"] if (sc["tool_errors"] == "message" or "retry" in sc["order"]) else {}
     oracle = RefusesThree() if sc["oracle"] == "refuses_three" else AcceptAll()
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in sc["prices"].items()]), sc["budget"],
-                        log_sink=sink, tool_errors=sc["tool_errors"])
-    dup_ids = guard_sees_calls_first(sc["order"])
+                        log_sink=sink, tool_errors=sc["tool_errors"], gate_at=sc["gate_at"])
+    dup_ids = guard_sees_calls_first(sc["order"], sc["gate_at"])
     model = ScriptedToolModel(messages=iter(script(sc["turns"], unique_in_message=not dup_ids)), bound=[])
     agent = create_agent(model, make_tools(fail_runs, runs, xs), middleware=build_stack(sc, guard),
                          checkpointer=InMemorySaver())
@@ -223,6 +229,7 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     if "answerer" in sc["order"] and runs["t3"]:
         raise AssertionError("the custom middleware answers t3 itself; the tool must never run")
     event(f"ids duplicated inside a message: {dup_ids}")
+    event(f"gate at: {sc['gate_at']}")
     if sc["oracle"] == "refuses_three" and any(r.reason == "refuses_three" for r in sink.records):
         event("the oracle refused a call for its own reason")
     if any(r.decision == "answered" for r in sink.records):

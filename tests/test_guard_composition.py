@@ -248,9 +248,9 @@ def test_call_id_reused_in_a_later_message_runs_and_is_charged_again():
 
 
 # =============================================== row 4: ToolCallLimitMiddleware
-def _limit_case(order: str, budget: float):
+def _limit_case(order: str, budget: float, gate_at: str = "auto"):
     runs, sink = Runs(), MemoryLogSink()
-    guard = BudgetGuard(AcceptAll(), market(a=20.0), budget, log_sink=sink)
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), budget, log_sink=sink, gate_at=gate_at)
     limiter = ToolCallLimitMiddleware(run_limit=1, exit_behavior="continue")
     agent = create_agent(scripted([ai(call("a", x=1), call("a", x=2)), AIMessage("done")]),
                          [make_tool("a", runs)], middleware=with_guard(guard, limiter, order))
@@ -263,12 +263,17 @@ def _check_limit_case(guard, runs, sink, out, budget):
     assert ledger.spent == 20 and ledger.remaining == budget - 20
 
 
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("budget", [100, 30])
-def test_tool_call_limit_blocked_call_keeps_no_reservation(order, budget):
-    guard, runs, sink, agent = _limit_case(order, budget)
+def test_tool_call_limit_blocked_call_keeps_no_reservation(order, budget, gate_at):
+    # With the gate in an after_model hook and the guard listed first, the limit answers the
+    # blocked call before the gate sees it: logged as "answered", never reserved.
+    guard, runs, sink, agent = _limit_case(order, budget, gate_at)
     out = agent.invoke(USER)
     _check_limit_case(guard, runs, sink, out, budget)
+    answered = [r for r in sink.records if r.decision == "answered"]
+    assert len(answered) == (1 if (gate_at, order) == ("after_model", "guard_first") else 0)
 
 
 # ============================================ row 5: HumanInTheLoopMiddleware

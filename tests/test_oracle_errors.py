@@ -146,20 +146,23 @@ def test_bugs_are_not_recoverable(name):
 
 
 # =========================================================== through create_agent
+@pytest.mark.parametrize("gate_at", ["after_model", "model_call"])
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("tool_errors", ["raise", "message"])
 @pytest.mark.parametrize("bug", ["KeyError", "TypeError", "AttributeError", "ModelRequestError"])
-def test_a_bug_in_the_oracle_fails_the_run_and_the_money_stays_right(bug, tool_errors, is_async):
+def test_a_bug_in_the_oracle_fails_the_run_and_the_money_stays_right(bug, tool_errors, is_async, gate_at):
     """The oracle crashes on decision 3, mid-batch, after decision 2 accepted c2: the run
     raises the oracle's own exception; only c1 ran and was paid; c2 was neither run nor left
-    reserved. Resumed with the oracle fixed, the batch is gated afresh and every call is paid
-    exactly once."""
+    reserved. Resumed with the oracle fixed: with the gate in an after_model hook, the batch's
+    message was checkpointed and is gated afresh, every call paid exactly once; with the gate
+    inside the model call, the step that failed is the model's, so the model is asked again
+    (here its next reply, the final answer) and the crashed batch never existed."""
     runs, sink, saver = Runs(), MemoryLogSink(), InMemorySaver()
     oracle = Scripted(BUGS[bug], {3}, is_async=is_async)
-    guard = BudgetGuard(oracle, MARKET, 100.0, log_sink=sink, tool_errors=tool_errors)
+    guard = BudgetGuard(oracle, MARKET, 100.0, log_sink=sink, tool_errors=tool_errors, gate_at=gate_at)
     agent = create_agent(ScriptedToolModel(messages=iter(script()), bound=[]), [runs.tool("a"), runs.tool("b")],
                          middleware=[guard.middleware()], checkpointer=saver)
-    config = {"configurable": {"thread_id": f"bug-{bug}-{tool_errors}-{is_async}"}}
+    config = {"configurable": {"thread_id": f"bug-{bug}-{tool_errors}-{is_async}-{gate_at}"}}
     expected = type(BUGS[bug]())
     with pytest.raises(expected) as raised:
         run(agent, {"messages": [("user", "go")]}, config, is_async)
@@ -175,12 +178,18 @@ def test_a_bug_in_the_oracle_fails_the_run_and_the_money_stays_right(bug, tool_e
 
     oracle.fail_on = set()  # fixed: the thread resumes where it failed
     out = run(agent, None, config, is_async)
-    assert runs.counts == {"a": 2, "b": 1}
     ledger = guard.ledger(out)
-    assert ledger.spent == runs.money() == 27.0
+    if gate_at == "after_model":
+        assert runs.counts == {"a": 2, "b": 1}
+        assert ledger.spent == runs.money() == 27.0
+        assert sorted(r.call_id for r in sink.records if r.execution > 0) == ["c1", "c2", "c3"]
+    else:
+        assert runs.counts == {"a": 1}
+        assert ledger.spent == runs.money() == 10.0
+        assert out["messages"][-1].content == "done"
+        assert not any(c["id"] in ("c2", "c3") for m in out["messages"] for c in getattr(m, "tool_calls", []))
     assert ledger.reserved == 0
     assert_each_call_answered_once(out["messages"])
-    assert sorted(r.call_id for r in sink.records if r.execution > 0) == ["c1", "c2", "c3"]
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
