@@ -74,16 +74,20 @@ def _open_response(state: Any, settled: dict[str, Any] | None, result: Any, *, g
         # The gate keys each call by its message's id (a reused call id in a later message is a new
         # call); add_messages would give it one only after this step.
         ai.id = f"lc_{uuid.uuid4()}"
-    channel = merge_ledger_states(state.get(LEDGER_KEY), _ledger_of(updates))
+    # The gate reads the channel's episode id, decisions and market version, which settling and the
+    # model's charge do not change: state's channel serves (a first turn's comes from settling).
+    channel = state.get(LEDGER_KEY) or _ledger_of(updates)
     gated_state = {**state, "messages": [*(state.get("messages") or []), *response.result], LEDGER_KEY: channel}
     return response, updates, ai, gated_state
 
 
 def _ledger_of(updates: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    parts = [update[LEDGER_KEY] for update in updates if update and update.get(LEDGER_KEY)]
+    if len(parts) == 1:
+        return parts[0]  # one writer this step (the common case): nothing to merge
     merged: dict[str, Any] | None = None
-    for update in updates:
-        if update and update.get(LEDGER_KEY):
-            merged = merge_ledger_states(merged, update[LEDGER_KEY])
+    for part in parts:
+        merged = merge_ledger_states(merged, part)
     return merged
 
 
@@ -150,9 +154,8 @@ class BudgetGuardMiddleware(AgentMiddleware):
         return self.guard.finish(state, current_config())
 
     # ---------------------------------------------------------- model call
-    def _prepare(self, request: ModelRequest) -> ModelRequest:
+    def _prepare(self, request: ModelRequest, config: Any) -> ModelRequest:
         state = request.state
-        config = current_config()
         visible = self.guard.visible_tool_names(state, config)
         overrides: dict[str, Any] = {}
         if visible is not None:
@@ -174,10 +177,10 @@ class BudgetGuardMiddleware(AgentMiddleware):
             overrides["system_message"] = SystemMessage(content=f"{base}\n\n{notes}".strip())
         return request.override(**overrides) if overrides else request
 
-    def _settled_request(self, request: ModelRequest) -> tuple[ModelRequest, dict[str, Any] | None]:
+    def _settled_request(self, request: ModelRequest, config: Any) -> tuple[ModelRequest, dict[str, Any] | None]:
         """Settle before the model call; the request's state then carries what settling wrote
         (a new episode's id, above all), so the model meter finds the same episode."""
-        settled = self.guard.prepare(request.state, current_config())
+        settled = self.guard.prepare(request.state, config)
         if settled and settled.get(LEDGER_KEY):
             state = request.state
             request = request.override(
@@ -185,29 +188,29 @@ class BudgetGuardMiddleware(AgentMiddleware):
         return request, settled
 
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
-        guard, state = self.guard, request.state
-        request, settled = self._settled_request(request)
+        guard, state, config = self.guard, request.state, current_config()
+        request, settled = self._settled_request(request, config)
         if guard.meters_models:  # every execution of the model reserved and charged
-            result = guard.wrap_model_call(self._prepare(request), handler)
+            result = guard.wrap_model_call(self._prepare(request, config), handler)
         else:
-            result = handler(self._prepare(request))
+            result = handler(self._prepare(request, config))
         response, updates, ai, gated_state = _open_response(state, settled, result, gate=self.gates_in_model_call)
         if ai is not None:
-            updates.append(guard.gate(gated_state, current_config(), settle=False))
+            updates.append(guard.gate(gated_state, config, settle=False))
         return _close_response(response, updates, ai)
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> Any:
-        guard, state = self.guard, request.state
-        request, settled = self._settled_request(request)
+        guard, state, config = self.guard, request.state, current_config()
+        request, settled = self._settled_request(request, config)
         if guard.meters_models:
-            result = await guard.awrap_model_call(self._prepare(request), handler)
+            result = await guard.awrap_model_call(self._prepare(request, config), handler)
         else:
-            result = await handler(self._prepare(request))
+            result = await handler(self._prepare(request, config))
         response, updates, ai, gated_state = _open_response(state, settled, result, gate=self.gates_in_model_call)
         if ai is not None:
-            updates.append(await guard.agate(gated_state, current_config(), settle=False))
+            updates.append(await guard.agate(gated_state, config, settle=False))
         return _close_response(response, updates, ai)
 
     # ---------------------------------------------------------- tool calls

@@ -78,12 +78,18 @@ class GuardState(TypedDict):
     intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
 
 
+_get_config: Any = None  # langgraph.config.get_config, imported on first use (import intent stays light)
+
+
 def current_config() -> dict[str, Any] | None:
     """The running graph step's config (thread id...), or ``None`` outside a runnable context."""
-    from langgraph.config import get_config
+    global _get_config
+    if _get_config is None:
+        from langgraph.config import get_config
 
+        _get_config = get_config
     try:
-        return get_config()
+        return _get_config()
     except RuntimeError:
         return None
 
