@@ -183,6 +183,25 @@ def test_model_retries_are_metered_per_execution_wherever_the_guard_sits(guard_p
     assert len(errors) == 2 and all(r.charged == 0 and r.reason == "model_error" for r in errors)
 
 
+class _BuggyOracle:
+    def decide(self, ctx: Any) -> Any:
+        raise KeyError("a bug in the oracle")
+
+
+def test_with_model_retries_inside_the_guard_an_oracles_bug_is_not_retried():
+    # [guard, ModelRetryMiddleware]: the retries wrap the model alone, so the gate's bug (raised
+    # after the model answered) leaves the run at once, unchanged, and the model ran once.
+    runs = Runs()
+    model = Flaky(messages=iter([ai(call("search", q="a"), usage=(300, 20)), ai(text="done", usage=(10, 10))]),
+                  bound=[], fail=0, attempts=[])
+    guard = BudgetGuard(_BuggyOracle(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=128)
+    retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
+    agent = create_agent(model, priced_tools(runs), middleware=[guard.middleware(), retry])
+    with pytest.raises(KeyError, match="a bug in the oracle"):
+        agent.invoke({"messages": [HumanMessage("go")]})
+    assert len(model.attempts) == 1 and sum(runs.values()) == 0
+
+
 def test_unknown_model_is_refused_or_charged_the_worst_case_never_free():
     msgs = [ai(text="hi", usage=(10, 10), model_name="mystery-1")]
     refuse = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices={"other": PRICE}, max_output_tokens=64)
