@@ -1,6 +1,7 @@
 """Episode lifecycle: bounded memory, cancellation, a light import, the exception tree."""
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import tracemalloc
@@ -11,7 +12,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import StructuredTool
 
 from intent import AcceptAll, BudgetGuard, GuardConfigError, IntentError, Market, MemoryLogSink, PricedTool
-from intent.testing import GuardDriver, ai, call, scripted
+from intent.testing import GuardDriver, ScriptedToolModel, ai, call, scripted
 
 
 @pytest.mark.slow
@@ -34,6 +35,33 @@ def test_ten_thousand_episodes_keep_memory_flat():
     grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
     assert len(guard.episodes) == 0, "every finished episode's working state is dropped"
     assert grown < 2_000_000, f"memory grew by {grown} bytes over 9,000 episodes"
+
+
+@pytest.mark.slow
+def test_episodes_through_create_agent_keep_memory_flat():
+    # The way users run it: one compiled agent, a new thread per episode. after_agent drops each
+    # episode's working state, whatever the gate's position.
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), 5.0)
+    echo = StructuredTool.from_function(lambda x=0: str(x), name="echo", description="echo")
+    model = ScriptedToolModel(messages=itertools.cycle([ai(call("echo", x=1)), AIMessage("done")]), bound=[])
+    agent = create_agent(model, [echo], middleware=[guard.middleware()])
+
+    def episodes(n, offset):
+        for i in range(n):
+            out = agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": f"ca-{offset + i}"}})
+            ledger = guard.ledger(out)
+            assert ledger.spent == 1.0 and ledger.reserved == 0
+        model.bound.clear()  # the test double's own record of bind_tools calls
+
+    episodes(300, 0)  # warm up caches
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    episodes(1500, 300)
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert len(guard.episodes) == 0, "every finished episode's working state is dropped"
+    assert grown < 1_000_000, f"memory grew by {grown} bytes over 1,500 episodes"
 
 
 def test_unfinished_episodes_are_bounded_by_max_episodes():
