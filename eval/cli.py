@@ -11,7 +11,7 @@ def _bench(args: argparse.Namespace) -> int:
         return _study(args)
     from rich.console import Console
 
-    from eval.report import markdown_table, paired_lines
+    from eval.report import markdown_table, paired_lines, paired_regret_lines
     from eval.runner import BenchConfig, run_benchmark
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -51,7 +51,7 @@ def _bench(args: argparse.Namespace) -> int:
     console.print(f"[bold]{cfg['market']}[/bold]: {cfg['market_label']}; agent: {cfg['agent_label']}; "
                   f"judge: {cfg['judge']}")
     console.print(markdown_table(summary), markup=False)
-    console.print("\n".join(["", *paired_lines(summary)]), markup=False)
+    console.print("\n".join(["", *paired_lines(summary), *paired_regret_lines(summary)]), markup=False)
     console.print(f"results: {args.out}/results.json, {args.out}/results.md; logs: {args.out}/logs.jsonl")
     return 0
 

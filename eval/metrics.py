@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from eval.results import EpisodeResult
@@ -194,6 +194,34 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def _paired(results: Iterable[EpisodeResult], base: str, value: Callable[[EpisodeResult], float | None], *,
+            seed: int, resamples: int, tag: str) -> dict[str, tuple[list[float], list[float]]]:
+    """Per method: its task-by-task differences from ``base`` (tasks where both have a value)
+    and the sorted means of ``resamples`` seeded bootstrap resamples of them."""
+    import random
+
+    by_method: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
+    for r in results:
+        v = value(r)
+        if v is not None:
+            by_method[r.method][(r.task_id, r.seed)] = float(v)
+    ref = by_method.get(base)
+    if not ref:
+        return {}
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for method, values in by_method.items():
+        if method == base:
+            continue
+        keys = sorted(k for k in values if k in ref)
+        if not keys:
+            continue
+        diffs = [values[k] - ref[k] for k in keys]
+        rng = random.Random(f"{seed}:{method}:{base}{tag}")
+        n = len(diffs)
+        out[method] = (diffs, sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples)))
+    return out
+
+
 def paired_pr_differences(results: Iterable[EpisodeResult], base: str, *, seed: int = 0, resamples: int = 2000
                           ) -> dict[str, dict[str, Any]]:
     """Each method's PR minus ``base``'s on the same tasks, with a paired bootstrap 95% interval.
@@ -202,28 +230,28 @@ def paired_pr_differences(results: Iterable[EpisodeResult], base: str, *, seed: 
     much narrower than two independent PR intervals; the resampling is seeded, so the same
     results give the same interval. Methods without ``base`` on a task skip that task.
     """
-    import random
-
-    by_method: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
-    for r in results:
-        by_method[r.method][(r.task_id, r.seed)] = float(r.score)
-    ref = by_method.get(base)
-    if not ref:
-        return {}
     out: dict[str, dict[str, Any]] = {}
-    for method, scores in by_method.items():
-        if method == base:
-            continue
-        keys = sorted(k for k in scores if k in ref)
-        if not keys:
-            continue
-        diffs = [scores[k] - ref[k] for k in keys]
-        rng = random.Random(f"{seed}:{method}:{base}")
-        n = len(diffs)
-        means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    for method, (diffs, means) in _paired(results, base, lambda r: r.score, seed=seed, resamples=resamples,
+                                          tag="").items():
         out[method] = {
-            "base": base, "n": n, "diff": _pct(sum(diffs) / n),
+            "base": base, "n": len(diffs), "diff": _pct(sum(diffs) / len(diffs)),
             "ci95": [_pct(means[int(0.025 * resamples)]), _pct(means[int(0.975 * resamples) - 1])],
             "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs),
+        }
+    return out
+
+
+def paired_regret_differences(results: Iterable[EpisodeResult], base: str, *, seed: int = 0,
+                              resamples: int = 2000) -> dict[str, dict[str, Any]]:
+    """Each method's decision regret minus ``base``'s on the same tasks (the table's Regret is the
+    mean of the episodes' regrets), with a paired bootstrap 95% interval; lower is better. Tasks
+    where either method made no audited decision are left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for method, (diffs, means) in _paired(results, base, lambda r: r.extra.get("decision_regret"), seed=seed,
+                                          resamples=resamples, tag=":regret").items():
+        out[method] = {
+            "base": base, "n": len(diffs), "diff": round(sum(diffs) / len(diffs), 5),
+            "ci95": [round(means[int(0.025 * resamples)], 5), round(means[int(0.975 * resamples) - 1], 5)],
+            "lower": sum(d < 0 for d in diffs), "higher": sum(d > 0 for d in diffs),
         }
     return out

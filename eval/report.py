@@ -51,6 +51,7 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
         markdown_table(summary),
         "",
         *paired_lines(summary),
+        *paired_regret_lines(summary),
         *regret_lines(summary),
     ])
     (out / "results.md").write_text(text)
@@ -78,6 +79,22 @@ def regret_lines(summary: dict[str, Any]) -> list[str]:
             cells = [f"{_fmt(got[k]['regret'])} ({100 * got[k]['share']:.1f}%)" if k in got else "–" for k in reasons]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+def paired_regret_lines(summary: dict[str, Any]) -> list[str]:
+    """Paired decision-regret differences (same tasks, same seed) with bootstrap 95% intervals."""
+    lines: list[str] = []
+    for base, rows in (summary.get("paired_regret") or {}).items():
+        rows = {m: v for m, v in rows.items() if v["n"]}
+        if not rows:
+            continue
+        lines += [f"Decision regret minus {base}'s on the same tasks (lower is better; paired bootstrap 95% "
+                  "interval; tasks with a decision of both; tasks lower / higher):", "",
+                  "| method | ΔRegret | 95% interval | tasks | lower | higher |", "|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {m} | {v['diff']:+.3f} | [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}] | {v['n']} | {v['lower']} | "
+                  f"{v['higher']} |" for m, v in rows.items()]
+        lines.append("")
+    return lines
 
 
 def paired_lines(summary: dict[str, Any]) -> list[str]:

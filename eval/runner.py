@@ -309,7 +309,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     write and return the summary. ``run_missing=False`` only summarizes what is stored."""
     from eval.progress import progress as progress_bar
 
-    from eval.metrics import compute_metrics, group_pass_rates, paired_pr_differences
+    from eval.metrics import compute_metrics, group_pass_rates, paired_pr_differences, paired_regret_differences
     from eval.report import write_reports
 
     specs = validate(config)
@@ -427,6 +427,8 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
         "groups": group_pass_rates(results),
         "paired": {base: paired_pr_differences(results, base, seed=config.seed)
                    for base in _paired_bases(config)},
+        "paired_regret": {base: paired_regret_differences(results, base, seed=config.seed)
+                          for base in _regret_bases(config)},
     }
     _atomic_write(out / "results.json", json.dumps(summary, indent=2, sort_keys=False))
     write_reports(summary, out)
@@ -439,6 +441,12 @@ def _paired_bases(config: BenchConfig) -> list[str]:
     given = config.options.get("paired_with")
     bases = list(given) if given else ["tracker", config.reference]
     return [b for b in dict.fromkeys(bases) if b and b in config.methods]
+
+
+def _regret_bases(config: BenchConfig) -> list[str]:
+    """Methods every other one's decision regret is compared with, task by task: the myopic
+    enforcer (tracker) and MCO, the oracle INTENT must beat on regret (issue #16), when they ran."""
+    return [b for b in ("tracker", "mco") if b in config.methods]
 
 
 def _agent_label(agent: str) -> str:

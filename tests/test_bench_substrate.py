@@ -185,8 +185,10 @@ def test_same_seed_reproduces_the_table(tmp_path):
     # observed in test_baselines, not re-read from the guard's ledger here.
     assert a["methods"]["raw"]["FR"] < 100.0 and a["methods"]["raw"]["overspend_tasks"] > 0
     assert a["config"]["agent_label"].startswith("simulated")
-    assert set(json.loads((tmp_path / "a" / "results.json").read_text())) == {"config", "methods", "groups", "paired"}
+    assert set(json.loads((tmp_path / "a" / "results.json").read_text())) == {"config", "methods", "groups", "paired",
+                                                                                "paired_regret"}
     assert a["paired"] == b["paired"] and set(a["paired"]) == {"tracker", "prompt"}  # seeded bootstrap
+    assert a["paired_regret"] == b["paired_regret"]
 
 
 @pytest.mark.parametrize("bad,match", [

@@ -31,3 +31,28 @@ def test_paired_difference_counts_tasks_and_brackets_the_mean():
 def test_only_shared_tasks_are_paired():
     results = [_r("tracker", i, 1.0) for i in range(10)] + [_r("intent", i, 0.0) for i in range(5, 15)]
     assert paired_pr_differences(results, "tracker")["intent"]["n"] == 5
+
+
+def _rr(method, task, regret):
+    r = _r(method, task, 0.0)
+    r.extra["decision_regret"] = regret
+    return r
+
+
+def test_paired_regret_difference_pairs_tasks_with_a_decision_and_brackets_the_mean():
+    from eval.metrics import paired_regret_differences
+    from eval.report import paired_regret_lines
+
+    results = [_rr("mco", i, 0.10) for i in range(100)]
+    results += [_rr("intent", i, 0.10 + (0.05 if i % 5 == 0 else 0.0)) for i in range(100)]  # 20 tasks worse
+    results += [_rr("tracker", i, None) for i in range(100)]  # no audited decision: not paired
+    out = paired_regret_differences(results, "mco", seed=0)
+    assert set(out) == {"intent"}
+    got = out["intent"]
+    assert got["n"] == 100 and got["higher"] == 20 and got["lower"] == 0
+    assert abs(got["diff"] - 0.01) < 1e-9
+    lo, hi = got["ci95"]
+    assert 0 < lo < 0.01 < hi
+    assert paired_regret_differences(results, "mco", seed=0) == out
+    text = "\n".join(paired_regret_lines({"paired_regret": {"mco": out}}))
+    assert "| intent | +0.010 |" in text and "mco" in text
