@@ -97,6 +97,9 @@ def _close_response(response: ModelResponse, updates: list[dict[str, Any] | None
     update: dict[str, Any] = {}
     extra: list[Any] = []
     for part in updates:
+        for key, value in (part or {}).items():
+            if key not in (LEDGER_KEY, "messages"):
+                update[key] = value  # anything else a part writes passes through unchanged
         for m in (part or {}).get("messages") or ():
             if isinstance(m, AIMessage) and ai is not None and m.id == ai.id:
                 response = ModelResponse(result=[m if r is ai else r for r in response.result],
