@@ -113,6 +113,21 @@ def test_one_exception_tree():
         Market([PricedTool("a", -1.0)])
 
 
+def test_gate_at_is_checked_and_auto_picks_the_hook_a_human_top_up_needs():
+    from intent.middleware import BudgetGuardAfterModelMiddleware, BudgetGuardMiddleware
+
+    market = Market([PricedTool("a", 1.0)])
+    with pytest.raises(GuardConfigError, match="gate_at must be"):
+        BudgetGuard(AcceptAll(), market, 1.0, gate_at="before_model")
+    with pytest.raises(GuardConfigError, match="on_over_budget='ask' needs gate_at='after_model'"):
+        BudgetGuard(AcceptAll(), market, 1.0, gate_at="model_call", on_over_budget="ask")
+    assert type(BudgetGuard(AcceptAll(), market, 1.0).middleware()) is BudgetGuardMiddleware
+    assert type(BudgetGuard(AcceptAll(), market, 1.0, on_over_budget="ask").middleware()) is \
+        BudgetGuardAfterModelMiddleware
+    assert type(BudgetGuard(AcceptAll(), market, 1.0, gate_at="after_model").middleware()) is \
+        BudgetGuardAfterModelMiddleware
+
+
 def test_the_step_count_follows_a_history_that_grows_is_trimmed_or_is_rewritten():
     # The gate numbers steps by the AI messages so far, counted on from the last turn; a
     # history that a middleware trimmed or rewrote must be counted afresh.
