@@ -15,6 +15,17 @@ from intent import AcceptAll, BudgetGuard, GuardConfigError, IntentError, Market
 from intent.testing import GuardDriver, ScriptedToolModel, ai, call, scripted
 
 
+def _memory_growth(episodes, *, warm_up: int, measured: int) -> int:
+    """Bytes allocated and still held after ``measured`` more episodes, caches warmed up first."""
+    episodes(warm_up, 0)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    episodes(measured, warm_up)
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    return sum(s.size_diff for s in after.compare_to(before, "filename"))
+
+
 @pytest.mark.slow
 def test_ten_thousand_episodes_keep_memory_flat():
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), 5.0)
@@ -26,13 +37,7 @@ def test_ten_thousand_episodes_keep_memory_flat():
             driver.finish()
             assert driver.ledger.spent == 1.0 and driver.ledger.reserved == 0
 
-    episodes(1000, 0)  # warm up caches
-    tracemalloc.start()
-    before = tracemalloc.take_snapshot()
-    episodes(9000, 1000)
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    grown = _memory_growth(episodes, warm_up=1000, measured=9000)
     assert len(guard.episodes) == 0, "every finished episode's working state is dropped"
     assert grown < 2_000_000, f"memory grew by {grown} bytes over 9,000 episodes"
 
@@ -53,13 +58,7 @@ def test_episodes_through_create_agent_keep_memory_flat():
             assert ledger.spent == 1.0 and ledger.reserved == 0
         model.bound.clear()  # the test double's own record of bind_tools calls
 
-    episodes(300, 0)  # warm up caches
-    tracemalloc.start()
-    before = tracemalloc.take_snapshot()
-    episodes(1500, 300)
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    grown = _memory_growth(episodes, warm_up=300, measured=1500)
     assert len(guard.episodes) == 0, "every finished episode's working state is dropped"
     assert grown < 1_000_000, f"memory grew by {grown} bytes over 1,500 episodes"
 
