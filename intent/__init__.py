@@ -52,7 +52,7 @@ _EXPORTS: dict[str, str] = {
     "Outcome": "intent.oracle",
     "PlannedStep": "intent.oracle",
     "Proposal": "intent.oracle",
-    "guard_react_agent": "intent.graph",
+    "guard_react_agent": "intent.react",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from intent.nesting import FromParent
     from intent.pricing import ModelPrice, ModelPrices, UnpricedModelError
     from intent.report import budget_report
-    from intent.graph import guard_react_agent
+    from intent.react import guard_react_agent
     from intent.guard import BudgetGuard
     from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry, LedgerError
     from intent.logs import SCHEMA_VERSION, JsonlLogSink, MemoryLogSink, StepRecord, read_log

@@ -41,7 +41,6 @@ commit their own call merge without losing a charge.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -67,7 +66,6 @@ _RANK: dict[str, int] = {"reserved": 0, "released": 1, "committed": 2}
 # The one tolerance for "fits the budget", used by the ledger and by every metric that
 # compares a spend with a budget (float sums of prices).
 BUDGET_EPS = 1e-9
-_NO_LEASE = contextlib.nullcontext()  # reusable: entering it does nothing
 _EPS = BUDGET_EPS
 
 
@@ -225,17 +223,6 @@ class BudgetLedger:
             return None
         store, key, _ = self._shared
         return store.left(key)
-
-    def keep_alive(self, call_id: str) -> Any:
-        """A context manager that renews ``call_id``'s lease in the shared store while a call runs
-        (a no-op without a store)."""
-        if self._shared is None:
-            return _NO_LEASE
-        from intent.stores import LeaseKeeper
-
-        store, key, run_id = self._shared
-        entry = self._entries.get(call_id)
-        return LeaseKeeper(store, key, (entry.store_id if entry and entry.store_id else f"{run_id}/{call_id}"))
 
     def remaining_for(self, kind: str = "tool") -> float:
         """What a call of ``kind`` may still reserve: the total left, its sub-cap's left, and the

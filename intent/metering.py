@@ -16,6 +16,7 @@ A run that does not fit is answered with a refusal ToolMessage and never runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -69,6 +70,22 @@ __all__ = ["CallRun", "MeteredTool", "open_call"]
 REFUSED_RUN = "refused_run"
 ANSWERED_WITHOUT_RUN = "answered_without_run"
 CANCELLED = "cancelled"
+
+
+_NO_LEASE = contextlib.nullcontext()  # reusable: entering it does nothing
+
+
+def _lease(ledger: Any, charge_id: str) -> Any:
+    """A context manager that renews ``charge_id``'s lease in the ledger's shared budget store while
+    the call runs (a no-op without a store: the common case, so nothing is made for it)."""
+    shared = ledger.shared
+    if shared is None:
+        return _NO_LEASE
+    from intent.stores import LeaseKeeper
+
+    store, key, run_id = shared
+    entry = ledger.get(charge_id)
+    return LeaseKeeper(store, key, entry.store_id if entry and entry.store_id else f"{run_id}/{charge_id}")
 
 
 def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMessage:
@@ -302,7 +319,7 @@ class CallRun:
         started = self.guard._clock()
         try:
             # Sub-agents carve from this call; a shared budget's lease is renewed while it runs.
-            with spending_scope(self.guard, self.episode, self.key), self.episode.ledger.keep_alive(charge_id):
+            with spending_scope(self.guard, self.episode, self.key), _lease(self.episode.ledger, charge_id):
                 out = tool.invoke(tool_input, config, **kwargs)
         except GraphBubbleUp:
             self._abort(charge_id)
@@ -325,7 +342,7 @@ class CallRun:
             return charge_id
         started = self.guard._clock()
         try:
-            with spending_scope(self.guard, self.episode, self.key), self.episode.ledger.keep_alive(charge_id):
+            with spending_scope(self.guard, self.episode, self.key), _lease(self.episode.ledger, charge_id):
                 out = await tool.ainvoke(tool_input, config, **kwargs)
         except GraphBubbleUp:
             self._abort(charge_id)

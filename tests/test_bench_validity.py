@@ -408,3 +408,44 @@ def test_a_bad_feedback_cap_stops_the_run_before_any_episode(tmp_path):
                                   options={"feedback_chars": 10, "oracle_train_tasks": 4}), progress=False)
     # Not even the oracle logs' collection ran (hours with a real model).
     assert not (tmp_path / "oracle_data").exists() and not (tmp_path / "episodes.jsonl").exists()
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The modules a file imports when it runs (lazily too), not those under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def test_the_intent_package_has_no_import_cycle_even_lazily():
+    """guard, middleware, gate, graph, ledger, stores, testing: no two modules import each other,
+    directly or through others, even inside functions (the package's lazy ``__init__`` aside)."""
+    modules = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in (REPO / "intent").rglob("*.py")}
+    edges = {m: {i for i in _runtime_imports(p) if i in modules and i not in (m, "intent")}
+             for m, p in modules.items() if m != "intent"}
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack = [(start, [start])]
+        seen: set[str] = set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in edges.get(node, ()):
+                if nxt == start:
+                    return path
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+        return None
+
+    cycles = [c for m in sorted(edges) if (c := cycle_from(m))]
+    assert not cycles, cycles[0]

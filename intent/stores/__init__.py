@@ -36,12 +36,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from intent.errors import IntentError
-from intent.ledger import BudgetExceededError
-from intent.market import check_amount
+from intent.stores.base import StoreCharge, StoreError
 
 __all__ = [
     "BudgetStore",
@@ -55,21 +52,6 @@ __all__ = [
     "period_key",
 ]
 
-NANO = 1_000_000_000
-ChargeStatus = Literal["reserved", "committed", "released", "expired"]
-
-
-class StoreError(IntentError, RuntimeError):
-    """A shared-budget operation the store cannot do (unknown key, released charge committed...)."""
-
-
-def to_nano(amount: float) -> int:
-    return int(round(check_amount(amount, "amount") * NANO))
-
-
-def from_nano(n: int) -> float:
-    return n / NANO
-
 
 def period_key(scope: str, period: Literal["day", "month"] = "day", *, now: _dt.datetime | None = None) -> str:
     """``<scope>/<YYYY-MM-DD>`` or ``<scope>/<YYYY-MM>`` (UTC): a new period is a new key."""
@@ -81,22 +63,6 @@ def period_key(scope: str, period: Literal["day", "month"] = "day", *, now: _dt.
     if period == "month":
         return f"{scope}/{now:%Y-%m}"
     raise StoreError(f"period must be 'day' or 'month', got {period!r}")
-
-
-@dataclass(frozen=True)
-class StoreCharge:
-    """One charge against a shared budget."""
-
-    key: str
-    charge_id: str
-    amount: float
-    status: ChargeStatus
-    late: bool = False  # committed after its lease had expired
-    run_id: str = ""  # the episode (graph thread) that made it
-    tool: str = ""  # the tool or model it paid for
-    kind: str = "tool"
-    lease_until: float = 0.0
-    updated_at: float = 0.0
 
 
 @runtime_checkable
@@ -117,12 +83,6 @@ class BudgetStore(Protocol):
     def release(self, key: str, charge_id: str) -> StoreCharge | None: ...
     def expire_leases(self, key: str | None = None) -> list[StoreCharge]: ...
     def charges(self, key: str) -> list[StoreCharge]: ...
-
-
-def _no_fit(key: str, charge_id: str, amount: int, budget: int, spent: int, reserved: int) -> BudgetExceededError:
-    return BudgetExceededError(
-        f"shared budget {key!r}: charge {charge_id!r} of {from_nano(amount):g} does not fit "
-        f"(budget {from_nano(budget):g}, spent {from_nano(spent):g}, reserved {from_nano(reserved):g})")
 
 
 class LeaseKeeper:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from intent.stores import (
+from intent.stores.base import (
     StoreCharge,
     StoreError,
     _no_fit,
