@@ -13,8 +13,8 @@ model (simulated) and a tool that returns at once:
 
 ``guard_vs_unguarded_paired_median_ms`` is the headline (issue #11's measure, "guarded vs
 unguarded in the same run"): the median, over episodes, of (guarded episode - the unguarded
-episode run just before it) per call: what a user pays. ``guard_share_paired_median_ms`` is the
-same against the no-op middleware: the guard's code and state, without LangChain's per-hook
+episode of the same round; each round runs unguarded, no-op, guarded) per call: what a user pays. ``guard_share_paired_median_ms`` is the
+same against the no-op middleware (run just before the guarded one): the guard's code and state, without LangChain's per-hook
 plumbing. ``guard_own_ms_per_call`` is the same
 difference between the arms' fastest repeats; ``added_ms_per_call`` = guarded - plain is what a
 user pays in total. ``guard_hooks_in_graph_ms_per_call`` times the guard's hooks directly inside

@@ -45,11 +45,13 @@ if TYPE_CHECKING:
     from intent.guard import BudgetGuard
     from intent.pricing import ModelPrice
 
-__all__ = ["ANSWERED_BEFORE_GATE", "HUMAN_APPROVED", "RELEASED_UNUSED", "charge_oracle", "dedupe_ids",
+__all__ = ["ANSWERED_ELSEWHERE", "HUMAN_APPROVED", "RELEASED_UNUSED", "charge_oracle", "dedupe_ids",
            "gate_batch", "hold_oracle"]
 
 RELEASED_UNUSED = "released_unused"  # reason of a release record: the reservation was never used
-ANSWERED_BEFORE_GATE = "answered_before_gate"  # reason of an answered record: another middleware answered first
+# Reason of an answered record: something else answered the call before the gate saw it (another
+# middleware's after_model, or the model's own response: a structured-output answer).
+ANSWERED_ELSEWHERE = "answered_elsewhere"
 HUMAN_APPROVED = "human_approved"  # a call over budget a human approved (on_over_budget="ask")
 # Rejections a human may overrule with money (on_over_budget="ask"): the call does not fit,
 # or the oracle's plan does not.
@@ -177,9 +179,9 @@ def gate_batch(
             name, args = call["name"], dict(call.get("args") or {})
             effects.append(lambda cid=cid, name=name, args=args: guard.records.answered(
                 ledger, episode_id=episode_id, step=step, query=query, reasoning=reasoning, call_id=cid,
-                tool=name, args=args, reason=ANSWERED_BEFORE_GATE, market_version=market.version))
+                tool=name, args=args, reason=ANSWERED_ELSEWHERE, market_version=market.version))
             decisions[key] = {"accept": False, "tool": name, "args": args, "price": None, "step": step,
-                              "reason": ANSWERED_BEFORE_GATE, "feedback": "", "kind": "answered"}
+                              "reason": ANSWERED_ELSEWHERE, "feedback": "", "kind": "answered"}
             continue
         name, args = call["name"], dict(call.get("args") or {})
         if cid in renamed:

@@ -13,9 +13,10 @@ Each proposal produces exactly one record:
   ``decision="accept"``, ``execution`` = 1, 2, ..., ``charged`` = what was billed;
 * accepted and never run (reservation released, e.g. another middleware answered it):
   ``decision="accept"``, ``status="released"``, ``charged=0``, ``execution=0``;
-* answered by another middleware before the guard's gate saw it (a call limit or a human's
-  reject listed after the guard): ``decision="answered"``, ``status="released"``, ``charged=0``,
-  ``execution=0``; not a gate decision;
+* answered before the guard's gate saw it (by another middleware's ``after_model``, or by the
+  model's own response, a structured-output answer): ``decision="answered"``,
+  ``reason="answered_elsewhere"``, ``status="released"``, ``charged=0``, ``execution=0``; not a
+  gate decision;
 * a budget top-up: ``decision="top_up"``, ``price`` = the amount, ``charged=0``,
   ``approved_by`` = who approved it;
 * one execution of the agent's chat model (``kind="model"``, ``tool`` = the model name,

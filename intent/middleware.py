@@ -53,32 +53,97 @@ class BudgetState(AgentState):
     intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
 
 
-def _open_response(state: Any, settled: dict[str, Any] | None, result: Any, *, gate: bool
-                   ) -> tuple[ModelResponse, list[dict[str, Any] | None], AIMessage | None, dict[str, Any]]:
-    """The model's response, the state updates so far (settling, the model's charge), the message
-    to gate (``None``: no calls, or ``gate`` is false) and the state the gate reads (as it will be
-    after this step)."""
-    updates: list[dict[str, Any] | None] = [settled]
-    if isinstance(result, AIMessage):
-        response = ModelResponse(result=[result])
-    elif isinstance(result, ExtendedModelResponse):
-        response = result.model_response
-        if result.command is not None:
-            updates.append(result.command.update if isinstance(result.command.update, dict) else None)
-    else:
-        response = result
-    ai = next((m for m in reversed(response.result) if isinstance(m, AIMessage)), None) if gate else None
-    if ai is None or not (ai.tool_calls or ai.invalid_tool_calls):
-        return response, updates, None, {}
-    if not ai.id:
-        # The gate keys each call by its message's id (a reused call id in a later message is a new
-        # call); add_messages would give it one only after this step.
-        ai.id = f"lc_{uuid.uuid4()}"
-    # The gate reads the channel's episode id, decisions and market version, which settling and the
-    # model's charge do not change: state's channel serves (a first turn's comes from settling).
-    channel = state.get(LEDGER_KEY) or _ledger_of(updates)
-    gated_state = {**state, "messages": [*(state.get("messages") or []), *response.result], LEDGER_KEY: channel}
-    return response, updates, ai, gated_state
+# A reply of malformed calls only is sent back to the model with the errors, inside the same model
+# step, at most this many times: there is no after_model hook to jump from (the jump_to a model
+# step writes is gone once another middleware's after_model hook runs). ModelCallLimitMiddleware
+# counts the step once.
+MAX_MALFORMED_REASKS = 3
+
+
+class _Step:
+    """One model step of the middleware: the model's replies, what the gate wrote, and the one
+    response and state update the step returns."""
+
+    def __init__(self, state: Any, settled: dict[str, Any] | None) -> None:
+        self.state = state
+        self.updates: list[dict[str, Any] | None] = [settled]  # settling, each model charge, each gate
+        self.earlier: list[Any] = []  # malformed replies asked again, with the gate's answers to them
+        self.response: ModelResponse | None = None
+        self.ai: AIMessage | None = None  # the reply the gate saw (None: no calls, or not gating here)
+        self.asked_again = 0
+
+    def open(self, result: Any, *, gate: bool) -> dict[str, Any] | None:
+        """Take the model's result; return the state the gate reads (as after this step), or
+        ``None`` when there is nothing to gate."""
+        if isinstance(result, AIMessage):
+            response = ModelResponse(result=[result])
+        elif isinstance(result, ExtendedModelResponse):
+            response = result.model_response
+            if result.command is not None:
+                self.updates.append(result.command.update if isinstance(result.command.update, dict) else None)
+        else:
+            response = result
+        self.response = response
+        ai = next((m for m in reversed(response.result) if isinstance(m, AIMessage)), None) if gate else None
+        if ai is None or not (ai.tool_calls or ai.invalid_tool_calls):
+            self.ai = None
+            return None
+        if not ai.id:
+            # The gate keys each call by its message's id (a reused call id in a later message is a
+            # new call); add_messages would give it one only after this step.
+            ai.id = f"lc_{uuid.uuid4()}"
+        self.ai = ai
+        # The gate reads the channel's episode id, decisions and market version, which settling and
+        # the model's charge do not change: state's channel serves (a first turn's comes from settling).
+        channel = self.state.get(LEDGER_KEY) or _ledger_of(self.updates)
+        messages = [*(self.state.get("messages") or []), *self.earlier, *response.result]
+        return {**self.state, "messages": messages, LEDGER_KEY: channel}
+
+    def _only_malformed(self) -> bool:
+        return self.ai is not None and bool(self.ai.invalid_tool_calls) and not self.ai.tool_calls
+
+    def ask_again(self) -> list[Any] | None:
+        """A reply of malformed calls only, below the cap: keep it and the gate's answers (in order,
+        before the next reply) and return them, for the model's next request. ``None``: done."""
+        if not self._only_malformed() or self.asked_again >= MAX_MALFORMED_REASKS:
+            return None
+        assert self.response is not None
+        answers = self.updates[-1].pop("messages", []) if self.updates[-1] else []
+        shown = [*self.response.result, *answers]
+        self.earlier += shown
+        self.asked_again += 1
+        return shown
+
+    def close(self) -> Any:
+        """The response (earlier malformed replies and their answers first, the gate's copy of the
+        message in place of the model's) and one state update."""
+        assert self.response is not None
+        response, ai = self.response, self.ai
+        update: dict[str, Any] = {}
+        extra: list[Any] = []
+        for part in self.updates:
+            for key, value in (part or {}).items():
+                if key not in (LEDGER_KEY, "messages"):
+                    update[key] = value  # anything else a part writes passes through unchanged
+            for m in (part or {}).get("messages") or ():
+                if isinstance(m, AIMessage) and ai is not None and m.id == ai.id:
+                    response = ModelResponse(result=[m if r is ai else r for r in response.result],
+                                             structured_response=response.structured_response)
+                else:
+                    extra.append(m)
+        if self.earlier:
+            response = ModelResponse(result=[*self.earlier, *response.result],
+                                     structured_response=response.structured_response)
+        ledger = _ledger_of(self.updates)
+        if ledger:
+            update[LEDGER_KEY] = ledger
+        if extra:
+            update["messages"] = extra
+        if self._only_malformed():
+            # Still malformed after the re-asks: back to the model when no other after_model hook
+            # runs in between (the agent loop would end otherwise).
+            update["jump_to"] = "model"
+        return ExtendedModelResponse(model_response=response, command=Command(update=update)) if update else response
 
 
 def _ledger_of(updates: list[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -89,33 +154,6 @@ def _ledger_of(updates: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     for part in parts:
         merged = merge_ledger_states(merged, part)
     return merged
-
-
-def _close_response(response: ModelResponse, updates: list[dict[str, Any] | None], ai: AIMessage | None) -> Any:
-    """The response, with the gate's copy of the message (renamed ids, merged calls) in place
-    of the model's, and one state update: the ledger, the gate's answers to malformed calls."""
-    update: dict[str, Any] = {}
-    extra: list[Any] = []
-    for part in updates:
-        for key, value in (part or {}).items():
-            if key not in (LEDGER_KEY, "messages"):
-                update[key] = value  # anything else a part writes passes through unchanged
-        for m in (part or {}).get("messages") or ():
-            if isinstance(m, AIMessage) and ai is not None and m.id == ai.id:
-                response = ModelResponse(result=[m if r is ai else r for r in response.result],
-                                         structured_response=response.structured_response)
-            else:
-                extra.append(m)
-    ledger = _ledger_of(updates)
-    if ledger:
-        update[LEDGER_KEY] = ledger
-    if extra:
-        update["messages"] = extra
-    if ai is not None and ai.invalid_tool_calls and not ai.tool_calls:
-        # Only malformed calls: the message has no tool_calls, so the agent loop would end;
-        # send it back to the model with the error messages instead.
-        update["jump_to"] = "model"
-    return ExtendedModelResponse(model_response=response, command=Command(update=update)) if update else response
 
 
 def _older_refusals_shortened(messages: list[Any]) -> list[Any]:
@@ -193,28 +231,35 @@ class BudgetGuardMiddleware(AgentMiddleware):
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
         guard, state, config = self.guard, request.state, current_config()
         request, settled = self._settled_request(request, config)
-        if guard.meters_models:  # every execution of the model reserved and charged
-            result = guard.wrap_model_call(self._prepare(request, config), handler)
-        else:
-            result = handler(self._prepare(request, config))
-        response, updates, ai, gated_state = _open_response(state, settled, result, gate=self.gates_in_model_call)
-        if ai is not None:
-            updates.append(guard.gate(gated_state, config, settle=False))
-        return _close_response(response, updates, ai)
+        step = _Step(state, settled)
+        while True:
+            prepared = self._prepare(request, config)
+            # every execution of the model reserved and charged, with model_prices
+            result = guard.wrap_model_call(prepared, handler) if guard.meters_models else handler(prepared)
+            gated_state = step.open(result, gate=self.gates_in_model_call)
+            if gated_state is not None:
+                step.updates.append(guard.gate(gated_state, config, settle=False))
+            shown = step.ask_again()
+            if shown is None:
+                return step.close()
+            request = request.override(messages=[*request.messages, *shown])
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> Any:
         guard, state, config = self.guard, request.state, current_config()
         request, settled = self._settled_request(request, config)
-        if guard.meters_models:
-            result = await guard.awrap_model_call(self._prepare(request, config), handler)
-        else:
-            result = await handler(self._prepare(request, config))
-        response, updates, ai, gated_state = _open_response(state, settled, result, gate=self.gates_in_model_call)
-        if ai is not None:
-            updates.append(await guard.agate(gated_state, config, settle=False))
-        return _close_response(response, updates, ai)
+        step = _Step(state, settled)
+        while True:
+            prepared = self._prepare(request, config)
+            result = await guard.awrap_model_call(prepared, handler) if guard.meters_models else await handler(prepared)
+            gated_state = step.open(result, gate=self.gates_in_model_call)
+            if gated_state is not None:
+                step.updates.append(await guard.agate(gated_state, config, settle=False))
+            shown = step.ask_again()
+            if shown is None:
+                return step.close()
+            request = request.override(messages=[*request.messages, *shown])
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:

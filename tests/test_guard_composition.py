@@ -22,6 +22,8 @@ from langchain.agents import create_agent
 from langchain.agents.middleware import (
     AgentMiddleware,
     HumanInTheLoopMiddleware,
+    ModelCallLimitMiddleware,
+    ModelRetryMiddleware,
     ToolCallLimitMiddleware,
     ToolRetryMiddleware,
 )
@@ -44,7 +46,7 @@ from intent import (  # noqa: F401
     Oracle,
     PricedTool,
 )
-from intent.testing import assert_each_call_answered_once, assert_one_record_per_call
+from intent.testing import ScriptedToolModel, assert_each_call_answered_once, assert_one_record_per_call
 
 # ====================================================================== helpers
 ORDERS = ["guard_first", "guard_last"]
@@ -665,3 +667,112 @@ def test_a_malformed_bill_fails_loudly_and_the_run_is_still_charged():
     assert runs["a"] == 1
     assert guard.ledger(agent.get_state(config).values).spent == 20  # the quote, not forgotten
     assert [r.charged for r in executions(sink)] == [20]
+
+
+# ====================== found in review: replies of malformed calls only, and outer model retries
+_MALFORMED = AIMessage("", invalid_tool_calls=[{"name": "a", "args": "{oops", "id": "bad1", "error": "bad json",
+                                                "type": "invalid_tool_call"}])
+
+
+def _other(kind: str) -> Any:
+    if kind == "limit":
+        return ToolCallLimitMiddleware(thread_limit=5)
+    if kind == "model_limit":
+        return ModelCallLimitMiddleware(run_limit=10, exit_behavior="end")
+    return HumanInTheLoopMiddleware(interrupt_on={"b": True})
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("other", ["limit", "model_limit", "hitl"])
+def test_a_reply_of_malformed_calls_only_goes_back_to_the_model_in_any_stack(other, order, gate_at, use_async):
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=5.0, b=5.0), 50, log_sink=sink, gate_at=gate_at)
+    c = call("a", x=1)
+    agent = create_agent(scripted([_MALFORMED, ai(c), AIMessage("done")]), [make_tool("a", runs), make_tool("b", runs)],
+                         middleware=with_guard(guard, _other(other), order), checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"malformed-{other}-{order}-{gate_at}-{use_async}"}}
+    out = asyncio.run(agent.ainvoke(USER, config)) if use_async else agent.invoke(USER, config)
+    assert out["messages"][-1].content == "done", "the model must be asked again after its malformed reply"
+    assert runs["a"] == 1 and tool_message(out, "bad1").status == "error"
+    assert guard.ledger(out).spent == 5.0 and guard.ledger(out).reserved == 0
+
+
+class _Tracking(AcceptAll):
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[str] = []
+        self.ended: list[str] = []
+
+    def start(self, info: Any) -> None:
+        self.started.append(info.episode_id)
+
+    def end(self, episode_id: str) -> None:
+        self.ended.append(episode_id)
+
+
+class _FailsFirst(ScriptedToolModel):
+    fail: int = 0
+    attempts: list = []
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.attempts.append(1)
+        if len(self.attempts) <= self.fail:
+            raise ConnectionError("provider hiccup")
+        return super()._generate(*args, **kwargs)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_an_outer_model_retry_without_a_thread_id_keeps_one_episode(use_async):
+    # [ModelRetryMiddleware, guard], no thread_id: the retried model call is the same episode, which
+    # starts once, ends once and leaves nothing behind.
+    oracle = _Tracking()
+    guard = BudgetGuard(oracle, market(a=1.0), 10.0)
+    for _ in range(3):
+        model = _FailsFirst(messages=iter([ai(call("a", x=1)), AIMessage("done")]), bound=[], fail=2, attempts=[])
+        retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
+        agent = create_agent(model, [make_tool("a", Runs())], middleware=[retry, guard.middleware()])
+        out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
+        assert guard.ledger(out).spent == 1.0
+    assert len(guard.episodes) == 0
+    assert len(oracle.started) == len(oracle.ended) == 3
+
+
+def test_malformed_replies_are_asked_again_at_most_three_times_in_one_step():
+    from intent.middleware import MAX_MALFORMED_REASKS
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=5.0), 50, log_sink=sink)
+    bad = [AIMessage("", invalid_tool_calls=[{"name": "a", "args": "{", "id": f"bad{i}", "error": "bad json",
+                                              "type": "invalid_tool_call"}]) for i in range(6)]
+    model = scripted([*bad, AIMessage("done")])
+    agent = create_agent(model, [make_tool("a", Runs())],
+                         middleware=[guard.middleware(), ToolCallLimitMiddleware(thread_limit=5)])
+    out = agent.invoke(USER)
+    asked = 1 + MAX_MALFORMED_REASKS
+    assert [r.call_id for r in sink.records if r.decision == "invalid"] == [f"bad{i}" for i in range(asked)]
+    assert [m.tool_call_id for m in out["messages"] if isinstance(m, ToolMessage)] == [f"bad{i}" for i in range(asked)]
+    assert guard.ledger(out).spent == 0 and guard.ledger(out).reserved == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+def test_structured_output_keeps_its_answer_and_the_money_holds(gate_at, use_async):
+    from langchain.agents.structured_output import ToolStrategy
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        text: str
+
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=5.0), 50, log_sink=sink, gate_at=gate_at)
+    # A priced call and the structured answer in one reply, as a model may give them.
+    reply = ai(call("a", x=1), {"name": "Answer", "args": {"text": "hi"}, "id": "s1", "type": "tool_call"})
+    agent = create_agent(scripted([reply, AIMessage("done")]), [make_tool("a", runs)],
+                         middleware=[guard.middleware()], response_format=ToolStrategy(Answer))
+    out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
+    assert out["structured_response"] == Answer(text="hi")
+    assert_invariants(guard, out, runs, {"a": 5.0}, 50, sink)
+    answered = [r for r in sink.records if r.call_id == "s1"]
+    assert [(r.decision, r.reason, r.charged) for r in answered] == [("answered", "answered_elsewhere", 0.0)]
