@@ -79,13 +79,14 @@ def ai(*calls: dict[str, Any], text: str = "", usage: tuple[int, int] | None = N
 
 
 def assert_each_call_answered_once(messages: Sequence[AnyMessage]) -> None:
-    """Every tool call of every AIMessage has exactly one ToolMessage with its id, after it and
-    before the next AIMessage; no ToolMessage answers nothing."""
+    """Every tool call of every AIMessage, malformed ones included (the guard answers those with
+    an error), has exactly one ToolMessage with its id, after it and before the next AIMessage;
+    no ToolMessage answers nothing."""
     ai_idx = [i for i, m in enumerate(messages) if isinstance(m, AIMessage)]
     for k, i in enumerate(ai_idx):
         end = ai_idx[k + 1] if k + 1 < len(ai_idx) else len(messages)
         answers = [m.tool_call_id for m in messages[i + 1:end] if isinstance(m, ToolMessage)]
-        ids = [c["id"] for c in messages[i].tool_calls]  # type: ignore[union-attr]
+        ids = [c["id"] for c in [*messages[i].tool_calls, *messages[i].invalid_tool_calls]]  # type: ignore[union-attr]
         assert len(ids) == len(set(ids)), f"AIMessage #{k} has duplicate tool call ids {ids}"
         for cid in ids:
             n = answers.count(cid)
@@ -103,7 +104,7 @@ def assert_one_record_per_call(messages: Sequence[AnyMessage], records: Sequence
     Calls are told apart by (model turn, id), so an id reused in a later message is a new call;
     the turn is the AIMessage's index among the AIMessages, the records' ``step``."""
     turns = [m for m in messages if isinstance(m, AIMessage)]
-    proposed = Counter((step, c["id"]) for step, m in enumerate(turns) for c in m.tool_calls)
+    proposed = Counter((step, c["id"]) for step, m in enumerate(turns) for c in [*m.tool_calls, *m.invalid_tool_calls])
     answers: Counter[tuple[int, str]] = Counter()
     ran: set[tuple[int, str]] = set()
     for r in records:

@@ -1,9 +1,10 @@
 """Property test: the guard composed with LangChain's own middleware, as users stack it.
 
 Random stacks of ToolRetryMiddleware, ToolCallLimitMiddleware, HumanInTheLoopMiddleware
-(approve / edit / reject), ModelCallLimitMiddleware and a custom middleware that answers
-some calls itself, in random orders around the guard, which gates inside the model call or
-in an after_model hook (``gate_at``); flaky tools; parallel batches;
+(approve / edit / reject), ModelCallLimitMiddleware, ModelRetryMiddleware (the model fails some
+executions) and a custom middleware that answers some calls itself, in random orders around the
+guard, which gates inside the model call or in an after_model hook (``gate_at``); replies of
+malformed calls only; flaky tools; parallel batches;
 call ids duplicated inside a message and reused across messages. Each example runs sync
 and async through ``create_agent``. After every run:
 
@@ -12,6 +13,8 @@ and async through ``create_agent``. After every run:
 * every proposed call is answered by exactly one ToolMessage and has exactly one answering
   log record (its refusal, its first run, its release, or ``answered`` by another middleware);
 * one execution record per run of a tool, and the log's charges add up to the spend;
+* without a model call limit the run reaches the script's final answer (malformed replies go
+  back to the model, failed executions are retried);
 * with an oracle that refuses every call with ``x == 3``, no such call runs, reviewers' edits
   (which set ``x = 3``, on the same tool or another one) included: an edit is re-gated.
 
@@ -32,6 +35,7 @@ from langchain.agents.middleware import (
     AgentMiddleware,
     HumanInTheLoopMiddleware,
     ModelCallLimitMiddleware,
+    ModelRetryMiddleware,
     ToolCallLimitMiddleware,
     ToolRetryMiddleware,
 )
@@ -50,6 +54,19 @@ NAMES = ["t0", "t1", "t2", "t3"]  # t1: a human reviews it; t3: the custom middl
 
 class ToolDown(RuntimeError):
     pass
+
+
+class FlakyModel(ScriptedToolModel):
+    """The scripted model, failing its executions numbered in ``failures`` (1-based)."""
+
+    failures: set = set()
+    attempts: list = []
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.attempts.append(1)
+        if len(self.attempts) in self.failures:
+            raise ConnectionError("provider hiccup")
+        return super()._generate(*args, **kwargs)
 
 
 class RefusesThree:
@@ -106,13 +123,19 @@ def scenario(draw: Any) -> dict[str, Any]:
     # ToolCallLimitMiddleware and HumanInTheLoopMiddleware together answer a rejected call twice
     # without any guard (both answer it in after_model), so a stack holds at most one of them.
     reviewer = draw(st.sampled_from([[], ["limit"], ["hitl"]]))
-    stack = reviewer + draw(st.lists(st.sampled_from(["retry", "model_limit", "answerer"]), unique=True))
+    stack = reviewer + draw(st.lists(st.sampled_from(["retry", "model_limit", "answerer", "model_retry"]),
+                                     unique=True))
     order = draw(st.permutations(["guard", *stack]))
     return {
         "prices": {n: draw(price) for n in NAMES},
         "budget": draw(st.sampled_from([0.0, 5.0, 12.0, 30.0, 100.0])),
         "fail_runs": {n: draw(st.sets(st.integers(1, 6), max_size=3)) for n in NAMES},
         "turns": draw(st.lists(turn, min_size=1, max_size=4)),
+        # a reply of malformed calls only before the turn (the guard answers it; the model is asked again)
+        "malformed": draw(st.lists(st.booleans(), min_size=4, max_size=4)),
+        # the model's executions that fail (a ConnectionError), only with ModelRetryMiddleware in the
+        # stack; at most two, so its two retries always get through
+        "model_failures": draw(st.sets(st.integers(1, 8), max_size=2)),
         "order": order,
         "retries": draw(st.integers(1, 3)),
         "tool_limit": draw(st.integers(1, 4)),
@@ -133,14 +156,19 @@ def build_stack(sc: dict[str, Any], guard: BudgetGuard) -> list[Any]:
         "limit": ToolCallLimitMiddleware(run_limit=sc["tool_limit"], exit_behavior="continue"),
         "hitl": HumanInTheLoopMiddleware(interrupt_on={"t1": True}),
         "model_limit": ModelCallLimitMiddleware(run_limit=sc["model_limit"], exit_behavior="end"),
+        "model_retry": ModelRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False, backoff_factor=0.0),
         "answerer": Answerer(),
     }
     return [made[k] for k in sc["order"]]
 
 
-def script(turns: list[list[tuple[str, str, int]]], *, unique_in_message: bool) -> list[AIMessage]:
+def script(turns: list[list[tuple[str, str, int]]], *, unique_in_message: bool,
+           malformed: list[bool] | None = None) -> list[AIMessage]:
     out = []
-    for calls in turns:
+    for k, calls in enumerate(turns):
+        if malformed and malformed[k]:
+            out.append(AIMessage("", invalid_tool_calls=[
+                {"name": "t0", "args": "{x:", "id": f"bad{k}", "error": "not JSON", "type": "invalid_tool_call"}]))
         tool_calls, seen = [], Counter()
         for n, cid, x in calls:
             seen[cid] += 1
@@ -189,7 +217,9 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in sc["prices"].items()]), sc["budget"],
                         log_sink=sink, tool_errors=sc["tool_errors"], gate_at=sc["gate_at"])
     dup_ids = guard_sees_calls_first(sc["order"], sc["gate_at"])
-    model = ScriptedToolModel(messages=iter(script(sc["turns"], unique_in_message=not dup_ids)), bound=[])
+    failures = sc["model_failures"] if "model_retry" in sc["order"] else set()
+    model = FlakyModel(messages=iter(script(sc["turns"], unique_in_message=not dup_ids, malformed=sc["malformed"])),
+                       bound=[], failures=failures, attempts=[])
     agent = create_agent(model, make_tools(fail_runs, runs, xs), middleware=build_stack(sc, guard),
                          checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": f"prop-{mode}"}, "recursion_limit": 200}
@@ -219,6 +249,10 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     assert abs(ledger.remaining - max(0.0, sc["budget"] - ledger.spent)) < 1e-9
     assert_each_call_answered_once(out["messages"])
     assert_one_record_per_call(out["messages"], sink.records)
+    if "model_limit" not in sc["order"]:
+        # Nothing ends the run early: malformed replies went back to the model, failed model
+        # executions were retried, and the script's final answer was reached.
+        assert out["messages"][-1].content == "final answer", out["messages"][-1]
     if sc["oracle"] == "refuses_three":
         assert xs[3] == 0, "a call the oracle refuses ran (an edit must be re-gated)"
     executions = [r for r in sink.records if r.execution > 0]
@@ -232,6 +266,10 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     event(f"gate at: {sc['gate_at']}")
     if sc["oracle"] == "refuses_three" and any(r.reason == "refuses_three" for r in sink.records):
         event("the oracle refused a call for its own reason")
+    if any(r.decision == "invalid" and r.call_id.startswith("bad") for r in sink.records):
+        event("a reply of malformed calls only")
+    if failures:
+        event("the model failed and was retried")
     if any(r.decision == "answered" for r in sink.records):
         event("a call was answered before the guard's gate")
     if any(r.reason == "over_budget" for r in sink.records):
