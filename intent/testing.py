@@ -43,18 +43,30 @@ class ScriptedToolModel(GenericFakeChatModel):
     """GenericFakeChatModel plays a fixed list of AIMessages; it lacks bind_tools, so add it.
 
     ``bound`` records the tool names of every bind_tools call (what the model was shown).
+    ``fail_on`` lists the executions (1-based, failed ones counted) that raise ``ConnectionError``
+    instead of answering, as a provider's hiccup would; ``executions`` counts them all.
     """
 
     bound: list = []
     model_name: str = "scripted-model"  # what a model-price table prices it as
+    fail_on: set = set()
+    executions: list = []
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedToolModel:
         self.bound.append(sorted(t["name"] if isinstance(t, dict) else t.name for t in tools))
         return self
 
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.executions.append(len(self.executions) + 1)
+        if len(self.executions) in self.fail_on:
+            raise ConnectionError(f"provider hiccup (scripted failure of execution {len(self.executions)})")
+        return super()._generate(*args, **kwargs)
 
-def scripted(messages: Iterable[AIMessage], *, model_name: str = "scripted-model") -> ScriptedToolModel:
-    return ScriptedToolModel(messages=iter(list(messages)), bound=[], model_name=model_name)
+
+def scripted(messages: Iterable[AIMessage], *, model_name: str = "scripted-model",
+             fail_on: Iterable[int] = ()) -> ScriptedToolModel:
+    return ScriptedToolModel(messages=iter(list(messages)), bound=[], model_name=model_name, fail_on=set(fail_on),
+                             executions=[])
 
 
 _ids = itertools.count()

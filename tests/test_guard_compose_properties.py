@@ -56,19 +56,6 @@ class ToolDown(RuntimeError):
     pass
 
 
-class FlakyModel(ScriptedToolModel):
-    """The scripted model, failing its executions numbered in ``failures`` (1-based)."""
-
-    failures: set = set()
-    attempts: list = []
-
-    def _generate(self, *args: Any, **kwargs: Any) -> Any:
-        self.attempts.append(1)
-        if len(self.attempts) in self.failures:
-            raise ConnectionError("provider hiccup")
-        return super()._generate(*args, **kwargs)
-
-
 class RefusesThree:
     """An oracle with a reason of its own: it refuses every call whose ``x`` is 3."""
 
@@ -218,8 +205,9 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
                         log_sink=sink, tool_errors=sc["tool_errors"], gate_at=sc["gate_at"])
     dup_ids = guard_sees_calls_first(sc["order"], sc["gate_at"])
     failures = sc["model_failures"] if "model_retry" in sc["order"] else set()
-    model = FlakyModel(messages=iter(script(sc["turns"], unique_in_message=not dup_ids, malformed=sc["malformed"])),
-                       bound=[], failures=failures, attempts=[])
+    model = ScriptedToolModel(messages=iter(script(sc["turns"], unique_in_message=not dup_ids,
+                                                   malformed=sc["malformed"])), bound=[], fail_on=failures,
+                              executions=[])
     agent = create_agent(model, make_tools(fail_runs, runs, xs), middleware=build_stack(sc, guard),
                          checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": f"prop-{mode}"}, "recursion_limit": 200}

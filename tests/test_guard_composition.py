@@ -46,7 +46,7 @@ from intent import (  # noqa: F401
     Oracle,
     PricedTool,
 )
-from intent.testing import ScriptedToolModel, assert_each_call_answered_once, assert_one_record_per_call
+from intent.testing import assert_each_call_answered_once, assert_one_record_per_call
 
 # ====================================================================== helpers
 ORDERS = ["guard_first", "guard_last"]
@@ -712,17 +712,6 @@ class _Tracking(AcceptAll):
         self.ended.append(episode_id)
 
 
-class _FailsFirst(ScriptedToolModel):
-    fail: int = 0
-    attempts: list = []
-
-    def _generate(self, *args: Any, **kwargs: Any) -> Any:
-        self.attempts.append(1)
-        if len(self.attempts) <= self.fail:
-            raise ConnectionError("provider hiccup")
-        return super()._generate(*args, **kwargs)
-
-
 @pytest.mark.parametrize("use_async", [False, True])
 def test_an_outer_model_retry_without_a_thread_id_keeps_one_episode(use_async):
     # [ModelRetryMiddleware, guard], no thread_id: the retried model call is the same episode, which
@@ -730,7 +719,7 @@ def test_an_outer_model_retry_without_a_thread_id_keeps_one_episode(use_async):
     oracle = _Tracking()
     guard = BudgetGuard(oracle, market(a=1.0), 10.0)
     for _ in range(3):
-        model = _FailsFirst(messages=iter([ai(call("a", x=1)), AIMessage("done")]), bound=[], fail=2, attempts=[])
+        model = scripted([ai(call("a", x=1)), AIMessage("done")], fail_on={1, 2})
         retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
         agent = create_agent(model, [make_tool("a", Runs())], middleware=[retry, guard.middleware()])
         out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)

@@ -154,30 +154,16 @@ def test_the_worst_case_bound_is_bound_into_the_request_as_max_tokens():
     assert seen and seen[0].get("max_tokens") == 77
 
 
-class Flaky(ScriptedToolModel):
-    """Fails its first ``fail`` executions (a transport error: no usage, not billed)."""
-
-    fail: int = 0
-    attempts: list = []
-
-    def _generate(self, *args: Any, **kwargs: Any) -> Any:
-        self.attempts.append(1)
-        if len(self.attempts) <= self.fail:
-            raise ConnectionError("provider hiccup")
-        return super()._generate(*args, **kwargs)
-
-
 @pytest.mark.parametrize("guard_position", ["outer", "inner"])
 def test_model_retries_are_metered_per_execution_wherever_the_guard_sits(guard_position):
     runs, sink = Runs(), MemoryLogSink()
     usage = [(300, 20), (400, 20)]
-    model = Flaky(messages=iter([ai(call("search", q="a"), usage=usage[0]), ai(text="done", usage=usage[1])]),
-                  bound=[], fail=2, attempts=[])
+    model = scripted([ai(call("search", q="a"), usage=usage[0]), ai(text="done", usage=usage[1])], fail_on={1, 2})
     guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=128, log_sink=sink)
     retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
     stack = [guard.middleware(), retry] if guard_position == "outer" else [retry, guard.middleware()]
     out = create_agent(model, priced_tools(runs), middleware=stack).invoke({"messages": [HumanMessage("go")]})
-    assert len(model.attempts) == 4
+    assert len(model.executions) == 4
     invariants(guard, out, sink, runs, usage)
     errors = [r for r in sink.records if r.kind == "model" and r.status == "error"]
     assert len(errors) == 2 and all(r.charged == 0 and r.reason == "model_error" for r in errors)
@@ -192,14 +178,13 @@ def test_with_model_retries_inside_the_guard_an_oracles_bug_is_not_retried():
     # [guard, ModelRetryMiddleware]: the retries wrap the model alone, so the gate's bug (raised
     # after the model answered) leaves the run at once, unchanged, and the model ran once.
     runs = Runs()
-    model = Flaky(messages=iter([ai(call("search", q="a"), usage=(300, 20)), ai(text="done", usage=(10, 10))]),
-                  bound=[], fail=0, attempts=[])
+    model = scripted([ai(call("search", q="a"), usage=(300, 20)), ai(text="done", usage=(10, 10))])
     guard = BudgetGuard(_BuggyOracle(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=128)
     retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
     agent = create_agent(model, priced_tools(runs), middleware=[guard.middleware(), retry])
     with pytest.raises(KeyError, match="a bug in the oracle"):
         agent.invoke({"messages": [HumanMessage("go")]})
-    assert len(model.attempts) == 1 and sum(runs.values()) == 0
+    assert len(model.executions) == 1 and sum(runs.values()) == 0
 
 
 def test_unknown_model_is_refused_or_charged_the_worst_case_never_free():
