@@ -418,14 +418,9 @@ class BudgetGuard:
         if channel and channel.get("episode_id"):
             return str(channel["episode_id"])
         thread_id = ((config or {}).get("configurable") or {}).get("thread_id")
-        if thread_id is not None:
-            return str(thread_id)
-        # No thread: the run's first message names it. add_messages gives every input message an
-        # id, so a step that runs again (an outer middleware retrying the model call, whose first
-        # state update was thrown away) finds the same episode instead of opening another.
-        messages = _messages_of(state)
-        first_id = getattr(messages[0], "id", None) if messages else None
-        return f"episode-{first_id}" if first_id else f"episode-{uuid.uuid4().hex[:12]}"
+        # No thread and no channel yet (a run's first step): a new episode. The middleware keeps
+        # its name in the step's state, so a step that runs again finds it (see _settled_request).
+        return str(thread_id) if thread_id is not None else f"episode-{uuid.uuid4().hex[:12]}"
 
     def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> None:
         with episode.lock:

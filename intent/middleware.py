@@ -224,8 +224,16 @@ class BudgetGuardMiddleware(AgentMiddleware):
         settled = self.guard.prepare(request.state, config)
         if settled and settled.get(LEDGER_KEY):
             state = request.state
-            request = request.override(
-                state={**state, LEDGER_KEY: merge_ledger_states(state.get(LEDGER_KEY), settled[LEDGER_KEY])})
+            channel = merge_ledger_states(state.get(LEDGER_KEY), settled[LEDGER_KEY])
+            if isinstance(state, dict) and not state.get(LEDGER_KEY):
+                # A run's first step, without a thread: the new episode's name exists only in this
+                # step's update until the step ends. An outer middleware that runs the step again (a
+                # model retry) passes this same state object, so the name is kept in it, and the
+                # retry finds its episode instead of opening another. (The dict is this task's own
+                # copy of the state; nothing else reads it.)
+                state[LEDGER_KEY] = channel
+            else:
+                request = request.override(state={**state, LEDGER_KEY: channel})
         return request, settled
 
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:

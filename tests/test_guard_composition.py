@@ -765,3 +765,26 @@ def test_structured_output_keeps_its_answer_and_the_money_holds(gate_at, use_asy
     assert_invariants(guard, out, runs, {"a": 5.0}, 50, sink)
     answered = [r for r in sink.records if r.call_id == "s1"]
     assert [(r.decision, r.reason, r.charged) for r in answered] == [("answered", "answered_elsewhere", 0.0)]
+
+
+def test_runs_without_a_thread_id_that_reuse_one_input_stay_separate_episodes():
+    # add_messages writes an id into the caller's own message, so two runs on one input object
+    # share that id: they must still be two episodes, concurrently and one after the other.
+    from langchain_core.messages import HumanMessage
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=3.0), 10.0, log_sink=sink)
+
+    def agent() -> Any:
+        return create_agent(scripted([ai(call("a", x=1)), ai(call("a", x=2)), AIMessage("done")]),
+                            [make_tool("a", Runs())], middleware=[guard.middleware()])
+
+    inp = {"messages": [HumanMessage("go")]}
+
+    async def both() -> list[Any]:
+        return list(await asyncio.gather(agent().ainvoke(inp), agent().ainvoke(inp)))
+
+    outs = [*asyncio.run(both()), agent().invoke(inp), agent().invoke(inp)]
+    assert [guard.ledger(out).spent for out in outs] == [6.0] * 4
+    assert len({r.task_id for r in sink.records}) == 4
+    assert len(guard.episodes) == 0
