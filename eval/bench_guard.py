@@ -13,9 +13,10 @@ model (simulated) and a tool that returns at once:
 
 ``guard_vs_unguarded_paired_median_ms`` is the headline (issue #11's measure, "guarded vs
 unguarded in the same run"): the median, over episodes, of (guarded episode - the unguarded
-episode of the same round; each round runs unguarded, no-op, guarded) per call: what a user pays. ``guard_share_paired_median_ms`` is the
-same against the no-op middleware (run just before the guarded one): the guard's code and state, without LangChain's per-hook
-plumbing. ``guard_own_ms_per_call`` is the same
+episode of the same round; each round runs unguarded, no-op, guarded) per call: what a user
+pays. ``guard_share_paired_median_ms`` is the same against the no-op middleware (run just
+before the guarded one): the guard's code and state, without LangChain's per-hook plumbing.
+``guard_own_ms_per_call`` is the same
 difference between the arms' fastest repeats; ``added_ms_per_call`` = guarded - plain is what a
 user pays in total. ``guard_hooks_in_graph_ms_per_call`` times the guard's hooks directly inside
 the graph (the model and tool handlers they wrap excluded), and ``guard_code_only_ms_per_call``
@@ -126,8 +127,7 @@ class _HookClock:
             return hook
 
         for name in ("before_model", "after_model", "after_agent"):
-            if hasattr(middleware, name):
-                object.__setattr__(middleware, name, timed(getattr(middleware, name)))
+            object.__setattr__(middleware, name, timed(getattr(middleware, name)))
         for name in ("wrap_model_call", "wrap_tool_call"):
             object.__setattr__(middleware, name, timed_wrapper(getattr(middleware, name)))
         return middleware
@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
+    for name in ("calls", "episodes", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     result = run(args.calls, args.episodes, args.repeats)
     print("Guard overhead per tool call (AcceptAll oracle, scripted model: simulated; same run, fastest of repeats)")
     for k, v in result.items():

@@ -125,10 +125,13 @@ def run(calls: int = 20, episodes: int = 10, repeats: int = 6) -> dict[str, floa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--episodes", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--calls", type=int, default=20, help="tool calls per episode (>= 1)")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes per repeat (>= 1)")
+    parser.add_argument("--repeats", type=int, default=6, help="repeats (>= 1)")
     args = parser.parse_args(argv)
+    for name in ("calls", "episodes", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     result = run(args.calls, args.episodes, args.repeats)
     print("LangChain middleware plumbing, ms per tool call over create_agent with no middleware "
           "(no-op hooks, scripted model: simulated; median of interleaved episodes)")

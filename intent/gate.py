@@ -24,7 +24,15 @@ from intent.errors import OracleUnavailableError
 from intent.human import HumanTopUps
 from intent.ledger import BudgetExceededError, LedgerEntry
 from intent.market import UnpricedToolError
-from intent.messages import answered_after, call_key, first_human_text, last_ai, merge_identical, text_of
+from intent.messages import (
+    answered_after,
+    call_key,
+    first_human_text,
+    last_ai,
+    merge_identical,
+    messages_of,
+    text_of,
+)
 from intent.model_gate import MAX_ASKS
 from intent.oracle import (
     BAD_ARGUMENTS,
@@ -67,12 +75,6 @@ class _Pending:
     price: float
 
 
-def _messages_of(state: Any) -> Any:
-    if isinstance(state, Mapping):
-        return state.get("messages") or []
-    return getattr(state, "messages", None) or []
-
-
 def gate_batch(
     guard: BudgetGuard, state: Any, config: Mapping[str, Any] | None, settle: bool = True
 ) -> Generator[DecisionContext, Decision | BaseException, dict[str, Any] | None]:
@@ -81,7 +83,7 @@ def gate_batch(
     Written once and driven by a sync loop (:meth:`BudgetGuard.gate`) or an async one
     (:meth:`BudgetGuard.agate`).
     """
-    messages = _messages_of(state)
+    messages = messages_of(state)
     index, ai = last_ai(messages)
     if ai is None:
         return None

@@ -45,7 +45,7 @@ from intent.ledger import BudgetLedger
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, check_amount
 from intent.gate import RELEASED_UNUSED, gate_batch
-from intent.messages import first_human_text
+from intent.messages import first_human_text, messages_of
 from intent.oracle import (
     ORACLE_ERROR,
     Decision,
@@ -69,12 +69,6 @@ __all__ = ["LEDGER_KEY", "BudgetGuard", "GuardState", "OracleErrorPolicy", "Tool
 
 OracleErrorPolicy = Literal["accept_if_fits", "reject"]
 ToolErrorPolicy = Literal["raise", "message"]
-
-
-def _messages_of(state: Any) -> Sequence[AnyMessage]:
-    if isinstance(state, Mapping):
-        return state.get("messages") or []
-    return getattr(state, "messages", None) or []
 
 
 class BudgetGuard:
@@ -463,7 +457,7 @@ class BudgetGuard:
         """Before a model call: start a new episode's oracle, release unused reservations, sync state."""
         channel = channel_of(state)
         episode = self.episodes.get(self.episode_id(state, config), channel)
-        self._start(episode, channel, _messages_of(state))
+        self._start(episode, channel, messages_of(state))
         return self._settle(episode, state, reason=RELEASED_UNUSED)
 
     def finish(self, state: Any, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
@@ -544,7 +538,7 @@ class BudgetGuard:
         """Gate the last AIMessage's tool calls (sync). Returns a state update.
 
         ``settle=False`` when :meth:`prepare` already ran since the last tool step (the
-        middleware's ``before_model``), so unused reservations are not looked for twice.
+        middleware settles before each model call), so unused reservations are not looked for twice.
         """
         gen = gate_batch(self, state, config, settle)
         try:

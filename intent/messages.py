@@ -29,8 +29,9 @@ __all__ = [
     "first_human_text",
     "json_artifact",
     "last_ai",
-    "model_args",
     "merge_identical",
+    "messages_of",
+    "model_args",
     "model_schema",
     "raised_bill",
     "result_message",
@@ -64,6 +65,13 @@ def last_ai(messages: Sequence[AnyMessage]) -> tuple[int, AIMessage | None]:
         if isinstance(messages[i], AIMessage):
             return i, messages[i]  # type: ignore[return-value]
     return -1, None
+
+
+def messages_of(state: Any) -> Sequence[AnyMessage]:
+    """The messages of a state (a dict, or an object with the attribute); empty when none."""
+    if isinstance(state, Mapping):
+        return state.get("messages") or []
+    return getattr(state, "messages", None) or []
 
 
 def answered_after(messages: Sequence[AnyMessage], index: int) -> set[str]:

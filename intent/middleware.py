@@ -25,7 +25,7 @@ knows the guard only through these methods, so it does not import :mod:`intent.g
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Annotated, Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
@@ -236,38 +236,52 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 request = request.override(state={**state, LEDGER_KEY: channel})
         return request, settled
 
-    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
-        guard, state, config = self.guard, request.state, current_config()
+    def _model_step(self, request: ModelRequest, config: Any) -> Generator[tuple[str, Any], Any, Any]:
+        """One model step, written once for the sync and async hooks: yields ``("model", request)``
+        for each model call and ``("gate", state)`` for each gate, receives their results, and
+        returns the step's response."""
+        state = request.state
         request, settled = self._settled_request(request, config)
         step = _Step(state, settled)
         while True:
-            prepared = self._prepare(request, config)
-            # every execution of the model reserved and charged, with model_prices
-            result = guard.wrap_model_call(prepared, handler) if guard.meters_models else handler(prepared)
+            result = yield "model", self._prepare(request, config)
             gated_state = step.open(result, gate=self.gates_in_model_call)
             if gated_state is not None:
-                step.updates.append(guard.gate(gated_state, config, settle=False))
+                step.updates.append((yield "gate", gated_state))
             shown = step.ask_again()
             if shown is None:
                 return step.close()
             request = request.override(messages=[*request.messages, *shown])
 
+    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
+        guard, config = self.guard, current_config()
+        run = self._model_step(request, config)
+        kind, arg = next(run)
+        while True:
+            if kind == "model":  # every execution of the model reserved and charged, with model_prices
+                out = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
+            else:
+                out = guard.gate(arg, config, settle=False)
+            try:  # only the step's own end: the model and the gate run outside it
+                kind, arg = run.send(out)
+            except StopIteration as stop:
+                return stop.value
+
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> Any:
-        guard, state, config = self.guard, request.state, current_config()
-        request, settled = self._settled_request(request, config)
-        step = _Step(state, settled)
+        guard, config = self.guard, current_config()
+        run = self._model_step(request, config)
+        kind, arg = next(run)
         while True:
-            prepared = self._prepare(request, config)
-            result = await guard.awrap_model_call(prepared, handler) if guard.meters_models else await handler(prepared)
-            gated_state = step.open(result, gate=self.gates_in_model_call)
-            if gated_state is not None:
-                step.updates.append(await guard.agate(gated_state, config, settle=False))
-            shown = step.ask_again()
-            if shown is None:
-                return step.close()
-            request = request.override(messages=[*request.messages, *shown])
+            if kind == "model":
+                out = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
+            else:
+                out = await guard.agate(arg, config, settle=False)
+            try:
+                kind, arg = run.send(out)
+            except StopIteration as stop:
+                return stop.value
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:
