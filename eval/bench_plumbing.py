@@ -12,14 +12,25 @@ minus the arm with no middleware. It bounds what any guard built from these hook
   the same with the guard's state schema (the ledger channel), with a state update returned from
   the model call (``ExtendedModelResponse``, as the gate does), and with a ledger write from each
   tool step (as the metered run does): what carrying the guard's state costs;
-* the five-hook shape the guard had before its gate moved into the model call.
+* the five-hook shape the guard had before its gate moved into the model call;
+* a floor: :class:`MinimalGate`, the least a gate with the guard's state contract can do (price
+  each call, check it fits, reserve it and write the decision to graph state from the model call;
+  at the tool step read the decision from state, validate the arguments, run, commit and write
+  the charge), then ``BudgetGuard`` itself;
+* the same three hook shapes, the floor and the guard once more with LangChain's tracing of the
+  middleware's ``wrap_*`` hooks taken out (``create_agent`` wraps each such hook in a LangSmith
+  ``traceable`` span, which runs on every call even with tracing off, and a middleware cannot opt
+  out): what that tracing costs. A measurement only: the library never patches LangChain.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
+import uuid
+from collections.abc import Iterator
 import statistics
 import time
 from typing import Any
@@ -27,10 +38,11 @@ from typing import Any
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain.agents.middleware.types import ExtendedModelResponse
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.types import Command
 
+from intent import AcceptAll, BudgetGuard, Market, PricedTool
 from intent.middleware import BudgetState
 from intent.progress import progress
 from intent.testing import scripted
@@ -75,8 +87,82 @@ def _arm(hooks: tuple[str, ...], *, schema: bool = False, model_update: bool = F
                 body)
 
 
+class MinimalGate(AgentMiddleware):
+    """A floor, not a guard: the least work a gate with ``BudgetGuard``'s state contract does.
+
+    The model call prices each proposed call, checks that it fits, reserves it and returns the
+    decisions and reservations as a state update; the tool step reads its decision from graph
+    state, validates the arguments against the tool's schema, runs the tool once, commits the
+    charge and writes it to state. None of the guard's other duties (retries metered per run,
+    calls answered by other middleware, duplicate ids, re-pricing, edits re-gated, bills, logs,
+    oracles, shared budgets): what any guard with these hooks and this state must pay at least.
+    """
+
+    state_schema = BudgetState
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prices, self.budget, self.held = {"echo": 1.0}, 1e9, 0.0
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        response = handler(request)
+        ai = response.result[-1]
+        if not isinstance(ai, AIMessage) or not ai.tool_calls:
+            return response
+        if not ai.id:
+            ai.id = f"lc_{uuid.uuid4()}"
+        entries: dict[str, Any] = {}
+        decisions: dict[str, Any] = {}
+        for call in ai.tool_calls:
+            key, price = f"{ai.id}:{call['id']}", self.prices[call["name"]]
+            accept = self.held + price <= self.budget
+            if accept:
+                self.held += price
+                entries[key] = _entry(key, call["id"], price, "reserved")
+            decisions[key] = {"accept": accept, "tool": call["name"], "args": call["args"], "price": price}
+        update = {"intent_ledger": {"episode_id": "e", "budget": self.budget, "entries": entries,
+                                    "decisions": decisions}}
+        return ExtendedModelResponse(model_response=response, command=Command(update=update))
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        call, state = request.tool_call, request.state
+        ai = next(m for m in reversed(state["messages"])
+                  if isinstance(m, AIMessage) and any(c["id"] == call["id"] for c in m.tool_calls))
+        key = f"{ai.id}:{call['id']}"
+        decision = state["intent_ledger"]["decisions"][key]
+        if not decision["accept"]:
+            return ToolMessage("refused", tool_call_id=call["id"], status="error")
+        request.tool.tool_call_schema.model_validate(call["args"])
+        message = handler(request)
+        return Command(update={"messages": [message], "intent_ledger": {
+            "entries": {key: _entry(key, call["id"], decision["price"], "committed", execution=1)}}})
+
+
+def _entry(key: str, tool_call_id: str, amount: float, status: str, execution: int = 0) -> dict[str, Any]:
+    return {"call_id": key, "tool": "echo", "amount": amount, "status": status, "seq": 0, "market_version": 0,
+            "tool_call_id": tool_call_id, "execution": execution, "overrun": 0.0, "kind": "tool"}
+
+
+def _guard() -> AgentMiddleware:
+    return BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), 1e9).middleware()
+
+
+@contextlib.contextmanager
+def _without_hook_tracing() -> Iterator[None]:
+    """``create_agent`` inside this block does not wrap the middleware's ``wrap_*`` hooks in
+    LangSmith spans (it reads ``traceable`` when the agent is built). For measuring only."""
+    import langchain.agents.factory as factory
+
+    traceable = factory.traceable
+    factory.traceable = lambda *args, **kwargs: (lambda fn: fn)
+    try:
+        yield
+    finally:
+        factory.traceable = traceable
+
+
 GUARD_HOOKS = ("wrap_model_call", "wrap_tool_call", "after_agent")
-ARMS: dict[str, type[AgentMiddleware] | None] = {
+ARMS: dict[str, Any] = {
     "no middleware": None,
     "before_model only": _arm(("before_model",)),
     "after_model only": _arm(("after_model",)),
@@ -87,7 +173,17 @@ ARMS: dict[str, type[AgentMiddleware] | None] = {
     "+ state update from the model call": _arm(GUARD_HOOKS, schema=True, model_update=True),
     "+ ledger write from each tool step": _arm(GUARD_HOOKS, schema=True, model_update=True, tool_update=True),
     "five hooks (the gate in after_model)": _arm(("before_model", "after_model", *GUARD_HOOKS)),
+    "minimal gate (a floor)": MinimalGate,
+    "BudgetGuard": _guard,
 }
+# Arms built with LangChain's hook tracing taken out (see _without_hook_tracing).
+UNTRACED = {
+    "untraced: guard's 3 hooks": ARMS["guard's 3 hooks"],
+    "untraced: + ledger write from each tool step": ARMS["+ ledger write from each tool step"],
+    "untraced: minimal gate (a floor)": MinimalGate,
+    "untraced: BudgetGuard": _guard,
+}
+ARMS.update(UNTRACED)
 _ECHO = StructuredTool.from_function(lambda x: str(x), name="echo", description="returns its input")
 
 
@@ -95,8 +191,9 @@ def _episode(arm: str, calls: int) -> float:
     script = [AIMessage("", tool_calls=[{"name": "echo", "args": {"x": i}, "id": f"c{i}", "type": "tool_call"}])
               for i in range(calls)]
     middleware = ARMS[arm]
-    agent = create_agent(scripted([*script, AIMessage("done")]), [_ECHO],
-                         middleware=[] if middleware is None else [middleware()])
+    with _without_hook_tracing() if arm in UNTRACED else contextlib.nullcontext():
+        agent = create_agent(scripted([*script, AIMessage("done")]), [_ECHO],
+                             middleware=[] if middleware is None else [middleware()])
     agent = agent.with_config(recursion_limit=4 * calls + 10)
     gc.collect()
     gc.disable()  # a collection inside one arm's episode is noise the other arms do not pay

@@ -18,3 +18,44 @@ def test_bench_plumbing_runs_every_arm_and_subtracts_the_bare_agent():
     result = bench_plumbing.run(calls=2, episodes=1, repeats=1)
     assert set(bench_plumbing.ARMS) <= set(result)
     assert result["no middleware"] == 0.0 and result["no middleware (ms per call)"] > 0
+
+
+def test_the_minimal_gate_floor_really_gates_reserves_and_charges_through_graph_state():
+    # The floor is only a floor if it does the work it claims: decisions and reservations written
+    # from the model call, each call run once, committed, and the charge in graph state.
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from eval import bench_plumbing
+    from intent import BudgetLedger
+    from intent.testing import scripted
+
+    calls = 4
+    script = [AIMessage("", tool_calls=[{"name": "echo", "args": {"x": i}, "id": f"c{i}", "type": "tool_call"}])
+              for i in range(calls)]
+    gate = bench_plumbing.MinimalGate()
+    gate.budget = 2.5  # two calls of 1.0 fit, the third does not
+    agent = create_agent(scripted([*script, AIMessage("done")]), [bench_plumbing._ECHO], middleware=[gate])
+    state = agent.invoke({"messages": [HumanMessage("go")]})
+    channel = state["intent_ledger"]
+    assert sorted(d["accept"] for d in channel["decisions"].values()) == [False, False, True, True]
+    ledger = BudgetLedger.from_state(channel)
+    assert ledger.spent == 2.0 and ledger.reserved == 0.0
+    refused = [m for m in state["messages"] if getattr(m, "status", "") == "error"]
+    assert len(refused) == 2
+
+
+def test_hook_tracing_is_taken_out_only_inside_the_block_and_put_back_after_an_error():
+    import langchain.agents.factory as factory
+    import pytest
+
+    from eval import bench_plumbing
+
+    original = factory.traceable
+    with pytest.raises(RuntimeError):
+        with bench_plumbing._without_hook_tracing():
+            assert factory.traceable is not original
+            fn = lambda: None  # noqa: E731
+            assert factory.traceable(name="x")(fn) is fn  # no span wrapped around the hook
+            raise RuntimeError("boom")
+    assert factory.traceable is original
