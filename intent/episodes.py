@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.messages import AIMessage
 
 from intent.ledger import BudgetLedger
 from intent.market import Market
@@ -39,20 +38,9 @@ class Episode:
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.
     synced: bool = False
-    # How many AI messages the first ``n`` messages hold, and the n-th message itself: the gate's
-    # step number is counted from there instead of over the whole history on every turn.
-    _ai_count: tuple[int, int, Any] = (0, 0, None)
-
-    def count_ai(self, messages: Sequence[Any]) -> int:
-        """The number of AI messages in ``messages`` (the history only grows between turns;
-        if it was edited, it is counted afresh)."""
-        n, count, last = self._ai_count
-        if not (0 < n <= len(messages) and messages[n - 1] is last):
-            n, count = 0, 0
-        count += sum([isinstance(m, AIMessage) for m in messages[n:]])
-        if messages:
-            self._ai_count = (len(messages), count, messages[-1])
-        return count
+    # The task, fixed when the episode starts (the first human message then; from graph state when
+    # resumed): a middleware that rewrites the history (a summariser) must not change it mid-episode.
+    query: str | None = None
 
 
 class EpisodeRegistry:

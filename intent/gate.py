@@ -27,11 +27,11 @@ from intent.market import UnpricedToolError
 from intent.messages import (
     answered_after,
     call_key,
-    first_human_text,
     last_ai,
     merge_identical,
     messages_of,
     text_of,
+    turns_before,
 )
 from intent.model_gate import MAX_ASKS
 from intent.oracle import (
@@ -95,8 +95,9 @@ def gate_batch(
     settled = guard._settle(episode, state, reason=RELEASED_UNUSED) if settle else None
     ledger = episode.ledger
     market = guard.market_for(episode_id, channel)
-    query = first_human_text(messages)
-    step = episode.count_ai(messages) - 1
+    query = guard.query_of(episode, channel, messages)
+    turns = (channel or {}).get("turns")
+    step = turns_before(messages, index, turns)
     answered = answered_after(messages, index)
     known_decisions = (channel or {}).get("decisions") or {}
     reasoning = text_of(ai)
@@ -310,7 +311,11 @@ def gate_batch(
     if episode.market is not None:
         channel_update["market"] = market.to_dict()
         channel_update["market_scope"] = "episode"
-    if settled or not channel or decisions or top_ups or channel.get("market_version") != market.version:
+    counted = {"count": step + 1, "last_id": ai.id} if ai.id else turns
+    if counted:
+        channel_update["turns"] = counted  # the next turn is numbered on from this one (turns_before)
+    if (settled or not channel or decisions or top_ups or channel.get("market_version") != market.version
+            or counted != turns):
         update[LEDGER_KEY] = channel_update
     return update or None
 

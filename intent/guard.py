@@ -404,6 +404,8 @@ class BudgetGuard:
                 "allow_overspend": ledger.allow_overspend}
         if ledger.caps:
             base["caps"] = ledger.caps
+        if episode.query is not None:
+            base["query"] = episode.query  # the first state that sets it keeps it (merge_ledger_states)
         return base
 
     # ============================================================ episodes
@@ -417,12 +419,22 @@ class BudgetGuard:
         return str(thread_id) if thread_id is not None else f"episode-{uuid.uuid4().hex[:12]}"
 
     def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> None:
+        query = self.query_of(episode, channel, messages)
         with episode.lock:
             first_time = not episode.started and not channel
             episode.started = True
         if first_time:
-            self._call_hook("start", EpisodeInfo(episode.episode_id, first_human_text(messages), episode.ledger.budget,
+            self._call_hook("start", EpisodeInfo(episode.episode_id, query, episode.ledger.budget,
                                                  self.market_for(episode.episode_id)))
+
+    @staticmethod
+    def query_of(episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> str:
+        """The episode's task: fixed by its first turn (kept in graph state), so a history that a
+        summariser rewrote, whose first human message is now the summary, does not change it."""
+        if episode.query is None:
+            stored = (channel or {}).get("query")
+            episode.query = stored if isinstance(stored, str) else first_human_text(messages)
+        return episode.query
 
     def _settle(self, episode: Episode, state: Any, *, reason: str) -> dict[str, Any] | None:
         """Release reservations nothing will use and write what state has not seen yet.

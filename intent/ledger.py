@@ -578,14 +578,15 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
             known = left.get(key)
             merged[key] = {**known, **(value or {})} if known else dict(value or {})
         elif key in _LATEST_WINS or key not in merged:
-            # Everything else (budget, episode id, overspend flag) is fixed by the first state
-            # that sets it; the market snapshot is the latest one the gate used.
+            # Everything else (budget, episode id, overspend flag, the episode's query) is fixed by
+            # the first state that sets it; the market snapshot and the turn count are the latest
+            # the gate wrote.
             merged[key] = value
     return merged
 
 
 # Model calls are reserved at an estimate of their prompt: a bill above it is not a broken quote.
 _ESTIMATED_KINDS = frozenset({"model", "oracle"})
-_LATEST_WINS = frozenset({"market", "market_version", "market_scope"})
+_LATEST_WINS = frozenset({"market", "market_version", "market_scope", "turns"})
 _UNION = frozenset({"top_ups", "top_up_by", "decisions", "caps"})
 _EVOLVABLE = frozenset({"call_id", "tool", "amount", "status", "market_version", "execution", "overrun", "store_id"})

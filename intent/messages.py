@@ -36,6 +36,7 @@ __all__ = [
     "raised_bill",
     "result_message",
     "text_of",
+    "turns_before",
     "with_update",
 ]
 
@@ -65,6 +66,29 @@ def last_ai(messages: Sequence[AnyMessage]) -> tuple[int, AIMessage | None]:
         if isinstance(messages[i], AIMessage):
             return i, messages[i]  # type: ignore[return-value]
     return -1, None
+
+
+def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[str, Any] | None = None) -> int:
+    """The model turn of the message at ``index`` (the ``step`` of log records and of the oracle's
+    context): how many AIMessages the episode had before it.
+
+    ``counted`` is what the gate wrote last (``{"count": n, "last_id": id}``: the episode's first
+    ``n`` turns end with the AIMessage ``id``). Turns are counted on from that message, not over the
+    history, so a history another middleware rewrote (SummarizationMiddleware replaces old turns
+    with a summary) never numbers a turn twice. If that message is gone from the history, every
+    AIMessage before ``index`` is counted as new: numbers stay unique and increasing, with a gap.
+    """
+    last_id = (counted or {}).get("last_id")
+    if not last_id:
+        return sum(1 for m in messages[:index] if isinstance(m, AIMessage))
+    count = int(counted["count"])  # type: ignore[index]
+    if index < len(messages) and getattr(messages[index], "id", None) == last_id:
+        return count - 1  # the turn counted last, gated again (a resumed or repeated gate)
+    for j in range(min(index, len(messages)) - 1, -1, -1):
+        m = messages[j]
+        if isinstance(m, AIMessage) and m.id == last_id:
+            return count + sum(1 for x in messages[j + 1:index] if isinstance(x, AIMessage))
+    return count + sum(1 for m in messages[:index] if isinstance(m, AIMessage))
 
 
 def messages_of(state: Any) -> Sequence[AnyMessage]:

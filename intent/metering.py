@@ -38,7 +38,6 @@ from intent.messages import (
     billed_amount,
     call_key,
     find_call,
-    first_human_text,
     json_artifact,
     model_args,
     raised_bill,
@@ -183,7 +182,7 @@ class CallRun:
     # Read only for a log record or an edited call's re-gate, so not computed on every run.
     @functools.cached_property
     def query(self) -> str:
-        return first_human_text(self.messages)
+        return self.guard.query_of(self.episode, channel_of(self.request.state), self.messages)
 
     @functools.cached_property
     def reasoning(self) -> str:

@@ -17,7 +17,7 @@ from langgraph.types import Command
 
 from intent import feedback as fb
 from intent.human import HumanTopUps
-from intent.messages import first_human_text
+from intent.messages import turns_before
 from intent.model_meter import MODEL_OVER_BUDGET, MODEL_UNPRICED, ModelCallMeter, ModelCallRefused
 from intent.pricing import UnpricedModelError
 from intent.state import LEDGER_KEY, channel_of, current_config
@@ -42,8 +42,9 @@ class ModelGate:
         channel = channel_of(state)
         episode = self.guard.episodes.get(self.guard.episode_id(state, config), channel)
         messages = list(request.messages)
-        step = sum(1 for m in messages if isinstance(m, AIMessage))
-        meter = ModelCallMeter(self.guard, episode, step=step, query=first_human_text(messages), model=request.model)
+        step = turns_before(messages, len(messages), (channel or {}).get("turns"))  # the turn this call makes
+        meter = ModelCallMeter(self.guard, episode, step=step, query=self.guard.query_of(episode, channel, messages),
+                               model=request.model)
         settings = meter.request_settings(request.model_settings or {})
         prompt = [request.system_message, *messages] if request.system_message is not None else messages
         tools = _tool_schemas(request.tools or [])

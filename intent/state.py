@@ -16,7 +16,8 @@ from typing_extensions import NotRequired, TypedDict
 
 from intent.ledger import merge_ledger_states
 
-__all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "channel_of", "current_config"]
+__all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "TurnCount", "channel_of",
+           "current_config"]
 
 LEDGER_KEY = "intent_ledger"
 
@@ -54,6 +55,13 @@ class DecisionDict(TypedDict, total=False):
     usage: dict[str, float]
 
 
+class TurnCount(TypedDict):
+    """The episode's model turns so far, ending with the AIMessage ``last_id``."""
+
+    count: int
+    last_id: str
+
+
 class LedgerChannel(TypedDict, total=False):
     episode_id: str
     budget: float  # the base budget; top-ups are added on top
@@ -66,6 +74,8 @@ class LedgerChannel(TypedDict, total=False):
     market_version: int
     market: dict[str, Any]
     market_scope: str
+    query: str  # the episode's task, fixed at its first turn (a summarised history keeps it)
+    turns: TurnCount  # how the gate numbers the next model turn (intent.messages.turns_before)
 
 
 class GuardState(TypedDict):

@@ -114,7 +114,8 @@ def assert_one_record_per_call(messages: Sequence[AnyMessage], records: Sequence
     after a run are further records of the same call, not second answers.
 
     Calls are told apart by (model turn, id), so an id reused in a later message is a new call;
-    the turn is the AIMessage's index among the AIMessages, the records' ``step``."""
+    the turn is the AIMessage's index among the AIMessages, the records' ``step`` (so ``messages``
+    is the whole history, not one a summariser rewrote)."""
     turns = [m for m in messages if isinstance(m, AIMessage)]
     proposed = Counter((step, c["id"]) for step, m in enumerate(turns) for c in [*m.tool_calls, *m.invalid_tool_calls])
     answers: Counter[tuple[int, str]] = Counter()

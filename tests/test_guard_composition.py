@@ -788,3 +788,43 @@ def test_runs_without_a_thread_id_that_reuse_one_input_stay_separate_episodes():
     assert [guard.ledger(out).spent for out in outs] == [6.0] * 4
     assert len({r.task_id for r in sink.records}) == 4
     assert len(guard.episodes) == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+def test_a_summarised_history_keeps_the_turn_numbers_and_the_task(gate_at, use_async):
+    # SummarizationMiddleware replaces old turns with a summary (a new first human message). The
+    # guard must still number each model turn once (log records are ordered by it, an oracle keys
+    # its per-turn state by it) and keep the episode's task as it was given.
+    from langchain.agents.middleware import SummarizationMiddleware
+
+    seen: list[tuple[int, str]] = []
+
+    class Recording(Oracle):
+        def decide(self, ctx: Any) -> Decision:
+            seen.append((ctx.step, ctx.query))
+            return Decision.accepted()
+
+    from intent import ModelPrice
+
+    runs, sink = Runs(), MemoryLogSink()
+    # The agent's model calls are priced too: each is charged under the turn it makes.
+    guard = BudgetGuard(Recording(), market(a=1.0), 50, log_sink=sink, gate_at=gate_at,
+                        model_prices={"scripted-model": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0)})
+    turns = 6
+    summariser = scripted([AIMessage("an earlier turn called a") for _ in range(turns)])
+    replies = [*(ai(call("a", x=i), usage=(10, 5)) for i in range(turns)), ai(text="done", usage=(10, 5))]
+    agent = create_agent(
+        scripted(replies), [make_tool("a", runs)],
+        middleware=[SummarizationMiddleware(summariser, trigger=("messages", 4), keep=("messages", 2)),
+                    guard.middleware()])
+    out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
+    assert any("an earlier turn called a" in str(m.content) for m in out["messages"])  # it did summarise
+    task = USER["messages"][0][1]
+    assert seen == [(i, task) for i in range(turns)]
+    ran = [r for r in sink.records if r.execution == 1]
+    assert [r.step for r in ran if r.kind == "tool"] == list(range(turns))
+    assert [r.step for r in ran if r.kind == "model"] == list(range(turns + 1))
+    assert {r.query for r in sink.records} == {task}
+    ledger = guard.ledger(out)
+    assert ledger.spent_by_kind()["tool"] == turns * 1.0 and ledger.reserved == 0

@@ -127,22 +127,27 @@ def test_gate_at_is_checked_and_auto_picks_the_hook_a_human_top_up_needs():
         BudgetGuardAfterModelMiddleware
 
 
-def test_the_step_count_follows_a_history_that_grows_is_trimmed_or_is_rewritten():
-    # The gate numbers steps by the AI messages so far, counted on from the last turn; a
-    # history that a middleware trimmed or rewrote must be counted afresh.
+def test_turns_are_numbered_on_from_the_last_counted_one_never_again_after_a_rewrite():
+    # The gate numbers turns on from the AIMessage it counted last (graph state's "turns"), so a
+    # history a middleware trimmed or rewrote (a summariser) never numbers a turn twice.
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-    from intent.episodes import Episode
-    from intent.ledger import BudgetLedger
+    from intent.messages import turns_before
 
-    episode = Episode("e", BudgetLedger(10.0))
     history = [HumanMessage("go")]
     for i in range(5):
-        history = [*history, AIMessage(f"a{i}"), ToolMessage("r", tool_call_id=f"c{i}")]
-        assert episode.count_ai(history) == i + 1
-    trimmed = [history[0], *history[-2:]]  # a summariser kept the last turn only
-    assert episode.count_ai(trimmed) == 1
-    rewritten = [HumanMessage("go"), AIMessage("x"), AIMessage("y"), ToolMessage("r", tool_call_id="c")]
-    assert episode.count_ai(rewritten) == 2  # same length as before, other messages
-    assert episode.count_ai([*rewritten, AIMessage("z")]) == 3
-    assert episode.count_ai([]) == 0
+        history = [*history, AIMessage(f"a{i}", id=f"m{i}"), ToolMessage("r", tool_call_id=f"c{i}")]
+    assert turns_before(history, len(history)) == 5  # nothing counted yet: the history is counted
+    assert turns_before(history, 3) == 1
+    counted = {"count": 5, "last_id": "m4"}
+    assert turns_before(history, 9, counted) == 4  # the last counted turn, gated again
+    nxt = [*history, AIMessage("a5", id="m5")]
+    assert turns_before(nxt, 11, counted) == 5
+    # A summariser kept the last turn only: the next turn is still the sixth.
+    trimmed = [HumanMessage("summary of the conversation"), *history[-2:], AIMessage("a5", id="m5")]
+    assert turns_before(trimmed, 3, counted) == 5
+    # The counted message itself is gone: every AIMessage left is taken as new (a gap, never a repeat).
+    rewritten = [HumanMessage("summary"), AIMessage("x", id="x"), AIMessage("y", id="y")]
+    assert turns_before(rewritten, 2, counted) == 6
+    assert turns_before([], 0, counted) == 5
+    assert turns_before(history, len(history), {"count": 3, "last_id": ""}) == 5  # no id: counted afresh
