@@ -87,7 +87,7 @@ def _lease(ledger: Any, charge_id: str) -> Any:
     return LeaseKeeper(store, key, entry.store_id if entry and entry.store_id else f"{run_id}/{charge_id}")
 
 
-def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMessage:
+def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMessage | Command:
     """The metered run of ``request``'s call, or a refusal if the gate never reserved it."""
     call = request.tool_call
     cid, name = call["id"], call["name"]
@@ -99,14 +99,42 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
     episode = guard.episodes.get(str(channel["episode_id"]), channel)
     key = call_key(ai, index, cid)
-    meta = dict((channel.get("decisions") or {}).get(key) or {})
+    decisions = channel.get("decisions") or {}
+    turns: dict[str, Any] | None = None
+    if key not in decisions and key not in episode.ledger:
+        rebuilt = _rebuilt_call_key(channel, messages, index, ai, cid)
+        if rebuilt is not None:
+            # The next turn is numbered on from the rebuilt message, the one in the history.
+            key, turns = rebuilt, {"count": channel["turns"]["count"], "last_id": ai.id}
+    meta = dict(decisions.get(key) or {})
     if meta and not meta.get("accept", True):
         # The gate refused it; the answer is given here, where exactly one answer is given.
-        return ToolMessage(str(meta.get("feedback") or fb.generic_rejection(name)), tool_call_id=cid, name=name,
-                           status="error", artifact={"intent_reason": meta.get("reason", "")})
+        refusal = ToolMessage(str(meta.get("feedback") or fb.generic_rejection(name)), tool_call_id=cid, name=name,
+                              status="error", artifact={"intent_reason": meta.get("reason", "")})
+        return refusal if turns is None else Command(update={"messages": [refusal], LEDGER_KEY: {"turns": turns}})
     if key not in episode.ledger:
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
-    return CallRun(guard, episode, key, request, meta, messages, ai)
+    run = CallRun(guard, episode, key, request, meta, messages, ai)
+    run.turns = turns
+    return run
+
+
+def _rebuilt_call_key(channel: Mapping[str, Any], messages: Sequence[AnyMessage], index: int, ai: AIMessage,
+                      cid: str) -> str | None:
+    """The gated call that a middleware outside the guard re-made after the gate: it returned the
+    model's message rebuilt, with another id (or none, and add_messages gave it one), so the message
+    the gate decided never reached the history. The running call is that message's call of the
+    same id when it is in the latest AIMessage and the gated message is nowhere in the history;
+    the metered run then re-gates it if its tool or arguments changed, as for a reviewer's edit."""
+    last_id = (channel.get("turns") or {}).get("last_id")
+    if not last_id or ai.id == last_id:
+        return None
+    if any(isinstance(m, AIMessage) for m in messages[index + 1:]):
+        return None  # not the latest turn's message
+    if any(getattr(m, "id", None) == last_id for m in messages):
+        return None  # the gated message is in the history: this is another message
+    key = f"{last_id}:{cid}"
+    return key if key in (channel.get("decisions") or {}) else None
 
 
 class MeteredTool:
@@ -178,6 +206,7 @@ class CallRun:
         self.last_outcome: Outcome | None = None
         self.regated = False
         self.refused = False  # a run was refused: its record already says why the reservation went unused
+        self.turns: dict[str, Any] | None = None  # written with the charge: the call's message was rebuilt
 
     # Read only for a log record or an edited call's re-gate, so not computed on every run.
     @functools.cached_property
@@ -442,4 +471,6 @@ class CallRun:
                 message = message.model_copy(update={"content": f"{text_of(message)}\n{note}"})
         update = {LEDGER_KEY: self.guard._channel_base(episode) | {
             "entries": {e.call_id: e.to_dict() for e in entries}}}
+        if self.turns is not None:
+            update[LEDGER_KEY]["turns"] = self.turns
         return with_update(result, self.tool_call_id, message, update)

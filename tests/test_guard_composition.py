@@ -828,3 +828,49 @@ def test_a_summarised_history_keeps_the_turn_numbers_and_the_task(gate_at, use_a
     assert {r.query for r in sink.records} == {task}
     ledger = guard.ledger(out)
     assert ledger.spent_by_kind()["tool"] == turns * 1.0 and ledger.reserved == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("budget", [50.0, 4.0])
+@pytest.mark.parametrize("rebuild", ["new_id", "no_id", "new_args"])
+def test_a_message_rebuilt_outside_the_guard_still_runs_its_gated_calls(rebuild, budget, use_async):
+    # A custom middleware listed before the guard (so outside its model call) returns the model's
+    # message rebuilt: another id, or none. The calls the gate decided must still run (or stay
+    # refused), be paid and be answered once with one record, turns numbered as in the history;
+    # a rebuilt call with other arguments is re-gated, as a reviewer's edit is.
+    from langchain.agents.middleware import AgentMiddleware
+
+    class Rebuild(AgentMiddleware):
+        def _rebuilt(self, response: Any) -> Any:
+            msg = response.result[-1]
+            calls = [{**c, "args": {"x": c["args"]["x"] + 100}} if rebuild == "new_args" else c
+                     for c in msg.tool_calls]
+            return AIMessage(content=msg.content, tool_calls=calls,
+                             **({} if rebuild == "no_id" else {"id": f"rebuilt-{msg.id}"}))
+
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            return self._rebuilt(handler(request))
+
+        async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+            return self._rebuilt(await handler(request))
+
+    decided: list[int] = []
+
+    class Recording(Oracle):
+        def decide(self, ctx: Any) -> Decision:
+            decided.append(ctx.args["x"])
+            return Decision.accepted()
+
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(Recording(), market(a=2.0, b=3.0), budget, log_sink=sink)
+    agent = create_agent(scripted([ai(call("a", x=1), call("b", x=2)), ai(call("a", x=3)), AIMessage("done")]),
+                         [make_tool("a", runs), make_tool("b", runs)], middleware=[Rebuild(), guard.middleware()])
+    out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
+    # With a budget of 4, b (3) does not fit after a (2): refused at the gate, never run.
+    assert runs.counts == (Counter({"a": 2, "b": 1}) if budget == 50 else Counter({"a": 2}))
+    refused = [m.tool_call_id for m in msgs_of(out) if isinstance(m, ToolMessage) and m.status == "error"]
+    assert len(refused) == (0 if budget == 50 else 1)
+    assert_invariants(guard, out, runs, {"a": 2.0, "b": 3.0}, budget, sink)
+    # New arguments are decided again before they run; the same ones are not.
+    again = [101, 103] if budget == 4 else [101, 102, 103]
+    assert sorted(decided) == ([1, 2, 3, *again] if rebuild == "new_args" else [1, 2, 3])
