@@ -311,7 +311,10 @@ def gate_batch(
     if episode.market is not None:
         channel_update["market"] = market.to_dict()
         channel_update["market_scope"] = "episode"
-    counted = {"count": step + 1, "last_id": ai.id} if ai.id else turns
+    # The calls as the message that reaches the history has them (ids renamed, copies merged): a
+    # middleware outside the model call that rebuilds that message is found by them (turns_before).
+    counted = {"count": step + 1, "last_id": ai.id, "call_ids": [
+        c["id"] for c in [*calls, *(ai.invalid_tool_calls or [])] if c.get("id")]} if ai.id else turns
     if counted:
         channel_update["turns"] = counted  # the next turn is numbered on from this one (turns_before)
     if (settled or not channel or decisions or top_ups or channel.get("market_version") != market.version

@@ -72,23 +72,37 @@ def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[st
     """The model turn of the message at ``index`` (the ``step`` of log records and of the oracle's
     context): how many AIMessages the episode had before it.
 
-    ``counted`` is what the gate wrote last (``{"count": n, "last_id": id}``: the episode's first
-    ``n`` turns end with the AIMessage ``id``). Turns are counted on from that message, not over the
-    history, so a history another middleware rewrote (SummarizationMiddleware replaces old turns
-    with a summary) never numbers a turn twice. If that message is gone from the history, every
-    AIMessage before ``index`` is counted as new: numbers stay unique and increasing, with a gap.
+    ``counted`` is what the gate wrote last (``{"count": n, "last_id": id, "call_ids": [...]}``: the
+    episode's first ``n`` turns end with the AIMessage ``id``, which proposed those calls). Turns are
+    counted on from that message, not over the history, so a history another middleware rewrote
+    (SummarizationMiddleware replaces old turns with a summary) never numbers a turn twice. A message
+    a middleware rebuilt with another id after the gate is found by its calls' ids instead. If the
+    message is gone from the history, every AIMessage before ``index`` is counted as new: numbers stay
+    unique and increasing, with a gap.
     """
     last_id = (counted or {}).get("last_id")
     if not last_id:
         return sum(1 for m in messages[:index] if isinstance(m, AIMessage))
     count = int(counted["count"])  # type: ignore[index]
+    end = min(index, len(messages))
     if index < len(messages) and getattr(messages[index], "id", None) == last_id:
         return count - 1  # the turn counted last, gated again (a resumed or repeated gate)
-    for j in range(min(index, len(messages)) - 1, -1, -1):
+    for j in range(end - 1, -1, -1):
         m = messages[j]
         if isinstance(m, AIMessage) and m.id == last_id:
             return count + sum(1 for x in messages[j + 1:index] if isinstance(x, AIMessage))
+    call_ids = list((counted or {}).get("call_ids") or ())
+    if call_ids:
+        for j in range(end - 1, -1, -1):
+            m = messages[j]
+            if isinstance(m, AIMessage) and _call_ids(m) == call_ids:
+                return count + sum(1 for x in messages[j + 1:index] if isinstance(x, AIMessage))
     return count + sum(1 for m in messages[:index] if isinstance(m, AIMessage))
+
+
+def _call_ids(ai: AIMessage) -> list[str]:
+    """The ids of a message's calls, well-formed then malformed (what the gate counts a turn by)."""
+    return [c["id"] for c in [*ai.tool_calls, *ai.invalid_tool_calls] if c.get("id")]
 
 
 def messages_of(state: Any) -> Sequence[AnyMessage]:

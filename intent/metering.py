@@ -87,7 +87,7 @@ def _lease(ledger: Any, charge_id: str) -> Any:
     return LeaseKeeper(store, key, entry.store_id if entry and entry.store_id else f"{run_id}/{charge_id}")
 
 
-def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMessage | Command:
+def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMessage:
     """The metered run of ``request``'s call, or a refusal if the gate never reserved it."""
     call = request.tool_call
     cid, name = call["id"], call["name"]
@@ -100,23 +100,16 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     episode = guard.episodes.get(str(channel["episode_id"]), channel)
     key = call_key(ai, index, cid)
     decisions = channel.get("decisions") or {}
-    turns: dict[str, Any] | None = None
     if key not in decisions and key not in episode.ledger:
-        rebuilt = _rebuilt_call_key(channel, messages, index, ai, cid)
-        if rebuilt is not None:
-            # The next turn is numbered on from the rebuilt message, the one in the history.
-            key, turns = rebuilt, {"count": channel["turns"]["count"], "last_id": ai.id}
+        key = _rebuilt_call_key(channel, messages, index, ai, cid) or key
     meta = dict(decisions.get(key) or {})
     if meta and not meta.get("accept", True):
         # The gate refused it; the answer is given here, where exactly one answer is given.
-        refusal = ToolMessage(str(meta.get("feedback") or fb.generic_rejection(name)), tool_call_id=cid, name=name,
-                              status="error", artifact={"intent_reason": meta.get("reason", "")})
-        return refusal if turns is None else Command(update={"messages": [refusal], LEDGER_KEY: {"turns": turns}})
+        return ToolMessage(str(meta.get("feedback") or fb.generic_rejection(name)), tool_call_id=cid, name=name,
+                           status="error", artifact={"intent_reason": meta.get("reason", "")})
     if key not in episode.ledger:
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
-    run = CallRun(guard, episode, key, request, meta, messages, ai)
-    run.turns = turns
-    return run
+    return CallRun(guard, episode, key, request, meta, messages, ai)
 
 
 def _rebuilt_call_key(channel: Mapping[str, Any], messages: Sequence[AnyMessage], index: int, ai: AIMessage,
@@ -206,7 +199,6 @@ class CallRun:
         self.last_outcome: Outcome | None = None
         self.regated = False
         self.refused = False  # a run was refused: its record already says why the reservation went unused
-        self.turns: dict[str, Any] | None = None  # written with the charge: the call's message was rebuilt
 
     # Read only for a log record or an edited call's re-gate, so not computed on every run.
     @functools.cached_property
@@ -471,6 +463,4 @@ class CallRun:
                 message = message.model_copy(update={"content": f"{text_of(message)}\n{note}"})
         update = {LEDGER_KEY: self.guard._channel_base(episode) | {
             "entries": {e.call_id: e.to_dict() for e in entries}}}
-        if self.turns is not None:
-            update[LEDGER_KEY]["turns"] = self.turns
         return with_update(result, self.tool_call_id, message, update)

@@ -56,10 +56,11 @@ class DecisionDict(TypedDict, total=False):
 
 
 class TurnCount(TypedDict):
-    """The episode's model turns so far, ending with the AIMessage ``last_id``."""
+    """The episode's model turns so far, ending with the AIMessage ``last_id`` and its calls' ids."""
 
     count: int
     last_id: str
+    call_ids: list[str]
 
 
 class LedgerChannel(TypedDict, total=False):

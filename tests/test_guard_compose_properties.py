@@ -2,7 +2,8 @@
 
 Random stacks of ToolRetryMiddleware, ToolCallLimitMiddleware, HumanInTheLoopMiddleware
 (approve / edit / reject), ModelCallLimitMiddleware, ModelRetryMiddleware (the model fails some
-executions) and a custom middleware that answers some calls itself, in random orders around the
+executions), a custom middleware that answers some calls itself and one that returns the model's
+message rebuilt with a new id (outside the guard's model call, after its gate), in random orders around the
 guard, which gates inside the model call or in an after_model hook (``gate_at``); replies of
 malformed calls only; flaky tools; parallel batches;
 call ids duplicated inside a message and reused across messages. Each example runs sync
@@ -12,6 +13,7 @@ and async through ``create_agent``. After every run:
 * nothing stays reserved;
 * every proposed call is answered by exactly one ToolMessage and has exactly one answering
   log record (its refusal, its first run, its release, or ``answered`` by another middleware);
+* no call is answered as "never approved by the guard": the gate saw each one;
 * one execution record per run of a tool, and the log's charges add up to the spend;
 * without a model call limit the run reaches the script's final answer (malformed replies go
   back to the model, failed executions are retried);
@@ -34,6 +36,7 @@ from langchain.agents import create_agent
 from langchain.agents.middleware import (
     AgentMiddleware,
     HumanInTheLoopMiddleware,
+    ModelResponse,
     ModelCallLimitMiddleware,
     ModelRetryMiddleware,
     ToolCallLimitMiddleware,
@@ -83,6 +86,29 @@ class Answerer(AgentMiddleware):
         return await handler(request)
 
 
+class Rebuilder(AgentMiddleware):
+    """A custom middleware that returns the model's last message rebuilt, with a new id."""
+
+    @property
+    def name(self) -> str:
+        return "Rebuilder"
+
+    @staticmethod
+    def _rebuilt(response: Any) -> Any:
+        *earlier, msg = response.result
+        if not isinstance(msg, AIMessage):
+            return response
+        copy = AIMessage(content=msg.content, tool_calls=msg.tool_calls, invalid_tool_calls=msg.invalid_tool_calls,
+                         id=f"rebuilt-{msg.id}")
+        return ModelResponse(result=[*earlier, copy], structured_response=response.structured_response)
+
+    def wrap_model_call(self, request, handler):
+        return self._rebuilt(handler(request))
+
+    async def awrap_model_call(self, request, handler):
+        return self._rebuilt(await handler(request))
+
+
 def make_tools(fail_runs: dict[str, set[int]], runs: Counter, xs: Counter) -> list[StructuredTool]:
     def make(name: str) -> StructuredTool:
         def run(x: int = 0) -> str:
@@ -110,7 +136,7 @@ def scenario(draw: Any) -> dict[str, Any]:
     # ToolCallLimitMiddleware and HumanInTheLoopMiddleware together answer a rejected call twice
     # without any guard (both answer it in after_model), so a stack holds at most one of them.
     reviewer = draw(st.sampled_from([[], ["limit"], ["hitl"]]))
-    stack = reviewer + draw(st.lists(st.sampled_from(["retry", "model_limit", "answerer", "model_retry"]),
+    stack = reviewer + draw(st.lists(st.sampled_from(["retry", "model_limit", "answerer", "model_retry", "rebuilder"]),
                                      unique=True))
     order = draw(st.permutations(["guard", *stack]))
     return {
@@ -145,6 +171,7 @@ def build_stack(sc: dict[str, Any], guard: BudgetGuard) -> list[Any]:
         "model_limit": ModelCallLimitMiddleware(run_limit=sc["model_limit"], exit_behavior="end"),
         "model_retry": ModelRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False, backoff_factor=0.0),
         "answerer": Answerer(),
+        "rebuilder": Rebuilder(),
     }
     return [made[k] for k in sc["order"]]
 
@@ -237,6 +264,9 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     assert abs(ledger.remaining - max(0.0, sc["budget"] - ledger.spent)) < 1e-9
     assert_each_call_answered_once(out["messages"])
     assert_one_record_per_call(out["messages"], sink.records)
+    # The gate saw every call, whatever wraps it (a message rebuilt after the gate included).
+    never_gated = [m for m in out["messages"] if isinstance(m, ToolMessage) and "never approved it" in str(m.content)]
+    assert not never_gated, never_gated
     if "model_limit" not in sc["order"]:
         # Nothing ends the run early: malformed replies went back to the model, failed model
         # executions were retried, and the script's final answer was reached.
@@ -258,6 +288,9 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
         event("a reply of malformed calls only")
     if failures:
         event("the model failed and was retried")
+    if "rebuilder" in sc["order"] and sc["gate_at"] == "model_call" and \
+            sc["order"].index("rebuilder") < sc["order"].index("guard"):
+        event("the model's message rebuilt after the gate")
     if any(r.decision == "answered" for r in sink.records):
         event("a call was answered before the guard's gate")
     if any(r.reason == "over_budget" for r in sink.records):
