@@ -34,13 +34,13 @@ class Episode:
     stopped_reason: str = ""
     # Open carves for sub-agents (intent.nesting), by carve id: the child's ledger.
     carves: dict[str, Any] = field(default_factory=dict)
+    # Calls of a message rebuilt outside the guard, by (message id, call id): the gated call's key
+    # each one took over (intent.metering), so that a retry of the same call finds it again.
+    rebuilt: dict[tuple[str, str], str] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.
     synced: bool = False
-    # The task, fixed when the episode starts (the first human message then; from graph state when
-    # resumed): a middleware that rewrites the history (a summariser) must not change it mid-episode.
-    query: str | None = None
 
 
 class EpisodeRegistry:

@@ -45,7 +45,7 @@ from intent.ledger import BudgetLedger
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, check_amount
 from intent.gate import RELEASED_UNUSED, gate_batch
-from intent.messages import first_human_text, messages_of
+from intent.messages import messages_of, query_of
 from intent.oracle import (
     ORACLE_ERROR,
     Decision,
@@ -404,8 +404,6 @@ class BudgetGuard:
                 "allow_overspend": ledger.allow_overspend}
         if ledger.caps:
             base["caps"] = ledger.caps
-        if episode.query is not None:
-            base["query"] = episode.query  # the first state that sets it keeps it (merge_ledger_states)
         return base
 
     # ============================================================ episodes
@@ -419,22 +417,12 @@ class BudgetGuard:
         return str(thread_id) if thread_id is not None else f"episode-{uuid.uuid4().hex[:12]}"
 
     def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> None:
-        query = self.query_of(episode, channel, messages)
         with episode.lock:
             first_time = not episode.started and not channel
             episode.started = True
         if first_time:
-            self._call_hook("start", EpisodeInfo(episode.episode_id, query, episode.ledger.budget,
-                                                 self.market_for(episode.episode_id)))
-
-    @staticmethod
-    def query_of(episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> str:
-        """The episode's task: fixed by its first turn (kept in graph state), so a history that a
-        summariser rewrote, whose first human message is now the summary, does not change it."""
-        if episode.query is None:
-            stored = (channel or {}).get("query")
-            episode.query = stored if isinstance(stored, str) else first_human_text(messages)
-        return episode.query
+            self._call_hook("start", EpisodeInfo(episode.episode_id, query_of(channel, messages),
+                                                 episode.ledger.budget, self.market_for(episode.episode_id)))
 
     def _settle(self, episode: Episode, state: Any, *, reason: str) -> dict[str, Any] | None:
         """Release reservations nothing will use and write what state has not seen yet.
@@ -459,6 +447,8 @@ class BudgetGuard:
         if not changed and not top_ups and channel:
             return None
         update = self._channel_base(episode) | {"entries": changed}
+        if "query" not in channel:
+            update["query"] = query_of(channel, messages_of(state))
         if top_ups:
             update["top_ups"] = top_ups
             by = ledger.approved_by

@@ -31,6 +31,7 @@ __all__ = [
     "last_ai",
     "merge_identical",
     "messages_of",
+    "query_of",
     "model_args",
     "model_schema",
     "raised_bill",
@@ -61,6 +62,14 @@ def first_human_text(messages: Sequence[AnyMessage]) -> str:
     return ""
 
 
+def query_of(channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> str:
+    """An episode's task: what graph state's ledger channel kept from its first turn, else the
+    state's first human message. A summariser replaces that message with its summary; the kept
+    task is what the oracle and the log records see."""
+    stored = (channel or {}).get("query")
+    return stored if isinstance(stored, str) else first_human_text(messages)
+
+
 def last_ai(messages: Sequence[AnyMessage]) -> tuple[int, AIMessage | None]:
     for i in range(len(messages) - 1, -1, -1):
         if isinstance(messages[i], AIMessage):
@@ -72,13 +81,14 @@ def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[st
     """The model turn of the message at ``index`` (the ``step`` of log records and of the oracle's
     context): how many AIMessages the episode had before it.
 
-    ``counted`` is what the gate wrote last (``{"count": n, "last_id": id, "call_ids": [...]}``: the
-    episode's first ``n`` turns end with the AIMessage ``id``, which proposed those calls). Turns are
-    counted on from that message, not over the history, so a history another middleware rewrote
-    (SummarizationMiddleware replaces old turns with a summary) never numbers a turn twice. A message
-    a middleware rebuilt with another id after the gate is found by its calls' ids instead. If the
-    message is gone from the history, every AIMessage before ``index`` is counted as new: numbers stay
-    unique and increasing, with a gap.
+    ``counted`` is what the guard wrote last (``{"count": n, "last_id": id, "call_ids": [...]}``: the
+    episode's first ``n`` turns end with the AIMessage ``id``, which proposed those calls). Every turn
+    is counted as it is made (by the gate, or by the middleware's model step for a reply without
+    calls), and turns are numbered on from the last one counted, not over the history, so a history
+    another middleware rewrote (SummarizationMiddleware replaces old turns with a summary) never
+    numbers a turn twice. A message a middleware rebuilt with another id after the gate is found by
+    its calls' ids instead. If the message is gone from the history, every AIMessage before
+    ``index`` is counted as new: exact when a summariser removed the older turns from the front.
     """
     last_id = (counted or {}).get("last_id")
     if not last_id:

@@ -36,6 +36,7 @@ from typing_extensions import NotRequired
 
 from intent import feedback as fb
 from intent.ledger import merge_ledger_states
+from intent.messages import turns_before
 from intent.state import LEDGER_KEY, LedgerChannel, current_config
 
 if TYPE_CHECKING:
@@ -85,17 +86,28 @@ class _Step:
             response = result
         self.response = response
         ai = next((m for m in reversed(response.result) if isinstance(m, AIMessage)), None) if gate else None
-        if ai is None or not (ai.tool_calls or ai.invalid_tool_calls):
-            self.ai = None
+        self.ai = None
+        if ai is None:
             return None
         if not ai.id:
             # The gate keys each call by its message's id (a reused call id in a later message is a
-            # new call); add_messages would give it one only after this step.
+            # new call), and turns are counted on from a message's id; add_messages would give it
+            # one only after this step.
             ai.id = f"lc_{uuid.uuid4()}"
-        self.ai = ai
-        # The gate reads the channel's episode id, decisions and market version, which settling and
-        # the model's charge do not change: state's channel serves (a first turn's comes from settling).
+        # The gate reads the channel's episode id, decisions, market version and turn count, which
+        # settling and the model's charge do not change: state's channel serves (a first turn's
+        # comes from settling).
         channel = self.state.get(LEDGER_KEY) or _ledger_of(self.updates)
+        if not (ai.tool_calls or ai.invalid_tool_calls):
+            # No call to gate, but the turn is counted all the same, so that numbering goes on
+            # from it when a summariser removes older turns (intent.messages.turns_before).
+            history = [*(self.state.get("messages") or []), *self.earlier,
+                       *(m for m in response.result if m is not ai)]
+            turns = (channel or {}).get("turns")
+            counted = {"count": turns_before(history, len(history), turns) + 1, "last_id": ai.id, "call_ids": []}
+            self.updates.append({LEDGER_KEY: {"turns": counted}})
+            return None
+        self.ai = ai
         messages = [*(self.state.get("messages") or []), *self.earlier, *response.result]
         return {**self.state, "messages": messages, LEDGER_KEY: channel}
 

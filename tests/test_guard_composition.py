@@ -874,3 +874,95 @@ def test_a_message_rebuilt_outside_the_guard_still_runs_its_gated_calls(rebuild,
     # New arguments are decided again before they run; the same ones are not.
     again = [101, 103] if budget == 4 else [101, 102, 103]
     assert sorted(decided) == ([1, 2, 3, *again] if rebuild == "new_args" else [1, 2, 3])
+
+
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+def test_turns_stay_unique_when_a_summariser_removes_replies_without_calls_over_many_runs(gate_at):
+    # A chat thread: a tool turn, then replies without calls, over eight runs; the summariser cuts
+    # the old turns, replies without calls included. Every model turn keeps its own number.
+    from langchain.agents.middleware import SummarizationMiddleware
+    from langchain_core.messages import HumanMessage
+
+    from intent import ModelPrice
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=1.0), 50, log_sink=sink, gate_at=gate_at,
+                        model_prices={"scripted-model": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0)})
+    replies = [ai(call("a", x=1), usage=(10, 5)), *(ai(text=f"reply {i}", usage=(10, 5)) for i in range(7)),
+               ai(call("a", x=2), usage=(10, 5)), ai(text="done", usage=(10, 5))]
+    agent = create_agent(scripted(replies), [make_tool("a", Runs())],
+                         middleware=[SummarizationMiddleware(scripted([AIMessage("summary")] * 20),
+                                                             trigger=("messages", 4), keep=("messages", 2)),
+                                     guard.middleware()], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "chat"}}
+    for i in range(8):
+        agent.invoke({"messages": [HumanMessage(f"user {i}")]}, config)
+    assert [r.step for r in sink.records if r.kind == "model" and r.execution == 1] == list(range(10))
+    assert [r.step for r in sink.records if r.kind == "tool"] == [0, 8]
+    assert {r.query for r in sink.records} == {"user 0"}  # the thread's task, as its first turn had it
+
+
+def test_a_later_message_reusing_a_rebuilt_calls_id_is_not_run_on_its_reservation():
+    # An outer middleware rebuilds turn 1's message (supported), then answers turn 2 itself without
+    # calling the model, reusing the call id: the guard never gated that message, so its call must
+    # not run on the first call's (already spent) reservation.
+    from langchain.agents.middleware import AgentMiddleware
+
+    class Outer(AgentMiddleware):
+        n = 0
+
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            self.n += 1
+            if self.n == 1:
+                msg = handler(request).result[-1]
+                return AIMessage(content=msg.content, tool_calls=msg.tool_calls, id="rebuilt-1")
+            if self.n == 2:
+                return AIMessage("", tool_calls=[tc("a", "c0", x=1)], id="cached-2")
+            return handler(request)
+
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=2.0), 10.0, log_sink=sink)
+    agent = create_agent(scripted([ai(tc("a", "c0", x=1)), AIMessage("done")]), [make_tool("a", runs)],
+                         middleware=[Outer(), guard.middleware()])
+    out = agent.invoke(USER)
+    assert runs["a"] == 1 and guard.ledger(out).spent == 2.0 and guard.ledger(out).reserved == 0
+    answers = [m for m in msgs_of(out) if isinstance(m, ToolMessage)]
+    assert [m.status for m in answers] == ["success", "error"]
+    assert "never approved it" in str(answers[1].content)
+
+
+def test_parallel_sub_agents_sharing_an_episode_each_keep_their_own_task():
+    # Sub-agents that inherit the parent's thread share one child episode; each one's task is
+    # still its own first human message (read from its own state), not the first child's.
+    import threading
+
+    from langchain_core.messages import HumanMessage
+
+    from intent import FromParent
+
+    seen: list[tuple[str, Any]] = []
+
+    class Recording(Oracle):
+        def decide(self, ctx: Any) -> Decision:
+            seen.append((ctx.query, ctx.args.get("q")))
+            return Decision.accepted()
+
+    prices = market(fetch=0.01, research=0.0)
+    child = BudgetGuard(Recording(), prices, FromParent(limit=0.3))
+    barrier = threading.Barrier(2)
+
+    def fetch(q: str = "") -> str:
+        return "ok"
+
+    def research(q: str = "") -> str:
+        barrier.wait(10)
+        agent = create_agent(scripted([ai(tc("fetch", f"f-{q}", q=q)), AIMessage("child done")]),
+                             [StructuredTool.from_function(fetch, name="fetch", description="f")],
+                             middleware=[child.middleware()])
+        return agent.invoke({"messages": [HumanMessage(f"task {q}")]})["messages"][-1].content
+
+    parent = BudgetGuard(AcceptAll(), prices, 1.0)
+    create_agent(scripted([ai(tc("research", "r-A", q="A"), tc("research", "r-B", q="B")), AIMessage("done")]),
+                 [StructuredTool.from_function(research, name="research", description="r")],
+                 middleware=[parent.middleware()]).invoke(USER, {"configurable": {"thread_id": "p"}})
+    assert sorted(seen) == [("task A", "A"), ("task B", "B")]
