@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "GuardConfigError": "intent.errors",
     "IntentError": "intent.errors",
     "InvalidBillError": "intent.errors",
+    "UnpricedToolWarning": "intent.errors",
     "SCHEMA_VERSION": "intent.logs",
     "JsonlLogSink": "intent.logs",
     "MemoryLogSink": "intent.logs",
@@ -73,7 +74,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from intent.budget import Budget
-    from intent.errors import GuardConfigError, IntentError, InvalidBillError
+    from intent.errors import GuardConfigError, IntentError, InvalidBillError, UnpricedToolWarning
     from intent.nesting import FromParent
     from intent.pricing import ModelPrice, ModelPrices, UnpricedModelError
     from intent.report import budget_report

@@ -19,6 +19,11 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     │   └── ContextOverflowError (ValueError)           the prompt is longer than its context
     └── ModelRequestError (ValueError)    the model server refused the request itself (HTTP 4xx)
 
+One warning: :class:`UnpricedToolWarning` (a ``UserWarning``), once per guard and tool, when the
+model was offered a tool the market does not price (a middleware's own tool, such as
+TodoListMiddleware's ``write_todos``): the guard refuses its calls, so price it
+(``PricedTool(name, 0.0)`` for a free one).
+
 A tool's own exception is never wrapped: the guard charges the run and re-raises it
 unchanged (``tool_errors="raise"``), so retries and ``handle_tool_errors`` see what they
 would see without the guard.
@@ -62,6 +67,7 @@ __all__ = [
     "ModelUnreachableError",
     "OracleTimeoutError",
     "OracleUnavailableError",
+    "UnpricedToolWarning",
     "as_oracle_unavailable",
     "is_context_overflow",
     "model_call",
@@ -71,6 +77,10 @@ __all__ = [
 
 class IntentError(Exception):
     """Base class of every error ``intent`` raises on purpose."""
+
+
+class UnpricedToolWarning(UserWarning):
+    """The model was offered a tool the market does not price; the guard refuses its calls."""
 
 
 class GuardConfigError(IntentError, ValueError, TypeError):

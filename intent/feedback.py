@@ -33,6 +33,13 @@ def unpriced_tool(tool: str, detail: str) -> str:
     return f"Budget guard: the call to {tool} was refused and cost nothing: {detail}"
 
 
+def unpriced_offered_tool(tool: str, available: Sequence[str] = ()) -> str:
+    # Spoken to the agent: the tool exists but this budget cannot pay for it (no price is known).
+    listed = f" The tools you can use are: {', '.join(available)}." if available else ""
+    return (f"Error: {tool} cannot be used under this budget (it has no price); the call was not made and "
+            f"cost nothing.{listed}")
+
+
 def unknown_tool(tool: str, available: Sequence[str] = ()) -> str:
     # Spoken to the agent (not the developer): an invented name needs the real list.
     listed = f" The available tools are: {', '.join(available)}." if available else ""

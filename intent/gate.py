@@ -198,9 +198,17 @@ def gate_batch(
         try:
             pending.append(_Pending(key, proposal, market.price(name)))
         except UnpricedToolError as exc:
-            refuse(key, cid, name, args, None, "invalid", UNPRICED_TOOL if name in market else UNKNOWN_TOOL,
-                   fb.unpriced_tool(name, str(exc)) if name in market
-                   else fb.unknown_tool(name, guard._visible_names(state, config, market)))
+            offered = _tool_names(episode.offered)
+            if name in market:
+                refuse(key, cid, name, args, None, "invalid", UNPRICED_TOOL, fb.unpriced_tool(name, str(exc)))
+            elif offered is not None and name in offered:
+                # A tool the agent has (a middleware's own, say) that the market does not price.
+                guard._unpriced_offered(name)
+                refuse(key, cid, name, args, None, "invalid", UNPRICED_TOOL,
+                       fb.unpriced_offered_tool(name, guard._visible_names(state, config, market, offered)))
+            else:
+                refuse(key, cid, name, args, None, "invalid", UNKNOWN_TOOL,
+                       fb.unknown_tool(name, guard._visible_names(state, config, market, offered)))
 
     batch = tuple(p.proposal for p in pending)
     held = 0.0  # accepted earlier in this batch: reserved once the whole batch is decided
@@ -324,6 +332,19 @@ def gate_batch(
             or counted != turns):
         update[LEDGER_KEY] = channel_update
     return update or None
+
+
+def _tool_names(tools: Any) -> set[str] | None:
+    """The names of the tools a model request offered (tool objects or dict schemas); ``None``
+    when the guard has not seen a request (a hand-built graph)."""
+    if tools is None:
+        return None
+    names = set()
+    for t in tools:
+        name = t.get("name") or (t.get("function") or {}).get("name") if isinstance(t, dict) else getattr(t, "name", None)
+        if name:
+            names.add(name)
+    return names
 
 
 def _oracle_price(guard: BudgetGuard) -> tuple[str, ModelPrice]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -40,7 +41,13 @@ from langgraph.types import Command
 from intent import feedback as fb
 from intent.episodes import Episode, EpisodeRegistry
 from intent.budget import Budget
-from intent.errors import GuardConfigError, InvalidBillError, OracleUnavailableError, as_oracle_unavailable
+from intent.errors import (
+    GuardConfigError,
+    InvalidBillError,
+    OracleUnavailableError,
+    UnpricedToolWarning,
+    as_oracle_unavailable,
+)
 from intent.ledger import BudgetLedger
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, check_amount
@@ -274,6 +281,7 @@ class BudgetGuard:
         self.episodes = EpisodeRegistry(spec, allow_overspend=not self.enforce, max_episodes=max_episodes,
                                         new_ledger=new_ledger, on_new=share)
         self._hooks: dict[str, bool] = {}  # which optional oracle hooks are really implemented
+        self._warned_unpriced: set[str] = set()  # tools offered to the model without a price, warned once
         self._model_gate = ModelGate(self)
         self.records = Recorder(log_sink, str(getattr(oracle, "name", None) or type(oracle).__name__), self.enforce)
 
@@ -455,10 +463,16 @@ class BudgetGuard:
             update["top_up_by"] = {k: by[k] for k in top_ups if k in by}
         return {LEDGER_KEY: update}
 
-    def prepare(self, state: Any, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-        """Before a model call: start a new episode's oracle, release unused reservations, sync state."""
+    def prepare(self, state: Any, config: Mapping[str, Any] | None = None, *,
+                offered: Sequence[Any] | None = None) -> dict[str, Any] | None:
+        """Before a model call: start a new episode's oracle, release unused reservations, sync state.
+
+        ``offered``: the tools the model is offered (the request's), to tell a call to a tool the
+        agent has but the market does not price from a call to a tool that does not exist."""
         channel = channel_of(state)
         episode = self.episodes.get(self.episode_id(state, config), channel)
+        if offered is not None:
+            episode.offered = offered
         self._start(episode, channel, messages_of(state))
         return self._settle(episode, state, reason=RELEASED_UNUSED)
 
@@ -604,9 +618,24 @@ class BudgetGuard:
         return run.finish(result)
 
     # ================================================= what the model is shown
-    def _visible_names(self, state: Any, config: Mapping[str, Any] | None, market: Market) -> list[str]:
+    def _visible_names(self, state: Any, config: Mapping[str, Any] | None, market: Market,
+                       offered: set[str] | None = None) -> list[str]:
+        """The tools the agent may use now: priced, not banned or hidden, and (when known) offered."""
         visible = self.visible_tool_names(state, config)
-        return sorted(set(market.names) - set(market.banned) if visible is None else visible)
+        names = set(market.names) - set(market.banned) if visible is None else set(visible)
+        if offered is not None:
+            names &= offered
+        return sorted(names)
+
+    def _unpriced_offered(self, name: str) -> None:
+        """Tell the developer, once per tool, that the model is offered a tool the market does not price."""
+        if name in self._warned_unpriced:
+            return
+        self._warned_unpriced.add(name)
+        warnings.warn(
+            f"the model is offered the tool {name!r} (a middleware's own tool?) but the market has no price "
+            f"for it, so the guard refuses its calls; add PricedTool({name!r}, 0.0) to the market if it is "
+            "free, or its price", UnpricedToolWarning, stacklevel=2)
 
     def visible_tool_names(self, state: Any, config: Mapping[str, Any] | None = None) -> set[str] | None:
         """Tools the agent may see now: not banned, and allowed by the oracle. ``None``: no filter."""

@@ -233,7 +233,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
     def _settled_request(self, request: ModelRequest, config: Any) -> tuple[ModelRequest, dict[str, Any] | None]:
         """Settle before the model call; the request's state then carries what settling wrote
         (a new episode's id, above all), so the model meter finds the same episode."""
-        settled = self.guard.prepare(request.state, config)
+        settled = self.guard.prepare(request.state, config, offered=request.tools)
         if settled and settled.get(LEDGER_KEY):
             state = request.state
             channel = merge_ledger_states(state.get(LEDGER_KEY), settled[LEDGER_KEY])

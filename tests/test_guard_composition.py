@@ -966,3 +966,46 @@ def test_parallel_sub_agents_sharing_an_episode_each_keep_their_own_task():
                  [StructuredTool.from_function(research, name="research", description="r")],
                  middleware=[parent.middleware()]).invoke(USER, {"configurable": {"thread_id": "p"}})
     assert sorted(seen) == [("task A", "A"), ("task B", "B")]
+
+
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+def test_a_middlewares_own_unpriced_tool_is_refused_as_unpriced_with_one_warning_and_runs_once_priced(gate_at):
+    # TodoListMiddleware adds write_todos to the agent's tools. Unpriced, its calls are refused as
+    # unusable under this budget (not as a tool that does not exist), the developer is warned once,
+    # and an invented name still hears "no such tool"; both list only tools the agent has and can pay.
+    import warnings
+
+    from langchain.agents.middleware import TodoListMiddleware
+
+    from intent import UnpricedToolWarning
+
+    todo = {"todos": [{"content": "x", "status": "pending"}]}
+    replies = [ai(tc("write_todos", "t1", **todo)), ai(tc("write_todos", "t2", **todo), tc("invented", "i1")),
+               AIMessage("done")]
+    runs, sink = Runs(), MemoryLogSink()
+    # "b" is priced but not the agent's: never offered as usable.
+    guard = BudgetGuard(AcceptAll(), market(a=1.0, b=1.0), 10.0, log_sink=sink, gate_at=gate_at)
+    agent = create_agent(scripted(replies), [make_tool("a", runs)], middleware=[TodoListMiddleware(), guard.middleware()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = agent.invoke(USER)
+    unpriced = [w for w in caught if issubclass(w.category, UnpricedToolWarning)]
+    assert len(unpriced) == 1 and "PricedTool('write_todos', 0.0)" in str(unpriced[0].message)
+    answers = {m.tool_call_id: str(m.content) for m in msgs_of(out) if isinstance(m, ToolMessage)}
+    for cid in ("t1", "t2"):
+        assert "write_todos cannot be used under this budget" in answers[cid]
+        assert answers[cid].endswith("The tools you can use are: a.")
+    assert answers["i1"] == ("Error: there is no tool named invented; the call was not made and cost nothing. "
+                             "The available tools are: a.")
+    assert [r.reason for r in sink.records if r.call_id in ("t1", "t2", "i1")] == \
+        ["unpriced_tool", "unpriced_tool", "unknown_tool"]
+    assert_invariants(guard, out, runs, {"a": 1.0, "b": 1.0}, 10.0, sink)
+
+    # Priced (free), the middleware's tool runs and costs nothing.
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=1.0, write_todos=0.0), 10.0, log_sink=sink, gate_at=gate_at)
+    agent = create_agent(scripted([ai(tc("write_todos", "t1", **todo)), AIMessage("done")]), [make_tool("a", runs)],
+                         middleware=[TodoListMiddleware(), guard.middleware()])
+    out = agent.invoke(USER)
+    assert out["todos"] == todo["todos"]
+    assert [(r.call_id, r.execution, r.charged) for r in sink.records] == [("t1", 1, 0.0)]
