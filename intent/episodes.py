@@ -37,9 +37,6 @@ class Episode:
     # The tools the model was offered at its last call (the request's list, as given): a call to
     # one the market does not price is refused as unpriced, not as a tool that does not exist.
     offered: Any = None
-    # Calls of a message rebuilt outside the guard, by (message id, call id): the gated call's key
-    # each one took over (intent.metering), so that a retry of the same call finds it again.
-    rebuilt: dict[tuple[str, str], str] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.

@@ -324,8 +324,9 @@ def gate_batch(
         channel_update["market_scope"] = "episode"
     # The calls as the message that reaches the history has them (ids renamed, copies merged): a
     # middleware outside the model call that rebuilds that message is found by them (turns_before).
-    counted = {"count": step + 1, "last_id": ai.id, "call_ids": [
-        c["id"] for c in [*calls, *(ai.invalid_tool_calls or [])] if c.get("id")]} if ai.id else turns
+    # ``at``: where the message sits in the history, so a message rebuilt outside the guard is
+    # told from a later one that reuses its call ids (intent.metering).
+    counted = {"count": step + 1, "total": step + 1, "last_id": ai.id, "at": index} if ai.id else turns
     if counted:
         channel_update["turns"] = counted  # the next turn is numbered on from this one (turns_before)
     if (settled or not channel or decisions or top_ups or channel.get("market_version") != market.version

@@ -79,40 +79,32 @@ def last_ai(messages: Sequence[AnyMessage]) -> tuple[int, AIMessage | None]:
 
 def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[str, Any] | None = None) -> int:
     """The model turn of the message at ``index`` (the ``step`` of log records and of the oracle's
-    context): how many AIMessages the episode had before it.
+    context): how many model turns the episode had before it.
 
-    ``counted`` is what the guard wrote last (``{"count": n, "last_id": id, "call_ids": [...]}``: the
-    episode's first ``n`` turns end with the AIMessage ``id``, which proposed those calls). Every turn
-    is counted as it is made (by the gate, or by the middleware's model step for a reply without
-    calls), and turns are numbered on from the last one counted, not over the history, so a history
-    another middleware rewrote (SummarizationMiddleware replaces old turns with a summary) never
-    numbers a turn twice. A message a middleware rebuilt with another id after the gate is found by
-    its calls' ids instead. If the message is gone from the history, every AIMessage before
-    ``index`` is counted as new: exact when a summariser removed the older turns from the front.
+    ``counted`` is what the guard wrote last: ``total``, the turns counted so far (every reply is
+    counted as it is made: by the gate, or by the middleware's model step for a reply without
+    calls), and the last message the gate decided: the episode's first ``count`` turns end with the
+    AIMessage ``last_id``. Turns are numbered on from that message when it is in the history (a
+    message added without the guard seeing it still gets a number of its own), and never below
+    ``total``, so a history another middleware rewrote (SummarizationMiddleware replaces old turns
+    with a summary) or a message a middleware rebuilt with another id never numbers a turn twice.
     """
-    last_id = (counted or {}).get("last_id")
-    if not last_id:
-        return sum(1 for m in messages[:index] if isinstance(m, AIMessage))
-    count = int(counted["count"])  # type: ignore[index]
-    end = min(index, len(messages))
-    if index < len(messages) and getattr(messages[index], "id", None) == last_id:
-        return count - 1  # the turn counted last, gated again (a resumed or repeated gate)
-    for j in range(end - 1, -1, -1):
-        m = messages[j]
-        if isinstance(m, AIMessage) and m.id == last_id:
-            return count + sum(1 for x in messages[j + 1:index] if isinstance(x, AIMessage))
-    call_ids = list((counted or {}).get("call_ids") or ())
-    if call_ids:
-        for j in range(end - 1, -1, -1):
+    counted = counted or {}
+    total = int(counted.get("total") or 0)
+    last_id = counted.get("last_id")
+    before = None
+    if last_id:
+        if index < len(messages) and getattr(messages[index], "id", None) == last_id:
+            return int(counted["count"]) - 1  # that message itself, gated again (a resumed gate)
+        for j in range(min(index, len(messages)) - 1, -1, -1):
             m = messages[j]
-            if isinstance(m, AIMessage) and _call_ids(m) == call_ids:
-                return count + sum(1 for x in messages[j + 1:index] if isinstance(x, AIMessage))
-    return count + sum(1 for m in messages[:index] if isinstance(m, AIMessage))
-
-
-def _call_ids(ai: AIMessage) -> list[str]:
-    """The ids of a message's calls, well-formed then malformed (what the gate counts a turn by)."""
-    return [c["id"] for c in [*ai.tool_calls, *ai.invalid_tool_calls] if c.get("id")]
+            if isinstance(m, AIMessage) and m.id == last_id:
+                return max(total, int(counted["count"]) + sum(1 for x in messages[j + 1:index] if isinstance(x, AIMessage)))
+        if "total" not in counted:  # written before totals were kept: count on from it, with a gap
+            before = int(counted["count"])
+    # Not in the history (removed by a summariser, rebuilt outside the guard): the AIMessages left
+    # before ``index`` were counted as they were made, so the next number is the total.
+    return max(total, (before or 0) + sum(1 for m in messages[:index] if isinstance(m, AIMessage)))
 
 
 def messages_of(state: Any) -> Sequence[AnyMessage]:

@@ -103,9 +103,12 @@ class _Step:
             # from it when a summariser removes older turns (intent.messages.turns_before).
             history = [*(self.state.get("messages") or []), *self.earlier,
                        *(m for m in response.result if m is not ai)]
-            turns = (channel or {}).get("turns")
-            counted = {"count": turns_before(history, len(history), turns) + 1, "last_id": ai.id, "call_ids": []}
-            self.updates.append({LEDGER_KEY: {"turns": counted}})
+            turns = (channel or {}).get("turns") or {}
+            counted = {**turns, "total": turns_before(history, len(history), turns) + 1}
+            # With the channel as this step found it, so that the update is never a channel of turns
+            # alone (a first step's settling may be in an attempt an outer retry dropped).
+            if channel:
+                self.updates.append({LEDGER_KEY: merge_ledger_states(channel, {"turns": counted})})
             return None
         self.ai = ai
         messages = [*(self.state.get("messages") or []), *self.earlier, *response.result]

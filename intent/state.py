@@ -56,11 +56,13 @@ class DecisionDict(TypedDict, total=False):
 
 
 class TurnCount(TypedDict):
-    """The episode's model turns so far, ending with the AIMessage ``last_id`` and its calls' ids."""
+    """The episode's model turns so far (``total``), and the last message the gate decided: the
+    first ``count`` turns end with it; its id and its place in the history."""
 
-    count: int
-    last_id: str
-    call_ids: list[str]
+    total: int
+    count: NotRequired[int]
+    last_id: NotRequired[str]
+    at: NotRequired[int]
 
 
 class LedgerChannel(TypedDict, total=False):

@@ -1009,3 +1009,102 @@ def test_a_middlewares_own_unpriced_tool_is_refused_as_unpriced_with_one_warning
     out = agent.invoke(USER)
     assert out["todos"] == todo["todos"]
     assert [(r.call_id, r.execution, r.charged) for r in sink.records] == [("t1", 1, 0.0)]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_an_outer_model_retry_of_a_first_reply_without_calls_leaves_a_whole_channel(use_async):
+    # No thread, the first model execution fails and an outer retry's reply has no calls: the step
+    # must still write the episode's whole channel (not one of turns alone), and the run's episode
+    # ends: its oracle is ended and its working state dropped.
+    from langchain.agents.middleware import ModelRetryMiddleware
+
+    class Tracking(Oracle):
+        def __init__(self) -> None:
+            self.started: list[str] = []
+            self.ended: list[str] = []
+
+        def decide(self, ctx: Any) -> Decision:
+            return Decision.accepted()
+
+        def start(self, info: Any) -> None:
+            self.started.append(info.episode_id)
+
+        def end(self, episode_id: str) -> None:
+            self.ended.append(episode_id)
+
+    oracle = Tracking()
+    guard = BudgetGuard(oracle, market(a=1.0), 10.0)
+    retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
+    agent = create_agent(scripted([AIMessage("done, no calls")], fail_on={1}), [make_tool("a", Runs())],
+                         middleware=[retry, guard.middleware()])
+    out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
+    channel = out["intent_ledger"]
+    assert channel["budget"] == 10.0 and channel["episode_id"] == oracle.started[0]
+    assert oracle.ended == oracle.started and len(guard.episodes) == 0
+    assert guard.ledger(out).spent == 0.0
+
+
+def test_replies_rebuilt_outside_the_guard_keep_their_turn_numbers_over_many_runs():
+    # Every reply, with calls or without, is rebuilt with a new id by a middleware outside the
+    # guard, in a thread over three runs: each turn keeps the number of its place in the history.
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import HumanMessage
+
+    class Rebuild(AgentMiddleware):
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            msg = handler(request).result[-1]
+            return AIMessage(content=msg.content, tool_calls=msg.tool_calls, id=f"rebuilt-{msg.id}")
+
+    steps: list[int] = []
+
+    class Recording(Oracle):
+        def decide(self, ctx: Any) -> Decision:
+            steps.append(ctx.step)
+            return Decision.accepted()
+
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(Recording(), market(a=1.0), 50, log_sink=sink)
+    replies = [r for i in range(3) for r in (ai(call("a", x=i)), AIMessage(f"answer {i}"))]
+    agent = create_agent(scripted(replies), [make_tool("a", runs)], middleware=[Rebuild(), guard.middleware()],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "rebuilt"}}
+    for i in range(3):
+        out = agent.invoke({"messages": [HumanMessage(f"q{i}")]}, config)
+    assert steps == [0, 2, 4]
+    assert_one_record_per_call(out["messages"], sink.records)
+    assert runs["a"] == 3 and guard.ledger(out).spent == 3.0
+
+
+def test_a_cached_message_after_a_rejected_rebuilt_call_is_not_run_on_its_reservation():
+    # Turn 1 is rebuilt outside the guard and a reviewer rejects its call (its reservation is still
+    # unused until the next model step settles it); turn 2 is answered by a cache outside the guard
+    # that reuses the call id. The guard never saw that message: its call must not run.
+    from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware
+
+    class Outer(AgentMiddleware):
+        n = 0
+
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            self.n += 1
+            if self.n == 1:
+                msg = handler(request).result[-1]
+                return AIMessage(content=msg.content, tool_calls=msg.tool_calls, id="rebuilt-1")
+            if self.n == 2:
+                return AIMessage("", tool_calls=[tc("a", "c0", x=1)], id="cached-2")
+            return handler(request)
+
+    runs = Runs()
+    guard = BudgetGuard(AcceptAll(), market(a=2.0), 10.0)
+    agent = create_agent(scripted([ai(tc("a", "c0", x=1)), AIMessage("done")]), [make_tool("a", runs)],
+                         middleware=[Outer(), guard.middleware(), HumanInTheLoopMiddleware(interrupt_on={"a": True})],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    out = agent.invoke(USER, config)
+    out = agent.invoke(Command(resume={"decisions": [{"type": "reject", "message": "no"}]}), config)
+    while out.get("__interrupt__"):
+        out = agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    assert runs["a"] == 0
+    ledger = guard.ledger(out)
+    assert ledger.spent == 0.0 and ledger.reserved == 0.0
+    answers = [str(m.content) for m in msgs_of(out) if isinstance(m, ToolMessage)]
+    assert len(answers) == 2 and "never approved it" in answers[1]

@@ -151,9 +151,11 @@ def test_turns_are_numbered_on_from_the_last_counted_one_never_again_after_a_rew
     assert turns_before(rewritten, 2, counted) == 6
     assert turns_before([], 0, counted) == 5
     assert turns_before(history, len(history), {"count": 3, "last_id": ""}) == 5  # no id: counted afresh
-    # A middleware rebuilt the counted message with another id: it is found by its calls' ids.
-    calls = [{"name": "a", "args": {}, "id": "k1", "type": "tool_call"}]
-    rebuilt = [HumanMessage("go"), AIMessage("", tool_calls=calls, id="other"), ToolMessage("r", tool_call_id="k1"),
+    # With the total kept (every reply counted as it is made), numbering never goes below it: the
+    # counted message rebuilt with another id, or removed with replies after it, gives the total.
+    rebuilt = [HumanMessage("go"), AIMessage("", id="other"), ToolMessage("r", tool_call_id="k1"),
                AIMessage("next", id="n")]
-    assert turns_before(rebuilt, 3, {"count": 7, "last_id": "gone", "call_ids": ["k1"]}) == 7
-    assert turns_before(rebuilt, 3, {"count": 7, "last_id": "gone", "call_ids": ["k2"]}) == 8  # not found: a gap
+    assert turns_before(rebuilt, 3, {"total": 9, "count": 7, "last_id": "gone"}) == 9
+    assert turns_before(trimmed, 3, {"total": 8, "count": 5, "last_id": "m4"}) == 8  # found, but below the total
+    assert turns_before(trimmed, 3, {"total": 6, "count": 5, "last_id": "m4"}) == 6
+    assert turns_before(rewritten, 2, {"total": 6}) == 6  # no message decided yet: the total

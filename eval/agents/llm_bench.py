@@ -218,6 +218,8 @@ class _CollectionHeartbeat:
             logs = self.dir / "logs.jsonl"
             episodes = len({json.loads(line).get("task_id") for line in logs.read_text().splitlines()
                             if line.strip()}) if logs.exists() else 0
+            if self._stop.is_set():
+                return  # the collection ended while the logs were read: no line after the end
             print(f"  {self.method}: collecting oracle logs (Prompt agent, {self.tasks} tasks): {episodes} episodes "
                   f"with tool calls so far, {time.monotonic() - started:.0f} s", flush=True)
 
@@ -230,6 +232,8 @@ class _CollectionHeartbeat:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()  # a line being printed now comes before whatever follows the collection
 
 
 def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dict[str, dict[str, Any]]:
