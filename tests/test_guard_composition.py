@@ -102,6 +102,24 @@ def tc(name: str, cid: str, **args: Any) -> dict[str, Any]:
     """A tool call with an explicit id (fakes.call numbers ids itself)."""
     return {"name": name, "args": args, "id": cid, "type": "tool_call"}
 
+class RebuildThenCache(AgentMiddleware):
+    """Outside the guard: returns the first reply rebuilt with a new id, then answers the second
+    model step itself (no model call, so the guard never sees it) with a call reusing id ``c0``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        self.steps += 1
+        if self.steps == 1:
+            msg = handler(request).result[-1]
+            return AIMessage(content=msg.content, tool_calls=msg.tool_calls, id="rebuilt-1")
+        if self.steps == 2:
+            return AIMessage("", tool_calls=[tc("a", "c0", x=1)], id="cached-2")
+        return handler(request)
+
+
 
 def with_guard(guard: BudgetGuard, other: list[Any] | Any, order: str) -> list[Any]:
     other = other if isinstance(other, list) else [other]
@@ -906,24 +924,10 @@ def test_a_later_message_reusing_a_rebuilt_calls_id_is_not_run_on_its_reservatio
     # An outer middleware rebuilds turn 1's message (supported), then answers turn 2 itself without
     # calling the model, reusing the call id: the guard never gated that message, so its call must
     # not run on the first call's (already spent) reservation.
-    from langchain.agents.middleware import AgentMiddleware
-
-    class Outer(AgentMiddleware):
-        n = 0
-
-        def wrap_model_call(self, request: Any, handler: Any) -> Any:
-            self.n += 1
-            if self.n == 1:
-                msg = handler(request).result[-1]
-                return AIMessage(content=msg.content, tool_calls=msg.tool_calls, id="rebuilt-1")
-            if self.n == 2:
-                return AIMessage("", tool_calls=[tc("a", "c0", x=1)], id="cached-2")
-            return handler(request)
-
     runs, sink = Runs(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=2.0), 10.0, log_sink=sink)
     agent = create_agent(scripted([ai(tc("a", "c0", x=1)), AIMessage("done")]), [make_tool("a", runs)],
-                         middleware=[Outer(), guard.middleware()])
+                         middleware=[RebuildThenCache(), guard.middleware()])
     out = agent.invoke(USER)
     assert runs["a"] == 1 and guard.ledger(out).spent == 2.0 and guard.ledger(out).reserved == 0
     answers = [m for m in msgs_of(out) if isinstance(m, ToolMessage)]
@@ -1079,24 +1083,13 @@ def test_a_cached_message_after_a_rejected_rebuilt_call_is_not_run_on_its_reserv
     # Turn 1 is rebuilt outside the guard and a reviewer rejects its call (its reservation is still
     # unused until the next model step settles it); turn 2 is answered by a cache outside the guard
     # that reuses the call id. The guard never saw that message: its call must not run.
-    from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware
-
-    class Outer(AgentMiddleware):
-        n = 0
-
-        def wrap_model_call(self, request: Any, handler: Any) -> Any:
-            self.n += 1
-            if self.n == 1:
-                msg = handler(request).result[-1]
-                return AIMessage(content=msg.content, tool_calls=msg.tool_calls, id="rebuilt-1")
-            if self.n == 2:
-                return AIMessage("", tool_calls=[tc("a", "c0", x=1)], id="cached-2")
-            return handler(request)
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
 
     runs = Runs()
     guard = BudgetGuard(AcceptAll(), market(a=2.0), 10.0)
     agent = create_agent(scripted([ai(tc("a", "c0", x=1)), AIMessage("done")]), [make_tool("a", runs)],
-                         middleware=[Outer(), guard.middleware(), HumanInTheLoopMiddleware(interrupt_on={"a": True})],
+                         middleware=[RebuildThenCache(), guard.middleware(),
+                                     HumanInTheLoopMiddleware(interrupt_on={"a": True})],
                          checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t"}}
     out = agent.invoke(USER, config)
