@@ -83,11 +83,12 @@ def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[st
 
     ``counted`` is what the guard wrote last: ``total``, the turns counted so far (every reply is
     counted as it is made: by the gate, or by the middleware's model step for a reply without
-    calls), and the last message the gate decided: the episode's first ``count`` turns end with the
-    AIMessage ``last_id``. Turns are numbered on from that message when it is in the history (a
-    message added without the guard seeing it still gets a number of its own), and never below
-    ``total``, so a history another middleware rewrote (SummarizationMiddleware replaces old turns
-    with a summary) or a message a middleware rebuilt with another id never numbers a turn twice.
+    calls), and the last message counted: the episode's first ``count`` turns end with the
+    AIMessage ``last_id``, at ``at`` in the history. Turns are numbered on from that message when it
+    is in the history (a message added without the guard seeing it still gets a number of its own),
+    and never below ``total``, so a history another middleware rewrote (SummarizationMiddleware
+    replaces old turns with a summary) or a message a middleware rebuilt with another id (found in
+    the counted one's place) never numbers a turn twice.
     """
     counted = counted or {}
     total = int(counted.get("total") or 0)
@@ -96,6 +97,11 @@ def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[st
     if last_id:
         if index < len(messages) and getattr(messages[index], "id", None) == last_id:
             return int(counted["count"]) - 1  # that message itself, gated again (a resumed gate)
+        if index < len(messages) and counted.get("at") == index and not any(
+                getattr(m, "id", None) == last_id for m in messages):
+            # In its place, the message counted last is gone: a middleware outside the model call
+            # rebuilt it with another id before the gate (an after_model gate) saw it.
+            return int(counted["count"]) - 1
         for j in range(min(index, len(messages)) - 1, -1, -1):
             m = messages[j]
             if isinstance(m, AIMessage) and m.id == last_id:

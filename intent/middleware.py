@@ -85,7 +85,7 @@ class _Step:
         else:
             response = result
         self.response = response
-        ai = next((m for m in reversed(response.result) if isinstance(m, AIMessage)), None) if gate else None
+        ai = next((m for m in reversed(response.result) if isinstance(m, AIMessage)), None)
         self.ai = None
         if ai is None:
             return None
@@ -94,25 +94,33 @@ class _Step:
             # new call), and turns are counted on from a message's id; add_messages would give it
             # one only after this step.
             ai.id = f"lc_{uuid.uuid4()}"
-        # The gate reads the channel's episode id, decisions, market version and turn count, which
-        # settling and the model's charge do not change: state's channel serves (a first turn's
-        # comes from settling).
-        channel = self.state.get(LEDGER_KEY) or _ledger_of(self.updates)
-        if not (ai.tool_calls or ai.invalid_tool_calls):
-            # No call to gate, but the turn is counted all the same, so that numbering goes on
-            # from it when a summariser removes older turns (intent.messages.turns_before).
-            history = [*(self.state.get("messages") or []), *self.earlier,
-                       *(m for m in response.result if m is not ai)]
-            turns = (channel or {}).get("turns") or {}
-            counted = {**turns, "total": turns_before(history, len(history), turns) + 1}
-            # With the channel as this step found it, so that the update is never a channel of turns
-            # alone (a first step's settling may be in an attempt an outer retry dropped).
-            if channel:
-                self.updates.append({LEDGER_KEY: merge_ledger_states(channel, {"turns": counted})})
+        messages = [*(self.state.get("messages") or []), *self.earlier, *response.result]
+        index = len(messages) - len(response.result) + response.result.index(ai)
+        # Every reply is counted here, as it is made, whether a gate sees it or not (another
+        # middleware's after_model may end the run first): turn numbers go on from it when a
+        # summariser removes older turns (intent.messages.turns_before), and the gate numbers
+        # the reply by it.
+        channel = self.channel()
+        if channel:
+            turns = channel.get("turns") or {}
+            step = turns_before(messages, index, turns)
+            counted = {"count": step + 1, "total": step + 1, "last_id": ai.id, "at": index}
+            if counted != turns:
+                # With the channel as this step has it, never a channel of turns alone (a first
+                # step's settling may be in an attempt an outer retry dropped).
+                channel = merge_ledger_states(channel, {"turns": counted})
+                self.updates.append({LEDGER_KEY: channel})
+        if not gate or not (ai.tool_calls or ai.invalid_tool_calls):
             return None
         self.ai = ai
-        messages = [*(self.state.get("messages") or []), *self.earlier, *response.result]
         return {**self.state, "messages": messages, LEDGER_KEY: channel}
+
+    def channel(self) -> dict[str, Any] | None:
+        """The ledger channel as this step has it so far: state's, with what settling, the model's
+        charges and the gates of earlier replies (malformed ones asked again) wrote."""
+        written = _ledger_of(self.updates)
+        state = self.state.get(LEDGER_KEY)
+        return merge_ledger_states(state, written) if written else state
 
     def _only_malformed(self) -> bool:
         return self.ai is not None and bool(self.ai.invalid_tool_calls) and not self.ai.tool_calls
@@ -266,7 +274,9 @@ class BudgetGuardMiddleware(AgentMiddleware):
             shown = step.ask_again()
             if shown is None:
                 return step.close()
-            request = request.override(messages=[*request.messages, *shown])
+            # The next reply's charge and turn go on from what this step wrote (the turn counted).
+            request = request.override(messages=[*request.messages, *shown],
+                                       state={**request.state, LEDGER_KEY: step.channel()})
 
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
         guard, config = self.guard, current_config()

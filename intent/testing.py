@@ -53,7 +53,9 @@ class ScriptedToolModel(GenericFakeChatModel):
     executions: list = []
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedToolModel:
-        self.bound.append(sorted(t["name"] if isinstance(t, dict) else t.name for t in tools))
+        # A dict schema may carry its name at the top, under "function" (OpenAI's form) or as a title
+        # (what with_structured_output passes), or not at all.
+        self.bound.append(sorted(_schema_name(t) for t in tools))
         return self
 
     def _generate(self, *args: Any, **kwargs: Any) -> Any:
@@ -61,6 +63,12 @@ class ScriptedToolModel(GenericFakeChatModel):
         if len(self.executions) in self.fail_on:
             raise ConnectionError(f"provider hiccup (scripted failure of execution {len(self.executions)})")
         return super()._generate(*args, **kwargs)
+
+
+def _schema_name(tool: Any) -> str:
+    if not isinstance(tool, dict):
+        return str(tool.name)
+    return str(tool.get("name") or (tool.get("function") or {}).get("name") or tool.get("title") or "")
 
 
 def scripted(messages: Iterable[AIMessage], *, model_name: str = "scripted-model",

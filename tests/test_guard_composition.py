@@ -1016,7 +1016,9 @@ def test_a_middlewares_own_unpriced_tool_is_refused_as_unpriced_with_one_warning
 
 
 @pytest.mark.parametrize("use_async", [False, True])
-def test_an_outer_model_retry_of_a_first_reply_without_calls_leaves_a_whole_channel(use_async):
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+@pytest.mark.parametrize("outer", ["retry", "fallback"])
+def test_an_outer_model_retry_of_a_first_reply_without_calls_leaves_a_whole_channel(outer, gate_at, use_async):
     # No thread, the first model execution fails and an outer retry's reply has no calls: the step
     # must still write the episode's whole channel (not one of turns alone), and the run's episode
     # ends: its oracle is ended and its working state dropped.
@@ -1036,11 +1038,14 @@ def test_an_outer_model_retry_of_a_first_reply_without_calls_leaves_a_whole_chan
         def end(self, episode_id: str) -> None:
             self.ended.append(episode_id)
 
+    from langchain.agents.middleware import ModelFallbackMiddleware
+
     oracle = Tracking()
-    guard = BudgetGuard(oracle, market(a=1.0), 10.0)
-    retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
-    agent = create_agent(scripted([AIMessage("done, no calls")], fail_on={1}), [make_tool("a", Runs())],
-                         middleware=[retry, guard.middleware()])
+    guard = BudgetGuard(oracle, market(a=1.0), 10.0, gate_at=gate_at)
+    first = scripted([AIMessage("done, no calls")], fail_on={1})
+    retry = (ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
+             if outer == "retry" else ModelFallbackMiddleware(scripted([AIMessage("done by the fallback")])))
+    agent = create_agent(first, [make_tool("a", Runs())], middleware=[retry, guard.middleware()])
     out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
     channel = out["intent_ledger"]
     assert channel["budget"] == 10.0 and channel["episode_id"] == oracle.started[0]
@@ -1101,3 +1106,54 @@ def test_a_cached_message_after_a_rejected_rebuilt_call_is_not_run_on_its_reserv
     assert ledger.spent == 0.0 and ledger.reserved == 0.0
     answers = [str(m.content) for m in msgs_of(out) if isinstance(m, ToolMessage)]
     assert len(answers) == 2 and "never approved it" in answers[1]
+
+
+
+def _bad_reply(i: int) -> AIMessage:
+    return AIMessage("", invalid_tool_calls=[{"name": "a", "args": "{bad", "id": f"bad{i}", "error": "not JSON",
+                                              "type": "invalid_tool_call"}],
+                     usage_metadata={"input_tokens": 10, "output_tokens": 5, "total_tokens": 15})
+
+
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+@pytest.mark.parametrize("stack", ["malformed_asked_again", "call_limit_ends_the_run"])
+def test_turns_stay_unique_over_runs_with_a_summariser_and_replies_no_gate_sees_alone(stack, gate_at):
+    # Over a thread's runs with a summariser: a reply of malformed calls only that the guard asks
+    # the model about again inside one step, or a reply whose run a call limit listed after the
+    # guard ends before an after_model gate sees it. Each model turn keeps a number of its own.
+    from langchain.agents.middleware import SummarizationMiddleware
+    from langchain_core.messages import HumanMessage
+
+    from intent import ModelPrice
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=1.0), 50, log_sink=sink, gate_at=gate_at,
+                        model_prices={"scripted-model": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0)})
+    summariser = SummarizationMiddleware(scripted([AIMessage("summary")] * 20), trigger=("messages", 3),
+                                         keep=("messages", 1))
+    if stack == "malformed_asked_again":
+        replies = [ai(call("a", x=1), usage=(10, 5)), ai(text="answer 0", usage=(10, 5)),
+                   _bad_reply(1), ai(call("a", x=2), usage=(10, 5)), ai(text="answer 1", usage=(10, 5))]
+        middleware, runs_of_thread = [summariser, guard.middleware()], 2
+    else:
+        replies = [ai(call("a", x=1), usage=(10, 5)), ai(text="answer 0", usage=(10, 5)),
+                   ai(call("a", x=2), usage=(10, 5)), ai(call("a", x=3), usage=(10, 5)),
+                   ai(call("a", x=4), usage=(10, 5)), ai(text="answer 2", usage=(10, 5))]
+        middleware = [summariser, guard.middleware(), ToolCallLimitMiddleware(run_limit=1, exit_behavior="end")]
+        runs_of_thread = 3
+    agent = create_agent(scripted(replies), [make_tool("a", Runs())], middleware=middleware,
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "chat"}}
+    for i in range(runs_of_thread):
+        agent.invoke({"messages": [HumanMessage(f"user {i}")]}, config)
+    model_steps = [r.step for r in sink.records if r.kind == "model" and r.execution == 1]
+    assert model_steps == list(range(len(replies)))
+    tool_steps = [r.step for r in sink.records if r.kind == "tool" and r.execution <= 1]
+    assert all(s in model_steps for s in tool_steps) and len(tool_steps) == len(set(zip(tool_steps, [
+        r.call_id for r in sink.records if r.kind == "tool" and r.execution <= 1])))
+
+
+def test_the_scripted_model_binds_dict_schemas_with_or_without_a_name():
+    model = scripted([AIMessage("x")])
+    model.bind_tools([{"name": "a"}, {"type": "function", "function": {"name": "b"}}, {"title": "Answer"}, {}])
+    assert model.bound == [["", "Answer", "a", "b"]]
