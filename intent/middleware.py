@@ -96,21 +96,22 @@ class _Step:
             ai.id = f"lc_{uuid.uuid4()}"
         messages = [*(self.state.get("messages") or []), *self.earlier, *response.result]
         index = len(messages) - len(response.result) + response.result.index(ai)
-        # Every reply is counted here, as it is made, whether a gate sees it or not (another
-        # middleware's after_model may end the run first): turn numbers go on from it when a
-        # summariser removes older turns (intent.messages.turns_before), and the gate numbers
-        # the reply by it.
         channel = self.channel()
-        if channel:
-            turns = channel.get("turns") or {}
+        gated_here = gate and bool(ai.tool_calls or ai.invalid_tool_calls)
+        if channel and not gated_here:
+            # Every reply is counted as it is made: here when no gate in this step counts it (a
+            # reply without calls, or an after_model gate that another middleware's jump to the end
+            # may skip), so that turn numbers go on from it when a summariser removes older turns
+            # (intent.messages.turns_before); an after_model gate numbers the reply by it.
+            turns = channel.get("turns")
             step = turns_before(messages, index, turns)
             counted = {"count": step + 1, "total": step + 1, "last_id": ai.id, "at": index}
             if counted != turns:
-                # With the channel as this step has it, never a channel of turns alone (a first
-                # step's settling may be in an attempt an outer retry dropped).
-                channel = merge_ledger_states(channel, {"turns": counted})
-                self.updates.append({LEDGER_KEY: channel})
-        if not gate or not (ai.tool_calls or ai.invalid_tool_calls):
+                # Never a channel of turns alone: on an episode's first counted turn the channel is
+                # written whole (its settling may be in an attempt an outer retry dropped).
+                self.updates.append({LEDGER_KEY: {"turns": counted} if turns else
+                                     merge_ledger_states(channel, {"turns": counted})})
+        if not gated_here:
             return None
         self.ai = ai
         return {**self.state, "messages": messages, LEDGER_KEY: channel}
