@@ -83,25 +83,26 @@ def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[st
 
     ``counted`` is what the guard wrote last: ``total``, the turns counted so far (every reply is
     counted as it is made: by the gate, or by the middleware's model step for a reply without
-    calls), and the last message counted: the episode's first ``count`` turns end with the
-    AIMessage ``last_id``, at ``at`` in the history. Turns are numbered on from that message when it
-    is in the history (a message added without the guard seeing it still gets a number of its own),
-    and never below ``total``, so a history another middleware rewrote (SummarizationMiddleware
-    replaces old turns with a summary) or a message a middleware rebuilt with another id (found in
-    the counted one's place) never numbers a turn twice.
+    calls), the last message counted: the episode's first ``count`` turns end with the AIMessage
+    ``last_id``, at ``at`` in the history, and ``pending``: the reply a model step counted for its
+    own after_model gate (its place and number). Turns are numbered on from the last message counted
+    when it is in the history (a message added without the guard seeing it still gets a number of
+    its own), and never below ``total``, so a history another middleware rewrote
+    (SummarizationMiddleware replaces old turns with a summary) or a message a middleware rebuilt
+    with another id never numbers a turn twice.
     """
     counted = counted or {}
     total = int(counted.get("total") or 0)
     last_id = counted.get("last_id")
     before = None
+    pending = counted.get("pending")
+    if pending and pending.get("at") == index and index < len(messages):
+        # The reply its model step counted and left for this step's after_model gate, which sees
+        # it where it was made (rebuilt with another id by a middleware outside, perhaps).
+        return int(pending["step"])
     if last_id:
         if index < len(messages) and getattr(messages[index], "id", None) == last_id:
             return int(counted["count"]) - 1  # that message itself, gated again (a resumed gate)
-        if index < len(messages) and counted.get("at") == index and not any(
-                getattr(m, "id", None) == last_id for m in messages):
-            # In its place, the message counted last is gone: a middleware outside the model call
-            # rebuilt it with another id before the gate (an after_model gate) saw it.
-            return int(counted["count"]) - 1
         for j in range(min(index, len(messages)) - 1, -1, -1):
             m = messages[j]
             if isinstance(m, AIMessage) and m.id == last_id:

@@ -105,7 +105,11 @@ class _Step:
             # (intent.messages.turns_before); an after_model gate numbers the reply by it.
             turns = channel.get("turns")
             step = turns_before(messages, index, turns)
-            counted = {"count": step + 1, "total": step + 1, "last_id": ai.id, "at": index}
+            if gate:  # a reply without calls: no gate will see it
+                counted = {"count": step + 1, "total": step + 1, "last_id": ai.id, "at": index}
+            else:  # left for this step's after_model gate, which may see it rebuilt (or not at all)
+                counted = {k: v for k, v in (turns or {}).items() if k != "pending"} | {
+                    "total": step + 1, "pending": {"at": index, "step": step}}
             if counted != turns:
                 # Never a channel of turns alone: on an episode's first counted turn the channel is
                 # written whole (its settling may be in an attempt an outer retry dropped).

@@ -63,6 +63,7 @@ class TurnCount(TypedDict):
     count: NotRequired[int]
     last_id: NotRequired[str]
     at: NotRequired[int]
+    pending: NotRequired[dict[str, int]]  # a reply counted for its step's after_model gate: at, step
 
 
 class LedgerChannel(TypedDict, total=False):
