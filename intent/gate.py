@@ -98,7 +98,7 @@ def gate_batch(
     market = guard.market_for(episode_id, channel)
     query = query_of(channel, messages)
     turns = (channel or {}).get("turns")
-    step = turns_before(messages, index, turns)
+    step = turns_before(messages, index, turns, gate=True)
     answered = answered_after(messages, index)
     known_decisions = (channel or {}).get("decisions") or {}
     reasoning = text_of(ai)
@@ -322,10 +322,9 @@ def gate_batch(
     if episode.market is not None:
         channel_update["market"] = market.to_dict()
         channel_update["market_scope"] = "episode"
-    # The calls as the message that reaches the history has them (ids renamed, copies merged): a
-    # middleware outside the model call that rebuilds that message is found by them (turns_before).
-    # ``at``: where the message sits in the history, so a message rebuilt outside the guard is
-    # told from a later one that reuses its call ids (intent.metering).
+    # ``at``: where the message sits in the history, so that a message rebuilt outside the guard is
+    # told from a later one that reuses its call ids (intent.metering); a model step's ``pending``
+    # count for this gate is replaced.
     counted = {"count": step + 1, "total": step + 1, "last_id": ai.id, "at": index} if ai.id else turns
     if counted:
         channel_update["turns"] = counted  # the next turn is numbered on from this one (turns_before)

@@ -77,7 +77,8 @@ def last_ai(messages: Sequence[AnyMessage]) -> tuple[int, AIMessage | None]:
     return -1, None
 
 
-def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[str, Any] | None = None) -> int:
+def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[str, Any] | None = None, *,
+                 gate: bool = False) -> int:
     """The model turn of the message at ``index`` (the ``step`` of log records and of the oracle's
     context): how many model turns the episode had before it.
 
@@ -89,13 +90,15 @@ def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[st
     when it is in the history (a message added without the guard seeing it still gets a number of
     its own), and never below ``total``, so a history another middleware rewrote
     (SummarizationMiddleware replaces old turns with a summary) or a message a middleware rebuilt
-    with another id never numbers a turn twice.
+    with another id never numbers a turn twice. ``gate``: the caller is a gate, the only reader of
+    ``pending`` (a model step reads a ``pending`` left by an earlier step, whose gate never ran
+    because another middleware ended the run first, as a turn already counted in ``total``).
     """
     counted = counted or {}
     total = int(counted.get("total") or 0)
     last_id = counted.get("last_id")
     before = None
-    pending = counted.get("pending")
+    pending = counted.get("pending") if gate else None  # a model step's own count is never pending
     if pending and pending.get("at") == index and index < len(messages):
         # The reply its model step counted and left for this step's after_model gate, which sees
         # it where it was made (rebuilt with another id by a middleware outside, perhaps).

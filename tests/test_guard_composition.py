@@ -1116,7 +1116,8 @@ def _bad_reply(i: int) -> AIMessage:
 
 
 @pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
-@pytest.mark.parametrize("stack", ["malformed_asked_again", "call_limit_ends_the_run", "reply_where_the_last_was"])
+@pytest.mark.parametrize("stack", ["malformed_asked_again", "call_limit_ends_the_run", "reply_where_the_last_was",
+                                   "ended_before_the_gate"])
 def test_turns_stay_unique_over_runs_with_a_summariser_and_replies_no_gate_sees_alone(stack, gate_at):
     # Over a thread's runs with a summariser: a reply of malformed calls only that the guard asks
     # the model about again inside one step, or a reply whose run a call limit listed after the
@@ -1131,7 +1132,21 @@ def test_turns_stay_unique_over_runs_with_a_summariser_and_replies_no_gate_sees_
                         model_prices={"scripted-model": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0)})
     summariser = SummarizationMiddleware(scripted([AIMessage("summary")] * 20), trigger=("messages", 3),
                                          keep=("messages", 1))
-    if stack == "reply_where_the_last_was":
+    if stack == "ended_before_the_gate":
+        # A custom after_model listed after the guard ends the run on a reply with calls before an
+        # after_model gate sees it; the summariser then puts the next run's reply in its place.
+        from langchain.agents.middleware.types import hook_config
+
+        class EndOnCalls(AgentMiddleware):
+            @hook_config(can_jump_to=["end"])
+            def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+                last = state["messages"][-1]
+                return {"jump_to": "end"} if isinstance(last, AIMessage) and last.tool_calls else None
+
+        replies = [ai(text="answer 0", usage=(10, 5)), ai(call("a", x=1), call("a", x=2), usage=(10, 5)),
+                   ai(text="answer 2", usage=(10, 5)), ai(text="answer 3", usage=(10, 5))]
+        middleware, runs_of_thread = [summariser, guard.middleware(), EndOnCalls()], 4
+    elif stack == "reply_where_the_last_was":
         # The summariser leaves [summary, human, reply]; the next run's reply lands where the last
         # counted one was: it is a new turn, not that one rebuilt.
         replies = [ai(text="answer 0", usage=(10, 5)), ai(text="answer 1", usage=(10, 5)),
