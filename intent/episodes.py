@@ -34,6 +34,9 @@ class Episode:
     stopped_reason: str = ""
     # Open carves for sub-agents (intent.nesting), by carve id: the child's ledger.
     carves: dict[str, Any] = field(default_factory=dict)
+    # Calls of a message rebuilt outside the guard, by (message id, call id): the gated call's key
+    # each one took over (intent.metering), so that an outer retry of the same call finds it again.
+    rebuilt: dict[tuple[str, str], str] = field(default_factory=dict)
     # The tools the model was offered at its last call (the request's list, as given): a call to
     # one the market does not price is refused as unpriced, not as a tool that does not exist.
     offered: Any = None

@@ -102,7 +102,7 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     key = call_key(ai, index, cid)
     decisions = channel.get("decisions") or {}
     if key not in decisions and key not in episode.ledger:
-        key = _rebuilt_call_key(channel, messages, index, ai, cid) or key
+        key = _rebuilt_call_key(episode, channel, messages, index, ai, cid) or key
     meta = dict(decisions.get(key) or {})
     if meta and not meta.get("accept", True):
         # The gate refused it; the answer is given here, where exactly one answer is given.
@@ -113,8 +113,8 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     return CallRun(guard, episode, key, request, meta, messages, ai)
 
 
-def _rebuilt_call_key(channel: Mapping[str, Any], messages: Sequence[AnyMessage], index: int, ai: AIMessage,
-                      cid: str) -> str | None:
+def _rebuilt_call_key(episode: Episode, channel: Mapping[str, Any], messages: Sequence[AnyMessage], index: int,
+                      ai: AIMessage, cid: str) -> str | None:
     """The gated call that a middleware outside the guard re-made after the gate: it returned the
     model's message rebuilt, with another id (or none, and add_messages gave it one), so the message
     the gate decided never reached the history.
@@ -124,8 +124,13 @@ def _rebuilt_call_key(channel: Mapping[str, Any], messages: Sequence[AnyMessage]
     would have (the same place in the history, the latest AIMessage). A later message the guard
     never saw that reuses the id (a cache outside the guard answering a model step itself) sits
     further on, and is refused as never approved. The metered run re-gates the call if its tool or
-    arguments changed, as it does a reviewer's edit; an outer retry of the call takes it over again.
+    arguments changed, as it does a reviewer's edit. The gated call must not have run yet (a history
+    cut down by a summariser can put a later message in that same place), unless this very call took
+    it over before: an outer retry.
     """
+    taken = episode.rebuilt.get((str(ai.id), cid))
+    if taken is not None:
+        return taken
     turns = channel.get("turns") or {}
     last_id = turns.get("last_id")
     if not last_id or ai.id == last_id or turns.get("at") != index:
@@ -135,7 +140,14 @@ def _rebuilt_call_key(channel: Mapping[str, Any], messages: Sequence[AnyMessage]
     if any(getattr(m, "id", None) == last_id for m in messages):
         return None  # the gated message is in the history: this is another message
     key = f"{last_id}:{cid}"
-    return key if key in (channel.get("decisions") or {}) else None
+    if key not in (channel.get("decisions") or {}):
+        return None
+    gated = episode.ledger.get(key)
+    if gated is not None and not (gated.status == "reserved" and gated.execution == 0):
+        return None  # the gated call has run (or was released): this message is a later one
+    with episode.lock:
+        episode.rebuilt[(str(ai.id), cid)] = key
+    return key
 
 
 class MeteredTool:

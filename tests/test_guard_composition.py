@@ -1178,3 +1178,27 @@ def test_the_scripted_model_binds_dict_schemas_with_or_without_a_name():
     model = scripted([AIMessage("x")])
     model.bind_tools([{"name": "a"}, {"type": "function", "function": {"name": "b"}}, {"title": "Answer"}, {}])
     assert model.bound == [["", "Answer", "a", "b"]]
+
+
+def test_a_cached_message_in_a_cut_down_history_is_not_run_on_the_rebuilt_calls_place():
+    # A before_model middleware cuts the history down to a summary once a tool has answered, so the
+    # cache's later message (reusing id c0) lands where the rebuilt message was: the gated call has
+    # already run, so that message is a later one the guard never saw, and its call must not run.
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import HumanMessage, RemoveMessage
+    from langgraph.graph.message import REMOVE_ALL_MESSAGES
+
+    class CutDown(AgentMiddleware):
+        def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+            if any(isinstance(m, ToolMessage) for m in state["messages"]):
+                return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage("summary: a ran", id="s")]}
+            return None
+
+    runs = Runs()
+    guard = BudgetGuard(AcceptAll(), market(a=2.0), 10.0)
+    agent = create_agent(scripted([ai(tc("a", "c0", x=1)), AIMessage("done")]), [make_tool("a", runs)],
+                         middleware=[CutDown(), RebuildThenCache(), guard.middleware()])
+    out = agent.invoke(USER)
+    assert runs["a"] == 1
+    ledger = guard.ledger(out)
+    assert ledger.spent == 2.0 and ledger.reserved == 0.0
