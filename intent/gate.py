@@ -32,6 +32,7 @@ from intent.messages import (
     messages_of,
     query_of,
     text_of,
+    tool_name,
     turns_before,
 )
 from intent.model_gate import MAX_ASKS
@@ -339,12 +340,7 @@ def _tool_names(tools: Any) -> set[str] | None:
     when the guard has not seen a request (a hand-built graph)."""
     if tools is None:
         return None
-    names = set()
-    for t in tools:
-        name = t.get("name") or (t.get("function") or {}).get("name") if isinstance(t, dict) else getattr(t, "name", None)
-        if name:
-            names.add(name)
-    return names
+    return {name for name in map(tool_name, tools) if name}
 
 
 def _oracle_price(guard: BudgetGuard) -> tuple[str, ModelPrice]:

@@ -37,6 +37,7 @@ __all__ = [
     "raised_bill",
     "result_message",
     "text_of",
+    "tool_name",
     "turns_before",
     "with_update",
 ]
@@ -53,6 +54,14 @@ def text_of(message: Any) -> str:
     if isinstance(content, list):
         return "".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in content)
     return str(content)
+
+
+def tool_name(tool: Any) -> str | None:
+    """A tool's name: a tool object's ``name``, or a dict schema's (at the top, or under
+    ``"function"`` in OpenAI's form); ``None`` for a dict without one (a provider's built-in tool)."""
+    if isinstance(tool, dict):
+        return tool.get("name") or (tool.get("function") or {}).get("name")
+    return getattr(tool, "name", None)
 
 
 def first_human_text(messages: Sequence[AnyMessage]) -> str:

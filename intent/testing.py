@@ -23,6 +23,7 @@ from langgraph.types import Command
 from intent.guard import BudgetGuard
 from intent.ledger import BudgetLedger, merge_ledger_states
 from intent.market import Market, PricedTool
+from intent.messages import tool_name
 from intent.oracle import Decision, DecisionContext, EpisodeInfo, Outcome, Proposal
 from intent.state import LEDGER_KEY
 
@@ -66,9 +67,7 @@ class ScriptedToolModel(GenericFakeChatModel):
 
 
 def _schema_name(tool: Any) -> str:
-    if not isinstance(tool, dict):
-        return str(tool.name)
-    return str(tool.get("name") or (tool.get("function") or {}).get("name") or tool.get("title") or "")
+    return str(tool_name(tool) or (tool.get("title") if isinstance(tool, dict) else None) or "")
 
 
 def scripted(messages: Iterable[AIMessage], *, model_name: str = "scripted-model",
