@@ -42,11 +42,11 @@ study: install
 # Issue 16's comparison on market v2 with the pre-registered agent: every main oracle, INTENT's
 # ablations and the optimal upper bound on 500 tasks, with paired PR differences against tracker
 # and prompt. The oracles' models come from the Prompt agent's logs on 3,000 tasks of their own (as
-# the full study's). About 15 minutes here. Tables: $(V2_OUT)/results.md.
+# the full study's). About 5 minutes here. Tables: $(V2_OUT)/results.md.
 V2_OUT ?= runs/v2
 bench-v2: install
 	$(VENV)/bin/intent bench --market synthetic-v2 --agent sim-llm --reference prompt --tasks 500 --oracle-tasks 3000 --workers 2 --seed 0 \
-	  --methods raw,prompt,tracker,mco,intent,intent-alt,intent-uncalibrated,intent-notrace,intent-no-rollout-cache,intent-no-last-call-cache,intent-no-blacklist,optimal \
+	  --methods raw,prompt,tracker,mco,intent,intent-fit,intent-alt,intent-uncalibrated,intent-notrace,intent-no-rollout-cache,intent-no-last-call-cache,intent-no-blacklist,optimal \
 	  --out $(V2_OUT)
 
 # The closed loop (issue 13): logs -> labels -> predictor (hashed + MiniLM) -> conditional generator

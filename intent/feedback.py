@@ -194,12 +194,20 @@ def market_notes(market: Market, spent: float, remaining: float, budget: float) 
     )
 
 
-def plan_rejection(remaining: float, risk_cost: float, gamma: float, trace: Sequence[PlannedStep] | None) -> str:
-    """INTENT's rejection (paper, Appendix E): the predicted tool trace without arguments or contents."""
+def plan_rejection(remaining: float, risk_cost: float, gamma: float, trace: Sequence[PlannedStep] | None,
+                   plan_price: float | None = None) -> str:
+    """INTENT's rejection (paper, Appendix E): the predicted tool trace without arguments or contents.
+
+    ``plan_price``: the rejection is because the plan's best case (every call working the first
+    time) costs this, more than is left (``IntentOracle(ideal_plan_fits=True)``)."""
+    if plan_price is not None and plan_price > remaining + 1e-9:
+        why = (f"even if every call works the first time, your current plan costs {_money(plan_price)}, "
+               "which would exceed it.")
+    else:
+        why = f"risk-adjusted cost of your current plan (gamma={gamma:g}): {risk_cost:.2f}, which would exceed it."
     head = (
         "Budget check failed: the call was not executed and cost nothing.\n"
-        f"Remaining budget: {_money(remaining)}; risk-adjusted cost of your current plan (gamma={gamma:g}): "
-        f"{risk_cost:.2f}, which would exceed it."
+        f"Remaining budget: {_money(remaining)}; {why}"
     )
     body = f"\nPredicted tool trace:\n{trace_table(trace)}" if trace else ""
     return f"{head}{body}\nPlease revise your plan (fewer calls / different tools / answer directly)."

@@ -329,3 +329,24 @@ def test_intent_blacklists_inside_the_rollout_as_in_algorithm_3():
                             bound=[])
     IntentOracle(AgentPolicy(off, tools), RecordingWM(), pred, gamma=0.5, delta=0.1, blacklist=False).decide(ctx())
     assert off.bound == [["a", "b", "c"], ["a", "b", "c"]]
+
+
+def test_ideal_plan_fits_refuses_a_plan_whose_best_case_is_over_budget():
+    # Plan a (10) then b (20): 30 at face value if both work at once, with 25 left. The risk-adjusted
+    # cost with p = 1 and gamma = 0.5 is 15, so the paper's test alone accepts it.
+    def decide(**switches):
+        oracle = IntentOracle(policy(AIMessage("then b", tool_calls=[tc("b", q=2)]), AIMessage("done")),
+                              RecordingWM(), TablePredictor({}), gamma=0.5, **switches)
+        return oracle, oracle.decide(ctx(remaining=25))
+
+    _, paper = decide()
+    assert paper.accept and paper.usage["plan_price"] == 30 and paper.usage["risk_cost"] == pytest.approx(15)
+    oracle, fit = decide(ideal_plan_fits=True)
+    assert not fit.accept and fit.reason == "plan_over_budget"
+    assert "even if every call works the first time, your current plan costs 30" in fit.feedback
+    assert "1 | a | 10 | 1.00 | 10" in fit.feedback  # the trace is still the paper's feedback
+    assert oracle.memory.is_last_rejected("e1", "a", {"q": 1})  # a rejection like any other
+    # With the best case inside the budget the switch changes nothing.
+    oracle = IntentOracle(policy(AIMessage("then b", tool_calls=[tc("b", q=2)]), AIMessage("done")),
+                          RecordingWM(), TablePredictor({}), gamma=0.5, ideal_plan_fits=True)
+    assert oracle.decide(ctx(remaining=30)).accept

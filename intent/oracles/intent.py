@@ -20,6 +20,10 @@ Uncalibrated / Empirical Mean; ``stochastic=True`` samples the unconditional wor
 (MCO-style) instead of the ideal trajectory; ``lookahead=False`` is "No Rollout" (only the
 immediate action, risk-adjusted); ``trace_feedback=False`` is "No Trace";
 ``rollout_cache``, ``last_call_cache``, ``blacklist`` switch each mechanism off.
+
+``ideal_plan_fits=True`` is an extension (off: Algorithm 3 as published): the plan must also fit at
+face value, ``sum_k price_k <= B_t``, since the ideal trajectory is its best case and ``gamma < 1``
+alone can accept a plan over the budget even if every call works.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class IntentOracle(PlanningOracle):
         lookahead: bool = True,
         show_market: bool = True,
         alternatives: int = 0,
+        ideal_plan_fits: bool = False,
         on_model_error: ModelErrorPolicy = "accept_if_fits",
         merge_identical_calls: bool = True,
     ) -> None:
@@ -79,6 +84,7 @@ class IntentOracle(PlanningOracle):
         if alternatives < 0:
             raise ValueError(f"alternatives must be >= 0 (0 = off), got {alternatives}")
         self.alternatives = alternatives
+        self.ideal_plan_fits = ideal_plan_fits
 
     def visible_tools(self, market: Market, episode_id: str) -> list[str] | None:
         if not self.use_blacklist:
@@ -138,23 +144,30 @@ class IntentOracle(PlanningOracle):
         ps = predicted
         trace = [PlannedStep(s.tool, s.price, p) for s, p in zip(steps, ps)]
         sigma = sum(step.expected_cost or 0.0 for step in trace)
+        plan_price = sum(s.price for s in steps)
         info = usage(
             tokens=(rollout.policy_tokens + rollout.world_model_tokens) if rollout else 0,
             policy_tokens=rollout.policy_tokens if rollout else 0,
             world_model_tokens=rollout.world_model_tokens if rollout else 0,
             rollout_steps=len(steps), rollout_turns=rollout.turns if rollout else 0,
             rollout_capped=int(rollout.capped) if rollout else 0,
-            predictor_items=len(steps), risk_cost=self.gamma * sigma,
+            predictor_items=len(steps), risk_cost=self.gamma * sigma, plan_price=plan_price,
             below_delta=sum(p < self.delta for p in ps), blacklisted=newly_hidden,
             oracle_ms=(time.perf_counter() - started) * 1000.0,
         )
-        if fits and self.gamma * sigma <= left + 1e-9:
+        # The ideal trajectory is the plan's best case (every call succeeds at once), so its own
+        # prices are a lower bound of what the plan costs. With gamma < 1 the paper's test alone can
+        # accept a plan whose best case is over the budget (gamma * sigma <= B while sum(price) > B);
+        # ``ideal_plan_fits`` refuses those too (an extension; off = Algorithm 3 as published).
+        best_case_fits = not self.ideal_plan_fits or plan_price <= left + 1e-9
+        if fits and self.gamma * sigma <= left + 1e-9 and best_case_fits:
             if self.rollout_cache:
                 self.memory.set_rollout(eid, [CachedStep(s.tool, s.args) for s in steps[1:]])
             self.memory.set_last_rejected(eid, None)
             return Decision(True, "", tuple(trace), ACCEPTED, info)
         self.memory.set_last_rejected(eid, tool, args)
-        feedback = fb.plan_rejection(left, self.gamma * sigma, self.gamma, trace if self.trace_feedback else None)
+        feedback = fb.plan_rejection(left, self.gamma * sigma, self.gamma, trace if self.trace_feedback else None,
+                                     plan_price=plan_price if self.ideal_plan_fits else None)
         if self.alternatives:
             alts = self._alternatives(ctx, left)
             if alts:
