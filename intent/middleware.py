@@ -24,6 +24,7 @@ knows the guard only through these methods, so it does not import :mod:`intent.g
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Annotated, Any
@@ -326,6 +327,21 @@ class BudgetGuardMiddleware(AgentMiddleware):
 assert LEDGER_KEY in BudgetState.__annotations__  # the channel name and the state schema agree
 
 
+def _presign(cls: type) -> None:
+    """Give each ``wrap_*`` hook a precomputed ``__signature__``.
+
+    ``create_agent`` wraps every ``wrap_model_call`` / ``wrap_tool_call`` in a LangSmith ``traceable``
+    span, whose wrapper calls ``inspect.signature`` on the hook at every call, traced or not (about 8
+    of its 18 µs here). ``inspect.signature`` returns a function's ``__signature__`` when it has one
+    (PEP 362), so computing it once takes that off every model and tool call. The signature is the
+    function's own: nothing else changes.
+    """
+    for name in ("wrap_model_call", "awrap_model_call", "wrap_tool_call", "awrap_tool_call"):
+        fn = cls.__dict__.get(name)
+        if fn is not None and "__signature__" not in vars(fn):
+            fn.__signature__ = inspect.signature(fn)
+
+
 def _jump_if_only_invalid(state: dict[str, Any], update: dict[str, Any] | None) -> dict[str, Any] | None:
     """A message with only malformed calls has no tool_calls, so the agent loop would end;
     send it back to the model with the error messages instead."""
@@ -358,3 +374,6 @@ class BudgetGuardAfterModelMiddleware(BudgetGuardMiddleware):
     @hook_config(can_jump_to=["model"])
     async def aafter_model(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
         return _jump_if_only_invalid(state, await self.guard.agate(state, current_config(), settle=False))
+
+
+_presign(BudgetGuardMiddleware)

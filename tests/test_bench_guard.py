@@ -59,3 +59,37 @@ def test_hook_tracing_is_taken_out_only_inside_the_block_and_put_back_after_an_e
             assert factory.traceable(name="x")(fn) is fn  # no span wrapped around the hook
             raise RuntimeError("boom")
     assert factory.traceable is original
+
+
+def test_langsmith_spans_around_the_guards_hooks_do_not_recompute_their_signatures(monkeypatch):
+    # create_agent wraps each wrap_* hook in a LangSmith span that calls inspect.signature on every
+    # call; the guard's hooks carry a precomputed __signature__, so nothing of the guard is
+    # introspected per call (sync and async).
+    import asyncio
+    import inspect
+
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from intent import AcceptAll, BudgetGuard, Market, PricedTool
+    from intent.testing import scripted
+
+    computed: list[str] = []
+    original = inspect._signature_from_function
+
+    def counting(cls, func, *args, **kwargs):
+        computed.append(getattr(func, "__qualname__", ""))
+        return original(cls, func, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "_signature_from_function", counting)
+    script = [AIMessage("", tool_calls=[{"name": "echo", "args": {"x": i}, "id": f"c{i}", "type": "tool_call"}])
+              for i in range(3)]
+    for run in ("sync", "async"):
+        guard = BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), 10.0)
+        agent = create_agent(scripted([*script, AIMessage("done")]), [bench_guard._ECHO], middleware=[guard.middleware()])
+        start = len(computed)
+        state = (agent.invoke({"messages": [HumanMessage("go")]}) if run == "sync" else
+                 asyncio.run(agent.ainvoke({"messages": [HumanMessage("go")]})))
+        assert guard.ledger(state).spent == 3.0  # the hooks ran
+        assert len(computed) > start  # the counter sees LangChain's own introspection
+        assert not [q for q in computed[start:] if q.startswith("BudgetGuardMiddleware.")], run
