@@ -347,12 +347,13 @@ _ABLATIONS = {
     "intent-no-rollout-cache": ("predictor", {"rollout_cache": False}, "without the rollout cache"),
     "intent-no-last-call-cache": ("predictor", {"last_call_cache": False}, "without the last-call cache"),
     "intent-no-blacklist": ("predictor", {"blacklist": False}, "without the blacklist"),
-    "intent-fit": ("predictor", {"ideal_plan_fits": True}, "extension: also refuses a plan whose ideal trajectory's "
-                   "own prices (its best case) exceed what is left, which gamma < 1 alone lets through"),
+    "intent-fit": ("predictor", {"ideal_plan_must_fit": True}, "extension: also refuses a plan that costs more than is "
+                   "left even if every call works the first time, which gamma < 1 alone lets through"),
     "intent-alt": ("predictor", {"alternatives": 3}, "extension: a rejection also lists the 3 affordable tools "
                    "taking the same arguments with the least predicted expected cost"),
 }
 METHODS: tuple[MethodSpec, ...] = (*_MAIN, *_VARIANTS, *(
-    MethodSpec(name, True, _intent(pred, **switches), f"INTENT ablation: {desc}", needs_oracle_logs=True)
+    MethodSpec(name, True, _intent(pred, **switches),
+               f"INTENT {desc}" if desc.startswith("extension") else f"INTENT ablation: {desc}", needs_oracle_logs=True)
     for name, (pred, switches, desc) in _ABLATIONS.items()
 ))

@@ -198,13 +198,14 @@ def plan_rejection(remaining: float, risk_cost: float, gamma: float, trace: Sequ
                    plan_price: float | None = None) -> str:
     """INTENT's rejection (paper, Appendix E): the predicted tool trace without arguments or contents.
 
-    ``plan_price``: the rejection is because the plan's best case (every call working the first
-    time) costs this, more than is left (``IntentOracle(ideal_plan_fits=True)``)."""
+    ``plan_price``: the plan's cost if every call works the first time, when it is more than is
+    left (``IntentOracle(ideal_plan_must_fit=True)``): the rejection says so first."""
+    risk = f"risk-adjusted cost of your current plan (gamma={gamma:g}): {risk_cost:.2f}"
     if plan_price is not None and plan_price > remaining + 1e-9:
-        why = (f"even if every call works the first time, your current plan costs {_money(plan_price)}, "
-               "which would exceed it.")
+        why = f"even if every call works the first time, your current plan costs {_money(plan_price)}"
+        why += f"; {risk}, which would exceed it too." if risk_cost > remaining + 1e-9 else ", which would exceed it."
     else:
-        why = f"risk-adjusted cost of your current plan (gamma={gamma:g}): {risk_cost:.2f}, which would exceed it."
+        why = f"{risk}, which would exceed it."
     head = (
         "Budget check failed: the call was not executed and cost nothing.\n"
         f"Remaining budget: {_money(remaining)}; {why}"

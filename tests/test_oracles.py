@@ -331,22 +331,49 @@ def test_intent_blacklists_inside_the_rollout_as_in_algorithm_3():
     assert off.bound == [["a", "b", "c"], ["a", "b", "c"]]
 
 
-def test_ideal_plan_fits_refuses_a_plan_whose_best_case_is_over_budget():
-    # Plan a (10) then b (20): 30 at face value if both work at once, with 25 left. The risk-adjusted
-    # cost with p = 1 and gamma = 0.5 is 15, so the paper's test alone accepts it.
-    def decide(**switches):
-        oracle = IntentOracle(policy(AIMessage("then b", tool_calls=[tc("b", q=2)]), AIMessage("done")),
-                              RecordingWM(), TablePredictor({}), gamma=0.5, **switches)
-        return oracle, oracle.decide(ctx(remaining=25))
+def _plan_a_then_b(gamma=0.5, predictor=None, **switches):
+    return IntentOracle(policy(AIMessage("then b", tool_calls=[tc("b", q=2)]), AIMessage("done")),
+                        RecordingWM(), predictor or TablePredictor({}), gamma=gamma, **switches)
 
-    _, paper = decide()
+
+def test_ideal_plan_must_fit_refuses_a_plan_whose_best_case_is_over_budget():
+    # Plan a (10) then b (20): 30 if both work the first time, with 25 left. The risk-adjusted
+    # cost with p = 1 and gamma = 0.5 is 15, so the paper's test alone accepts it.
+    paper = _plan_a_then_b().decide(ctx(remaining=25))
     assert paper.accept and paper.usage["plan_price"] == 30 and paper.usage["risk_cost"] == pytest.approx(15)
-    oracle, fit = decide(ideal_plan_fits=True)
-    assert not fit.accept and fit.reason == "plan_over_budget"
-    assert "even if every call works the first time, your current plan costs 30" in fit.feedback
+    assert paper.usage["best_case_over"] == 1.0
+    oracle = _plan_a_then_b(ideal_plan_must_fit=True)
+    fit = oracle.decide(ctx(remaining=25))
+    assert not fit.accept and fit.reason == "plan_over_budget" and fit.usage["best_case_over"] == 1.0
+    assert "even if every call works the first time, your current plan costs 30, which would exceed it." in fit.feedback
+    assert "risk-adjusted" not in fit.feedback  # the risk-adjusted cost (15) fits: not a reason here
     assert "1 | a | 10 | 1.00 | 10" in fit.feedback  # the trace is still the paper's feedback
-    assert oracle.memory.is_last_rejected("e1", "a", {"q": 1})  # a rejection like any other
-    # With the best case inside the budget the switch changes nothing.
-    oracle = IntentOracle(policy(AIMessage("then b", tool_calls=[tc("b", q=2)]), AIMessage("done")),
-                          RecordingWM(), TablePredictor({}), gamma=0.5, ideal_plan_fits=True)
-    assert oracle.decide(ctx(remaining=30)).accept
+    # A rejection like any other: the agent proposing the same call again is let through (the paper's
+    # last-call cache), without simulating.
+    assert oracle.memory.is_last_rejected("e1", "a", {"q": 1})
+    oracle._policy = AgentPolicy(NoPolicy(messages=iter([]), bound=[]))
+    again = oracle.decide(ctx(remaining=25))
+    assert again.accept and again.reason == "last_call_cache"
+    # With the plan inside the budget at face value the switch changes nothing.
+    ok = _plan_a_then_b(ideal_plan_must_fit=True).decide(ctx(remaining=30))
+    assert ok.accept and ok.usage["best_case_over"] == 0.0
+
+
+def test_ideal_plan_must_fit_keeps_the_papers_risk_test_and_its_words():
+    # p = 0.5 for both: 30 at face value, risk-adjusted gamma * (20 + 40). With 29 left both tests
+    # refuse, and the rejection gives both reasons.
+    half = TablePredictor({}, default=0.5)
+    both = _plan_a_then_b(predictor=half, ideal_plan_must_fit=True).decide(ctx(remaining=29))
+    assert not both.accept and ("even if every call works the first time, your current plan costs 30; risk-adjusted "
+                                "cost of your current plan (gamma=0.5): 30.00, which would exceed it too.") in both.feedback
+    assert _plan_a_then_b(predictor=half, ideal_plan_must_fit=True).decide(ctx(remaining=30)).accept  # 30 <= 30 both ways
+    # With 30 left and gamma = 0.6 only the paper's risk test refuses: its words alone.
+    only_risk = _plan_a_then_b(gamma=0.6, predictor=half, ideal_plan_must_fit=True).decide(ctx(remaining=30))
+    assert not only_risk.accept and "even if every call works" not in only_risk.feedback
+    assert "risk-adjusted cost of your current plan (gamma=0.6): 36.00, which would exceed it." in only_risk.feedback
+    # Off (Algorithm 3 as published): the rejection's words are the paper's alone, even with the plan
+    # over the budget at face value.
+    paper = _plan_a_then_b(gamma=1.2).decide(ctx(remaining=25))
+    assert not paper.accept and paper.feedback.startswith(
+        "Budget check failed: the call was not executed and cost nothing.\nRemaining budget: 25; risk-adjusted "
+        "cost of your current plan (gamma=1.2): 36.00, which would exceed it.\nPredicted tool trace:")

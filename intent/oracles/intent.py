@@ -21,9 +21,14 @@ Uncalibrated / Empirical Mean; ``stochastic=True`` samples the unconditional wor
 immediate action, risk-adjusted); ``trace_feedback=False`` is "No Trace";
 ``rollout_cache``, ``last_call_cache``, ``blacklist`` switch each mechanism off.
 
-``ideal_plan_fits=True`` is an extension (off: Algorithm 3 as published): the plan must also fit at
-face value, ``sum_k price_k <= B_t``, since the ideal trajectory is its best case and ``gamma < 1``
-alone can accept a plan over the budget even if every call works.
+``ideal_plan_must_fit=True`` is an extension (off: Algorithm 3 as published): the plan must also fit at
+face value, ``sum_k price_k <= B_t``. The ideal trajectory is what the plan costs if every call works
+the first time, and ``gamma < 1`` alone can accept a plan over the budget even then. The check reads
+the same steps as the paper's test, so with ``stochastic=True`` it is the sampled trajectory's prices
+(MCO's test), and with ``lookahead=False`` it adds nothing (the immediate price must fit anyway). The
+caches are the paper's: a rollout-cache hit is not checked again, and the last-call cache accepts a
+call the agent proposes again after this refusal too. ``usage["plan_price"]`` is reported with every
+simulated decision, ``usage["best_case_over"]`` = 1 when the plan is over the budget at face value.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ class IntentOracle(PlanningOracle):
         lookahead: bool = True,
         show_market: bool = True,
         alternatives: int = 0,
-        ideal_plan_fits: bool = False,
+        ideal_plan_must_fit: bool = False,
         on_model_error: ModelErrorPolicy = "accept_if_fits",
         merge_identical_calls: bool = True,
     ) -> None:
@@ -84,7 +89,7 @@ class IntentOracle(PlanningOracle):
         if alternatives < 0:
             raise ValueError(f"alternatives must be >= 0 (0 = off), got {alternatives}")
         self.alternatives = alternatives
-        self.ideal_plan_fits = ideal_plan_fits
+        self.ideal_plan_must_fit = ideal_plan_must_fit
 
     def visible_tools(self, market: Market, episode_id: str) -> list[str] | None:
         if not self.use_blacklist:
@@ -155,11 +160,13 @@ class IntentOracle(PlanningOracle):
             below_delta=sum(p < self.delta for p in ps), blacklisted=newly_hidden,
             oracle_ms=(time.perf_counter() - started) * 1000.0,
         )
-        # The ideal trajectory is the plan's best case (every call succeeds at once), so its own
-        # prices are a lower bound of what the plan costs. With gamma < 1 the paper's test alone can
-        # accept a plan whose best case is over the budget (gamma * sigma <= B while sum(price) > B);
-        # ``ideal_plan_fits`` refuses those too (an extension; off = Algorithm 3 as published).
-        best_case_fits = not self.ideal_plan_fits or plan_price <= left + 1e-9
+        # The ideal trajectory is what the plan costs if every call works the first time. With
+        # gamma < 1 the paper's test alone can accept a plan over the budget even then
+        # (gamma * sigma <= B while sum(price) > B); ``ideal_plan_must_fit`` refuses those too
+        # (an extension; off = Algorithm 3 as published).
+        best_case_over = plan_price > left + 1e-9
+        info["best_case_over"] = float(best_case_over)
+        best_case_fits = not (self.ideal_plan_must_fit and best_case_over)
         if fits and self.gamma * sigma <= left + 1e-9 and best_case_fits:
             if self.rollout_cache:
                 self.memory.set_rollout(eid, [CachedStep(s.tool, s.args) for s in steps[1:]])
@@ -167,7 +174,7 @@ class IntentOracle(PlanningOracle):
             return Decision(True, "", tuple(trace), ACCEPTED, info)
         self.memory.set_last_rejected(eid, tool, args)
         feedback = fb.plan_rejection(left, self.gamma * sigma, self.gamma, trace if self.trace_feedback else None,
-                                     plan_price=plan_price if self.ideal_plan_fits else None)
+                                     plan_price=plan_price if self.ideal_plan_must_fit else None)
         if self.alternatives:
             alts = self._alternatives(ctx, left)
             if alts:
