@@ -37,7 +37,7 @@ from typing_extensions import NotRequired
 
 from intent import feedback as fb
 from intent.ledger import merge_ledger_states
-from intent.messages import turns_before
+from intent.messages import tool_name, turns_before
 from intent.state import LEDGER_KEY, LedgerChannel, current_config
 
 if TYPE_CHECKING:
@@ -229,9 +229,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
         visible = self.guard.visible_tool_names(state, config)
         overrides: dict[str, Any] = {}
         if visible is not None:
-            overrides["tools"] = [
-                t for t in request.tools if (t.get("name") if isinstance(t, dict) else t.name) in visible
-            ]
+            overrides["tools"] = [t for t in request.tools if tool_name(t) in visible]
         messages = request.messages
         if self.guard.feedback_chars is not None:
             messages = _older_refusals_shortened(messages)

@@ -243,3 +243,18 @@ def test_constructor_rejects_bad_input():
     with pytest.raises(ValueError, match="budget"):
         BudgetGuard(AcceptAll(), market(), float("nan"))
     assert LEDGER_KEY == "intent_ledger"
+
+
+def test_a_tool_filter_keeps_dict_schemas_in_openais_form():
+    # An oracle that hides one tool makes the guard filter the model request's tools; a tool given
+    # as a dict schema with its name under "function" (OpenAI's form) is kept when it is visible.
+    class Hider(AcceptAll):
+        def visible_tools(self, market, episode_id):
+            return [n for n in market.names if n != "flaky"]
+
+    lookup = {"type": "function", "function": {"name": "lookup", "description": "looks up",
+                                                "parameters": {"type": "object", "properties": {}}}}
+    guard = BudgetGuard(Hider(), market(get_quote=12, search_news=5, flaky=3, lookup=1), 50)
+    model = scripted([AIMessage("done")])
+    create_agent(model, [*TOOLS, lookup], middleware=[guard.middleware()]).invoke({"messages": [("user", "x")]})
+    assert model.bound and all("lookup" in names and "flaky" not in names for names in model.bound)

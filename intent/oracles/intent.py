@@ -150,6 +150,11 @@ class IntentOracle(PlanningOracle):
         trace = [PlannedStep(s.tool, s.price, p) for s, p in zip(steps, ps)]
         sigma = sum(step.expected_cost or 0.0 for step in trace)
         plan_price = sum(s.price for s in steps)
+        # The ideal trajectory is what the plan costs if every call works the first time. With
+        # gamma < 1 the paper's test alone can accept a plan over the budget even then
+        # (gamma * sigma <= B while sum(price) > B); ``ideal_plan_must_fit`` refuses those too
+        # (an extension; off = Algorithm 3 as published).
+        best_case_over = plan_price > left + 1e-9
         info = usage(
             tokens=(rollout.policy_tokens + rollout.world_model_tokens) if rollout else 0,
             policy_tokens=rollout.policy_tokens if rollout else 0,
@@ -157,17 +162,11 @@ class IntentOracle(PlanningOracle):
             rollout_steps=len(steps), rollout_turns=rollout.turns if rollout else 0,
             rollout_capped=int(rollout.capped) if rollout else 0,
             predictor_items=len(steps), risk_cost=self.gamma * sigma, plan_price=plan_price,
+            best_case_over=best_case_over,
             below_delta=sum(p < self.delta for p in ps), blacklisted=newly_hidden,
             oracle_ms=(time.perf_counter() - started) * 1000.0,
         )
-        # The ideal trajectory is what the plan costs if every call works the first time. With
-        # gamma < 1 the paper's test alone can accept a plan over the budget even then
-        # (gamma * sigma <= B while sum(price) > B); ``ideal_plan_must_fit`` refuses those too
-        # (an extension; off = Algorithm 3 as published).
-        best_case_over = plan_price > left + 1e-9
-        info["best_case_over"] = float(best_case_over)
-        best_case_fits = not (self.ideal_plan_must_fit and best_case_over)
-        if fits and self.gamma * sigma <= left + 1e-9 and best_case_fits:
+        if fits and self.gamma * sigma <= left + 1e-9 and not (self.ideal_plan_must_fit and best_case_over):
             if self.rollout_cache:
                 self.memory.set_rollout(eid, [CachedStep(s.tool, s.args) for s in steps[1:]])
             self.memory.set_last_rejected(eid, None)
