@@ -29,6 +29,8 @@ _EXPORTS: dict[str, str] = {
     "BudgetLedger": "intent.ledger",
     "LedgerEntry": "intent.ledger",
     "LedgerError": "intent.ledger",
+    "MeteredModelRefused": "intent.metered_models",
+    "ModelCallRefused": "intent.model_meter",
     "ContextOverflowError": "intent.errors",
     "GuardConfigError": "intent.errors",
     "IntentError": "intent.errors",
@@ -82,6 +84,8 @@ if TYPE_CHECKING:
     from intent.guard import BudgetGuard
     from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry, LedgerError
     from intent.logs import SCHEMA_VERSION, JsonlLogSink, MemoryLogSink, StepRecord, read_log
+    from intent.metered_models import MeteredModelRefused
+    from intent.model_meter import ModelCallRefused
     from intent.market import InvalidPriceError, Market, MarketError, PricedTool, UnpricedToolError
     from intent.oracle import (
         AcceptAll,

@@ -8,6 +8,8 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     │   └── UnpricedToolError (KeyError)  a tool with no price and no default
     ├── LedgerError (RuntimeError)        a money operation the ledger cannot do
     │   └── BudgetExceededError           a reservation that does not fit
+    │       └── ModelCallRefused          a model execution the budget does not cover (raised in its invoke)
+    │           └── MeteredModelRefused (langchain ModelError)  one of guard.metered_model's, not retried
     ├── InvalidDecisionError (TypeError)  an oracle returned something that is not a Decision
     ├── GuardConfigError (ValueError, TypeError)  a BudgetGuard built with a bad argument
     ├── InvalidBillError (ValueError, TypeError)  a tool reported a bill that is not a number >= 0

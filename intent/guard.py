@@ -499,6 +499,18 @@ class BudgetGuard:
         """Whether the agent's model calls are charged (a price table was given, or ``charge_models``)."""
         return self.charge_models
 
+    def metered_model(self, model: Any) -> Any:
+        """A copy of ``model`` for another middleware (a summariser, a tool selector, a tool
+        emulator): each of its executions is reserved before it runs and charged after, in the
+        episode of the graph run it is called in, at ``model_prices``. One that does not fit is not
+        made (:class:`intent.metered_models.MeteredModelRefused`). See :mod:`intent.metered_models`."""
+        if not len(self.model_prices):
+            raise GuardConfigError("metered_model needs model_prices (a price for this model) to charge its tokens; "
+                                   "pass BudgetGuard(..., model_prices={'model-name': ModelPrice(...)})")
+        from intent.metered_models import metered_copy
+
+        return metered_copy(self, model)
+
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Charge every execution of the agent's model; a call that does not fit is not made."""
         return self._model_gate.wrap(request, handler)

@@ -23,6 +23,8 @@ Each proposal produces exactly one record:
   ``tokens`` = its usage): ``decision="accept"``, ``charged`` = its cost; a model call the
   budget could not cover: ``decision="reject"``, ``charged=0``; a model call that failed
   before any usage came back: ``status="error"``, ``charged=0``;
+* an execution of a model another middleware called through ``guard.metered_model`` (a
+  summariser's): as the agent's model, with ``reason="metered_model:<lc_source>"``;
 * the oracle's own model calls (``kind="oracle"``, with ``charge_oracle=True``) and a
   sub-agent's carve (``kind="sub_agent"``: ``charged`` = what the sub-agent spent).
 

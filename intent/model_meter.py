@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from intent.episodes import Episode
     from intent.guard import BudgetGuard
 
-__all__ = ["MODEL_OVER_BUDGET", "ModelCallMeter", "ModelCallRefused", "PromptTokens", "count_prompt_tokens"]
+__all__ = ["MAX_TOKEN_KEYS", "MODEL_OVER_BUDGET", "ModelCallMeter", "ModelCallRefused", "PromptTokens",
+           "count_prompt_tokens"]
 
 PromptTokens = Literal["bytes", "model"] | Callable[[Sequence[BaseMessage], Sequence[Any]], int]
 MODEL_OVER_BUDGET = "model_over_budget"
@@ -52,7 +53,7 @@ MODEL_NO_USAGE = "missing_usage"
 MODEL_ERROR = "model_error"
 UNMETERED_MODEL_CALL = "unmetered_model_call"
 _PER_MESSAGE_TOKENS = 16  # role markers and separators a chat template adds around each message
-_MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict", "max_new_tokens")
+MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict", "max_new_tokens")
 _MODEL_KEYS = ("model_name", "model", "model_id")
 
 
@@ -92,8 +93,10 @@ class _Execution:
 class ModelCallMeter:
     """The money side of one model request of one episode (all its executions)."""
 
-    def __init__(self, guard: BudgetGuard, episode: Episode, *, step: int, query: str, model: Any) -> None:
+    def __init__(self, guard: BudgetGuard, episode: Episode, *, step: int, query: str, model: Any,
+                 charge_reason: str = "accepted") -> None:
         self.guard, self.episode, self.step, self.query, self.model = guard, episode, step, query, model
+        self.charge_reason = charge_reason  # the reason of its charges' log records
         self.default_name = _model_name_of(model)
         self._open: dict[Any, _Execution] = {}
         self.executions: list[_Execution] = []
@@ -130,18 +133,18 @@ class ModelCallMeter:
     # ------------------------------------------------------- the request
     def request_settings(self, model_settings: Mapping[str, Any]) -> dict[str, Any] | None:
         """``max_tokens`` to bind when neither the model nor the request sets an output bound."""
-        if any(k in model_settings for k in _MAX_TOKEN_KEYS):
+        if any(k in model_settings for k in MAX_TOKEN_KEYS):
             return None
-        if any(getattr(self.model, k, None) for k in _MAX_TOKEN_KEYS):
+        if any(getattr(self.model, k, None) for k in MAX_TOKEN_KEYS):
             return None
         return {**model_settings, "max_tokens": self.guard.max_output_tokens}
 
     def max_tokens_of(self, params: Mapping[str, Any]) -> int | None:
-        for k in _MAX_TOKEN_KEYS:
+        for k in MAX_TOKEN_KEYS:
             v = params.get(k)
             if isinstance(v, int) and v > 0:
                 return v
-        for k in _MAX_TOKEN_KEYS:
+        for k in MAX_TOKEN_KEYS:
             v = getattr(self.model, k, None)
             if isinstance(v, int) and v > 0:
                 return v
@@ -150,11 +153,10 @@ class ModelCallMeter:
     def instrument(self, model: Any) -> Any:
         """A copy of ``model`` whose every execution this meter reserves and charges."""
         callbacks = model.callbacks
-        if callbacks is None:
-            callbacks = []
-        if isinstance(callbacks, list):
-            return model.model_copy(update={"callbacks": [*callbacks, _MeterCallback(self)]})
-        handlers = list(getattr(callbacks, "handlers", []))  # a callback manager
+        handlers = list(callbacks) if isinstance(callbacks, list) else list(getattr(callbacks, "handlers", None) or [])
+        # A copy made by guard.metered_model used as the agent's own model: this meter replaces
+        # its callback, so each execution is charged once.
+        handlers = [h for h in handlers if not getattr(h, "replaced_by_guard_meter", False)]
         return model.model_copy(update={"callbacks": [*handlers, _MeterCallback(self)]})
 
     # ------------------------------------------------------ one execution
@@ -200,7 +202,7 @@ class ModelCallMeter:
             found = self.guard.model_prices.find(reported)
             if found is not None:
                 name, price = reported, found[1]
-        reason = "accepted"
+        reason = self.charge_reason
         tokens: dict[str, int] = {}
         if usage:
             billed: float | None = cost_of_usage(price, usage)

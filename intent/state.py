@@ -17,7 +17,7 @@ from typing_extensions import NotRequired, TypedDict
 from intent.ledger import merge_ledger_states
 
 __all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "TurnCount", "channel_of",
-           "current_config"]
+           "current_config", "read_ledger_channel"]
 
 LEDGER_KEY = "intent_ledger"
 
@@ -106,6 +106,26 @@ def current_config() -> dict[str, Any] | None:
         return _get_config()
     except RuntimeError:
         return None
+
+
+def read_ledger_channel(config: Mapping[str, Any] | None) -> tuple[bool, LedgerChannel | None]:
+    """The ledger channel as the running graph task reads it, from anywhere inside the task (a
+    callback of a model another middleware calls has no ``state`` argument to read it from).
+
+    Returns ``(readable, channel)``: ``(False, None)`` outside a LangGraph task, ``(True, None)``
+    when the state has no ledger yet. This uses LangGraph's task-local reader
+    (``config["configurable"]["__pregel_read"]``, what LangGraph's own ToolNode reads state
+    with): not a public API, so a LangGraph that drops it makes this ``(False, None)`` and the
+    caller falls back to what it can see without state.
+    """
+    read = ((config or {}).get("configurable") or {}).get(_CONFIG_KEY_READ)
+    if not callable(read):
+        return False, None
+    value = read(LEDGER_KEY, False)  # fresh=False: the task's input, what every hook of the step sees
+    return True, (value if isinstance(value, Mapping) and value else None)
+
+
+_CONFIG_KEY_READ = "__pregel_read"  # langgraph._internal._constants.CONFIG_KEY_READ
 
 
 def channel_of(state: Any) -> LedgerChannel | None:

@@ -1,0 +1,154 @@
+"""Models that other middleware call, charged to the same budget: ``guard.metered_model(model)``.
+
+SummarizationMiddleware's summariser, LLMToolSelectorMiddleware's selector, LLMToolEmulator's
+model, or a middleware of your own call a model of their own, outside the agent's model call
+that the guard wraps, so their tokens would escape the budget. Give them a metered copy::
+
+    summariser = guard.metered_model(ChatOpenAI(model="gpt-4o-mini"))
+    agent = create_agent(model, tools, middleware=[
+        SummarizationMiddleware(model=summariser, trigger=("tokens", 4000)), guard.middleware()])
+
+Each execution of the copy is priced as the agent's own model is (:mod:`intent.model_meter`:
+the worst case reserved before it runs, the usage committed after it, released when it fails
+unbilled, one log record each, ``unpriced_model`` and ``missing_usage`` applied), in the
+episode of the graph run it is called in:
+
+* the episode is the one the running task's state names (its ledger channel, read with
+  :func:`intent.state.read_ledger_channel`); a process that has not seen the thread yet loads
+  it from that state first, so a thread resumed in another process, where the summariser runs
+  before the guard's first hook, keeps what it spent before;
+* a state with no ledger yet is a new episode: the thread's (``thread_id``), which the guard's
+  own first model step then continues. A run with neither a thread nor a ledger (no
+  ``thread_id``, before the guard's first model step) cannot be placed;
+* where the state cannot be read (a LangGraph without the task-local reader), the thread's
+  episode as this process loaded it from state; otherwise it cannot be placed.
+
+A call that does not fit, or cannot be placed, is not made: :class:`MeteredModelRefused` is
+raised from the model's ``invoke``. It is a non-retryable ``langchain_core`` ``ModelError``, so a
+middleware's ``with_retry`` does not retry it, and the run stops with it (SummarizationMiddleware
+does not catch its model's errors). The charges reach graph state at the guard's next hook: the
+next model step's settling, or the end of the run (``after_agent``).
+
+A metered copy used as the agent's own model is charged once: the guard's model step drops this
+callback from the copy it meters (``replaced_by_guard_meter``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.exceptions import ModelError
+from langchain_core.messages import BaseMessage
+
+from intent.model_meter import MAX_TOKEN_KEYS, ModelCallMeter, ModelCallRefused
+from intent.state import current_config, read_ledger_channel
+
+if TYPE_CHECKING:
+    from intent.episodes import Episode
+    from intent.guard import BudgetGuard
+
+__all__ = ["METERED_MODEL", "MeteredModelCallback", "MeteredModelRefused", "episode_of_run", "metered_copy"]
+
+METERED_MODEL = "metered_model"  # log records' reason: "metered_model:<the middleware's lc_source>"
+
+
+class MeteredModelRefused(ModelCallRefused, ModelError):
+    """An execution of a metered model that the budget does not cover, or that no episode can pay
+    for; it is not made. Not retryable (``is_retryable``): LangChain's retries give up at once."""
+
+    is_retryable = False
+
+
+def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> tuple[Episode, Mapping[str, Any] | None]:
+    """The episode the running graph task spends from, and its ledger channel as state has it.
+
+    Raises :class:`MeteredModelRefused` when no episode can be named (see the module's doc).
+    """
+    thread_id = ((config or {}).get("configurable") or {}).get("thread_id")
+    readable, channel = read_ledger_channel(config)
+    if channel and channel.get("episode_id"):
+        return guard.episodes.get(str(channel["episode_id"]), channel), channel
+    if readable and thread_id is not None:
+        # No ledger in state yet: a new episode, named as the guard's first model step names it.
+        return guard.episodes.get(str(thread_id)), None
+    if not readable and thread_id is not None:
+        episode = guard.episodes.peek(str(thread_id))
+        if episode is not None and episode.synced:  # loaded from state here: its spending is known
+            return episode, None
+    if config is None:
+        where = "outside a graph run"
+    elif thread_id is None:
+        where = ("in a run without a thread_id before the guard's first model step (the episode has no name "
+                 "yet); invoke with config={'configurable': {'thread_id': ...}}")
+    else:
+        where = (f"in thread {thread_id!r}, whose graph state this LangGraph does not let a model callback "
+                 "read, before the guard loaded it in this process")
+    raise MeteredModelRefused(f"a model metered by the guard was called {where}: no budget can pay for it, so "
+                              "it is not made")
+
+
+class MeteredModelCallback(BaseCallbackHandler):
+    """Reserves each execution before it runs and charges it after, in the running episode.
+
+    Runs in line with the model (``run_inline``) and its refusal propagates (``raise_error``).
+    """
+
+    raise_error = True
+    run_inline = True
+    replaced_by_guard_meter = True  # intent.model_meter.ModelCallMeter.instrument drops it
+
+    def __init__(self, guard: BudgetGuard, model: Any) -> None:
+        self.guard, self.model = guard, model
+        self._meters: dict[Any, ModelCallMeter] = {}  # by the execution's run id
+        self._lock = threading.Lock()
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
+                            metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        episode, channel = episode_of_run(self.guard, current_config())
+        source = str((metadata or {}).get("lc_source") or "")  # LangChain's middleware name their calls
+        turns = (channel or {}).get("turns") or {}
+        meter = ModelCallMeter(self.guard, episode, step=int(turns.get("total") or 0),
+                               query=str((channel or {}).get("query") or ""), model=self.model,
+                               charge_reason=f"{METERED_MODEL}:{source}" if source else METERED_MODEL)
+        try:
+            meter.start(run_id, [m for batch in messages for m in batch], kwargs.get("invocation_params") or {})
+        except MeteredModelRefused:
+            raise
+        except ModelCallRefused as exc:  # logged by meter.start; re-raised as non-retryable
+            raise MeteredModelRefused(str(exc)) from exc
+        with self._lock:
+            self._meters[run_id] = meter
+
+    def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
+        with self._lock:
+            meter = self._meters.pop(run_id, None)
+        if meter is None:
+            return
+        generations = getattr(response, "generations", None) or []
+        meter.end(run_id, getattr(generations[0][0], "message", None) if generations and generations[0] else None)
+
+    def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
+        with self._lock:
+            meter = self._meters.pop(run_id, None)
+        if meter is not None:
+            meter.error(run_id, error)
+
+
+def metered_copy(guard: BudgetGuard, model: Any) -> Any:
+    """A copy of ``model`` with :class:`MeteredModelCallback`; a model without an output bound gets
+    the guard's ``max_output_tokens``, so the worst case reserved is also the provider's limit."""
+    if not hasattr(model, "model_copy") or not hasattr(model, "callbacks"):
+        raise TypeError(f"metered_model needs a LangChain chat model (a BaseChatModel), got {type(model).__name__}; "
+                        "pass the model object, e.g. init_chat_model('openai:gpt-4o-mini')")
+    update: dict[str, Any] = {}
+    fields = type(model).model_fields
+    bound_keys = [k for k in MAX_TOKEN_KEYS if k in fields]
+    if bound_keys and not any(getattr(model, k, None) for k in bound_keys):
+        update[bound_keys[0]] = guard.max_output_tokens
+    callbacks = model.callbacks
+    handlers = list(callbacks) if isinstance(callbacks, list) else list(getattr(callbacks, "handlers", None) or [])
+    update["callbacks"] = [*handlers, MeteredModelCallback(guard, model)]
+    return model.model_copy(update=update)

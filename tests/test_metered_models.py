@@ -1,0 +1,295 @@
+"""Models other middleware call (a summariser) are charged to the run's episode: guard.metered_model.
+
+Money is counted outside the guard: each model counts its executions, and every execution reports
+fixed usage, so what was spent is (agent executions x agent cost) + (summaries x summary cost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, SummarizationMiddleware
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import StructuredTool
+from langgraph.checkpoint.memory import InMemorySaver
+
+from intent import (
+    AcceptAll,
+    BudgetGuard,
+    GuardConfigError,
+    Market,
+    MemoryLogSink,
+    MeteredModelRefused,
+    ModelPrice,
+    PricedTool,
+)
+from intent.state import LEDGER_KEY
+
+PRICE = ModelPrice(input_per_mtok=1000.0, output_per_mtok=1000.0)  # 0.001 per token
+AGENT_USAGE, SUMMARY_USAGE = (10, 5), (200, 50)
+AGENT_COST, SUMMARY_COST = 15 * 0.001, 250 * 0.001
+USER = {"messages": [("user", "count to six with a")]}
+_ids = itertools.count()
+
+
+def _usage(i: int, o: int) -> dict[str, int]:
+    return {"input_tokens": i, "output_tokens": o, "total_tokens": i + o}
+
+
+class Runs:
+    def __init__(self) -> None:
+        self.n, self._lock = 0, threading.Lock()
+
+    def hit(self) -> int:
+        with self._lock:
+            self.n += 1
+            return self.n
+
+
+class CountingAgentModel(BaseChatModel):
+    """Calls tool ``a`` with x = last result + 1 until x reaches ``until``, then answers."""
+
+    model_name: str = "agent-model"
+    until: int = 6
+    runs: Any = None
+
+    @property
+    def _llm_type(self) -> str:
+        return "counting-agent"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> CountingAgentModel:
+        return self
+
+    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self.runs.hit()
+        last = next((m for m in reversed(messages) if isinstance(m, ToolMessage)), None)
+        x = int(str(last.content).split("=")[1]) if last is not None else 0
+        calls = [] if x >= self.until else [{"name": "a", "args": {"x": x + 1}, "id": f"c{next(_ids)}",
+                                               "type": "tool_call"}]
+        msg = AIMessage("done" if not calls else "", tool_calls=calls, usage_metadata=_usage(*AGENT_USAGE))
+        return ChatResult(generations=[ChatGeneration(message=msg)])
+
+
+class SummaryModel(BaseChatModel):
+    """Always the same summary, with SUMMARY_USAGE; the executions in ``fail_on`` raise first."""
+
+    model_name: str = "summary-model"
+    runs: Any = None
+    fail_on: set = set()
+
+    @property
+    def _llm_type(self) -> str:
+        return "summary"
+
+    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        if self.runs.hit() in self.fail_on:
+            raise ConnectionError("provider hiccup")
+        message = AIMessage("summary of earlier turns", usage_metadata=_usage(*SUMMARY_USAGE))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def _tool_a() -> StructuredTool:
+    return StructuredTool.from_function(lambda x=0: f"n={x}", name="a", description="Tool a.")
+
+
+class Setup:
+    def __init__(self, budget: float = 50.0, *, checkpointer: Any = None, fail_on: Any = (), tool_price: float = 0.0,
+                 summarise: bool = True, until: int = 6) -> None:
+        self.sink = MemoryLogSink()
+        self.guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", tool_price)]), budget, log_sink=self.sink,
+                                 model_prices={"agent-model": PRICE, "summary-model": PRICE}, max_output_tokens=100)
+        self.agent_runs, self.summary_runs = Runs(), Runs()
+        self.summariser = SummaryModel(runs=self.summary_runs, fail_on=set(fail_on))
+        middleware: list[Any] = []
+        if summarise:
+            middleware.append(SummarizationMiddleware(self.guard.metered_model(self.summariser),
+                                                      trigger=("messages", 4), keep=("messages", 2)))
+        middleware.append(self.guard.middleware())
+        self.agent = create_agent(CountingAgentModel(runs=self.agent_runs, until=until), [_tool_a()],
+                                  middleware=middleware, checkpointer=checkpointer)
+
+    def run(self, use_async: bool, inp: Any = USER, config: Any = None) -> Any:
+        return asyncio.run(self.agent.ainvoke(inp, config)) if use_async else self.agent.invoke(inp, config)
+
+    def expected(self) -> float:
+        return self.agent_runs.n * AGENT_COST + self.summary_runs.n * SUMMARY_COST
+
+    def model_records(self, episode: str | None = None) -> list[Any]:
+        return [r for r in self.sink.records if r.kind == "model" and (episode is None or r.task_id == episode)]
+
+
+def committed(channel: Any) -> float:
+    return sum(e["amount"] for e in channel["entries"].values() if e["status"] == "committed")
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("thread", [True, False])
+def test_the_summarisers_executions_are_charged_to_the_runs_episode(thread, use_async):
+    saver = InMemorySaver() if thread else None
+    config = {"configurable": {"thread_id": "T"}} if thread else None
+    s = Setup(checkpointer=saver)
+    out = s.run(use_async, config=config)
+    assert any("summary of earlier turns" in str(m.content) for m in out["messages"])  # it did summarise
+    assert s.summary_runs.n >= 2
+    ledger = s.guard.ledger(out)
+    assert ledger.spent == pytest.approx(s.expected()) and ledger.spent <= ledger.budget
+    assert ledger.reserved == 0
+    records = s.model_records()
+    assert len(records) == s.agent_runs.n + s.summary_runs.n  # one record per execution
+    assert {r.task_id for r in records} == {out[LEDGER_KEY]["episode_id"]}
+    assert sorted({r.reason for r in records if r.tool == "summary-model"}) == ["metered_model:summarization"]
+    assert sum(r.charged for r in records) == pytest.approx(s.expected())
+    assert committed(out[LEDGER_KEY]) == pytest.approx(s.expected())  # graph state has every charge
+    if saver is not None:
+        assert committed(s.agent.get_state(config).values[LEDGER_KEY]) == pytest.approx(s.expected())
+
+
+def test_concurrent_runs_without_a_thread_each_pay_for_their_own_summaries():
+    s = Setup()
+
+    async def three() -> list[Any]:
+        return list(await asyncio.gather(*(s.agent.ainvoke(USER) for _ in range(3))))
+
+    outs = asyncio.run(three())
+    assert len({o[LEDGER_KEY]["episode_id"] for o in outs}) == 3
+    for out in outs:
+        records = s.model_records(out[LEDGER_KEY]["episode_id"])
+        agent_n = sum(1 for r in records if r.tool == "agent-model")
+        summary_n = sum(1 for r in records if r.tool == "summary-model")
+        assert summary_n >= 2
+        assert committed(out[LEDGER_KEY]) == pytest.approx(agent_n * AGENT_COST + summary_n * SUMMARY_COST)
+    assert len(s.model_records()) == s.agent_runs.n + s.summary_runs.n
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_failed_summary_execution_is_released_and_its_retry_charged(use_async):
+    s = Setup(fail_on={1})  # SummarizationMiddleware retries its model
+    out = s.run(use_async)
+    ledger = s.guard.ledger(out)
+    assert ledger.spent == pytest.approx(s.agent_runs.n * AGENT_COST + (s.summary_runs.n - 1) * SUMMARY_COST)
+    assert ledger.reserved == 0
+    errors = [r for r in s.model_records() if r.status == "error"]
+    assert [(r.tool, r.charged) for r in errors] == [("summary-model", 0.0)]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_thread_resumed_by_a_fresh_guard_keeps_what_it_spent(use_async):
+    # Run 1 (no summariser) spends most of the budget. A new guard (another process) resumes the
+    # thread; the summariser runs before the guard's first hook of the run. Its worst case does not
+    # fit what the thread has left, so it is not made (a fresh ledger would have let it through).
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": "R"}}
+    first = Setup(7.0, checkpointer=saver, tool_price=1.0, summarise=False)
+    first.run(use_async, config=config)
+    spent_before = committed(first.agent.get_state(config).values[LEDGER_KEY])
+    assert spent_before == pytest.approx(6 + first.agent_runs.n * AGENT_COST)
+    second = Setup(7.0, checkpointer=saver, tool_price=1.0)
+    with pytest.raises(MeteredModelRefused, match="costs"):
+        second.run(use_async, {"messages": [("user", "again")]}, config)
+    assert second.summary_runs.n == 0  # refused once, not retried by SummarizationMiddleware
+    assert [(r.tool, r.reason, r.charged) for r in second.model_records()] == [
+        ("summary-model", "model_over_budget", 0.0)]
+    ledger = second.guard.episodes.peek("R").ledger
+    assert ledger.spent == pytest.approx(spent_before) and ledger.reserved == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_thread_resumed_by_a_fresh_guard_charges_on_top_of_state(use_async):
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": "S"}}
+    first = Setup(checkpointer=saver)
+    first.run(use_async, config=config)
+    before = committed(first.agent.get_state(config).values[LEDGER_KEY])
+    second = Setup(checkpointer=saver)
+    out = second.run(use_async, {"messages": [("user", "again")]}, config)
+    assert second.summary_runs.n >= 1
+    assert committed(out[LEDGER_KEY]) == pytest.approx(before + second.expected())
+    assert committed(second.agent.get_state(config).values[LEDGER_KEY]) == pytest.approx(before + second.expected())
+
+
+class Reviewer(AgentMiddleware):
+    """Calls a model in after_model on the final answer: the run ends right after it."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def after_model(self, state: Any, runtime: Any) -> None:
+        last = state["messages"][-1]
+        if isinstance(last, AIMessage) and not last.tool_calls:
+            self.model.invoke("review: " + str(last.content))
+
+    async def aafter_model(self, state: Any, runtime: Any) -> None:
+        last = state["messages"][-1]
+        if isinstance(last, AIMessage) and not last.tool_calls:
+            await self.model.ainvoke("review: " + str(last.content))
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_charge_after_the_last_model_step_reaches_the_checkpoint(use_async):
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": "V"}}
+    s = Setup(checkpointer=saver, summarise=False, until=1)
+    reviewer = Reviewer(s.guard.metered_model(SummaryModel(runs=s.summary_runs)))
+    s.agent = create_agent(CountingAgentModel(runs=s.agent_runs, until=1), [_tool_a()],
+                           middleware=[reviewer, s.guard.middleware()], checkpointer=saver)
+    out = s.run(use_async, config=config)
+    assert s.summary_runs.n == 1
+    assert committed(s.agent.get_state(config).values[LEDGER_KEY]) == pytest.approx(s.expected())
+    assert s.guard.ledger(out).reserved == 0
+    assert [r.reason for r in s.model_records() if r.tool == "summary-model"] == ["metered_model"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("thread", [True, False])
+def test_a_metered_copy_used_as_the_agents_own_model_is_charged_once(thread, use_async):
+    saver = InMemorySaver() if thread else None
+    s = Setup(summarise=False)
+    s.agent = create_agent(s.guard.metered_model(CountingAgentModel(runs=s.agent_runs)), [_tool_a()],
+                           middleware=[s.guard.middleware()], checkpointer=saver)
+    out = s.run(use_async, config={"configurable": {"thread_id": "O"}} if thread else None)
+    assert out["messages"][-1].content == "done" and s.agent_runs.n == 7  # six calls to a, then the answer
+    assert s.guard.ledger(out).spent == pytest.approx(7 * AGENT_COST)
+    assert [r.reason for r in s.model_records()] == ["accepted"] * 7
+
+
+def test_a_run_without_a_thread_cannot_pay_for_a_summary_before_its_first_model_step():
+    # A long first input makes the summariser run before the guard has named the run's episode.
+    s = Setup()
+    long_input = {"messages": [("user", f"message {i}") for i in range(6)]}
+    with pytest.raises(MeteredModelRefused, match="thread_id"):
+        s.agent.invoke(long_input)
+    assert s.summary_runs.n == 0
+    with_thread = Setup(checkpointer=InMemorySaver())  # with a thread it is the thread's new episode
+    out = with_thread.agent.invoke(long_input, {"configurable": {"thread_id": "L"}})
+    assert with_thread.summary_runs.n >= 1
+    assert committed(out[LEDGER_KEY]) == pytest.approx(with_thread.expected())
+
+
+def test_without_the_state_reader_only_an_episode_loaded_from_state_can_pay(monkeypatch):
+    # A LangGraph without the task-local reader: the thread's episode as this process loaded it.
+    import intent.metered_models as metered
+
+    monkeypatch.setattr(metered, "read_ledger_channel", lambda config: (False, None))
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": "W"}}
+    first = Setup(checkpointer=saver)
+    first.run(False, config=config)  # loads the episode at its first model step, before any summary
+    assert first.summary_runs.n >= 2
+    assert committed(first.agent.get_state(config).values[LEDGER_KEY]) == pytest.approx(first.expected())
+    second = Setup(checkpointer=saver)  # a fresh process: the summary would run before the guard loads
+    with pytest.raises(MeteredModelRefused, match="does not let"):
+        second.run(False, {"messages": [("user", "again")]}, config)
+    assert second.summary_runs.n == 0
+
+
+def test_metered_model_needs_a_price_table():
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0)
+    with pytest.raises(GuardConfigError, match="model_prices"):
+        guard.metered_model(SummaryModel(runs=Runs()))
+    priced = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"summary-model": PRICE})
+    with pytest.raises(TypeError, match="chat model"):
+        priced.metered_model("openai:gpt-4o-mini")
