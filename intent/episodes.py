@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,13 @@ from typing import Any
 from intent.ledger import BudgetLedger
 from intent.market import Market
 
-__all__ = ["Episode", "EpisodeRegistry"]
+__all__ = ["RUNNING_EPISODE", "Episode", "EpisodeRegistry"]
+
+# (guard, episode id) of the guard's model step running in this context, for code inside it that
+# has no state to read the episode from: a model that a middleware listed after the guard calls
+# (intent.metered_models) on a run's first step, when state does not name the episode yet (a tool
+# step always follows a model step, so its state does). Set by the step, reset when it returns.
+RUNNING_EPISODE: ContextVar[tuple[Any, str] | None] = ContextVar("intent_running_episode", default=None)
 
 
 @dataclass

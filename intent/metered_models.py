@@ -13,13 +13,15 @@ the worst case reserved before it runs, the usage committed after it, released w
 unbilled, one log record each, ``unpriced_model`` and ``missing_usage`` applied), in the
 episode of the graph run it is called in:
 
-* the episode is the one the running task's state names (its ledger channel, read with
+* inside the guard's model step (a middleware listed after the guard), the step's episode;
+* otherwise the episode is the one the running task's state names (its ledger channel, read with
   :func:`intent.state.read_ledger_channel`); a process that has not seen the thread yet loads
   it from that state first, so a thread resumed in another process, where the summariser runs
   before the guard's first hook, keeps what it spent before;
 * a state with no ledger yet is a new episode: the thread's (``thread_id``), which the guard's
   own first model step then continues. A run with neither a thread nor a ledger (no
-  ``thread_id``, before the guard's first model step) cannot be placed;
+  ``thread_id``, before the guard's first model step: a selector listed before the guard, a
+  summariser on a long first input) cannot be placed;
 * where the state cannot be read (a LangGraph without the task-local reader), the thread's
   episode as this process loaded it from state; otherwise it cannot be placed.
 
@@ -43,6 +45,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import ModelError
 from langchain_core.messages import BaseMessage
 
+from intent.episodes import RUNNING_EPISODE
 from intent.model_meter import MAX_TOKEN_KEYS, ModelCallMeter, ModelCallRefused
 from intent.state import current_config, read_ledger_channel
 
@@ -69,6 +72,14 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> tupl
     """
     thread_id = ((config or {}).get("configurable") or {}).get("thread_id")
     readable, channel = read_ledger_channel(config)
+    running = RUNNING_EPISODE.get()
+    if running is not None and running[0] is guard:
+        # Inside this guard's model step (a middleware listed after it): the step's episode, named
+        # even on a run's first step, when state does not name it yet.
+        episode = guard.episodes.peek(running[1])
+        if episode is not None:
+            same = channel is not None and channel.get("episode_id") == running[1]
+            return episode, channel if same else None
     if channel and channel.get("episode_id"):
         return guard.episodes.get(str(channel["episode_id"]), channel), channel
     if readable and thread_id is not None:

@@ -36,6 +36,7 @@ from langgraph.types import Command
 from typing_extensions import NotRequired
 
 from intent import feedback as fb
+from intent.episodes import RUNNING_EPISODE
 from intent.ledger import merge_ledger_states
 from intent.messages import tool_name, turns_before
 from intent.state import LEDGER_KEY, LedgerChannel, current_config
@@ -286,15 +287,20 @@ class BudgetGuardMiddleware(AgentMiddleware):
         guard, config = self.guard, current_config()
         run = self._model_step(request, config)
         kind, arg = next(run)
-        while True:
-            if kind == "model":  # every execution of the model reserved and charged, with model_prices
-                out = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
-            else:
-                out = guard.gate(arg, config, settle=False)
-            try:  # only the step's own end: the model and the gate run outside it
-                kind, arg = run.send(out)
-            except StopIteration as stop:
-                return stop.value
+        # Settled: the step's state names the episode, for a metered model called inside the chain.
+        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config)))
+        try:
+            while True:
+                if kind == "model":  # every execution of the model reserved and charged, with model_prices
+                    out = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
+                else:
+                    out = guard.gate(arg, config, settle=False)
+                try:  # only the step's own end: the model and the gate run outside it
+                    kind, arg = run.send(out)
+                except StopIteration as stop:
+                    return stop.value
+        finally:
+            RUNNING_EPISODE.reset(token)
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
@@ -302,15 +308,19 @@ class BudgetGuardMiddleware(AgentMiddleware):
         guard, config = self.guard, current_config()
         run = self._model_step(request, config)
         kind, arg = next(run)
-        while True:
-            if kind == "model":
-                out = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
-            else:
-                out = await guard.agate(arg, config, settle=False)
-            try:
-                kind, arg = run.send(out)
-            except StopIteration as stop:
-                return stop.value
+        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config)))
+        try:
+            while True:
+                if kind == "model":
+                    out = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
+                else:
+                    out = await guard.agate(arg, config, settle=False)
+                try:
+                    kind, arg = run.send(out)
+                except StopIteration as stop:
+                    return stop.value
+        finally:
+            RUNNING_EPISODE.reset(token)
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:

@@ -293,3 +293,103 @@ def test_metered_model_needs_a_price_table():
     priced = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"summary-model": PRICE})
     with pytest.raises(TypeError, match="chat model"):
         priced.metered_model("openai:gpt-4o-mini")
+
+
+class SelectorModel(BaseChatModel):
+    """LLMToolSelectorMiddleware's model: picks tool ``a`` through structured output (a tool call)."""
+
+    model_name: str = "summary-model"  # priced as the summariser
+    runs: Any = None
+    schema_name: str = ""
+
+    @property
+    def _llm_type(self) -> str:
+        return "selector"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        from langchain_core.utils.function_calling import convert_to_openai_tool
+
+        name = convert_to_openai_tool(tools[0])["function"]["name"]
+        return self.model_copy(update={"schema_name": name}).bind(**kwargs)
+
+    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self.runs.hit()
+        call = {"name": self.schema_name, "args": {"tools": ["a"]}, "id": f"s{next(_ids)}", "type": "tool_call"}
+        message = AIMessage("", tool_calls=[call], usage_metadata=_usage(*SUMMARY_USAGE))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("selector_first", [True, False])
+def test_a_tool_selectors_model_is_charged_in_either_order(selector_first, use_async):
+    # LLMToolSelectorMiddleware calls its model inside its wrap_model_call: inside the guard's model
+    # call when listed after the guard (the guard's step names the episode, even on the first step of a
+    # run without a thread), outside it when listed first (then the run's state must name the episode:
+    # with a thread; without one the first selection cannot be placed and is refused, never free).
+    from langchain.agents.middleware import LLMToolSelectorMiddleware
+
+    def build(s: Setup, saver: Any = None) -> None:
+        b = StructuredTool.from_function(lambda: "b", name="b", description="Tool b.")
+        selector = LLMToolSelectorMiddleware(model=s.guard.metered_model(SelectorModel(runs=s.summary_runs)),
+                                             max_tools=1)
+        stack = [selector, s.guard.middleware()] if selector_first else [s.guard.middleware(), selector]
+        s.agent = create_agent(CountingAgentModel(runs=s.agent_runs, until=3), [_tool_a(), b], middleware=stack,
+                               checkpointer=saver)
+
+    if selector_first:
+        unplaced = Setup(summarise=False)
+        build(unplaced)
+        with pytest.raises(MeteredModelRefused, match="thread_id"):
+            unplaced.run(use_async)
+        assert unplaced.summary_runs.n == 0 and unplaced.agent_runs.n == 0
+    s = Setup(summarise=False, until=3)
+    saver = InMemorySaver() if selector_first else None
+    build(s, saver)
+    out = s.run(use_async, config={"configurable": {"thread_id": "sel"}} if selector_first else None)
+    assert s.agent_runs.n == 4 and s.summary_runs.n == 4  # one selection before each model call
+    ledger = s.guard.ledger(out)
+    assert ledger.spent == pytest.approx(s.expected()) and ledger.reserved == 0
+    assert sorted({r.reason for r in s.model_records() if r.tool == "summary-model"}) == [
+        "metered_model:tool_selection"]
+    assert committed(out[LEDGER_KEY]) == pytest.approx(s.expected())
+
+
+class EmulatorModel(BaseChatModel):
+    """LLMToolEmulator's model: answers tool a's call as the tool would ("n=<x>")."""
+
+    model_name: str = "summary-model"  # priced as the summariser
+    runs: Any = None
+
+    @property
+    def _llm_type(self) -> str:
+        return "emulator"
+
+    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        import re
+
+        self.runs.hit()
+        x = re.search(r"'x': (\d+)", str(messages[-1].content)).group(1)
+        message = AIMessage(f"n={x}", usage_metadata=_usage(*SUMMARY_USAGE))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("emulator_first", [True, False])
+def test_a_tool_emulators_model_is_charged_and_the_emulated_tool_is_not(emulator_first, use_async):
+    # LLMToolEmulator answers tool a's calls with its model instead of running the tool: inside the
+    # guard's tool step when listed after the guard, before it when listed first. The tool never runs,
+    # so it costs nothing; each emulation is paid. A tool step always follows a model step, so the
+    # run's state names the episode even without a thread.
+    from langchain.agents.middleware import LLMToolEmulator
+
+    s = Setup(summarise=False, tool_price=1.0, until=3)
+    emulator = LLMToolEmulator(tools=["a"], model=s.guard.metered_model(EmulatorModel(runs=s.summary_runs)))
+    stack = [emulator, s.guard.middleware()] if emulator_first else [s.guard.middleware(), emulator]
+    s.agent = create_agent(CountingAgentModel(runs=s.agent_runs, until=3), [_tool_a()], middleware=stack)
+    out = s.run(use_async)
+    assert s.agent_runs.n == 4 and s.summary_runs.n == 3  # three emulated calls to a
+    ledger = s.guard.ledger(out)
+    assert ledger.spent_by_kind() == {"model": pytest.approx(s.expected())}  # tool a never ran: not charged
+    assert ledger.reserved == 0
+    assert sorted({r.reason for r in s.model_records() if r.tool == "summary-model"}) == [
+        "metered_model:tool_emulation"]
