@@ -149,11 +149,16 @@ class MeteredModelCallback(BaseCallbackHandler):
 
 
 def metered_copy(guard: BudgetGuard, model: Any) -> Any:
-    """A copy of ``model`` with :class:`MeteredModelCallback`; a model without an output bound gets
-    the guard's ``max_output_tokens``, so the worst case reserved is also the provider's limit."""
+    """A copy of ``model`` (a chat model, or a ``"provider:model"`` string as ``init_chat_model`` takes)
+    with :class:`MeteredModelCallback`; a model without an output bound gets the guard's
+    ``max_output_tokens``, so the worst case reserved is also the provider's limit."""
+    if isinstance(model, str):
+        from langchain.chat_models import init_chat_model
+
+        model = init_chat_model(model)
     if not hasattr(model, "model_copy") or not hasattr(model, "callbacks"):
-        raise TypeError(f"metered_model needs a LangChain chat model (a BaseChatModel), got {type(model).__name__}; "
-                        "pass the model object, e.g. init_chat_model('openai:gpt-4o-mini')")
+        raise TypeError(f"metered_model needs a LangChain chat model (a BaseChatModel) or a 'provider:model' "
+                        f"string, got {type(model).__name__}")
     update: dict[str, Any] = {}
     fields = type(model).model_fields
     bound_keys = [k for k in MAX_TOKEN_KEYS if k in fields]

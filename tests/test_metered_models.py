@@ -290,9 +290,20 @@ def test_metered_model_needs_a_price_table():
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0)
     with pytest.raises(GuardConfigError, match="model_prices"):
         guard.metered_model(SummaryModel(runs=Runs()))
-    priced = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"summary-model": PRICE})
+    priced = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"gpt-4o-mini": PRICE})
     with pytest.raises(TypeError, match="chat model"):
-        priced.metered_model("openai:gpt-4o-mini")
+        priced.metered_model(object())
+
+
+def test_metered_model_takes_a_provider_string_and_bounds_its_output(monkeypatch):
+    # As SummarizationMiddleware takes "openai:gpt-4o-mini", so does metered_model; a model without an
+    # output bound gets the guard's max_output_tokens, so the worst case held is the provider's limit too.
+    monkeypatch.setenv("OPENAI_API_KEY", "not-used")  # the model is built, never called
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"gpt-4o-mini": PRICE},
+                        max_output_tokens=123)
+    model = guard.metered_model("openai:gpt-4o-mini")
+    assert model.model_name == "gpt-4o-mini" and model.max_tokens == 123
+    assert [type(h).__name__ for h in model.callbacks] == ["MeteredModelCallback"]
 
 
 class SelectorModel(BaseChatModel):
