@@ -65,7 +65,7 @@ from intent.records import Recorder
 from intent.metering import open_call
 from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
-from intent.nesting import CarvedLedger, FromParent, close_carves, spending_scope
+from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
 from intent.state import LEDGER_KEY, GuardState, channel_of
 
@@ -420,9 +420,35 @@ class BudgetGuard:
         if channel and channel.get("episode_id"):
             return str(channel["episode_id"])
         thread_id = ((config or {}).get("configurable") or {}).get("thread_id")
-        # No thread and no channel yet (a run's first step): a new episode. The middleware keeps
-        # its name in the step's state, so a step that runs again finds it (see _settled_request).
-        return str(thread_id) if thread_id is not None else f"episode-{uuid.uuid4().hex[:12]}"
+        if thread_id is None:
+            # No thread and no channel yet (a run's first step): a new episode. The middleware keeps
+            # its name in the step's state, so a step that runs again finds it (see _settled_request).
+            return f"episode-{uuid.uuid4().hex[:12]}"
+        parent = current_parent()
+        if parent is not None and parent.guard is not self and str(thread_id) == parent.episode.episode_id:
+            # A sub-agent run inside the parent's tool call with the parent's config (its thread id):
+            # an episode of its own, named after the call, so that retries of the step find it again.
+            return f"{thread_id}>{parent.key}"
+        return str(thread_id)
+
+    def inherits_parent_ledger(self, state: Any) -> bool:
+        """Whether ``state``'s ledger channel is the running parent's: a sub-agent started inside one
+        of a guarded agent's tool calls with a copy of the parent's state (deepagents' ``task`` tool
+        copies every state key but a few). Such a channel is not this guard's: the middleware reads
+        the state as if it had none, and its first step overwrites it with the sub-agent's own.
+
+        The same guard guarding a sub-agent inside one of its own tool calls would take the tool
+        call's episode for the sub-agent's: a configuration error, raised here."""
+        parent = current_parent()
+        channel = channel_of(state)
+        if parent is None or not channel or channel.get("episode_id") != parent.episode.episode_id:
+            return False
+        if parent.guard is self:
+            raise GuardConfigError(
+                "this guard guards a sub-agent run inside one of its own tool calls (the sub-agent's state "
+                "carries the tool call's ledger): give the sub-agent a guard of its own, "
+                "BudgetGuard(oracle, market, FromParent(limit=...)), so that it spends from the call's budget")
+        return True
 
     def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> None:
         with episode.lock:

@@ -14,6 +14,8 @@ unbilled, one log record each, ``unpriced_model`` and ``missing_usage`` applied)
 episode of the graph run it is called in:
 
 * inside the guard's model step (a middleware listed after the guard), the step's episode;
+* inside one of the guard's tool runs (a tool that calls the model, or a sub-agent the tool starts:
+  deepagents' ``task``), the tool call's episode;
 * otherwise the episode is the one the running task's state names (its ledger channel, read with
   :func:`intent.state.read_ledger_channel`); a process that has not seen the thread yet loads
   it from that state first, so a thread resumed in another process, where the summariser runs
@@ -22,8 +24,9 @@ episode of the graph run it is called in:
   own first model step then continues. A run with neither a thread nor a ledger (no
   ``thread_id``, before the guard's first model step: a selector listed before the guard, a
   summariser on a long first input) cannot be placed;
-* where the state cannot be read (a LangGraph without the task-local reader), the thread's
-  episode as this process loaded it from state; otherwise it cannot be placed.
+* where the state cannot be read (a LangGraph without the task-local reader, a graph without the
+  guard's ledger channel), the thread's episode as this process loaded it from state; otherwise it
+  cannot be placed.
 
 A call that does not fit, or cannot be placed, is not made: :class:`MeteredModelRefused` is
 raised from the model's ``invoke``. It is a non-retryable ``langchain_core`` ``ModelError``, so a
@@ -47,6 +50,7 @@ from langchain_core.messages import BaseMessage
 
 from intent.episodes import RUNNING_EPISODE
 from intent.model_meter import MAX_TOKEN_KEYS, ModelCallMeter, ModelCallRefused
+from intent.nesting import current_parent
 from intent.state import current_config, read_ledger_channel
 
 if TYPE_CHECKING:
@@ -80,6 +84,11 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> tupl
         if episode is not None:
             same = channel is not None and channel.get("episode_id") == running[1]
             return episode, channel if same else None
+    parent = current_parent()
+    if parent is not None and parent.guard is guard:
+        # Inside one of this guard's tool runs (a tool calling the model, a sub-agent started by the
+        # tool, with or without a guard of its own): the tool call's episode pays.
+        return parent.episode, None
     if channel and channel.get("episode_id"):
         return guard.episodes.get(str(channel["episode_id"]), channel), channel
     if readable and thread_id is not None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain.agents.middleware.types import ExtendedModelResponse, hook_config
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
-from langgraph.types import Command
+from langgraph.types import Command, Overwrite
 from typing_extensions import NotRequired
 
 from intent import feedback as fb
@@ -67,8 +67,11 @@ class _Step:
     """One model step of the middleware: the model's replies, what the gate wrote, and the one
     response and state update the step returns."""
 
-    def __init__(self, state: Any, settled: dict[str, Any] | None) -> None:
+    def __init__(self, state: Any, settled: dict[str, Any] | None, *, overwrite: bool = False) -> None:
         self.state = state
+        # The step's ledger replaces the channel in graph state instead of merging into it (a
+        # sub-agent's first step on a copy of its parent's state: intent.guard.inherits_parent_ledger).
+        self.overwrite = overwrite
         self.updates: list[dict[str, Any] | None] = [settled]  # settling, each model charge, each gate
         self.earlier: list[Any] = []  # malformed replies asked again, with the gate's answers to them
         self.response: ModelResponse | None = None
@@ -166,7 +169,7 @@ class _Step:
                                      structured_response=response.structured_response)
         ledger = _ledger_of(self.updates)
         if ledger:
-            update[LEDGER_KEY] = ledger
+            update[LEDGER_KEY] = Overwrite(ledger) if self.overwrite else ledger
         if extra:
             update["messages"] = extra
         if self._only_malformed():
@@ -269,8 +272,12 @@ class BudgetGuardMiddleware(AgentMiddleware):
         for each model call and ``("gate", state)`` for each gate, receives their results, and
         returns the step's response."""
         state = request.state
+        overwrite = self.guard.inherits_parent_ledger(state)
+        if overwrite:  # a sub-agent's first step, on a copy of its parent's state: not our ledger
+            request = request.override(state={**state, LEDGER_KEY: None})
+            state = request.state
         request, settled = self._settled_request(request, config)
-        step = _Step(state, settled)
+        step = _Step(state, settled, overwrite=overwrite)
         while True:
             result = yield "model", self._prepare(request, config)
             gated_state = step.open(result, gate=self.gates_in_model_call)

@@ -112,8 +112,9 @@ def read_ledger_channel(config: Mapping[str, Any] | None) -> tuple[bool, LedgerC
     """The ledger channel as the running graph task reads it, from anywhere inside the task (a
     callback of a model another middleware calls has no ``state`` argument to read it from).
 
-    Returns ``(readable, channel)``: ``(False, None)`` outside a LangGraph task, ``(True, None)``
-    when the state has no ledger yet. This uses LangGraph's task-local reader
+    Returns ``(readable, channel)``: ``(False, None)`` outside a LangGraph task or in a graph whose
+    state has no ledger channel (one without the guard), ``(True, None)`` when the state has no
+    ledger yet. This uses LangGraph's task-local reader
     (``config["configurable"]["__pregel_read"]``, what LangGraph's own ToolNode reads state
     with): not a public API, so a LangGraph that drops it makes this ``(False, None)`` and the
     caller falls back to what it can see without state.
@@ -121,7 +122,10 @@ def read_ledger_channel(config: Mapping[str, Any] | None) -> tuple[bool, LedgerC
     read = ((config or {}).get("configurable") or {}).get(_CONFIG_KEY_READ)
     if not callable(read):
         return False, None
-    value = read(LEDGER_KEY, False)  # fresh=False: the task's input, what every hook of the step sees
+    try:
+        value = read(LEDGER_KEY, False)  # fresh=False: the task's input, what every hook of the step sees
+    except KeyError:  # the graph has no such channel: its state schema is not the guard's
+        return False, None
     return True, (value if isinstance(value, Mapping) and value else None)
 
 

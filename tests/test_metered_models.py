@@ -404,3 +404,33 @@ def test_a_tool_emulators_model_is_charged_and_the_emulated_tool_is_not(emulator
     assert ledger.reserved == 0
     assert sorted({r.reason for r in s.model_records() if r.tool == "summary-model"}) == [
         "metered_model:tool_emulation"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_sub_agent_without_a_guard_pays_its_metered_model_from_the_parents_tool_call(use_async):
+    # A tool starts a sub-agent (a plain create_agent graph: no guard, no ledger channel in its state)
+    # whose model is the parent guard's metered copy, as deepagents' general-purpose sub-agent uses the
+    # main model. Its executions are paid by the parent's tool call; nothing reads a channel it lacks.
+    s = Setup(summarise=False, until=1)
+    child_runs = Runs()
+    child_model = s.guard.metered_model(CountingAgentModel(runs=child_runs, until=2))
+
+    def delegate(q: str = "") -> str:
+        child = create_agent(child_model, [_tool_a()])
+        child.invoke({"messages": [("user", q)]})
+        return "n=1"  # what the parent's counting model reads
+
+    async def adelegate(q: str = "") -> str:
+        child = create_agent(child_model, [_tool_a()])
+        await child.ainvoke({"messages": [("user", q)]})
+        return "n=1"
+
+    tool = StructuredTool.from_function(delegate, coroutine=adelegate, name="a", description="Delegate.")
+    parent_model = CountingAgentModel(runs=s.agent_runs, until=1)
+    s.agent = create_agent(parent_model, [tool], middleware=[s.guard.middleware()])
+    out = s.run(use_async)
+    assert child_runs.n == 3 and s.agent_runs.n == 2  # the child called its a twice then answered
+    ledger = s.guard.ledger(out)
+    assert ledger.spent == pytest.approx((s.agent_runs.n + child_runs.n) * AGENT_COST) and ledger.reserved == 0
+    assert committed(out[LEDGER_KEY]) == pytest.approx(ledger.spent)
+    assert len(s.model_records()) == s.agent_runs.n + child_runs.n
