@@ -50,9 +50,9 @@ from intent.errors import (
 )
 from intent.ledger import BudgetLedger
 from intent.logs import LogSink
-from intent.market import Market, PricedTool, check_amount
+from intent.market import Market, PricedTool, UnpricedToolError, check_amount
 from intent.gate import RELEASED_UNUSED, gate_batch
-from intent.messages import messages_of, query_of
+from intent.messages import messages_of, query_of, tool_name
 from intent.oracle import (
     ORACLE_ERROR,
     Decision,
@@ -498,9 +498,21 @@ class BudgetGuard:
         channel = channel_of(state)
         episode = self.episodes.get(self.episode_id(state, config), channel)
         if offered is not None:
+            if episode.offered is None:  # the episode's first model step here: tell the developer now
+                self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)
             episode.offered = offered
         self._start(episode, channel, messages_of(state))
         return self._settle(episode, state, reason=RELEASED_UNUSED)
+
+    def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
+        """Warn (once per guard and tool) of each offered tool the market cannot price: the agent is
+        shown it, but the guard will refuse its calls (a middleware's own tool, deepagents' file tools)."""
+        for name in map(tool_name, offered):
+            if name and name not in self._warned_unpriced:
+                try:
+                    market.price(name)
+                except UnpricedToolError:
+                    self._unpriced_offered(name)
 
     def finish(self, state: Any, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """After the run: nothing stays reserved, state has every charge, the working state is dropped."""

@@ -1202,3 +1202,23 @@ def test_a_cached_message_in_a_cut_down_history_is_not_run_on_the_rebuilt_calls_
     assert runs["a"] == 1
     ledger = guard.ledger(out)
     assert ledger.spent == 2.0 and ledger.reserved == 0.0
+
+
+def test_an_offered_tool_the_market_cannot_price_is_warned_of_at_the_first_model_step():
+    # deepagents offers a dozen file tools the model may never call: the developer hears of each
+    # unpriced one when the agent is first shown it, not only if and when the model calls it.
+    import warnings
+
+    from langchain.agents.middleware import TodoListMiddleware
+
+    from intent import UnpricedToolWarning
+
+    guard = BudgetGuard(AcceptAll(), market(a=1.0), 10.0)
+    agent = create_agent(scripted([AIMessage("done"), AIMessage("done")]), [make_tool("a", Runs())],
+                         middleware=[TodoListMiddleware(), guard.middleware()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        agent.invoke(USER)
+        agent.invoke(USER)  # once per guard and tool
+    unpriced = [str(w.message) for w in caught if issubclass(w.category, UnpricedToolWarning)]
+    assert len(unpriced) == 1 and "'write_todos'" in unpriced[0]
