@@ -18,6 +18,7 @@ from typing import Any
 
 from intent.ledger import BudgetLedger
 from intent.market import Market
+from intent.messages import tool_name
 
 __all__ = ["RUNNING_EPISODE", "Episode", "EpisodeRegistry"]
 
@@ -47,10 +48,25 @@ class Episode:
     # The tools the model was offered at its last call (the request's list, as given): a call to
     # one the market does not price is refused as unpriced, not as a tool that does not exist.
     offered: Any = None
+    # The names of ``offered``, read once per request list: (the list they were read from, the names).
+    _offered_names: tuple[Any, frozenset[str]] = (None, frozenset())
     lock: threading.RLock = field(default_factory=threading.RLock)
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.
     synced: bool = False
+
+
+    def offered_names(self) -> frozenset[str] | None:
+        """The names of the tools the model was offered at its last call; ``None`` when the guard
+        has not seen a model request (a hand-built graph)."""
+        tools = self.offered
+        if tools is None:
+            return None
+        seen, names = self._offered_names
+        if seen is not tools:  # the gate asks once per call: a new request list is read once
+            names = frozenset(n for n in map(tool_name, tools) if n)
+            self._offered_names = (tools, names)
+        return names
 
 
 class EpisodeRegistry:

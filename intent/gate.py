@@ -32,7 +32,6 @@ from intent.messages import (
     messages_of,
     query_of,
     text_of,
-    tool_name,
     turns_before,
 )
 from intent.model_gate import MAX_ASKS
@@ -170,7 +169,7 @@ def gate_batch(
         record(dropped, dup["name"], dict(dup.get("args") or {}), None, "invalid", DUPLICATE_CALL,
                fb.merged_call(dup["name"], kept))
     pending: list[_Pending] = []
-    offered = _tool_names(episode.offered)  # what the model was shown in its request (None: not known)
+    offered = episode.offered_names()  # what the model was shown in its request (None: not known)
     for call in calls:
         cid = call["id"]
         if cid is None:
@@ -340,14 +339,6 @@ def gate_batch(
             or counted != turns):
         update[LEDGER_KEY] = channel_update
     return update or None
-
-
-def _tool_names(tools: Any) -> set[str] | None:
-    """The names of the tools a model request offered (tool objects or dict schemas); ``None``
-    when the guard has not seen a request (a hand-built graph)."""
-    if tools is None:
-        return None
-    return {name for name in map(tool_name, tools) if name}
 
 
 def _oracle_price(guard: BudgetGuard) -> tuple[str, ModelPrice]:

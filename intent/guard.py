@@ -32,7 +32,7 @@ import contextlib
 import time
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AnyMessage, ToolMessage
@@ -282,6 +282,7 @@ class BudgetGuard:
                                         new_ledger=new_ledger, on_new=share)
         self._hooks: dict[str, bool] = {}  # which optional oracle hooks are really implemented
         self._warned_unpriced: set[str] = set()  # tools offered to the model without a price, warned once
+        self.made_metered_models = False  # metered_model was called: model steps name their episode
         self._model_gate = ModelGate(self)
         self.records = Recorder(log_sink, str(getattr(oracle, "name", None) or type(oracle).__name__), self.enforce)
 
@@ -547,6 +548,7 @@ class BudgetGuard:
                                    "pass BudgetGuard(..., model_prices={'model-name': ModelPrice(...)})")
         from intent.metered_models import metered_copy
 
+        self.made_metered_models = True
         return metered_copy(self, model)
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
@@ -669,7 +671,7 @@ class BudgetGuard:
 
     # ================================================= what the model is shown
     def _visible_names(self, state: Any, config: Mapping[str, Any] | None, market: Market,
-                       offered: set[str] | None = None) -> list[str]:
+                       offered: Collection[str] | None = None) -> list[str]:
         """The tools the agent may use now: priced, not banned or hidden, and (when known) offered."""
         visible = self.visible_tool_names(state, config)
         names = set(market.names) - set(market.banned) if visible is None else set(visible)

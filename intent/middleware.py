@@ -294,8 +294,9 @@ class BudgetGuardMiddleware(AgentMiddleware):
         guard, config = self.guard, current_config()
         run = self._model_step(request, config)
         kind, arg = next(run)
-        # Settled: the step's state names the episode, for a metered model called inside the chain.
-        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config)))
+        # Settled: the step's state names the episode, for a metered model called inside the chain
+        # (only a guard that made one pays for saying so).
+        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config))) if guard.made_metered_models else None
         try:
             while True:
                 if kind == "model":  # every execution of the model reserved and charged, with model_prices
@@ -307,7 +308,8 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 except StopIteration as stop:
                     return stop.value
         finally:
-            RUNNING_EPISODE.reset(token)
+            if token is not None:
+                RUNNING_EPISODE.reset(token)
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
@@ -315,7 +317,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
         guard, config = self.guard, current_config()
         run = self._model_step(request, config)
         kind, arg = next(run)
-        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config)))
+        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config))) if guard.made_metered_models else None
         try:
             while True:
                 if kind == "model":
@@ -327,7 +329,8 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 except StopIteration as stop:
                     return stop.value
         finally:
-            RUNNING_EPISODE.reset(token)
+            if token is not None:
+                RUNNING_EPISODE.reset(token)
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:
