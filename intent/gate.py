@@ -169,7 +169,6 @@ def gate_batch(
         record(dropped, dup["name"], dict(dup.get("args") or {}), None, "invalid", DUPLICATE_CALL,
                fb.merged_call(dup["name"], kept))
     pending: list[_Pending] = []
-    offered = episode.offered_names()  # what the model was shown in its request (None: not known)
     for call in calls:
         cid = call["id"]
         if cid is None:
@@ -196,16 +195,10 @@ def gate_batch(
         if name in market.banned:
             refuse(key, cid, name, args, None, "invalid", BANNED_TOOL, fb.banned_tool(name))
             continue
-        if offered is not None and name not in offered:
-            # Priced, maybe, and the agent may even have it, but the model was not shown it in this
-            # request (a middleware hid it: deepagents' execute without a sandbox, a tool selector):
-            # a call the model made up, refused before it runs and costs.
-            refuse(key, cid, name, args, None, "invalid", UNKNOWN_TOOL,
-                   fb.unknown_tool(name, guard._visible_names(state, config, market, offered)))
-            continue
         try:
             pending.append(_Pending(key, proposal, market.price(name)))
         except UnpricedToolError as exc:
+            offered = episode.offered_names()
             if name in market:
                 refuse(key, cid, name, args, None, "invalid", UNPRICED_TOOL, fb.unpriced_tool(name, str(exc)))
             elif offered is not None and name in offered:

@@ -426,10 +426,13 @@ class BudgetGuard:
             # its name in the step's state, so a step that runs again finds it (see _settled_request).
             return f"episode-{uuid.uuid4().hex[:12]}"
         parent = current_parent()
-        if parent is not None and parent.guard is not self and str(thread_id) == parent.episode.episode_id:
-            # A sub-agent run inside the parent's tool call with the parent's config (its thread id):
-            # an episode of its own, named after the call, so that retries of the step find it again.
-            return f"{thread_id}>{parent.key}"
+        if parent is not None and parent.guard is not self:
+            above, thread = parent.episode.episode_id, str(thread_id)
+            if above == thread or above.startswith(thread + ">"):
+                # A sub-agent (at any depth) run inside a guarded tool call with its ancestors' config
+                # (their thread id): an episode of its own, named after the call that started it, so
+                # that parallel sub-agents do not share one and a retried step finds its own again.
+                return f"{above}>{parent.key}"
         return str(thread_id)
 
     def inherits_parent_ledger(self, state: Any) -> bool:

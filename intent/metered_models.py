@@ -89,11 +89,16 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> tupl
         # Inside one of this guard's tool runs (a tool calling the model, a sub-agent started by the
         # tool, with or without a guard of its own): the tool call's episode pays.
         return parent.episode, None
+    if channel and parent is not None and channel.get("episode_id") == parent.episode.episode_id:
+        # A sub-agent's state copied from its parent's, before this guard's first step replaced the
+        # ledger (intent.guard.BudgetGuard.inherits_parent_ledger): not this guard's ledger.
+        channel = None
     if channel and channel.get("episode_id"):
         return guard.episodes.get(str(channel["episode_id"]), channel), channel
     if readable and thread_id is not None:
-        # No ledger in state yet: a new episode, named as the guard's first model step names it.
-        return guard.episodes.get(str(thread_id)), None
+        # No ledger in state yet: a new episode, named as the guard's first model step will name it
+        # (a sub-agent's after the call that started it), so that step continues it.
+        return guard.episodes.get(guard.episode_id(None, config)), None
     if not readable and thread_id is not None:
         episode = guard.episodes.peek(str(thread_id))
         if episode is not None and episode.synced:  # loaded from state here: its spending is known
@@ -165,7 +170,9 @@ def metered_copy(guard: BudgetGuard, model: Any) -> Any:
         from langchain.chat_models import init_chat_model
 
         model = init_chat_model(model)
-    if not hasattr(model, "model_copy") or not hasattr(model, "callbacks"):
+    from langchain_core.language_models import BaseChatModel
+
+    if not isinstance(model, BaseChatModel):  # a completion model's runs start with on_llm_start: not metered here
         raise TypeError(f"metered_model needs a LangChain chat model (a BaseChatModel) or a 'provider:model' "
                         f"string, got {type(model).__name__}")
     update: dict[str, Any] = {}

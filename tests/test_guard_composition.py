@@ -1222,30 +1222,3 @@ def test_an_offered_tool_the_market_cannot_price_is_warned_of_at_the_first_model
         agent.invoke(USER)  # once per guard and tool
     unpriced = [str(w.message) for w in caught if issubclass(w.category, UnpricedToolWarning)]
     assert len(unpriced) == 1 and "'write_todos'" in unpriced[0]
-
-
-@pytest.mark.parametrize("use_async", [False, True])
-def test_a_call_to_a_priced_tool_the_model_was_not_shown_is_refused_and_costs_nothing(use_async):
-    # A middleware hides tool b from the model (deepagents hides execute without a sandbox; a tool
-    # selector shows a few tools per turn). A call to it anyway is made up: refused before it runs,
-    # with the tools the model can use, though b is priced and the tool node has it.
-    from langchain.agents.middleware import AgentMiddleware
-
-    class HidesB(AgentMiddleware):
-        def wrap_model_call(self, request, handler):
-            return handler(request.override(tools=[t for t in request.tools if t.name != "b"]))
-
-        async def awrap_model_call(self, request, handler):
-            return await handler(request.override(tools=[t for t in request.tools if t.name != "b"]))
-
-    runs, sink = Runs(), MemoryLogSink()
-    guard = BudgetGuard(AcceptAll(), market(a=1.0, b=1.5), 10.0, log_sink=sink)
-    agent = create_agent(scripted([ai(tc("b", "b1"), tc("a", "a1")), AIMessage("done")]),
-                         [make_tool("a", runs), make_tool("b", runs)], middleware=[HidesB(), guard.middleware()])
-    out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
-    answers = {m.tool_call_id: str(m.content) for m in msgs_of(out) if isinstance(m, ToolMessage)}
-    assert answers["b1"] == ("Error: there is no tool named b; the call was not made and cost nothing. "
-                             "The available tools are: a.")
-    assert runs["b"] == 0 and runs["a"] == 1
-    assert [r.reason for r in sink.records if r.call_id == "b1"] == ["unknown_tool"]
-    assert_invariants(guard, out, runs, {"a": 1.0, "b": 1.5}, 10.0, sink)

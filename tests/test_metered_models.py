@@ -434,3 +434,13 @@ def test_a_sub_agent_without_a_guard_pays_its_metered_model_from_the_parents_too
     assert ledger.spent == pytest.approx((s.agent_runs.n + child_runs.n) * AGENT_COST) and ledger.reserved == 0
     assert committed(out[LEDGER_KEY]) == pytest.approx(ledger.spent)
     assert len(s.model_records()) == s.agent_runs.n + child_runs.n
+
+
+def test_metered_model_refuses_a_completion_model():
+    # A completion (non-chat) model's runs start with on_llm_start, which the meter does not price:
+    # refused when wrapped, rather than never charged.
+    from langchain_core.language_models.fake import FakeListLLM
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"summary-model": PRICE})
+    with pytest.raises(TypeError, match="chat model"):
+        guard.metered_model(FakeListLLM(responses=["x"]))

@@ -141,3 +141,105 @@ def test_the_same_guard_in_a_sub_agent_on_a_copy_of_the_state_is_a_configuration
     with pytest.raises(GuardConfigError, match="FromParent"):
         run(agent, use_async, None)
     assert runs.counts["a"] == 0  # nothing ran on a ledger that was not the sub-agent's
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("copy_state", [True, False])
+def test_parallel_grandchildren_on_the_parents_thread_each_carve_their_own(copy_state, use_async):
+    # Top agent (thread "p") -> a child sub-agent -> two grandchildren started in one message. Each
+    # runs with its ancestors' config (thread "p"): each must still get an episode and a carve of its
+    # own. (Sharing one, the first to end dropped it and the other spent outside every ledger.)
+    import itertools
+
+    runs = Runs()
+    top = BudgetGuard(AcceptAll(), MARKET, 100.0)
+    mid = BudgetGuard(AcceptAll(), MARKET, FromParent(limit=50.0))
+    leaf = BudgetGuard(AcceptAll(), MARKET, FromParent(limit=20.0))
+    n = itertools.count()
+
+    def task(make: Any) -> StructuredTool:
+        if copy_state:
+            return task_tool(make, use_async)
+
+        def plain(description: str) -> str:  # a sub-agent on a fresh state of its own
+            return str(make().invoke({"messages": [HumanMessage(description)]})["messages"][-1].content)
+
+        async def aplain(description: str) -> str:
+            return str((await make().ainvoke({"messages": [HumanMessage(description)]}))["messages"][-1].content)
+
+        return StructuredTool.from_function(plain, coroutine=aplain, name="task", description="Delegate.")
+
+    def make_leaf() -> Any:
+        script = ([ai(text="short done")] if next(n) == 0 else
+                  [*(ai(call("a", x=i)) for i in range(4)), ai(text="long done")])
+        return create_agent(scripted(script), [runs.tool()], middleware=[leaf.middleware()])
+
+    def make_mid() -> Any:
+        return create_agent(scripted([ai(call("task", description="g1"), call("task", description="g2")),
+                                      ai(text="mid done")]), [runs.tool(), task(make_leaf)],
+                            middleware=[mid.middleware()])
+
+    agent = create_agent(scripted([ai(call("task", description="c")), ai(text="top done")]),
+                         [runs.tool(), task(make_mid)], middleware=[top.middleware()], checkpointer=InMemorySaver())
+    out = run(agent, use_async, {"configurable": {"thread_id": "p"}})
+    ledger = top.ledger(out)
+    assert runs.counts["a"] == 4  # the long grandchild's four calls fit its carve of 20
+    assert ledger.spent == pytest.approx(4 * PRICE_A) and ledger.reserved == 0
+    assert len(top.episodes) == len(mid.episodes) == len(leaf.episodes) == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_child_s_metered_model_before_its_guard_s_first_step_pays_from_the_child_s_carve(use_async):
+    # The child lists LLMToolSelectorMiddleware before its guard, so the selector's model runs before the
+    # child guard's first step has replaced the copied ledger. Its executions must be paid from the
+    # child's own carve, in the episode the child's guard then continues (not a copy of the parent's).
+    from langchain.agents.middleware import LLMToolSelectorMiddleware
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from intent import ModelPrice
+
+    selections = []
+
+    class Selector(BaseChatModel):
+        model_name: str = "selector"
+        schema_name: str = ""
+
+        @property
+        def _llm_type(self) -> str:
+            return "selector"
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self.model_copy(update={"schema_name": convert_to_openai_tool(tools[0])["function"]["name"]})
+
+        def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+            selections.append(1)
+            msg = AIMessage("", tool_calls=[{"name": self.schema_name, "args": {"tools": ["a"]}, "id": "s",
+                                            "type": "tool_call"}],
+                            usage_metadata={"input_tokens": 100, "output_tokens": 10, "total_tokens": 110})
+            return ChatResult(generations=[ChatGeneration(message=msg)])
+
+    runs = Runs()
+    prices = {"selector": ModelPrice(input_per_mtok=1000.0, output_per_mtok=1000.0)}  # 0.11 per selection
+    parent = BudgetGuard(AcceptAll(), MARKET, 10.0, model_prices=prices, charge_models=False)
+    child = BudgetGuard(AcceptAll(), MARKET, FromParent(limit=4.0), model_prices=prices, charge_models=False,
+                        max_output_tokens=10)
+    b = StructuredTool.from_function(lambda: "b", name="b", description="Tool b.")
+
+    def make_child() -> Any:
+        selector = LLMToolSelectorMiddleware(model=child.metered_model(Selector()), max_tools=1)
+        return create_agent(scripted([ai(call("a", x=1)), ai(text="child done")]), [runs.tool(), b],
+                            middleware=[selector, child.middleware()])
+
+    agent = create_agent(scripted([ai(call("task", description="work")), ai(text="parent done")]),
+                         [runs.tool(), task_tool(make_child, use_async)], middleware=[parent.middleware()],
+                         checkpointer=InMemorySaver())
+    out = run(agent, use_async, {"configurable": {"thread_id": "p"}})
+    ledger = parent.ledger(out)
+    counted = runs.counts["a"] * PRICE_A + len(selections) * 0.11
+    assert runs.counts["a"] == 1 and len(selections) == 2
+    assert ledger.spent == pytest.approx(counted) and ledger.reserved == 0
+    (carve,) = [e for e in ledger.entries() if e.kind == "sub_agent"]
+    assert carve.amount == pytest.approx(counted)  # the child's tool run and both selections, in its carve
+    assert len(child.episodes) == 0
