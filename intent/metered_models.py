@@ -31,8 +31,10 @@ episode of the graph run it is called in:
 A call that does not fit, or cannot be placed, is not made: :class:`MeteredModelRefused` is
 raised from the model's ``invoke``. It is a non-retryable ``langchain_core`` ``ModelError``, so a
 middleware's ``with_retry`` does not retry it, and the run stops with it (SummarizationMiddleware
-does not catch its model's errors). The charges reach graph state at the guard's next hook: the
-next model step's settling, or the end of the run (``after_agent``).
+does not catch its model's errors). A charge goes into graph state with the writes of the task that
+made it (LangGraph's task-local writer, as ``langgraph.graph.message.push_message`` uses), so a run
+that dies after that task keeps it; a charge paid from a tool call's episode (inside a tool run)
+reaches the parent's state at the parent guard's next hook.
 
 A metered copy used as the agent's own model is charged once: the guard's model step drops this
 callback from the copy it meters (``replaced_by_guard_meter``).
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import ModelError
@@ -51,13 +53,14 @@ from langchain_core.messages import BaseMessage
 from intent.episodes import RUNNING_EPISODE
 from intent.model_meter import MAX_TOKEN_KEYS, ModelCallMeter, ModelCallRefused
 from intent.nesting import current_parent
-from intent.state import current_config, read_ledger_channel
+from intent.state import current_config, read_ledger_channel, write_ledger_update
 
 if TYPE_CHECKING:
     from intent.episodes import Episode
     from intent.guard import BudgetGuard
 
-__all__ = ["METERED_MODEL", "MeteredModelCallback", "MeteredModelRefused", "episode_of_run", "metered_copy"]
+__all__ = ["METERED_MODEL", "MeteredModelCallback", "MeteredModelRefused", "Placement", "episode_of_run",
+           "metered_copy"]
 
 METERED_MODEL = "metered_model"  # log records' reason: "metered_model:<the middleware's lc_source>"
 
@@ -69,8 +72,17 @@ class MeteredModelRefused(ModelCallRefused, ModelError):
     is_retryable = False
 
 
-def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> tuple[Episode, Mapping[str, Any] | None]:
-    """The episode the running graph task spends from, and its ledger channel as state has it.
+class Placement(NamedTuple):
+    """Where a metered execution is paid from."""
+
+    episode: Episode
+    channel: Mapping[str, Any] | None  # the episode's ledger channel as the running task's state has it
+    in_state: bool  # the running task's graph state holds this episode's ledger: its charges go there too
+
+
+def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> Placement:
+    """The episode the running graph task spends from, its ledger channel as state has it, and
+    whether that state is the episode's.
 
     Raises :class:`MeteredModelRefused` when no episode can be named (see the module's doc).
     """
@@ -83,26 +95,27 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> tupl
         episode = guard.episodes.peek(running[1])
         if episode is not None:
             same = channel is not None and channel.get("episode_id") == running[1]
-            return episode, channel if same else None
+            return Placement(episode, channel if same else None, readable)
     parent = current_parent()
     if parent is not None and parent.guard is guard:
         # Inside one of this guard's tool runs (a tool calling the model, a sub-agent started by the
-        # tool, with or without a guard of its own): the tool call's episode pays.
-        return parent.episode, None
+        # tool, with or without a guard of its own): the tool call's episode pays. Its ledger is in the
+        # parent's graph state, not this task's: the parent's next hook writes the charge there.
+        return Placement(parent.episode, None, False)
     if channel and parent is not None and channel.get("episode_id") == parent.episode.episode_id:
         # A sub-agent's state copied from its parent's, before this guard's first step replaced the
         # ledger (intent.guard.BudgetGuard.inherits_parent_ledger): not this guard's ledger.
         channel = None
     if channel and channel.get("episode_id"):
-        return guard.episodes.get(str(channel["episode_id"]), channel), channel
+        return Placement(guard.episodes.get(str(channel["episode_id"]), channel), channel, True)
     if readable and thread_id is not None:
         # No ledger in state yet: a new episode, named as the guard's first model step will name it
         # (a sub-agent's after the call that started it), so that step continues it.
-        return guard.episodes.get(guard.episode_id(None, config)), None
+        return Placement(guard.episodes.get(guard.episode_id(None, config)), None, True)
     if not readable and thread_id is not None:
         episode = guard.episodes.peek(str(thread_id))
         if episode is not None and episode.synced:  # loaded from state here: its spending is known
-            return episode, None
+            return Placement(episode, None, False)
     if config is None:
         where = "outside a graph run"
     elif thread_id is None:
@@ -127,12 +140,14 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def __init__(self, guard: BudgetGuard, model: Any) -> None:
         self.guard, self.model = guard, model
-        self._meters: dict[Any, ModelCallMeter] = {}  # by the execution's run id
+        # By the execution's run id: its meter, and the task's config when the charge goes into its state.
+        self._meters: dict[Any, tuple[ModelCallMeter, Mapping[str, Any] | None]] = {}
         self._lock = threading.Lock()
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
                             metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        episode, channel = episode_of_run(self.guard, current_config())
+        config = current_config()
+        episode, channel, in_state = episode_of_run(self.guard, config)
         source = str((metadata or {}).get("lc_source") or "")  # LangChain's middleware name their calls
         turns = (channel or {}).get("turns") or {}
         meter = ModelCallMeter(self.guard, episode, step=int(turns.get("total") or 0),
@@ -145,21 +160,28 @@ class MeteredModelCallback(BaseCallbackHandler):
         except ModelCallRefused as exc:  # logged by meter.start; re-raised as non-retryable
             raise MeteredModelRefused(str(exc)) from exc
         with self._lock:
-            self._meters[run_id] = meter
+            self._meters[run_id] = (meter, config if in_state else None)
 
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
-            meter = self._meters.pop(run_id, None)
+            meter, config = self._meters.pop(run_id, (None, None))
         if meter is None:
             return
         generations = getattr(response, "generations", None) or []
         meter.end(run_id, getattr(generations[0][0], "message", None) if generations and generations[0] else None)
+        if config is not None:
+            # The money is spent: the charge goes into the running task's writes now, so a run that
+            # dies before the guard's next hook still has it in graph state (the task's other writes,
+            # the summary itself, land with it).
+            charge = meter.entries[-1]
+            write_ledger_update(config, {**self.guard._channel_base(meter.episode),
+                                         "entries": {charge.call_id: charge.to_dict()}})
 
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
-            meter = self._meters.pop(run_id, None)
+            meter, _config = self._meters.pop(run_id, (None, None))
         if meter is not None:
-            meter.error(run_id, error)
+            meter.error(run_id, error)  # released, never written: state never held the reservation
 
 
 def metered_copy(guard: BudgetGuard, model: Any) -> Any:

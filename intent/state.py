@@ -17,7 +17,7 @@ from typing_extensions import NotRequired, TypedDict
 from intent.ledger import merge_ledger_states
 
 __all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "TurnCount", "channel_of",
-           "current_config", "read_ledger_channel"]
+           "current_config", "read_ledger_channel", "write_ledger_update"]
 
 LEDGER_KEY = "intent_ledger"
 
@@ -129,7 +129,20 @@ def read_ledger_channel(config: Mapping[str, Any] | None) -> tuple[bool, LedgerC
     return True, (value if isinstance(value, Mapping) and value else None)
 
 
+def write_ledger_update(config: Mapping[str, Any] | None, update: Mapping[str, Any]) -> bool:
+    """Add a ledger update to the running graph task's writes (merged by the channel's reducer when
+    the task completes), from anywhere inside the task: LangGraph's task-local writer, the one its
+    ``push_message`` uses (``config["configurable"]["__pregel_send"]``). ``False`` when there is
+    none (outside a task, or a LangGraph without it): the guard's next hook writes it then."""
+    send = ((config or {}).get("configurable") or {}).get(_CONFIG_KEY_SEND)
+    if not callable(send):
+        return False
+    send([(LEDGER_KEY, dict(update))])
+    return True
+
+
 _CONFIG_KEY_READ = "__pregel_read"  # langgraph._internal._constants.CONFIG_KEY_READ
+_CONFIG_KEY_SEND = "__pregel_send"  # langgraph._internal._constants.CONFIG_KEY_SEND
 
 
 def channel_of(state: Any) -> LedgerChannel | None:

@@ -444,3 +444,43 @@ def test_metered_model_refuses_a_completion_model():
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"summary-model": PRICE})
     with pytest.raises(TypeError, match="chat model"):
         guard.metered_model(FakeListLLM(responses=["x"]))
+
+
+class FailingOnce(CountingAgentModel):
+    """The agent's model: its ``fail_at``-th execution raises (a provider outage), before any usage."""
+
+    fail_at: int = 0
+
+    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        if self.runs.n + 1 == self.fail_at:
+            self.runs.hit()
+            self.fail_at = 0
+            raise RuntimeError("model down")
+        return super()._generate(messages, stop, run_manager, **kwargs)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_summary_charge_survives_a_crash_of_the_next_model_step(use_async):
+    # The summariser runs (and is paid) in its own node; then the agent's model step fails and the run
+    # dies. The summary's charge is in the checkpoint with the summary itself, so a fresh guard that
+    # resumes the thread (another process) counts it.
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": "C"}}
+
+    def build(s: Setup, fail_at: int) -> None:
+        s.agent = create_agent(FailingOnce(runs=s.agent_runs, fail_at=fail_at), [_tool_a()], middleware=[
+            SummarizationMiddleware(s.guard.metered_model(s.summariser), trigger=("messages", 4), keep=("messages", 2)),
+            s.guard.middleware()], checkpointer=saver)
+
+    first = Setup(checkpointer=saver)
+    build(first, fail_at=3)  # the third model execution fails, after the first summary
+    with pytest.raises(RuntimeError, match="model down"):
+        first.run(use_async, config=config)
+    assert first.summary_runs.n == 1
+    paid = (first.agent_runs.n - 1) * AGENT_COST + SUMMARY_COST  # the failed execution is not billed
+    assert committed(first.agent.get_state(config).values[LEDGER_KEY]) == pytest.approx(paid)
+    second = Setup(checkpointer=saver)
+    second.agent_runs, second.summary_runs, second.summariser = first.agent_runs, first.summary_runs, first.summariser
+    build(second, fail_at=0)
+    out = asyncio.run(second.agent.ainvoke(None, config)) if use_async else second.agent.invoke(None, config)
+    paid = (first.agent_runs.n - 1) * AGENT_COST + first.summary_runs.n * SUMMARY_COST
+    assert second.guard.ledger(out).spent == pytest.approx(paid)
