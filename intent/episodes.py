@@ -19,6 +19,7 @@ from typing import Any
 from intent.ledger import BudgetLedger
 from intent.market import Market
 from intent.messages import tool_name
+from intent.nesting import current_parent
 
 __all__ = ["RUNNING_EPISODE", "Episode", "EpisodeRegistry"]
 
@@ -74,8 +75,12 @@ class EpisodeRegistry:
 
     def __init__(self, default_budget: Any, *, allow_overspend: bool, max_episodes: int = 1024,
                  new_ledger: Callable[[str], BudgetLedger] | None = None,
-                 on_new: Callable[[BudgetLedger, str], None] | None = None) -> None:
+                 on_new: Callable[[BudgetLedger, str], None] | None = None, carves: bool = False) -> None:
         self._on_new = on_new  # e.g. attach the shared budget store to every episode's ledger
+        # A sub-agent's guard (FromParent): inside a parent's tool call, an episode whose state already
+        # has a ledger (a child with a thread of its own, started again) draws a new carve from this
+        # call; what it spent before was paid by earlier carves, so it is not counted again.
+        self._carves = carves
         self.default_budget = default_budget  # a float or an intent.Budget
         self._new_ledger = new_ledger or (lambda _id: BudgetLedger(default_budget, allow_overspend=allow_overspend))
         self.allow_overspend = allow_overspend
@@ -104,7 +109,8 @@ class EpisodeRegistry:
         with self._lock:
             episode = self._episodes.get(episode_id)
             if episode is None:
-                ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel
+                carve = self._carves and current_parent() is not None
+                ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel and not carve
                           else self._new_ledger(episode_id))
                 if self._on_new is not None:
                     self._on_new(ledger, episode_id)

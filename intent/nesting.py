@@ -150,6 +150,12 @@ class FromParent:
             if existing is not None:
                 return existing
             ledger = parent.episode.ledger
+            n = 1
+            while (settled := ledger.get(carve_id)) is not None and settled.status != "reserved":
+                # This call's carve for the episode was closed already (another sub-agent sharing the
+                # episode ended): a new carve, so that what is spent from here is committed too.
+                n += 1
+                carve_id = f"{parent.key}#sub:{episode_id}~{n}"
             left = ledger.remaining_for("sub_agent")
             amount = left if self.limit is None else min(self.limit, left)
             ledger.reserve(carve_id, f"sub-agent:{episode_id}", amount, kind="sub_agent")

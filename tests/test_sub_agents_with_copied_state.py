@@ -243,3 +243,61 @@ def test_a_child_s_metered_model_before_its_guard_s_first_step_pays_from_the_chi
     (carve,) = [e for e in ledger.entries() if e.kind == "sub_agent"]
     assert carve.amount == pytest.approx(counted)  # the child's tool run and both selections, in its carve
     assert len(child.episodes) == 0
+
+
+def test_a_child_with_a_thread_of_its_own_carves_again_each_time_it_is_started():
+    # A long-lived sub-agent (its own checkpointer and thread) started from two tool calls: its second
+    # start finds its ledger in its own state. It must draw a new carve from the second call, and what
+    # it spent the first time must not be counted again. (It used to rebuild a plain ledger from its
+    # state: the second start's spending reached no parent ledger.)
+    runs = Runs()
+    parent = BudgetGuard(AcceptAll(), MARKET, 20.0)
+    child = BudgetGuard(AcceptAll(), MARKET, FromParent(limit=10.0))
+    child_agent = create_agent(scripted([ai(call("a", x=1)), ai(text="first"), ai(call("a", x=2)),
+                                         ai(call("a", x=3)), ai(text="second")]),
+                               [runs.tool()], middleware=[child.middleware()], checkpointer=InMemorySaver())
+
+    def task(description: str) -> str:
+        out = child_agent.invoke({"messages": [HumanMessage(description)]}, {"configurable": {"thread_id": "own"}})
+        return str(out["messages"][-1].content)
+
+    agent = create_agent(scripted([ai(call("task", description="one")), ai(call("task", description="two")),
+                                   ai(text="done")]),
+                         [runs.tool(), StructuredTool.from_function(task, name="task", description="Delegate.")],
+                         middleware=[parent.middleware()], checkpointer=InMemorySaver())
+    out = agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}})
+    ledger = parent.ledger(out)
+    assert runs.counts["a"] == 3
+    assert ledger.spent == pytest.approx(3 * PRICE_A) and ledger.reserved == 0
+    assert sorted(e.amount for e in ledger.entries() if e.kind == "sub_agent") == [PRICE_A, 2 * PRICE_A]
+
+
+def test_sub_agents_started_together_by_one_call_on_the_inherited_thread_are_all_paid():
+    # One tool call starts two sub-agents at once with its config (the parent's thread id): they share
+    # the call's episode. When the short one ends, its carve is closed; the long one goes on under a
+    # new carve of the same call, so every run is still paid from the parent's budget.
+    runs = Runs()
+    parent = BudgetGuard(AcceptAll(), MARKET, 50.0)
+    child = BudgetGuard(AcceptAll(), MARKET, FromParent(limit=20.0))
+
+    def make(script: list[AIMessage]) -> Any:
+        return create_agent(scripted(script), [runs.tool()], middleware=[child.middleware()])
+
+    async def fan_out(description: str) -> str:
+        short = make([ai(text="short done")])
+        long = make([*(ai(call("a", x=i)) for i in range(3)), ai(text="long done")])
+
+        async def slow_start() -> Any:
+            await asyncio.sleep(0.05)  # so that the short one ends first
+            return await long.ainvoke({"messages": [HumanMessage(description)]})
+
+        await asyncio.gather(short.ainvoke({"messages": [HumanMessage(description)]}), slow_start())
+        return "both done"
+
+    tool = StructuredTool.from_function(coroutine=fan_out, name="task", description="Fan out.")
+    agent = create_agent(scripted([ai(call("task", description="go")), ai(text="done")]), [runs.tool(), tool],
+                         middleware=[parent.middleware()], checkpointer=InMemorySaver())
+    out = asyncio.run(agent.ainvoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}}))
+    ledger = parent.ledger(out)
+    assert runs.counts["a"] == 3
+    assert ledger.spent == pytest.approx(3 * PRICE_A) and ledger.reserved == 0
