@@ -511,7 +511,10 @@ class BudgetGuard:
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
         """Warn (once per guard and tool) of each offered tool the market cannot price: the agent is
         shown it, but the guard will refuse its calls (a middleware's own tool, deepagents' file tools)."""
-        for name in map(tool_name, offered):
+        for tool in offered:
+            if isinstance(tool, dict) and tool.get("type") not in (None, "function") and "input_schema" not in tool:
+                continue  # a provider's server-side tool (web search...): the provider runs it, the gate never sees it
+            name = tool_name(tool)
             if name and name not in self._warned_unpriced:
                 try:
                     market.price(name)

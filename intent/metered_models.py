@@ -51,6 +51,7 @@ from langchain_core.exceptions import ModelError
 from langchain_core.messages import BaseMessage
 
 from intent.episodes import RUNNING_EPISODE
+from intent.messages import query_of
 from intent.model_meter import MAX_TOKEN_KEYS, ModelCallMeter, ModelCallRefused
 from intent.nesting import current_parent
 from intent.state import current_config, read_ledger_channel, write_ledger_update
@@ -150,11 +151,12 @@ class MeteredModelCallback(BaseCallbackHandler):
         episode, channel, in_state = episode_of_run(self.guard, config)
         source = str((metadata or {}).get("lc_source") or "")  # LangChain's middleware name their calls
         turns = (channel or {}).get("turns") or {}
+        flat = [m for batch in messages for m in batch]
         meter = ModelCallMeter(self.guard, episode, step=int(turns.get("total") or 0),
-                               query=str((channel or {}).get("query") or ""), model=self.model,
+                               query=query_of(channel, flat), model=self.model,
                                charge_reason=f"{METERED_MODEL}:{source}" if source else METERED_MODEL)
         try:
-            meter.start(run_id, [m for batch in messages for m in batch], kwargs.get("invocation_params") or {})
+            meter.start(run_id, flat, kwargs.get("invocation_params") or {})
         except MeteredModelRefused:
             raise
         except ModelCallRefused as exc:  # logged by meter.start; re-raised as non-retryable

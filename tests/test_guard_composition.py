@@ -1222,3 +1222,19 @@ def test_an_offered_tool_the_market_cannot_price_is_warned_of_at_the_first_model
         agent.invoke(USER)  # once per guard and tool
     unpriced = [str(w.message) for w in caught if issubclass(w.category, UnpricedToolWarning)]
     assert len(unpriced) == 1 and "'write_todos'" in unpriced[0]
+
+
+def test_a_providers_server_side_tool_is_not_warned_of():
+    # Anthropic's web search and the like are dicts the provider runs itself: no call reaches the gate.
+    import warnings
+
+    from intent import UnpricedToolWarning
+
+    guard = BudgetGuard(AcceptAll(), market(a=1.0), 10.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guard.prepare({"messages": []}, {"configurable": {"thread_id": "w"}},
+                      offered=[make_tool("a", Runs()), {"type": "web_search_20250305", "name": "web_search"},
+                               {"name": "lookup", "description": "d", "input_schema": {"type": "object"}}])
+    unpriced = [str(w.message) for w in caught if issubclass(w.category, UnpricedToolWarning)]
+    assert len(unpriced) == 1 and "'lookup'" in unpriced[0]

@@ -362,6 +362,7 @@ def test_a_tool_selectors_model_is_charged_in_either_order(selector_first, use_a
     assert ledger.spent == pytest.approx(s.expected()) and ledger.reserved == 0
     assert sorted({r.reason for r in s.model_records() if r.tool == "summary-model"}) == [
         "metered_model:tool_selection"]
+    assert {r.query for r in s.model_records()} == {"count to six with a"}  # the first selection's too
     assert committed(out[LEDGER_KEY]) == pytest.approx(s.expected())
 
 
