@@ -206,6 +206,26 @@ def _older_refusals_shortened(messages: list[Any]) -> list[Any]:
     return messages if out is None else out
 
 
+class _RunningEpisode:
+    """While a settled model step runs, :data:`intent.episodes.RUNNING_EPISODE` names its episode, for
+    a metered model called inside the chain (a tool selector listed after the guard) on a run's first
+    step, when state does not name it yet. Only a guard that made a metered model pays for this."""
+
+    __slots__ = ("_token", "_value")
+
+    def __init__(self, guard: Any, state: Any, config: Any) -> None:
+        self._value = (guard, guard.episode_id(state, config)) if guard.made_metered_models else None
+        self._token: Any = None
+
+    def __enter__(self) -> None:
+        if self._value is not None:
+            self._token = RUNNING_EPISODE.set(self._value)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            RUNNING_EPISODE.reset(self._token)
+
+
 class BudgetGuardMiddleware(AgentMiddleware):
     """The guard's middleware with the gate inside the model call (``gate_at="model_call"``)."""
 
@@ -294,10 +314,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
         guard, config = self.guard, current_config()
         run = self._model_step(request, config)
         kind, arg = next(run)
-        # Settled: the step's state names the episode, for a metered model called inside the chain
-        # (only a guard that made one pays for saying so).
-        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config))) if guard.made_metered_models else None
-        try:
+        with _RunningEpisode(guard, arg.state, config):
             while True:
                 if kind == "model":  # every execution of the model reserved and charged, with model_prices
                     out = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
@@ -307,9 +324,6 @@ class BudgetGuardMiddleware(AgentMiddleware):
                     kind, arg = run.send(out)
                 except StopIteration as stop:
                     return stop.value
-        finally:
-            if token is not None:
-                RUNNING_EPISODE.reset(token)
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
@@ -317,8 +331,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
         guard, config = self.guard, current_config()
         run = self._model_step(request, config)
         kind, arg = next(run)
-        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config))) if guard.made_metered_models else None
-        try:
+        with _RunningEpisode(guard, arg.state, config):
             while True:
                 if kind == "model":
                     out = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
@@ -328,9 +341,6 @@ class BudgetGuardMiddleware(AgentMiddleware):
                     kind, arg = run.send(out)
                 except StopIteration as stop:
                     return stop.value
-        finally:
-            if token is not None:
-                RUNNING_EPISODE.reset(token)
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:
