@@ -19,7 +19,7 @@ from typing import Any
 from intent.ledger import BudgetLedger
 from intent.market import Market
 from intent.messages import tool_name
-from intent.nesting import current_parent
+from intent.nesting import CarvedLedger, current_parent
 
 __all__ = ["RUNNING_EPISODE", "Episode", "EpisodeRegistry"]
 
@@ -108,18 +108,29 @@ class EpisodeRegistry:
         """
         with self._lock:
             episode = self._episodes.get(episode_id)
+            carve = self._carves and current_parent() is not None
             if episode is None:
-                carve = self._carves and current_parent() is not None
                 ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel and not carve
                           else self._new_ledger(episode_id))
                 if self._on_new is not None:
                     self._on_new(ledger, episode_id)
+                if carve and channel and isinstance(ledger, CarvedLedger):
+                    ledger.take_over(channel)  # started again: see CarvedLedger.take_over
                 episode = Episode(episode_id, ledger, synced=bool(channel))
                 self._episodes[episode_id] = episode
                 while len(self._episodes) > self.max_episodes:
                     self._episodes.popitem(last=False)
             else:
                 self._episodes.move_to_end(episode_id)
+                old = episode.ledger
+                if carve and isinstance(old, CarvedLedger) and old.closed:
+                    # Still here from a call that has ended (it paused inside, then a later call resumed
+                    # it): a new carve from the running call, with the reservations still held.
+                    ledger = self._new_ledger(episode_id)
+                    if isinstance(ledger, CarvedLedger):
+                        ledger.take_over({"carved_by": old.parent.key, "entries": {
+                            e.call_id: e.to_dict() for e in old.entries()}})
+                    episode.ledger = ledger
         if channel and not episode.synced:
             episode.ledger.absorb(channel)
             episode.synced = True

@@ -413,6 +413,8 @@ class BudgetGuard:
                 "allow_overspend": ledger.allow_overspend}
         if ledger.caps:
             base["caps"] = ledger.caps
+        if isinstance(ledger, CarvedLedger):
+            base["carved_by"] = ledger.parent.key  # the parent's call this carve is from (CarvedLedger.take_over)
         return base
 
     # ============================================================ episodes

@@ -587,6 +587,6 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
 
 # Model calls are reserved at an estimate of their prompt: a bill above it is not a broken quote.
 _ESTIMATED_KINDS = frozenset({"model", "oracle"})
-_LATEST_WINS = frozenset({"market", "market_version", "market_scope", "turns"})
+_LATEST_WINS = frozenset({"market", "market_version", "market_scope", "turns", "carved_by"})
 _UNION = frozenset({"top_ups", "top_up_by", "decisions", "caps"})
 _EVOLVABLE = frozenset({"call_id", "tool", "amount", "status", "market_version", "execution", "overrun", "store_id"})

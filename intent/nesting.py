@@ -17,11 +17,11 @@ lives in process: the child runs inside the parent's call.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from intent.budget import Budget
 from intent.errors import GuardConfigError
@@ -66,12 +66,37 @@ class CarvedLedger(BudgetLedger):
     """A child episode's ledger: its budget is a reservation in the parent's ledger."""
 
     def __init__(self, amount: float, *, parent: ParentCall, carve_id: str, caps: dict[str, float] | None = None,
-                 allow_overspend: bool = False) -> None:
+                 allow_overspend: bool = False, episode_id: str = "") -> None:
         super().__init__(amount, caps=caps, allow_overspend=allow_overspend)
         self.parent = parent
         self.carve_id = carve_id
+        self.episode_id = episode_id  # the child's episode, for the parent's log record
+        self._prepaid = 0.0  # reservations taken over from an earlier, already paid carve (take_over)
         self.closed = False
         self._close_lock = threading.Lock()
+
+    def absorb(self, state: Mapping[str, Any]) -> None:
+        """Merge a serialised copy of the child's ledger, but keep the carve as the budget: the
+        parent reserved that much, whatever an earlier carve's copy says."""
+        super().absorb({k: v for k, v in state.items() if k != "budget"})
+
+    def take_over(self, state: Mapping[str, Any]) -> None:
+        """What a new carve takes from the child's ledger in state when the child starts again inside
+        a parent's call: everything, when that call is the one that made the child's earlier charges
+        (a call re-run after an interrupt in another process: its earlier carve was never paid), else
+        only the reservations still held (what the earlier calls' carves paid is not paid again)."""
+        if state.get("carved_by") == self.parent.key:
+            self.absorb(state)
+            return
+        held = {cid: e for cid, e in (state.get("entries") or {}).items() if e.get("status") == "reserved"}
+        self.absorb({"entries": held})
+        # The earlier carve was committed with these reservations in it (CarvedLedger.close): the parent
+        # has paid them. They stay the child's to run or release, but neither take this carve's room
+        # nor are paid again when it closes.
+        prepaid = sum(float(e["amount"]) for e in held.values())
+        with self._lock:
+            self._budget += prepaid
+            self._prepaid += prepaid
 
     def _fits_here(self, amount: float, kind: str) -> bool:
         # Reserve and fits both ask this: a closed carve takes nothing more.
@@ -106,10 +131,10 @@ class CarvedLedger(BudgetLedger):
         snap = self.snapshot()
         parent_ledger = self.parent.episode.ledger
         with self.parent.episode.lock:
-            entry = parent_ledger.commit(self.carve_id, snap["spent"] + snap["reserved"])
+            entry = parent_ledger.commit(self.carve_id, max(0.0, snap["spent"] + snap["reserved"] - self._prepaid))
             self.parent.episode.carves.pop(self.carve_id, None)
         self.parent.guard.records.sub_budget(parent_ledger, entry, episode_id=self.parent.episode.episode_id,
-                                             child_episode=self.carve_id.rsplit(":", 1)[-1])
+                                             child_episode=self.episode_id or self.carve_id)
         return entry
 
 
@@ -160,7 +185,7 @@ class FromParent:
             amount = left if self.limit is None else min(self.limit, left)
             ledger.reserve(carve_id, f"sub-agent:{episode_id}", amount, kind="sub_agent")
             child = CarvedLedger(amount, parent=parent, carve_id=carve_id, caps=self.caps() or None,
-                                 allow_overspend=allow_overspend)
+                                 allow_overspend=allow_overspend, episode_id=episode_id)
             parent.episode.carves[carve_id] = child
             return child
 

@@ -301,3 +301,87 @@ def test_sub_agents_started_together_by_one_call_on_the_inherited_thread_are_all
     ledger = parent.ledger(out)
     assert runs.counts["a"] == 3
     assert ledger.spent == pytest.approx(3 * PRICE_A) and ledger.reserved == 0
+
+
+MARKET_AB = Market([PricedTool("a", PRICE_A), PricedTool("b", 1.0), PricedTool("task", 0.0)])
+
+
+def _ab_tools(runs: Runs) -> list[StructuredTool]:
+    def b(x: int = 0) -> str:
+        with runs._lock:
+            runs.counts["b"] += 1
+        return "b"
+
+    return [runs.tool(), StructuredTool.from_function(b, name="b", description="Tool b.")]
+
+
+def _hitl_child_script() -> list[AIMessage]:
+    return [ai(call("a", x=1)), ai(call("b", x=2)), ai(call("a", x=3)), ai(text="child done")]
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_child_paused_by_a_reviewer_and_resumed_pays_each_run_once(fresh):
+    # The child (on the parent's checkpointer) runs a, then a reviewer pauses it on b; the whole run
+    # stops at the interrupt. It is resumed, by the same guards or by new ones (another process). The
+    # parent's tool call runs again and the child's ledger is in its state: its new carve takes the
+    # child's earlier charges with it (the interrupted call's carve was never paid), so each of the
+    # three runs (a, b, a) is paid once, and the approved b runs.
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langgraph.types import Command
+
+    runs, saver, config = Runs(), InMemorySaver(), {"configurable": {"thread_id": "p"}}
+
+    def build(child_script: list[AIMessage], parent_script: list[AIMessage]) -> tuple[BudgetGuard, Any]:
+        parent = BudgetGuard(AcceptAll(), MARKET_AB, 20.0)
+        child = BudgetGuard(AcceptAll(), MARKET_AB, FromParent(limit=10.0))
+        child_agent = create_agent(scripted(child_script), _ab_tools(runs), middleware=[
+            HumanInTheLoopMiddleware(interrupt_on={"b": True}), child.middleware()])
+
+        def task(description: str) -> str:
+            return str(child_agent.invoke({"messages": [HumanMessage(description)]})["messages"][-1].content)
+
+        return parent, create_agent(scripted(parent_script), [*_ab_tools(runs), StructuredTool.from_function(
+            task, name="task", description="Delegate.")], middleware=[parent.middleware()], checkpointer=saver)
+
+    parent_script = [ai(call("task", description="go")), ai(text="parent done")]
+    parent, agent = build(_hitl_child_script(), parent_script)
+    assert "__interrupt__" in agent.invoke({"messages": [("user", "go")]}, config)
+    if fresh:
+        parent, agent = build(_hitl_child_script()[2:], parent_script[1:])
+    out = agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    assert dict(runs.counts) == {"a": 2, "b": 1}
+    ledger = parent.ledger(out)
+    assert ledger.spent == pytest.approx(2 * PRICE_A + 1.0) and ledger.reserved == 0
+
+
+def test_a_child_with_its_own_thread_paused_in_one_call_and_resumed_from_the_next_pays_each_run_once():
+    # The child has its own checkpointer and thread: paused on b in the parent's first call (the child's
+    # invoke returns the interrupt; its reservation for b is held when that call's carve closes, so the
+    # parent pays it there), resumed and approved from the second call. The second carve runs b on
+    # the reservation already paid and charges only what is new.
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langgraph.types import Command
+
+    runs = Runs()
+    parent = BudgetGuard(AcceptAll(), MARKET_AB, 20.0)
+    child = BudgetGuard(AcceptAll(), MARKET_AB, FromParent(limit=10.0))
+    child_agent = create_agent(scripted(_hitl_child_script()), _ab_tools(runs), middleware=[
+        HumanInTheLoopMiddleware(interrupt_on={"b": True}), child.middleware()], checkpointer=InMemorySaver())
+    own = {"configurable": {"thread_id": "own"}}
+
+    def task(description: str) -> str:
+        if child_agent.get_state(own).interrupts:
+            out = child_agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), own)
+        else:
+            out = child_agent.invoke({"messages": [HumanMessage(description)]}, own)
+        return str(out["messages"][-1].content)
+
+    agent = create_agent(scripted([ai(call("task", description="one")), ai(call("task", description="two")),
+                                   ai(text="done")]),
+                         [*_ab_tools(runs), StructuredTool.from_function(task, name="task", description="Delegate.")],
+                         middleware=[parent.middleware()], checkpointer=InMemorySaver())
+    out = agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}})
+    assert dict(runs.counts) == {"a": 2, "b": 1}
+    ledger = parent.ledger(out)
+    assert ledger.spent == pytest.approx(2 * PRICE_A + 1.0) and ledger.reserved == 0
+    assert len(child.episodes) == 0
