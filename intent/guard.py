@@ -432,9 +432,16 @@ class BudgetGuard:
             above, thread = parent.episode.episode_id, str(thread_id)
             if above == thread or above.startswith(thread + ">"):
                 # A sub-agent (at any depth) run inside a guarded tool call with its ancestors' config
-                # (their thread id): an episode of its own, named after the call that started it, so
-                # that parallel sub-agents do not share one and a retried step finds its own again.
-                return f"{above}>{parent.key}"
+                # (their thread id), on its first step: an episode of its own, named after the call
+                # that started it, so that sub-agents of different calls never share one; a second one
+                # that the same call runs while the first is still going gets the next free name. (An
+                # episode no model step has started yet is free: a metered model called before the
+                # sub-agent's first step made it for that step. Later steps read the name from state.)
+                name, n = f"{above}>{parent.key}", 1
+                while (taken := self.episodes.peek(name)) is not None and taken.started:
+                    n += 1
+                    name = f"{above}>{parent.key}~{n}"
+                return name
         return str(thread_id)
 
     def inherits_parent_ledger(self, state: Any) -> bool:

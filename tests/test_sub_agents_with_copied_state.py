@@ -385,3 +385,48 @@ def test_a_child_with_its_own_thread_paused_in_one_call_and_resumed_from_the_nex
     ledger = parent.ledger(out)
     assert ledger.spent == pytest.approx(2 * PRICE_A + 1.0) and ledger.reserved == 0
     assert len(child.episodes) == 0
+
+
+def test_sub_agents_running_at_the_same_time_from_one_call_each_get_their_own_episode():
+    # One call starts two sub-agents at once on the inherited thread id; the short one ends while the
+    # long one's tool is running. They must not share an episode (the short one's end would settle the
+    # long one's ledger under it: its running call's reservation released, the commit crashing).
+    runs = Runs()
+    long_in_tool, short_done = asyncio.Event(), asyncio.Event()
+
+    async def a(x: int = 0) -> str:
+        long_in_tool.set()
+        await short_done.wait()  # the long sub-agent's run is in flight when the short one ends
+        with runs._lock:
+            runs.counts["a"] += 1
+        return f"a={x}"
+
+    def tool_a() -> StructuredTool:
+        return StructuredTool.from_function(coroutine=a, name="a", description="Tool a.")
+
+    parent = BudgetGuard(AcceptAll(), MARKET, 50.0)
+    child = BudgetGuard(AcceptAll(), MARKET, FromParent(limit=20.0))
+
+    async def fan_out(description: str) -> str:
+        long = create_agent(scripted([ai(call("a", x=1)), ai(call("a", x=2)), ai(text="long done")]), [tool_a()],
+                            middleware=[child.middleware()])
+        short = create_agent(scripted([ai(text="short done")]), [tool_a()], middleware=[child.middleware()])
+
+        async def short_then_signal() -> Any:
+            await long_in_tool.wait()  # the long one has started its episode and is running a call
+            out = await short.ainvoke({"messages": [HumanMessage(description)]})
+            short_done.set()
+            return out
+
+        await asyncio.gather(long.ainvoke({"messages": [HumanMessage(description)]}), short_then_signal())
+        return "both done"
+
+    tool = StructuredTool.from_function(coroutine=fan_out, name="task", description="Fan out.")
+    agent = create_agent(scripted([ai(call("task", description="go")), ai(text="done")]), [tool_a(), tool],
+                         middleware=[parent.middleware()], checkpointer=InMemorySaver())
+    out = asyncio.run(agent.ainvoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}}))
+    ledger = parent.ledger(out)
+    assert runs.counts["a"] == 2
+    assert ledger.spent == pytest.approx(2 * PRICE_A) and ledger.reserved == 0
+    assert len([e for e in ledger.entries() if e.kind == "sub_agent"]) == 2  # one carve each
+    assert len(child.episodes) == 0
