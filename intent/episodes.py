@@ -128,7 +128,7 @@ class EpisodeRegistry:
                     # it): a new carve from the running call, with the reservations still held.
                     ledger = self._new_ledger(episode_id)
                     if isinstance(ledger, CarvedLedger):
-                        ledger.take_over({"carved_by": old.parent.key, "entries": {
+                        ledger.take_over({"carved_by": old.carve_id, "entries": {
                             e.call_id: e.to_dict() for e in old.entries()}})
                     episode.ledger = ledger
         if channel and not episode.synced:

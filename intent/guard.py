@@ -414,7 +414,7 @@ class BudgetGuard:
         if ledger.caps:
             base["caps"] = ledger.caps
         if isinstance(ledger, CarvedLedger):
-            base["carved_by"] = ledger.parent.key  # the parent's call this carve is from (CarvedLedger.take_over)
+            base["carved_by"] = ledger.carve_id  # the carve holding these charges (CarvedLedger.take_over)
         return base
 
     # ============================================================ episodes

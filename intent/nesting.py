@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from intent.budget import Budget
 from intent.errors import GuardConfigError
-from intent.ledger import BudgetLedger, LedgerEntry
+from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry
 from intent.market import check_amount
 
 if TYPE_CHECKING:
@@ -82,11 +82,14 @@ class CarvedLedger(BudgetLedger):
 
     def take_over(self, state: Mapping[str, Any]) -> None:
         """What a new carve takes from the child's ledger in state when the child starts again inside
-        a parent's call: everything, when that call is the one that made the child's earlier charges
-        (a call re-run after an interrupt in another process: its earlier carve was never paid), else
-        only the reservations still held (what the earlier calls' carves paid is not paid again)."""
-        if state.get("carved_by") == self.parent.key:
-            self.absorb(state)
+        a parent's call: everything, when the carve that held the child's earlier charges was never
+        paid (a call re-run after an interrupt in another process: that carve's writes were lost with
+        the task), else only the reservations still held (what a committed carve paid is not paid
+        again)."""
+        earlier = state.get("carved_by")
+        settled = self.parent.episode.ledger.get(earlier) if isinstance(earlier, str) else None
+        if isinstance(earlier, str) and (settled is None or settled.status != "committed"):
+            self._take_all(state)
             return
         held = {cid: e for cid, e in (state.get("entries") or {}).items() if e.get("status") == "reserved"}
         self.absorb({"entries": held})
@@ -97,6 +100,24 @@ class CarvedLedger(BudgetLedger):
         with self._lock:
             self._budget += prepaid
             self._prepaid += prepaid
+
+    def _take_all(self, state: Mapping[str, Any]) -> None:
+        """Take the whole of the child's ledger; the top-ups approved for it grow this carve in the
+        parent first (as :meth:`top_up` does), or are dropped when the parent cannot cover them now."""
+        before = set(self.top_ups)
+        self.absorb(state)
+        added = {k: v for k, v in self.top_ups.items() if k not in before}
+        if not added:
+            return
+        parent_ledger = self.parent.episode.ledger
+        with self.parent.episode.lock:
+            carve = parent_ledger.get(self.carve_id)
+            assert carve is not None
+            try:
+                parent_ledger.reprice(self.carve_id, carve.amount + sum(added.values()))
+            except BudgetExceededError:
+                for top_up_id in added:
+                    BudgetLedger.revoke_top_up(self, top_up_id)  # not this carve's: the parent never grew it
 
     def _fits_here(self, amount: float, kind: str) -> bool:
         # Reserve and fits both ask this: a closed carve takes nothing more.

@@ -80,7 +80,7 @@ class LedgerChannel(TypedDict, total=False):
     market_scope: str
     query: str  # the episode's task, fixed at its first turn (a summarised history keeps it)
     turns: TurnCount  # how the gate numbers the next model turn (intent.messages.turns_before)
-    carved_by: str  # a sub-agent's: the parent's call its current carve is from (intent.nesting)
+    carved_by: str  # a sub-agent's: the carve (its id in the parent's ledger) holding its charges (intent.nesting)
 
 
 class GuardState(TypedDict):

@@ -430,3 +430,61 @@ def test_sub_agents_running_at_the_same_time_from_one_call_each_get_their_own_ep
     assert ledger.spent == pytest.approx(2 * PRICE_A) and ledger.reserved == 0
     assert len([e for e in ledger.entries() if e.kind == "sub_agent"]) == 2  # one carve each
     assert len(child.episodes) == 0
+
+
+def test_a_child_with_its_own_thread_run_twice_in_one_call_is_paid_once_per_run():
+    # The same call runs a long-lived child twice: the first run's carve is committed when it ends; the
+    # second run's new carve must not take that run's paid charges again (it did: 9 paid for 6 run).
+    runs = Runs()
+    parent = BudgetGuard(AcceptAll(), MARKET, 20.0)
+    child = BudgetGuard(AcceptAll(), MARKET, FromParent(limit=10.0))
+    child_agent = create_agent(scripted([ai(call("a", x=1)), ai(text="first"), ai(call("a", x=2)), ai(text="second")]),
+                               [runs.tool()], middleware=[child.middleware()], checkpointer=InMemorySaver())
+    own = {"configurable": {"thread_id": "own"}}
+
+    def task(description: str) -> str:
+        child_agent.invoke({"messages": [HumanMessage(description)]}, own)
+        return str(child_agent.invoke({"messages": [HumanMessage("and again")]}, own)["messages"][-1].content)
+
+    agent = create_agent(scripted([ai(call("task", description="go")), ai(text="done")]),
+                         [runs.tool(), StructuredTool.from_function(task, name="task", description="Delegate.")],
+                         middleware=[parent.middleware()], checkpointer=InMemorySaver())
+    ledger = parent.ledger(agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}}))
+    assert runs.counts["a"] == 2
+    assert ledger.spent == pytest.approx(2 * PRICE_A) and ledger.reserved == 0
+
+
+def test_a_childs_top_up_before_a_pause_grows_the_new_carve_after_a_resume_in_another_process():
+    # The child (limit 4, on_over_budget="ask") is topped up by 3 for its second a, then a reviewer
+    # pauses it on b; new guards resume it. Its new carve takes its state and its top-up: the carve
+    # grows in the parent by the top-up (it did not: the parent recorded an overrun and then refused
+    # its own next call).
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langgraph.types import Command
+
+    runs, saver, config = Runs(), InMemorySaver(), {"configurable": {"thread_id": "p"}}
+    child_script = [ai(call("a", x=1)), ai(call("a", x=2)), ai(call("b", x=3)), ai(text="child done")]
+    parent_script = [ai(call("task", description="go")), ai(call("a", x=8)), ai(text="done")]
+
+    def build(child_msgs: list[AIMessage], parent_msgs: list[AIMessage]) -> tuple[BudgetGuard, Any]:
+        parent = BudgetGuard(AcceptAll(), MARKET_AB, 20.0)
+        child = BudgetGuard(AcceptAll(), MARKET_AB, FromParent(limit=4.0), on_over_budget="ask")
+        child_agent = create_agent(scripted(child_msgs), _ab_tools(runs), middleware=[
+            HumanInTheLoopMiddleware(interrupt_on={"b": True}), child.middleware()])
+
+        def task(description: str) -> str:
+            return str(child_agent.invoke({"messages": [HumanMessage(description)]})["messages"][-1].content)
+
+        return parent, create_agent(scripted(parent_msgs), [*_ab_tools(runs), StructuredTool.from_function(
+            task, name="task", description="Delegate.")], middleware=[parent.middleware()], checkpointer=saver)
+
+    parent, agent = build(child_script, parent_script)
+    out = agent.invoke({"messages": [("user", "go")]}, config)
+    assert out["__interrupt__"][0].value["kind"] == "tool"  # the top-up question
+    out = agent.invoke(Command(resume={"action": "top_up", "amount": 3.0, "approved_by": "h"}), config)
+    assert "__interrupt__" in out  # now the reviewer, on b
+    parent, agent = build(child_script[3:], parent_script[1:])  # another process
+    out = agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    assert dict(runs.counts) == {"a": 3, "b": 1}  # the child's two, and the parent's own
+    ledger = parent.ledger(out)
+    assert ledger.spent == pytest.approx(3 * PRICE_A + 1.0) and ledger.reserved == 0 and ledger.overrun == 0
