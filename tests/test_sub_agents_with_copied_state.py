@@ -315,6 +315,23 @@ def _ab_tools(runs: Runs) -> list[StructuredTool]:
     return [runs.tool(), StructuredTool.from_function(b, name="b", description="Tool b.")]
 
 
+def _reviewed_child_under_parent(runs: Runs, saver: Any, child_msgs: list[AIMessage], parent_msgs: list[AIMessage],
+                                 child: BudgetGuard) -> tuple[BudgetGuard, Any]:
+    """A parent (budget 20, on ``saver``) whose task tool runs a child with a reviewer on b; the child's
+    graph is a subgraph of the parent's call (its checkpoints and interrupts are the parent's)."""
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+
+    parent = BudgetGuard(AcceptAll(), MARKET_AB, 20.0)
+    child_agent = create_agent(scripted(child_msgs), _ab_tools(runs), middleware=[
+        HumanInTheLoopMiddleware(interrupt_on={"b": True}), child.middleware()])
+
+    def task(description: str) -> str:
+        return str(child_agent.invoke({"messages": [HumanMessage(description)]})["messages"][-1].content)
+
+    return parent, create_agent(scripted(parent_msgs), [*_ab_tools(runs), StructuredTool.from_function(
+        task, name="task", description="Delegate.")], middleware=[parent.middleware()], checkpointer=saver)
+
+
 def _hitl_child_script() -> list[AIMessage]:
     return [ai(call("a", x=1)), ai(call("b", x=2)), ai(call("a", x=3)), ai(text="child done")]
 
@@ -326,22 +343,13 @@ def test_a_child_paused_by_a_reviewer_and_resumed_pays_each_run_once(fresh):
     # parent's tool call runs again and the child's ledger is in its state: its new carve takes the
     # child's earlier charges with it (the interrupted call's carve was never paid), so each of the
     # three runs (a, b, a) is paid once, and the approved b runs.
-    from langchain.agents.middleware import HumanInTheLoopMiddleware
     from langgraph.types import Command
 
     runs, saver, config = Runs(), InMemorySaver(), {"configurable": {"thread_id": "p"}}
 
     def build(child_script: list[AIMessage], parent_script: list[AIMessage]) -> tuple[BudgetGuard, Any]:
-        parent = BudgetGuard(AcceptAll(), MARKET_AB, 20.0)
-        child = BudgetGuard(AcceptAll(), MARKET_AB, FromParent(limit=10.0))
-        child_agent = create_agent(scripted(child_script), _ab_tools(runs), middleware=[
-            HumanInTheLoopMiddleware(interrupt_on={"b": True}), child.middleware()])
-
-        def task(description: str) -> str:
-            return str(child_agent.invoke({"messages": [HumanMessage(description)]})["messages"][-1].content)
-
-        return parent, create_agent(scripted(parent_script), [*_ab_tools(runs), StructuredTool.from_function(
-            task, name="task", description="Delegate.")], middleware=[parent.middleware()], checkpointer=saver)
+        return _reviewed_child_under_parent(runs, saver, child_script, parent_script,
+                                            BudgetGuard(AcceptAll(), MARKET_AB, FromParent(limit=10.0)))
 
     parent_script = [ai(call("task", description="go")), ai(text="parent done")]
     parent, agent = build(_hitl_child_script(), parent_script)
@@ -459,7 +467,6 @@ def test_a_childs_top_up_before_a_pause_grows_the_new_carve_after_a_resume_in_an
     # pauses it on b; new guards resume it. Its new carve takes its state and its top-up: the carve
     # grows in the parent by the top-up (it did not: the parent recorded an overrun and then refused
     # its own next call).
-    from langchain.agents.middleware import HumanInTheLoopMiddleware
     from langgraph.types import Command
 
     runs, saver, config = Runs(), InMemorySaver(), {"configurable": {"thread_id": "p"}}
@@ -467,16 +474,8 @@ def test_a_childs_top_up_before_a_pause_grows_the_new_carve_after_a_resume_in_an
     parent_script = [ai(call("task", description="go")), ai(call("a", x=8)), ai(text="done")]
 
     def build(child_msgs: list[AIMessage], parent_msgs: list[AIMessage]) -> tuple[BudgetGuard, Any]:
-        parent = BudgetGuard(AcceptAll(), MARKET_AB, 20.0)
-        child = BudgetGuard(AcceptAll(), MARKET_AB, FromParent(limit=4.0), on_over_budget="ask")
-        child_agent = create_agent(scripted(child_msgs), _ab_tools(runs), middleware=[
-            HumanInTheLoopMiddleware(interrupt_on={"b": True}), child.middleware()])
-
-        def task(description: str) -> str:
-            return str(child_agent.invoke({"messages": [HumanMessage(description)]})["messages"][-1].content)
-
-        return parent, create_agent(scripted(parent_msgs), [*_ab_tools(runs), StructuredTool.from_function(
-            task, name="task", description="Delegate.")], middleware=[parent.middleware()], checkpointer=saver)
+        return _reviewed_child_under_parent(runs, saver, child_msgs, parent_msgs, BudgetGuard(
+            AcceptAll(), MARKET_AB, FromParent(limit=4.0), on_over_budget="ask"))
 
     parent, agent = build(child_script, parent_script)
     out = agent.invoke({"messages": [("user", "go")]}, config)
