@@ -163,7 +163,9 @@ class CarvedLedger(BudgetLedger):
 class FromParent:
     """A child guard's budget: carved, per episode, from the guarded call it runs inside.
 
-    ``limit``: the most one child episode may take (``None``: all the parent has left).
+    ``limit``: the most one carve may take (``None``: all the parent has left). A carve is made per
+    parent call a child episode runs in: a child with a thread of its own started again from a later
+    call (or paused and resumed from one) draws a new carve there, with its own ``limit`` and sub-caps.
     ``tools`` / ``llm``: sub-caps inside the child, as in :class:`~intent.budget.Budget`.
     """
 
