@@ -485,3 +485,14 @@ def test_a_summary_charge_survives_a_crash_of_the_next_model_step(use_async):
     out = asyncio.run(second.agent.ainvoke(None, config)) if use_async else second.agent.invoke(None, config)
     paid = (first.agent_runs.n - 1) * AGENT_COST + first.summary_runs.n * SUMMARY_COST
     assert second.guard.ledger(out).spent == pytest.approx(paid)
+
+
+@pytest.mark.parametrize("mode", ["updates", "messages", "values"])
+def test_a_streamed_run_charges_the_summariser_as_an_invoked_one(mode):
+    saver, config = InMemorySaver(), {"configurable": {"thread_id": f"stream-{mode}"}}
+    s = Setup(checkpointer=saver)
+    chunks = list(s.agent.stream(USER, config, stream_mode=mode))
+    assert chunks and s.summary_runs.n >= 2
+    state = s.agent.get_state(config).values
+    assert committed(state[LEDGER_KEY]) == pytest.approx(s.expected())
+    assert s.guard.ledger(state).reserved == 0
