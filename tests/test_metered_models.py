@@ -496,3 +496,13 @@ def test_a_streamed_run_charges_the_summariser_as_an_invoked_one(mode):
     state = s.agent.get_state(config).values
     assert committed(state[LEDGER_KEY]) == pytest.approx(s.expected())
     assert s.guard.ledger(state).reserved == 0
+
+
+def test_the_task_local_reader_and_writer_keys_are_langgraphs():
+    # intent.state reads and writes the running task's state with two LangGraph-internal config keys.
+    # A LangGraph that renames them would silently degrade metered models to the fallbacks: fail here.
+    from langgraph._internal._constants import CONFIG_KEY_READ, CONFIG_KEY_SEND
+
+    import intent.state as state
+
+    assert (state._CONFIG_KEY_READ, state._CONFIG_KEY_SEND) == (CONFIG_KEY_READ, CONFIG_KEY_SEND)
