@@ -56,7 +56,6 @@ class Episode:
     # construction (every money move of the episode goes through it), so it is merged once.
     synced: bool = False
 
-
     def offered_names(self) -> frozenset[str] | None:
         """The names of the tools the model was offered at its last call; ``None`` when the guard
         has not seen a model request (a hand-built graph)."""
@@ -77,9 +76,9 @@ class EpisodeRegistry:
                  new_ledger: Callable[[str], BudgetLedger] | None = None,
                  on_new: Callable[[BudgetLedger, str], None] | None = None, carves: bool = False) -> None:
         self._on_new = on_new  # e.g. attach the shared budget store to every episode's ledger
-        # A sub-agent's guard (FromParent): inside a parent's tool call, an episode whose state already
-        # has a ledger (a child with a thread of its own, started again) draws a new carve from this
-        # call; what it spent before was paid by earlier carves, so it is not counted again.
+        # A sub-agent's guard (FromParent): inside a parent's tool call an episode always draws its
+        # ledger as a carve from that call, even when its state already has one (a child started again,
+        # or resumed), and the carve takes over what it should of that state (CarvedLedger.take_over).
         self._carves = carves
         self.default_budget = default_budget  # a float or an intent.Budget
         self._new_ledger = new_ledger or (lambda _id: BudgetLedger(default_budget, allow_overspend=allow_overspend))
@@ -127,6 +126,8 @@ class EpisodeRegistry:
                     # Still here from a call that has ended (it paused inside, then a later call resumed
                     # it): a new carve from the running call, with the reservations still held.
                     ledger = self._new_ledger(episode_id)
+                    if self._on_new is not None:
+                        self._on_new(ledger, episode_id)
                     if isinstance(ledger, CarvedLedger):
                         ledger.take_over({"carved_by": old.carve_id, "entries": {
                             e.call_id: e.to_dict() for e in old.entries()}})
