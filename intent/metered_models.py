@@ -52,7 +52,7 @@ from langchain_core.messages import BaseMessage
 
 from intent.episodes import RUNNING_EPISODE
 from intent.messages import query_of
-from intent.model_meter import MAX_TOKEN_KEYS, ModelCallMeter, ModelCallRefused
+from intent.model_meter import MAX_TOKEN_KEYS, ModelCallMeter, ModelCallRefused, callback_handlers
 from intent.nesting import current_parent
 from intent.state import current_config, read_ledger_channel, write_ledger_update
 
@@ -204,7 +204,5 @@ def metered_copy(guard: BudgetGuard, model: Any) -> Any:
     bound_keys = [k for k in MAX_TOKEN_KEYS if k in fields]
     if bound_keys and not any(getattr(model, k, None) for k in bound_keys):
         update[bound_keys[0]] = guard.max_output_tokens
-    callbacks = model.callbacks
-    handlers = list(callbacks) if isinstance(callbacks, list) else list(getattr(callbacks, "handlers", None) or [])
-    update["callbacks"] = [*handlers, MeteredModelCallback(guard, model)]
+    update["callbacks"] = [*callback_handlers(model), MeteredModelCallback(guard, model)]
     return model.model_copy(update=update)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from intent.guard import BudgetGuard
 
 __all__ = ["MAX_TOKEN_KEYS", "MODEL_OVER_BUDGET", "ModelCallMeter", "ModelCallRefused", "PromptTokens",
-           "count_prompt_tokens"]
+           "callback_handlers", "count_prompt_tokens"]
 
 PromptTokens = Literal["bytes", "model"] | Callable[[Sequence[BaseMessage], Sequence[Any]], int]
 MODEL_OVER_BUDGET = "model_over_budget"
@@ -55,6 +55,12 @@ UNMETERED_MODEL_CALL = "unmetered_model_call"
 _PER_MESSAGE_TOKENS = 16  # role markers and separators a chat template adds around each message
 MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict", "max_new_tokens")
 _MODEL_KEYS = ("model_name", "model", "model_id")
+
+
+def callback_handlers(model: Any) -> list[Any]:
+    """A chat model's own callback handlers, whether it holds a list or a callback manager."""
+    callbacks = model.callbacks
+    return list(callbacks) if isinstance(callbacks, list) else list(getattr(callbacks, "handlers", None) or [])
 
 
 class ModelCallRefused(BudgetExceededError):
@@ -152,11 +158,9 @@ class ModelCallMeter:
 
     def instrument(self, model: Any) -> Any:
         """A copy of ``model`` whose every execution this meter reserves and charges."""
-        callbacks = model.callbacks
-        handlers = list(callbacks) if isinstance(callbacks, list) else list(getattr(callbacks, "handlers", None) or [])
         # A copy made by guard.metered_model used as the agent's own model: this meter replaces
         # its callback, so each execution is charged once.
-        handlers = [h for h in handlers if not getattr(h, "replaced_by_guard_meter", False)]
+        handlers = [h for h in callback_handlers(model) if not getattr(h, "replaced_by_guard_meter", False)]
         return model.model_copy(update={"callbacks": [*handlers, _MeterCallback(self)]})
 
     # ------------------------------------------------------ one execution
