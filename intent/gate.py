@@ -77,21 +77,24 @@ class _Pending:
 
 
 def gate_batch(
-    guard: BudgetGuard, state: Any, config: Mapping[str, Any] | None, settle: bool = True
+    guard: BudgetGuard, state: Any, config: Mapping[str, Any] | None, settle: bool = True,
+    episode: Episode | None = None,
 ) -> Generator[DecisionContext, Decision | BaseException, dict[str, Any] | None]:
     """The batch gate as a generator: yields each context, receives the oracle's decision.
 
     Written once and driven by a sync loop (:meth:`BudgetGuard.gate`) or an async one
-    (:meth:`BudgetGuard.agate`).
+    (:meth:`BudgetGuard.agate`). ``episode``: the episode the same model step prepared (already
+    started), or ``None`` to find it from ``state``.
     """
     messages = messages_of(state)
     index, ai = last_ai(messages)
     if ai is None:
         return None
     channel = channel_of(state)
-    episode_id = guard.episode_id(state, config)
-    episode = guard.episodes.get(episode_id, channel)
-    guard._start(episode, channel, messages)
+    if episode is None:
+        episode = guard.episodes.get(guard.episode_id(state, config), channel)
+        guard._start(episode, channel, messages)
+    episode_id = episode.episode_id
     # A graph whose agent node did not call prepare() (a hand-built one) is settled here.
     settled = guard._settle(episode, state, reason=RELEASED_UNUSED) if settle else None
     ledger = episode.ledger

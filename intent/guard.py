@@ -508,6 +508,12 @@ class BudgetGuard:
 
         ``offered``: the tools the model is offered (the request's), to tell a call to a tool the
         agent has but the market does not price from a call to a tool that does not exist."""
+        return self.prepared(state, config, offered=offered)[1]
+
+    def prepared(self, state: Any, config: Mapping[str, Any] | None = None, *,
+                 offered: Sequence[Any] | None = None) -> tuple[Episode, dict[str, Any] | None]:
+        """:meth:`prepare`, also returning the episode, for a model step that gates next
+        (``gate(..., episode=...)`` then skips finding it again)."""
         channel = channel_of(state)
         episode = self.episodes.get(self.episode_id(state, config), channel)
         if offered is not None:
@@ -515,7 +521,7 @@ class BudgetGuard:
                 self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)
             episode.offered = offered
         self._start(episode, channel, messages_of(state))
-        return self._settle(episode, state, reason=RELEASED_UNUSED)
+        return episode, self._settle(episode, state, reason=RELEASED_UNUSED)
 
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
         """Warn (once per guard and tool) of each offered tool the market cannot price: the agent is
@@ -617,13 +623,15 @@ class BudgetGuard:
                 raise
             return typed
 
-    def gate(self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True) -> dict[str, Any] | None:
+    def gate(self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True,
+             episode: Episode | None = None) -> dict[str, Any] | None:
         """Gate the last AIMessage's tool calls (sync). Returns a state update.
 
         ``settle=False`` when :meth:`prepare` already ran since the last tool step (the
-        middleware settles before each model call), so unused reservations are not looked for twice.
+        middleware settles before each model call), so unused reservations are not looked for twice;
+        ``episode``: the one :meth:`prepared` returned in that step, so it is not looked for again.
         """
-        gen = gate_batch(self, state, config, settle)
+        gen = gate_batch(self, state, config, settle, episode)
         try:
             ctx = next(gen)
             while True:
@@ -635,10 +643,11 @@ class BudgetGuard:
             gen.close()
 
     async def agate(
-        self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True
+        self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True,
+        episode: Episode | None = None,
     ) -> dict[str, Any] | None:
         """Async twin of :meth:`gate`, using the oracle's ``adecide`` when it has one."""
-        gen = gate_batch(self, state, config, settle)
+        gen = gate_batch(self, state, config, settle, episode)
         try:
             ctx = next(gen)
             while True:

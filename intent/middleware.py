@@ -269,10 +269,11 @@ class BudgetGuardMiddleware(AgentMiddleware):
             overrides["system_message"] = SystemMessage(content=f"{base}\n\n{notes}".strip())
         return request.override(**overrides) if overrides else request
 
-    def _settled_request(self, request: ModelRequest, config: Any) -> tuple[ModelRequest, dict[str, Any] | None]:
+    def _settled_request(self, request: ModelRequest, config: Any) -> tuple[ModelRequest, Any, dict[str, Any] | None]:
         """Settle before the model call; the request's state then carries what settling wrote
-        (a new episode's id, above all), so the model meter finds the same episode."""
-        settled = self.guard.prepare(request.state, config, offered=request.tools)
+        (a new episode's id, above all), so the model meter finds the same episode. Returns the
+        request, the episode and what settling wrote."""
+        episode, settled = self.guard.prepared(request.state, config, offered=request.tools)
         if settled and settled.get(LEDGER_KEY):
             state = request.state
             channel = merge_ledger_states(state.get(LEDGER_KEY), settled[LEDGER_KEY])
@@ -285,24 +286,24 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 state[LEDGER_KEY] = channel
             else:
                 request = request.override(state={**state, LEDGER_KEY: channel})
-        return request, settled
+        return request, episode, settled
 
     def _model_step(self, request: ModelRequest, config: Any) -> Generator[tuple[str, Any], Any, Any]:
         """One model step, written once for the sync and async hooks: yields ``("model", request)``
-        for each model call and ``("gate", state)`` for each gate, receives their results, and
+        for each model call and ``("gate", (state, episode))`` for each gate, receives their results, and
         returns the step's response."""
         state = request.state
         overwrite = self.guard.inherits_parent_ledger(state)
         if overwrite:  # a sub-agent's first step, on a copy of its parent's state: not our ledger
             request = request.override(state={**state, LEDGER_KEY: None})
             state = request.state
-        request, settled = self._settled_request(request, config)
+        request, episode, settled = self._settled_request(request, config)
         step = _Step(state, settled, overwrite=overwrite)
         while True:
             result = yield "model", self._prepare(request, config)
             gated_state = step.open(result, gate=self.gates_in_model_call)
             if gated_state is not None:
-                step.updates.append((yield "gate", gated_state))
+                step.updates.append((yield "gate", (gated_state, episode)))
             shown = step.ask_again()
             if shown is None:
                 return step.close()
@@ -319,7 +320,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 if kind == "model":  # every execution of the model reserved and charged, with model_prices
                     out = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
                 else:
-                    out = guard.gate(arg, config, settle=False)
+                    out = guard.gate(arg[0], config, settle=False, episode=arg[1])
                 try:  # only the step's own end: the model and the gate run outside it
                     kind, arg = run.send(out)
                 except StopIteration as stop:
@@ -336,7 +337,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 if kind == "model":
                     out = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
                 else:
-                    out = await guard.agate(arg, config, settle=False)
+                    out = await guard.agate(arg[0], config, settle=False, episode=arg[1])
                 try:
                     kind, arg = run.send(out)
                 except StopIteration as stop:
