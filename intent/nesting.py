@@ -80,6 +80,11 @@ class CarvedLedger(BudgetLedger):
         parent reserved that much, whatever an earlier carve's copy says."""
         super().absorb({k: v for k, v in state.items() if k != "budget"})
 
+    def holds(self, state: Mapping[str, Any]) -> bool:
+        # The child's channel keeps the charges of every carve it ran under (entries merge by id), and
+        # what an earlier carve's charges mean for this one is take_over's to decide: never absorbed.
+        return False
+
     def take_over(self, state: Mapping[str, Any]) -> None:
         """What a new carve takes from the child's ledger in state when the child starts again inside
         a parent's call: everything, when the carve that held the child's earlier charges was never

@@ -1,0 +1,68 @@
+"""A thread paused or stopped in one process and resumed by a fresh guard (another process).
+
+LangGraph keeps the writes of the tasks that finished in a step that did not complete (a sibling
+tool call that ran while another asked a human) and applies them when the resumed step completes,
+after the fresh guard has loaded the episode from the resumed task's older state. Money is counted
+outside the guard: each tool counts its own runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage
+from langchain_core.tools import StructuredTool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command, interrupt
+
+from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, PricedTool
+from intent.testing import ai, assert_each_call_answered_once, call, scripted
+
+PRICES = {"a": 20.0, "h": 10.0}
+
+
+def _tools(runs: dict[str, int]) -> list[StructuredTool]:
+    def a(x: int = 0) -> str:
+        runs["a"] += 1
+        return f"a {x}"
+
+    def h(x: int = 0) -> str:
+        ok = interrupt({"confirm": x})  # asks a human; the run pauses here
+        runs["h"] += 1
+        return f"h {x} {ok}"
+
+    return [StructuredTool.from_function(a, name="a", description="a"),
+            StructuredTool.from_function(h, name="h", description="h")]
+
+
+def _agent(script: list[AIMessage], runs: dict[str, int], saver: InMemorySaver, budget: float):
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in PRICES.items()]), budget,
+                        log_sink=MemoryLogSink())
+    return guard, create_agent(scripted(script), _tools(runs), middleware=[guard.middleware()], checkpointer=saver)
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_sibling_that_finished_before_a_pause_stays_paid_when_another_process_resumes(use_async):
+    # a (20) finishes while h (10) waits for a human; a fresh guard resumes the thread. With a
+    # budget of 40, a second a (20) does not fit any more: 20 + 10 are spent.
+    runs = {"a": 0, "h": 0}
+    saver, cfg = InMemorySaver(), {"configurable": {"thread_id": "t"}}
+
+    def go(agent, inp):
+        return asyncio.run(agent.ainvoke(inp, cfg)) if use_async else agent.invoke(inp, cfg)
+
+    _, first = _agent([ai(call("a", x=1), call("h", x=1))], runs, saver, 40.0)
+    assert "__interrupt__" in go(first, {"messages": [("user", "go")]})
+    guard, second = _agent([ai(call("a", x=2)), AIMessage("done")], runs, saver, 40.0)  # another process
+    out = go(second, Command(resume="yes"))
+
+    ledger = guard.ledger(out)
+    real = sum(runs[n] * p for n, p in PRICES.items())
+    assert runs == {"a": 1, "h": 1}  # the second a did not fit
+    assert ledger.spent == real == 30.0
+    assert ledger.spent <= ledger.budget and ledger.reserved == 0
+    assert_each_call_answered_once(out["messages"])
+    # The sibling's charge is not logged here as released unused: it was committed in the other process.
+    assert [r for r in guard.log_sink.records if r.status == "released"] == []
