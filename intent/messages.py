@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
@@ -19,6 +19,7 @@ from intent.market import check_amount
 
 __all__ = [
     "BILLED_KEY",
+    "ToolSchema",
     "answered_after",
     "argument_problem",
     "billed_amount",
@@ -34,6 +35,7 @@ __all__ = [
     "query_of",
     "model_args",
     "model_schema",
+    "tool_schema",
     "raised_bill",
     "result_message",
     "text_of",
@@ -186,55 +188,95 @@ def find_call(messages: Sequence[AnyMessage], tool_call_id: str) -> tuple[int, A
     return -1, None
 
 
-# id(tool) -> (weak reference, the schema the model sees, its field names): LangChain rebuilds
-# nothing here, but reading the property costs more than the check it feeds on every run.
-_SCHEMAS: dict[int, tuple[weakref.ref[Any], Any, frozenset[str] | None]] = {}
+class ToolSchema(NamedTuple):
+    """What the guard checks a tool's arguments against, read once per tool."""
+
+    schema: Any  # ``tool_call_schema``: what the model sees
+    fields: frozenset[str] | None  # its field names (``None``: a JSON-schema dict tool)
+    injected: frozenset[str]  # arguments LangGraph fills in (ToolRuntime, InjectedState...), never the model's
+    full: Any  # ``args_schema`` when it has validators of its own (``tool_call_schema`` drops them), else None
+
+
+# id(tool) -> (weak reference, its ToolSchema): LangChain rebuilds nothing here, but reading the
+# properties costs more than the check they feed on every run.
+_SCHEMAS: dict[int, tuple[weakref.ref[Any], ToolSchema]] = {}
+
+
+def _has_validators(schema: Any) -> bool:
+    decorators = getattr(schema, "__pydantic_decorators__", None)
+    return bool(decorators is not None and (decorators.field_validators or decorators.model_validators))
+
+
+def tool_schema(tool: Any) -> ToolSchema:
+    """The tool's :class:`ToolSchema`, cached per tool."""
+    hit = _SCHEMAS.get(id(tool))
+    if hit is not None and hit[0]() is tool:
+        return hit[1]
+    schema = getattr(tool, "tool_call_schema", None)
+    fields = getattr(schema, "model_fields", None)
+    full = getattr(tool, "args_schema", None)
+    found = ToolSchema(schema, frozenset(fields) if isinstance(fields, Mapping) else None,
+                       frozenset(getattr(tool, "_injected_args_keys", None) or ()),
+                       full if isinstance(full, type) and full is not schema and _has_validators(full) else None)
+    try:
+        ref = weakref.ref(tool)
+    except TypeError:
+        return found
+    if len(_SCHEMAS) >= 1024:
+        for key in [k for k, v in _SCHEMAS.items() if v[0]() is None]:
+            _SCHEMAS.pop(key, None)
+    _SCHEMAS[id(tool)] = (ref, found)
+    return found
 
 
 def model_schema(tool: Any) -> tuple[Any, frozenset[str] | None]:
     """The tool's ``tool_call_schema`` (what the model sees) and its field names, cached per tool."""
-    hit = _SCHEMAS.get(id(tool))
-    if hit is not None and hit[0]() is tool:
-        return hit[1], hit[2]
-    schema = getattr(tool, "tool_call_schema", None)
-    fields = getattr(schema, "model_fields", None)
-    names = frozenset(fields) if isinstance(fields, Mapping) else None
-    try:
-        ref = weakref.ref(tool)
-    except TypeError:
-        return schema, names
-    if len(_SCHEMAS) >= 1024:
-        for key in [k for k, v in _SCHEMAS.items() if v[0]() is None]:
-            _SCHEMAS.pop(key, None)
-    _SCHEMAS[id(tool)] = (ref, schema, names)
-    return schema, names
+    found = tool_schema(tool)
+    return found.schema, found.fields
 
 
 def model_args(tool: Any, args: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments the model controls: injected ones (state, runtime, store...) left out."""
-    _, fields = model_schema(tool)
-    if fields is None:
-        return dict(args)
-    return {k: v for k, v in args.items() if k in fields}
+    """The arguments the model controls: injected ones (state, runtime, store...) left out, also
+    when the tool's schema declares them (LangChain's shell tool has ``runtime: Any`` in it)."""
+    found = tool_schema(tool)
+    if found.fields is None:
+        return {k: v for k, v in args.items() if k not in found.injected}
+    return {k: v for k, v in args.items() if k in found.fields and k not in found.injected}
+
+
+def _problem(exc: Exception, ignore: frozenset[str] = frozenset()) -> str | None:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc).strip() or type(exc).__name__
+    found = [e for e in errors() if not (e["loc"] and e["loc"][0] in ignore)]
+    if not found:
+        return None
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}" for e in found)
 
 
 def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
-    """Validate the model's arguments against the schema the model sees, before money moves.
+    """Validate the model's arguments before money moves: against the schema the model sees, then
+    against the tool's own ``args_schema`` when it has validators (a field or model validator the
+    tool would reject the input with before running, after the guard had charged the call).
 
     Injected arguments (``ToolRuntime``, ``InjectedState``, ``InjectedStore``,
-    ``InjectedToolCallId``) are not part of that schema: LangGraph fills them in.
+    ``InjectedToolCallId``) are not the model's: LangGraph fills them in, so they are left out and
+    errors about them are not the model's either.
     """
-    schema, _ = model_schema(tool)
-    validate = getattr(schema, "model_validate", None)
+    found = tool_schema(tool)
+    validate = getattr(found.schema, "model_validate", None)
     if validate is None:
         return None  # a JSON-schema dict tool: the tool validates its own input
+    given = model_args(tool, args) if isinstance(args, Mapping) else args
     try:
-        validate(model_args(tool, args) if isinstance(args, Mapping) else args)
+        validate(given)
     except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
-        errors = getattr(exc, "errors", None)
-        if callable(errors):
-            return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}" for e in errors())
-        return str(exc).strip() or type(exc).__name__
+        return _problem(exc)
+    if found.full is not None and isinstance(given, Mapping):
+        try:
+            found.full.model_validate(given)
+        except (ValueError, TypeError) as exc:
+            return _problem(exc, ignore=found.injected)
     return None
 
 

@@ -198,10 +198,12 @@ class _MeteredTools(Sequence[Any]):
         return f"MeteredTools({list(self._tools)!r})"
 
 
-def _args_of(tool_input: Any) -> Any:
+def _args_of(tool: Any, tool_input: Any) -> Any:
+    """The model's arguments of a run: what LangGraph injected (a ToolRuntime, the state) left out, so
+    that records, re-gates and oracles see what the model proposed."""
     if isinstance(tool_input, Mapping) and tool_input.get("type") == "tool_call":
-        return tool_input.get("args") or {}
-    return tool_input if isinstance(tool_input, Mapping) else {"input": tool_input}
+        return model_args(tool, tool_input.get("args") or {})
+    return model_args(tool, tool_input) if isinstance(tool_input, Mapping) else {"input": tool_input}
 
 
 class CallRun:
@@ -347,7 +349,7 @@ class CallRun:
         return self._reserve(tool.name, args, price, version)
 
     def execute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
-        args = _args_of(tool_input)
+        args = _args_of(tool, tool_input)
         admit = self._admit(tool, args)
         try:
             ctx = next(admit)
@@ -371,7 +373,7 @@ class CallRun:
         return out
 
     async def aexecute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
-        args = _args_of(tool_input)
+        args = _args_of(tool, tool_input)
         admit = self._admit(tool, args)
         try:
             ctx = next(admit)

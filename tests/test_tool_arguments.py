@@ -1,0 +1,123 @@
+"""What the guard does with a tool's arguments: the tool's own validators, injected arguments.
+
+Money is counted outside the guard: each tool counts its own runs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain.tools import ToolRuntime
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import StructuredTool
+from pydantic import BaseModel, field_validator, model_validator
+
+from intent import AcceptAll, BudgetGuard, Decision, JsonlLogSink, Market, MemoryLogSink, PricedTool
+from intent.testing import ai, assert_each_call_answered_once, call, scripted
+
+
+class _Positive(BaseModel):
+    n: int
+
+    @field_validator("n")
+    @classmethod
+    def _positive(cls, n: int) -> int:
+        if n < 0:
+            raise ValueError("n must be at least 0")
+        return n
+
+
+class _OneOf(BaseModel):
+    a: str | None = None
+    b: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> _OneOf:
+        if (self.a is None) == (self.b is None):
+            raise ValueError("give exactly one of a or b")
+        return self
+
+
+def _run(tool: StructuredTool, script: list[AIMessage], *, price: float = 5.0, budget: float = 20.0,
+         oracle: Any = None, log_sink: Any = None) -> tuple[BudgetGuard, dict[str, Any]]:
+    guard = BudgetGuard(oracle or AcceptAll(), Market([PricedTool(tool.name, price)]), budget,
+                        log_sink=log_sink or MemoryLogSink())
+    out = create_agent(scripted(script), [tool], middleware=[guard.middleware()]).invoke(
+        {"messages": [("user", "go")]})
+    return guard, out
+
+
+@pytest.mark.parametrize(("schema", "bad", "good", "why"), [
+    (_Positive, {"n": -1}, {"n": 2}, "n must be at least 0"),
+    (_OneOf, {"a": "x", "b": "y"}, {"a": "x"}, "give exactly one of a or b"),
+], ids=["field_validator", "model_validator"])
+def test_arguments_the_tools_own_validators_reject_are_refused_before_any_money_moves(schema, bad, good, why):
+    runs: list[dict[str, Any]] = []
+
+    def f(**kwargs: Any) -> str:
+        runs.append(kwargs)
+        return "ok"
+
+    tool = StructuredTool.from_function(f, name="f", description="f", args_schema=schema)
+    guard, out = _run(tool, [ai(call("f", **bad), call("f", **good)), AIMessage("done")])
+    ledger = guard.ledger(out)
+    assert len(runs) == 1  # only the good call ran
+    assert ledger.spent == 5.0 and ledger.reserved == 0
+    assert_each_call_answered_once(out["messages"])
+    refusal = next(m for m in out["messages"] if isinstance(m, ToolMessage) and m.status == "error")
+    assert why in str(refusal.content) and "no charge" in str(refusal.content)
+
+
+class _AskCounter(AcceptAll):
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, dict[str, Any]]] = []
+
+    def decide(self, ctx: Any) -> Decision:
+        self.asked.append((ctx.tool, dict(ctx.args)))
+        return Decision.accepted()
+
+
+class _WithRuntimeInSchema(BaseModel):
+    """Like LangChain's shell tool: the injected runtime is declared in the schema the model sees."""
+
+    command: str
+    runtime: Any = None
+
+
+def test_an_injected_runtime_the_schema_declares_is_not_an_edit_and_stays_out_of_records(tmp_path):
+    runs: list[str] = []
+
+    def shell(command: str, runtime: ToolRuntime) -> str:
+        assert runtime is not None  # LangGraph injected it
+        runs.append(command)
+        return "ran"
+
+    tool = StructuredTool.from_function(shell, name="shell", description="run", args_schema=_WithRuntimeInSchema)
+    oracle = _AskCounter()
+    path = tmp_path / "log.jsonl"
+    guard, out = _run(tool, [ai(call("shell", command="ls")), AIMessage("done")], oracle=oracle,
+                      log_sink=JsonlLogSink(path))
+    assert runs == ["ls"]
+    assert oracle.asked == [("shell", {"command": "ls"})]  # gated once: not re-gated as an edited call
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["args"] for r in records if r["execution"] == 1] == [{"command": "ls"}]
+    assert guard.ledger(out).spent == 5.0
+
+
+def test_a_tool_taking_a_tool_runtime_logs_to_a_jsonl_sink_with_the_models_arguments_only(tmp_path):
+    runs: list[int] = []
+
+    def lookup(x: int, runtime: ToolRuntime) -> str:
+        runs.append(x)
+        return f"found {x}"
+
+    tool = StructuredTool.from_function(lookup, name="lookup", description="look up")
+    path = tmp_path / "log.jsonl"
+    guard, out = _run(tool, [ai(call("lookup", x=3)), AIMessage("done")], log_sink=JsonlLogSink(path))
+    assert runs == [3]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["args"] for r in records] == [{"x": 3}]
+    assert guard.ledger(out).spent == 5.0
