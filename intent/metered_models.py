@@ -52,7 +52,14 @@ from langchain_core.messages import BaseMessage
 
 from intent.episodes import RUNNING_EPISODE
 from intent.messages import query_of
-from intent.model_meter import MAX_TOKEN_KEYS, ModelCallMeter, ModelCallRefused, callback_handlers
+from intent.model_meter import (
+    MAX_TOKEN_KEYS,
+    METERED_MODEL,
+    ModelCallMeter,
+    ModelCallRefused,
+    callback_handlers,
+    step_meter_of,
+)
 from intent.nesting import current_parent
 from intent.state import current_config, read_ledger_channel, write_ledger_update
 
@@ -63,7 +70,6 @@ if TYPE_CHECKING:
 __all__ = ["METERED_MODEL", "MeteredModelCallback", "MeteredModelRefused", "Placement", "episode_of_run",
            "metered_copy"]
 
-METERED_MODEL = "metered_model"  # log records' reason: "metered_model:<the middleware's lc_source>"
 
 
 class MeteredModelRefused(ModelCallRefused, ModelError):
@@ -137,7 +143,6 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     raise_error = True
     run_inline = True
-    replaced_by_guard_meter = True  # intent.model_meter.ModelCallMeter.instrument drops it
 
     def __init__(self, guard: BudgetGuard, model: Any) -> None:
         self.guard, self.model = guard, model
@@ -147,6 +152,10 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
                             metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if step_meter_of(self.guard) is not None:
+            # Inside this guard's model step with a price table (a middleware listed after the guard,
+            # the agent's own model): the step's meter charges every execution there, once.
+            return
         config = current_config()
         episode, channel, in_state = episode_of_run(self.guard, config)
         source = str((metadata or {}).get("lc_source") or "")  # LangChain's middleware name their calls

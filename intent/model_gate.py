@@ -66,10 +66,7 @@ class ModelGate:
         humans.log()
         if refusal is not None:
             return self.stopped(meter, refusal)
-        overrides: dict[str, Any] = {"model": meter.instrument(request.model)}
-        if settings is not None:
-            overrides["model_settings"] = settings
-        return meter, request.override(**overrides)
+        return meter, (request.override(model_settings=settings) if settings is not None else request)
 
     def _fit_or_ask(self, meter: ModelCallMeter, humans: HumanTopUps, name: str, worst: float,
                     step: int) -> str | None:
@@ -130,7 +127,8 @@ class ModelGate:
             return opened
         meter, metered = opened
         try:
-            response = handler(metered)
+            with meter.metering():  # every chat-model execution inside, whatever the model
+                response = handler(metered)
         except ModelCallRefused as exc:  # a retry inside the guard that no longer fits
             meter.abandon()
             return self.stopped(meter, fb.model_refused(str(exc)))
@@ -146,7 +144,8 @@ class ModelGate:
             return opened
         meter, metered = opened
         try:
-            response = await handler(metered)
+            with meter.metering():  # every chat-model execution inside, whatever the model
+                response = await handler(metered)
         except ModelCallRefused as exc:
             meter.abandon()
             return self.stopped(meter, fb.model_refused(str(exc)))

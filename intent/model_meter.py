@@ -6,15 +6,18 @@ The guard wraps each model request (``wrap_model_call``) with a :class:`ModelCal
 * :meth:`ModelCallMeter.precheck` prices the request's worst case before anything runs; a
   call that does not fit is not made (the guard answers with a final message, or asks a
   human with an interrupt);
-* :meth:`ModelCallMeter.instrument` gives the rest of the chain a *copy of the model with a
-  callback* (:class:`_MeterCallback`). The callback runs inside the model's own ``invoke``,
-  so **every execution** is metered, including the ones a ModelRetryMiddleware placed inside
-  the guard makes: ``on_chat_model_start`` reserves (or refuses by raising
-  :class:`ModelCallRefused`), ``on_llm_end`` commits the cost of the reported usage,
-  ``on_llm_error`` releases (a failed request that returned no usage is not billed by
-  providers; the record says so);
-* :meth:`ModelCallMeter.settle` charges a response that no metered execution produced (a
-  fallback model swapped in by a middleware inside the guard) from its usage, after the fact.
+* :meth:`ModelCallMeter.metering` runs the rest of the chain with a callback
+  (:class:`_MeterCallback`) that LangChain adds to every run started inside it (a configure hook
+  on a context variable), so **every chat-model execution inside the guard's model step** is
+  metered, whatever model it is: the agent's model, each retry a ModelRetryMiddleware placed inside
+  the guard makes, a fallback or a routed model that a middleware inside the guard swaps in, a model
+  such a middleware calls. ``on_chat_model_start`` prices that model's own worst case and reserves
+  it (or refuses by raising :class:`ModelCallRefused`: the model is not called),
+  ``on_llm_end`` commits the cost of the reported usage, ``on_llm_error`` releases (a failed
+  request that returned no usage is not billed by providers; the record says so);
+* :meth:`ModelCallMeter.settle` charges a response that no metered execution produced (a model
+  called outside LangChain, or in a thread that did not carry the context) from its usage, after
+  the fact.
 
 Worst case = prompt tokens × input price + ``max_tokens`` × output price. Prompt tokens are
 the prompt's UTF-8 bytes plus a per-message allowance (``prompt_tokens="bytes"``, default: a
@@ -26,15 +29,19 @@ model's (from its invocation parameters); a model without one gets the guard's
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.tracers.context import register_configure_hook
 
 from intent.ledger import BudgetExceededError, LedgerEntry
 from intent.pricing import ModelPrice, UnpricedModelError, cost_of_usage, tokens_of
@@ -43,11 +50,12 @@ if TYPE_CHECKING:
     from intent.episodes import Episode
     from intent.guard import BudgetGuard
 
-__all__ = ["MAX_TOKEN_KEYS", "MODEL_OVER_BUDGET", "ModelCallMeter", "ModelCallRefused", "PromptTokens",
-           "callback_handlers", "count_prompt_tokens"]
+__all__ = ["MAX_TOKEN_KEYS", "MODEL_OVER_BUDGET", "STEP_METER", "ModelCallMeter", "ModelCallRefused", "PromptTokens",
+           "callback_handlers", "count_prompt_tokens", "step_meter_of"]
 
 PromptTokens = Literal["bytes", "model"] | Callable[[Sequence[BaseMessage], Sequence[Any]], int]
 MODEL_OVER_BUDGET = "model_over_budget"
+METERED_MODEL = "metered_model"  # log records' reason: "metered_model:<the middleware's lc_source>"
 MODEL_UNPRICED = "unpriced_model"
 MODEL_NO_USAGE = "missing_usage"
 MODEL_ERROR = "model_error"
@@ -94,6 +102,7 @@ class _Execution:
     charge_id: str
     model: str
     price: ModelPrice
+    reason: str  # of its charge's log record
 
 
 class ModelCallMeter:
@@ -156,23 +165,27 @@ class ModelCallMeter:
                 return v
         return None
 
-    def instrument(self, model: Any) -> Any:
-        """A copy of ``model`` whose every execution this meter reserves and charges."""
-        # A copy made by guard.metered_model used as the agent's own model: this meter replaces
-        # its callback, so each execution is charged once.
-        handlers = [h for h in callback_handlers(model) if not getattr(h, "replaced_by_guard_meter", False)]
-        return model.model_copy(update={"callbacks": [*handlers, _MeterCallback(self)]})
+    @contextlib.contextmanager
+    def metering(self) -> Iterator[None]:
+        """Meter every chat-model execution started inside the block (see the module's doc)."""
+        token = STEP_METER.set(_MeterCallback(self))
+        try:
+            yield
+        finally:
+            STEP_METER.reset(token)
 
     # ------------------------------------------------------ one execution
-    def start(self, run_id: Any, messages: Sequence[BaseMessage], params: Mapping[str, Any]) -> None:
+    def start(self, run_id: Any, messages: Sequence[BaseMessage], params: Mapping[str, Any],
+              metadata: Mapping[str, Any] | None = None) -> None:
         ledger = self.episode.ledger
         tools = params.get("tools") or ()
+        # The model that runs (a fallback or a routed model, maybe): its own name and price.
+        model_name = _model_name_of(params) or (metadata or {}).get("ls_model_name") or self.default_name
         try:
-            name, price, amount = self.worst_case(messages, tools, self.max_tokens_of(params),
-                                                  _model_name_of(params) or self.default_name)
+            name, price, amount = self.worst_case(messages, tools, self.max_tokens_of(params), model_name)
         except UnpricedModelError as exc:
             self.guard.records.model_refusal(ledger, episode_id=self.episode.episode_id, step=self.step,
-                                             query=self.query, model=_model_name_of(params) or self.default_name or "",
+                                             query=self.query, model=model_name or "",
                                              price=None, reason=MODEL_UNPRICED, text=str(exc))
             raise ModelCallRefused(str(exc)) from exc
         charge_id = f"model:{self.episode.episode_id}:{self.step}:{uuid.uuid4().hex[:10]}"
@@ -186,8 +199,10 @@ class ModelCallMeter:
                                                  query=self.query, model=name, price=amount,
                                                  reason=MODEL_OVER_BUDGET, text=str(exc))
                 raise ModelCallRefused(str(exc)) from exc
+        # A model a middleware calls names its call (LangChain's lc_source): its charge says so.
+        source = (metadata or {}).get("lc_source")
         with self._lock:
-            ex = _Execution(charge_id, name, price)
+            ex = _Execution(charge_id, name, price, f"{METERED_MODEL}:{source}" if source else self.charge_reason)
             self._open[run_id] = ex
             self.executions.append(ex)
             self.entries.append(entry)
@@ -206,7 +221,7 @@ class ModelCallMeter:
             found = self.guard.model_prices.find(reported)
             if found is not None:
                 name, price = reported, found[1]
-        reason = self.charge_reason
+        reason = ex.reason
         tokens: dict[str, int] = {}
         if usage:
             billed: float | None = cost_of_usage(price, usage)
@@ -283,9 +298,9 @@ class _MeterCallback(BaseCallbackHandler):
         self.meter = meter
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
-                            **kwargs: Any) -> None:
+                            metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
         flat = [m for batch in messages for m in batch]
-        self.meter.start(run_id, flat, kwargs.get("invocation_params") or {})
+        self.meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata)
 
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         message = None
@@ -296,3 +311,33 @@ class _MeterCallback(BaseCallbackHandler):
 
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         self.meter.error(run_id, error)
+
+
+# The meter of the guard's model step running in this context. LangChain adds the handler held
+# here to every callback manager configured while it is set (its configure hooks: how LangSmith's
+# tracer and collect_runs reach every run), so every chat-model execution started inside the step
+# is metered, whatever model a middleware inside the guard calls. Not inheritable: each run's own
+# configure adds it (once per run: LangChain skips a handler already there).
+STEP_METER: ContextVar[_MeterCallback | None] = ContextVar("intent_model_step_meter", default=None)
+register_configure_hook(STEP_METER, inheritable=False)
+
+
+def step_meter_of(guard: Any) -> ModelCallMeter | None:
+    """The meter of ``guard``'s model step running in this context, if any."""
+    handler = STEP_METER.get()
+    return handler.meter if handler is not None and handler.meter.guard is guard else None
+
+
+class _RefusalLogFilter(logging.Filter):
+    """LangChain logs a warning for every exception a callback raises, also for one raised on
+    purpose: a model execution the budget does not cover is refused that way, and it is already in
+    the guard's log records and the agent's final message, so LangChain's warning is dropped (only
+    for the guard's own handlers and refusals)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (record.msg == "Error in %s.%s callback: %s" and isinstance(args, tuple) and len(args) == 3
+                    and args[0] in ("_MeterCallback", "MeteredModelCallback") and "Refused(" in str(args[2]))
+
+
+logging.getLogger("langchain_core.callbacks.manager").addFilter(_RefusalLogFilter())
