@@ -95,8 +95,12 @@ def cancelled(tool: str) -> str:
     return f"Error: {tool} was cancelled while running. The call was charged."
 
 
-def tool_raised(tool: str, exc: BaseException) -> str:
-    return f"Error: {tool} failed ({type(exc).__name__}: {exc}). The call was charged."
+def tool_raised(tool: str, exc: BaseException, charged: float | None = None) -> str:
+    """A tool's run raised. ``charged``: what its runs of this call cost (``None``: not said)."""
+    text = f"Error: {tool} failed ({type(exc).__name__}: {exc})."
+    if charged is None:
+        return text
+    return f"{text} The call was charged {charged:g}." if charged > 0 else f"{text} It cost nothing."
 
 
 def oracle_failed(tool: str, exc: BaseException, *, accepted: bool) -> str:

@@ -102,7 +102,8 @@ class BudgetGuard:
     * ``tool_errors``: a tool that raises is charged (money spent is spent), then
       ``"raise"`` (default) re-raises the exception unchanged, so ToolRetryMiddleware and
       ``handle_tool_errors`` behave as without the guard; ``"message"`` answers the call
-      with an error ToolMessage instead.
+      with an error ToolMessage saying what it cost instead. Only the tool's own error: an
+      exception another middleware inside the guard raises propagates in both modes.
     * ``max_episodes``: episodes whose working state is kept in memory at once (an
       episode's state is dropped when it ends; graph state stays the truth).
     * ``merge_identical_calls``: identical calls (same tool, same arguments) in one model message

@@ -221,6 +221,7 @@ class CallRun:
         self.last_outcome: Outcome | None = None
         self.regated = False
         self.refused = False  # a run was refused: its record already says why the reservation went unused
+        self.raised: list[BaseException] = []  # what the tool's own runs raised (tool_errors="message" answers those)
 
     # Read only for a log record or an edited call's re-gate, so not computed on every run.
     @functools.cached_property
@@ -367,6 +368,7 @@ class CallRun:
             self._abort(charge_id)
             raise
         except BaseException as exc:
+            self.raised.append(exc)
             self._charge(charge_id, args, exc, started)
             raise
         self._charge(charge_id, args, out, started)
@@ -390,6 +392,7 @@ class CallRun:
             self._abort(charge_id)
             raise
         except BaseException as exc:  # CancelledError included: a cancelled run was still paid for
+            self.raised.append(exc)
             self._charge(charge_id, args, exc, started)
             raise
         self._charge(charge_id, args, out, started)
@@ -456,11 +459,26 @@ class CallRun:
             raise bad_bill from (result if isinstance(result, BaseException) else None)
 
     # ------------------------------------------------------------ the answer
+    def _raised_by_the_tool(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is (or was raised from) an exception of the tool's own run, not of a
+        middleware inside the guard (its bug, or its own failure: a classifier that is down)."""
+        seen: set[int] = set()
+        cur: BaseException | None = exc
+        while cur is not None and id(cur) not in seen:
+            if any(cur is r for r in self.raised):
+                return True
+            seen.add(id(cur))
+            cur = cur.__cause__ or cur.__context__
+        return False
+
     def failed(self, exc: Exception) -> ToolMessage:
-        """The tool (or something inside the guard) raised: re-raise, or answer with the error."""
-        if self.guard.tool_errors == "raise":
+        """Something inside the guard raised: with ``tool_errors="message"``, the tool's own error is
+        answered with a message saying what the call cost; anything else is re-raised."""
+        if self.guard.tool_errors == "raise" or not self._raised_by_the_tool(exc):
             raise exc
-        return ToolMessage(fb.tool_raised(self.name, exc), tool_call_id=self.tool_call_id, name=self.name,
+        charged = sum(e.amount for e in self.episode.ledger.charges_of(self.key)
+                      if e.status == "committed" and e.execution > 0)
+        return ToolMessage(fb.tool_raised(self.name, exc, charged), tool_call_id=self.tool_call_id, name=self.name,
                            status="error")
 
     def finish(self, result: Any) -> Any:
