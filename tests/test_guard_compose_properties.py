@@ -1,6 +1,6 @@
 """Property test: the guard composed with LangChain's own middleware, as users stack it.
 
-Random stacks of ToolRetryMiddleware, ToolCallLimitMiddleware, HumanInTheLoopMiddleware
+Random stacks of ToolRetryMiddleware, ToolErrorMiddleware, ToolCallLimitMiddleware, HumanInTheLoopMiddleware
 (approve / edit / reject), ModelCallLimitMiddleware, ModelRetryMiddleware (the model fails some
 executions), a custom middleware that answers some calls itself and one that returns the model's
 message rebuilt with a new id (outside the guard's model call, after its gate), in random orders around the
@@ -40,6 +40,7 @@ from langchain.agents.middleware import (
     ModelCallLimitMiddleware,
     ModelRetryMiddleware,
     ToolCallLimitMiddleware,
+    ToolErrorMiddleware,
     ToolRetryMiddleware,
 )
 from langchain_core.messages import AIMessage, ToolMessage
@@ -136,7 +137,8 @@ def scenario(draw: Any) -> dict[str, Any]:
     # ToolCallLimitMiddleware and HumanInTheLoopMiddleware together answer a rejected call twice
     # without any guard (both answer it in after_model), so a stack holds at most one of them.
     reviewer = draw(st.sampled_from([[], ["limit"], ["hitl"]]))
-    stack = reviewer + draw(st.lists(st.sampled_from(["retry", "model_limit", "answerer", "model_retry", "rebuilder"]),
+    stack = reviewer + draw(st.lists(st.sampled_from(["retry", "model_limit", "answerer", "model_retry", "rebuilder",
+                                                      "tool_error"]),
                                      unique=True))
     order = draw(st.permutations(["guard", *stack]))
     return {
@@ -172,6 +174,9 @@ def build_stack(sc: dict[str, Any], guard: BudgetGuard) -> list[Any]:
         "model_retry": ModelRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False, backoff_factor=0.0),
         "answerer": Answerer(),
         "rebuilder": Rebuilder(),
+        # Answers a tool's exception with a message, wherever it is listed (the guard's own refusals are
+        # ToolMessages, never exceptions, so it never sees them).
+        "tool_error": ToolErrorMiddleware(lambda exc, request: f"tool error: {exc}"),
     }
     return [made[k] for k in sc["order"]]
 
@@ -226,7 +231,8 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     sink = MemoryLogSink()
     # With tool_errors="raise" and no retry middleware a failing tool ends the run with its
     # exception (as without the guard); keep those runs comparable by failing nothing then.
-    fail_runs = sc["fail_runs"] if (sc["tool_errors"] == "message" or "retry" in sc["order"]) else {}
+    fail_runs = sc["fail_runs"] if (sc["tool_errors"] == "message" or "retry" in sc["order"]
+                                    or "tool_error" in sc["order"]) else {}
     oracle = RefusesThree() if sc["oracle"] == "refuses_three" else AcceptAll()
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in sc["prices"].items()]), sc["budget"],
                         log_sink=sink, tool_errors=sc["tool_errors"], gate_at=sc["gate_at"])
@@ -288,6 +294,9 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
         event("a reply of malformed calls only")
     if failures:
         event("the model failed and was retried")
+    if "tool_error" in sc["order"] and any("tool error:" in str(m.content) for m in out["messages"]
+                                           if isinstance(m, ToolMessage)):
+        event("a tool's error answered by ToolErrorMiddleware")
     if "rebuilder" in sc["order"] and sc["gate_at"] == "model_call" and \
             sc["order"].index("rebuilder") < sc["order"].index("guard"):
         event("the model's message rebuilt after the gate")
