@@ -356,7 +356,9 @@ class BudgetGuard:
         ``config`` is the thread's config (or its id). With ``graph`` (the compiled agent)
         the top-up is written to the thread's state now (``graph.update_state``); without,
         at the thread's next model step. It is logged (``decision="top_up"``). Returns the
-        new budget.
+        new budget. On a thread paused inside a tool step, ``update_state`` makes LangGraph run
+        that step's calls again on resume, a call that had finished included (it is paid again:
+        it runs again); top up such a thread without ``graph`` (same process), or once it ends.
         """
         amount = check_amount(amount, "top-up amount", allow_zero=False)
         thread_id = config if isinstance(config, str) else ((config.get("configurable") or {}).get("thread_id"))
@@ -371,7 +373,11 @@ class BudgetGuard:
         top_up_id = f"top-up-{uuid.uuid4().hex[:12]}"
         new_budget = self._apply_top_up(episode, top_up_id, amount, approved_by=approved_by, reason=reason)
         if graph is not None:
+            # The charges as the thread's state shows them are written back with the top-up: on a paused
+            # thread, LangGraph's update_state drops the paused step's saved writes (a call that finished
+            # in it runs again on resume), and the charge of that finished call was only there.
             graph.update_state(cfg, {LEDGER_KEY: self._channel_base(episode) | {
+                "entries": dict((channel or {}).get("entries") or {}),
                 "top_ups": {top_up_id: amount}, "top_up_by": {top_up_id: approved_by} if approved_by else {}}})
         else:
             with episode.lock:

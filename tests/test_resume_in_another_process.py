@@ -66,3 +66,21 @@ def test_a_sibling_that_finished_before_a_pause_stays_paid_when_another_process_
     assert_each_call_answered_once(out["messages"])
     # The sibling's charge is not logged here as released unused: it was committed in the other process.
     assert [r for r in guard.log_sink.records if r.status == "released"] == []
+
+
+@pytest.mark.parametrize("same_guard", [False, True], ids=["fresh_guard", "same_guard"])
+def test_a_top_up_written_to_a_paused_thread_keeps_the_charge_of_a_call_that_finished(same_guard):
+    # update_state on the paused thread drops the paused step's saved writes: on resume a runs again.
+    # Both runs are paid (the first was only in the dropped writes: a fresh guard paid one of two).
+    runs = {"a": 0, "h": 0}
+    saver, cfg = InMemorySaver(), {"configurable": {"thread_id": "t"}}
+    guard, agent = _agent([ai(call("a", x=1), call("h", x=1)), AIMessage("done")], runs, saver, 40.0)
+    assert "__interrupt__" in agent.invoke({"messages": [("user", "go")]}, cfg)
+    assert guard.top_up(cfg, 20.0, graph=agent, reason="more") == 60.0
+    if not same_guard:
+        guard, agent = _agent([AIMessage("done")], runs, saver, 40.0)  # another process
+    out = agent.invoke(Command(resume="yes"), cfg)
+    ledger = guard.ledger(out)
+    real = sum(runs[n] * p for n, p in PRICES.items())
+    assert ledger.spent == real and ledger.spent <= ledger.budget == 60.0 and ledger.reserved == 0
+    assert_each_call_answered_once(out["messages"])
