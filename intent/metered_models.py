@@ -58,7 +58,7 @@ from intent.model_meter import (
     ModelCallMeter,
     ModelCallRefused,
     callback_handlers,
-    step_meter_of,
+    step_meter,
 )
 from intent.nesting import current_parent
 from intent.state import current_config, read_ledger_channel, write_ledger_update
@@ -152,9 +152,10 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
                             metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if step_meter_of(self.guard) is not None:
-            # Inside this guard's model step with a price table (a middleware listed after the guard,
-            # the agent's own model): the step's meter charges every execution there, once.
+        if step_meter() is not None:
+            # Inside a guard's model step with a price table (a middleware listed after that guard, the
+            # agent's own model, a sub-agent's model): the step's meter charges every execution there,
+            # once, to the step's episode (a sub-agent's carve). Another guard's copy is paid there too.
             return
         config = current_config()
         episode, channel, in_state = episode_of_run(self.guard, config)
@@ -165,7 +166,7 @@ class MeteredModelCallback(BaseCallbackHandler):
                                query=query_of(channel, flat), model=self.model,
                                charge_reason=f"{METERED_MODEL}:{source}" if source else METERED_MODEL)
         try:
-            meter.start(run_id, flat, kwargs.get("invocation_params") or {})
+            meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized)
         except MeteredModelRefused:
             raise
         except ModelCallRefused as exc:  # logged by meter.start; re-raised as non-retryable

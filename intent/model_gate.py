@@ -48,7 +48,7 @@ class ModelGate:
         settings = meter.request_settings(request.model_settings or {})
         prompt = [request.system_message, *messages] if request.system_message is not None else messages
         tools = _tool_schemas(request.tools or [])
-        max_tokens = meter.max_tokens_of(settings or request.model_settings or {})
+        max_tokens = meter.max_tokens_of(settings or request.model_settings or {}, meter.model)
         ledger = episode.ledger
         try:
             name, _price, worst = meter.worst_case(prompt, tools, max_tokens, meter.default_name)
@@ -116,7 +116,7 @@ class ModelGate:
 
         if isinstance(response, AIMessage):
             response = ModelResponse(result=[response])
-        meter.abandon()
+        meter.abandon(charge=True)  # executions the step went on without (cancelled by their caller)
         meter.settle(getattr(response, "result", []) or [])
         return ExtendedModelResponse(model_response=response, command=self.update(meter))
 

@@ -29,6 +29,7 @@ model's (from its invocation parameters); a model without one gets the guard's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.exceptions import ModelError
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.tracers.context import register_configure_hook
 
 from intent.ledger import BudgetExceededError, LedgerEntry
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from intent.guard import BudgetGuard
 
 __all__ = ["MAX_TOKEN_KEYS", "MODEL_OVER_BUDGET", "STEP_METER", "ModelCallMeter", "ModelCallRefused", "PromptTokens",
-           "callback_handlers", "count_prompt_tokens", "step_meter_of"]
+           "callback_handlers", "count_prompt_tokens", "model_name_of", "step_meter"]
 
 PromptTokens = Literal["bytes", "model"] | Callable[[Sequence[BaseMessage], Sequence[Any]], int]
 MODEL_OVER_BUDGET = "model_over_budget"
@@ -59,6 +61,8 @@ METERED_MODEL = "metered_model"  # log records' reason: "metered_model:<the midd
 MODEL_UNPRICED = "unpriced_model"
 MODEL_NO_USAGE = "missing_usage"
 MODEL_ERROR = "model_error"
+MODEL_CANCELLED = "cancelled"  # a stream stopped early or a cancelled call: charged at its reservation
+CACHE_HIT = "cache_hit"  # a response LangChain served from its cache: charged 0
 UNMETERED_MODEL_CALL = "unmetered_model_call"
 _PER_MESSAGE_TOKENS = 16  # role markers and separators a chat template adds around each message
 MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict", "max_new_tokens")
@@ -71,8 +75,11 @@ def callback_handlers(model: Any) -> list[Any]:
     return list(callbacks) if isinstance(callbacks, list) else list(getattr(callbacks, "handlers", None) or [])
 
 
-class ModelCallRefused(BudgetExceededError):
-    """A model execution that the budget does not cover (raised inside the model's invoke)."""
+class ModelCallRefused(BudgetExceededError, ModelError):
+    """A model execution that the budget does not cover (raised inside the model's invoke). Not
+    retryable (``is_retryable``): LangChain's model retries give up at once instead of asking again."""
+
+    is_retryable = False
 
 
 def _model_name_of(obj: Any) -> str | None:
@@ -81,6 +88,18 @@ def _model_name_of(obj: Any) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+def model_name_of(model: Any) -> str | None:
+    """A chat model's name: its ``model_name``/``model``/``model_id``, else the name LangChain reports
+    for it to tracers (``ls_model_name``)."""
+    name = _model_name_of(model)
+    if name is None and callable(getattr(model, "_get_ls_params", None)):
+        try:
+            name = model._get_ls_params().get("ls_model_name") or None
+        except (TypeError, ValueError, AttributeError):  # a model whose tracer params need arguments
+            return None
+    return name if isinstance(name, str) else None
 
 
 def count_prompt_tokens(messages: Sequence[BaseMessage], tools: Sequence[Any] = ()) -> int:
@@ -112,7 +131,7 @@ class ModelCallMeter:
                  charge_reason: str = "accepted") -> None:
         self.guard, self.episode, self.step, self.query, self.model = guard, episode, step, query, model
         self.charge_reason = charge_reason  # the reason of its charges' log records
-        self.default_name = _model_name_of(model)
+        self.default_name = model_name_of(model)
         self._open: dict[Any, _Execution] = {}
         self.executions: list[_Execution] = []
         self.entries: list[LedgerEntry] = []
@@ -154,35 +173,42 @@ class ModelCallMeter:
             return None
         return {**model_settings, "max_tokens": self.guard.max_output_tokens}
 
-    def max_tokens_of(self, params: Mapping[str, Any]) -> int | None:
-        for k in MAX_TOKEN_KEYS:
-            v = params.get(k)
-            if isinstance(v, int) and v > 0:
-                return v
-        for k in MAX_TOKEN_KEYS:
-            v = getattr(self.model, k, None)
-            if isinstance(v, int) and v > 0:
-                return v
+    def max_tokens_of(self, params: Mapping[str, Any], *sources: Any) -> int | None:
+        """The output bound of a run: its invocation parameters', else the first of ``sources``
+        (mappings or models) that has one; ``None`` when none does."""
+        for source in (params, *sources):
+            for k in MAX_TOKEN_KEYS:
+                v = source.get(k) if isinstance(source, Mapping) else getattr(source, k, None)
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    return v
         return None
 
     @contextlib.contextmanager
     def metering(self) -> Iterator[None]:
         """Meter every chat-model execution started inside the block (see the module's doc)."""
-        token = STEP_METER.set(_MeterCallback(self))
+        handler = _MeterCallback(self)
+        token = STEP_METER.set(handler)
         try:
             yield
         finally:
+            # A task the step started and left running keeps this context: its model calls after the
+            # step are not the step's (they are unmetered, or metered by a guard.metered_model copy).
+            handler.closed = True
             STEP_METER.reset(token)
 
     # ------------------------------------------------------ one execution
     def start(self, run_id: Any, messages: Sequence[BaseMessage], params: Mapping[str, Any],
-              metadata: Mapping[str, Any] | None = None) -> None:
+              metadata: Mapping[str, Any] | None = None, serialized: Mapping[str, Any] | None = None) -> None:
         ledger = self.episode.ledger
         tools = params.get("tools") or ()
-        # The model that runs (a fallback or a routed model, maybe): its own name and price.
+        # The model that runs (a fallback or a routed model, maybe): its own name, price and output
+        # bound (its constructor's arguments, as LangChain serialises them); the agent's model's
+        # attributes only for the agent's model.
         model_name = _model_name_of(params) or (metadata or {}).get("ls_model_name") or self.default_name
+        own = [self.model] if model_name == self.default_name else []
+        max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {}, *own)
         try:
-            name, price, amount = self.worst_case(messages, tools, self.max_tokens_of(params), model_name)
+            name, price, amount = self.worst_case(messages, tools, max_tokens, model_name)
         except UnpricedModelError as exc:
             self.guard.records.model_refusal(ledger, episode_id=self.episode.episode_id, step=self.step,
                                              query=self.query, model=model_name or "",
@@ -223,7 +249,11 @@ class ModelCallMeter:
                 name, price = reported, found[1]
         reason = ex.reason
         tokens: dict[str, int] = {}
-        if usage:
+        if usage and usage.get("total_cost") == 0:
+            # Served from LangChain's cache (it zeroes the cost of a cache hit): no provider call.
+            billed, reason = 0.0, CACHE_HIT
+            tokens = tokens_of(usage)
+        elif usage:
             billed: float | None = cost_of_usage(price, usage)
             tokens = tokens_of(usage)
         else:
@@ -247,6 +277,16 @@ class ModelCallMeter:
         if ex is None:
             return
         ledger = self.episode.ledger
+        if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
+            # A stream its reader stopped early, a call cancelled by a timeout: the request reached the
+            # provider, which bills what it generated; how much is unknown, so the reserved worst case
+            # is charged (money spent is spent, never free).
+            entry = ledger.commit(ex.charge_id)
+            with self._lock:
+                self.entries.append(entry)
+            self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
+                                            query=self.query, model=ex.model, tokens={}, reason=MODEL_CANCELLED)
+            return
         entry = ledger.release(ex.charge_id)
         if entry is not None:
             with self._lock:
@@ -278,14 +318,21 @@ class ModelCallMeter:
                 ledger, entry, episode_id=self.episode.episode_id, step=self.step, query=self.query, model=model,
                 tokens=tokens_of(m.usage_metadata), reason=UNMETERED_MODEL_CALL)
 
-    def abandon(self) -> None:
-        """Release executions that never ended (an interrupt or a cancel inside the chain)."""
+    def abandon(self, *, charge: bool = False) -> None:
+        """End executions that never ended. ``charge=False``: released (the step stopped: an interrupt
+        re-runs it, a crash ends it). ``charge=True``: the step went on without them (a call its caller
+        cancelled, a timeout): the request was sent, so its reserved worst case is charged."""
         with self._lock:
             open_runs, self._open = list(self._open.values()), {}
+        ledger = self.episode.ledger
         for ex in open_runs:
-            entry = self.episode.ledger.release(ex.charge_id)
+            entry = ledger.commit(ex.charge_id) if charge else ledger.release(ex.charge_id)
             if entry is not None:
                 self.entries.append(entry)
+                if charge:
+                    self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
+                                                    query=self.query, model=ex.model, tokens={},
+                                                    reason=MODEL_CANCELLED)
 
 
 class _MeterCallback(BaseCallbackHandler):
@@ -296,11 +343,23 @@ class _MeterCallback(BaseCallbackHandler):
 
     def __init__(self, meter: ModelCallMeter) -> None:
         self.meter = meter
+        self.closed = False  # the step has ended (ModelCallMeter.metering)
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
                             metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if self.closed:
+            return
         flat = [m for batch in messages for m in batch]
-        self.meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata)
+        self.meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized)
+
+    def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: Any,
+                     metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        # A completion (non-chat) model inside the step: priced on its prompts like a chat model; its
+        # generations carry no usage_metadata, so it is charged its reserved worst case (never free).
+        if self.closed:
+            return
+        self.meter.start(run_id, [HumanMessage(p) for p in prompts], kwargs.get("invocation_params") or {}, metadata,
+                         serialized)
 
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         message = None
@@ -322,10 +381,10 @@ STEP_METER: ContextVar[_MeterCallback | None] = ContextVar("intent_model_step_me
 register_configure_hook(STEP_METER, inheritable=False)
 
 
-def step_meter_of(guard: Any) -> ModelCallMeter | None:
-    """The meter of ``guard``'s model step running in this context, if any."""
+def step_meter() -> ModelCallMeter | None:
+    """The meter of the guard's model step running in this context (any guard's), if any."""
     handler = STEP_METER.get()
-    return handler.meter if handler is not None and handler.meter.guard is guard else None
+    return handler.meter if handler is not None and not handler.closed else None
 
 
 class _RefusalLogFilter(logging.Filter):

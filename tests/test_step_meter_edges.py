@@ -1,0 +1,231 @@
+"""Models called inside the guard's model step in the ways real middleware call them: streamed and
+stopped early, cancelled by a timeout, served from LangChain's cache, a completion model, another guard's
+metered copy, a task left running after the step, a model named only for tracers.
+
+Money is counted outside the guard: each fake model logs its executions (tokens in and out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, ModelRetryMiddleware
+from langchain_core.globals import set_llm_cache
+from langchain_core.caches import InMemoryCache
+from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models.fake import FakeListLLM
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from pydantic import ConfigDict
+
+from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, ModelPrice, PricedTool
+
+PRICES = {"primary": ModelPrice(1000, 1000), "side": ModelPrice(5000, 5000)}  # per token: 0.001, 0.005
+
+
+class Runs:
+    """Executions by (model, tokens in, tokens out). Not a dict: pydantic would copy it."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int, int]] = []
+        self.lock = threading.Lock()
+
+    def hit(self, name: str, i: int, o: int) -> None:
+        with self.lock:
+            self.log.append((name, i, o))
+
+    def cost(self) -> float:
+        return sum(PRICES[n].cost(i, o) for n, i, o in self.log)
+
+
+class Fake(BaseChatModel):
+    """Reports 10 tokens in and 100 out; streams three chunks, the usage on the last."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_name: str = "primary"
+    runs: Runs
+
+    @property
+    def _llm_type(self) -> str:
+        return "fake"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Fake:
+        return self
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self.runs.hit(self.model_name, 10, 100)
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(
+            "done", usage_metadata={"input_tokens": 10, "output_tokens": 100, "total_tokens": 110},
+            response_metadata={"model_name": self.model_name}))])
+
+    def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any):
+        self.runs.hit(self.model_name, 10, 100)  # billed by the provider once the request is sent
+        for k in range(3):
+            usage = {"usage_metadata": {"input_tokens": 10, "output_tokens": 100, "total_tokens": 110}} if k == 2 else {}
+            yield ChatGenerationChunk(message=AIMessageChunk(content=f"c{k} ", **usage))
+
+
+class SlowSide(Fake):
+    async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self.runs.hit(self.model_name, 10, 100)  # the request reached the provider
+        await asyncio.sleep(10)
+        raise AssertionError("not reached: cancelled by the caller's timeout")
+
+
+class Side(AgentMiddleware):
+    """Listed after the guard: calls ``fn`` inside the guard's model step, then the agent's model."""
+
+    def __init__(self, fn: Any = None, afn: Any = None) -> None:
+        super().__init__()
+        self.fn, self.afn = fn, afn
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        self.fn(request)
+        return handler(request)
+
+    async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+        if self.afn is not None:
+            await self.afn(request)
+        else:
+            self.fn(request)
+        return await handler(request)
+
+
+def _guard(budget: float = 10.0) -> BudgetGuard:
+    return BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), budget, model_prices=PRICES,
+                       max_output_tokens=100, log_sink=MemoryLogSink())
+
+
+def _charges(guard: BudgetGuard) -> list[tuple[str, float, str]]:
+    return [(r.tool, round(r.charged, 6), r.reason) for r in guard.log_sink.records if r.kind == "model" and r.charged]
+
+
+def _run(guard: BudgetGuard, runs: Runs, middleware: list[Any], use_async: bool = False) -> Any:
+    agent = create_agent(Fake(runs=runs), [], middleware=[guard.middleware(), *middleware])
+    inp = {"messages": [("user", "q")]}
+    return asyncio.run(agent.ainvoke(inp)) if use_async else agent.invoke(inp)
+
+
+def test_a_stream_stopped_early_is_charged_its_reservation():
+    # The request was sent: the provider bills it. It was released (charged 0).
+    runs, guard = Runs(), _guard()
+
+    def first_chunk(request: Any) -> None:
+        for _chunk in Fake(model_name="side", runs=runs).stream("q"):
+            break
+
+    out = _run(guard, runs, [Side(first_chunk)])
+    ledger = guard.ledger(out)
+    assert [n for n, _, _ in runs.log] == ["side", "primary"]
+    assert ledger.spent >= runs.cost() and ledger.reserved == 0
+    assert ("side", pytest.approx(ledger.spent - 0.11), "cancelled") in _charges(guard)
+
+
+def test_a_side_call_cancelled_by_a_timeout_is_charged_its_reservation():
+    runs, guard = Runs(), _guard()
+
+    async def with_timeout(request: Any) -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(SlowSide(model_name="side", runs=runs).ainvoke("q"), 0.05)
+
+    out = _run(guard, runs, [Side(afn=with_timeout)], use_async=True)
+    ledger = guard.ledger(out)
+    assert [n for n, _, _ in runs.log] == ["side", "primary"]
+    assert ledger.spent >= runs.cost() and ledger.reserved == 0  # was 0.11 for 0.66 spent
+
+
+def test_a_response_from_langchains_cache_costs_nothing():
+    runs, guard = Runs(), _guard()
+    set_llm_cache(InMemoryCache())
+    try:
+        side = Fake(model_name="side", runs=runs, cache=True)
+        out = _run(guard, runs, [Side(lambda request: (side.invoke("q"), side.invoke("q")))])
+    finally:
+        set_llm_cache(None)
+    assert [n for n, _, _ in runs.log] == ["side", "primary"]  # the second side call was a cache hit
+    assert guard.ledger(out).spent == pytest.approx(runs.cost())  # was charged twice
+    assert [r.reason for r in guard.log_sink.records if r.kind == "model" and r.tool == "side"] == [
+        "accepted", "cache_hit"]
+
+
+def test_a_completion_model_inside_the_step_is_priced_before_it_runs():
+    # A completion (non-chat) model went through unpriced and unrefused. Priced as "side", its worst
+    # case does not fit 0.3: it is not called.
+    runs, guard = Runs(), _guard(0.3)
+    calls: list[str] = []
+
+    class Completion(FakeListLLM):
+        def _call(self, *args: Any, **kwargs: Any) -> str:
+            calls.append("ran")
+            return super()._call(*args, **kwargs)
+
+        @property
+        def _identifying_params(self) -> dict[str, Any]:
+            return {"model_name": "side"}
+
+    out = _run(guard, runs, [Side(lambda request: Completion(responses=["x"]).invoke("q"))])
+    assert calls == [] and guard.ledger(out).spent == 0
+    assert "budget" in str(out["messages"][-1].content)
+
+
+def test_another_guards_metered_copy_inside_the_step_is_charged_once():
+    runs, guard, other = Runs(), _guard(), _guard()
+    side = other.metered_model(Fake(model_name="side", runs=runs))
+    out = _run(guard, runs, [Side(lambda request: side.invoke("q"))])
+    assert guard.ledger(out).spent == pytest.approx(runs.cost()) == 0.66  # was 1.21: paid by both guards
+    assert _charges(other) == []
+
+
+def test_a_task_left_running_after_the_step_is_not_the_steps():
+    runs, guard = Runs(), _guard()
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def start_later(request: Any) -> None:
+        async def later() -> None:
+            await asyncio.sleep(0.05)
+            await Fake(model_name="side", runs=runs).ainvoke("q")
+
+        tasks.append(asyncio.get_running_loop().create_task(later()))
+
+    async def main() -> Any:
+        agent = create_agent(Fake(runs=runs), [], middleware=[guard.middleware(), Side(afn=start_later)])
+        out = await agent.ainvoke({"messages": [("user", "q")]})
+        await asyncio.gather(*tasks)
+        return out
+
+    out = asyncio.run(main())
+    assert [n for n, _, _ in runs.log] == ["primary", "side"]
+    assert _charges(guard) == [("primary", 0.11, "accepted")]  # the late call is not logged as the step's
+    assert guard.ledger(out).spent == pytest.approx(0.11)
+
+
+def test_an_agent_model_named_only_for_tracers_is_priced():
+    runs, guard = Runs(), _guard()
+
+    class Deployed(Fake):
+        model_name: str = ""
+        deployment: str = "primary"
+
+        def _get_ls_params(self, stop: Any = None, **kwargs: Any) -> Any:
+            return {**super()._get_ls_params(stop=stop, **kwargs), "ls_model_name": self.deployment}
+
+    agent = create_agent(Deployed(runs=runs), [], middleware=[guard.middleware()])
+    out = agent.invoke({"messages": [("user", "q")]})
+    assert out["messages"][-1].content == "done"  # was refused as unnamed
+    assert guard.ledger(out).spent == pytest.approx(0.11)
+
+
+def test_a_refused_side_call_is_not_retried_by_model_retry_middleware():
+    runs, guard = Runs(), _guard(1.5)
+    side = Fake(model_name="side", runs=runs)
+    retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, jitter=False, backoff_factor=0.0,
+                                 on_failure="error")
+    out = _run(guard, runs, [retry, Side(lambda request: [side.invoke("q") for _ in range(3)])])
+    # Two side calls fit 1.5, the third is refused, once (not three more times), and the guard says why.
+    assert [n for n, _, _ in runs.log] == ["side", "side"]
+    assert "budget" in str(out["messages"][-1].content)
+    assert len([r for r in guard.log_sink.records if r.reason == "model_over_budget"]) == 1
