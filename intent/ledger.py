@@ -42,6 +42,7 @@ commit their own call merge without losing a charge.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -409,12 +410,40 @@ class BudgetLedger:
             return entry
 
     def mark_run(self, call_id: str, execution: int) -> LedgerEntry:
-        """Record which run of the proposed call a held reservation pays for."""
+        """Record which run of the proposed call a held reservation pays for. With a shared budget, a
+        run (``execution`` >= 1) gets a store charge of its own (:meth:`_store_charge_for_run`): raises
+        :class:`BudgetExceededError` when the store no longer has room for it."""
         with self._lock:
             entry = self._entries[call_id]
-            entry = _evolve(entry, execution=execution)
+            if execution > 0 and self._shared is not None:
+                entry = _evolve(entry, execution=execution, store_id=self._store_charge_for_run(entry))
+            else:
+                if self._shared is not None and entry.execution > 0:
+                    # The run stopped before it finished (an interrupt inside the tool): its store hold is
+                    # given back while the call waits (a human may take days), and the re-run holds again.
+                    # Held, it would sit beside the re-run's own hold until its lease ran out.
+                    store, key, run_id = self._shared
+                    store.release(key, entry.store_id or f"{run_id}/{call_id}")
+                entry = _evolve(entry, execution=execution)
             self._put(entry)
             return entry
+
+    def _store_charge_for_run(self, entry: LedgerEntry) -> str:
+        """Move the entry's hold in the shared store to a charge id of this run's own. A run repeated
+        in another process after a crash (its first run committed, then the step's writes were lost)
+        would otherwise commit the first run's charge again, which the store ignores (idempotent by id),
+        and the store would count one run for two."""
+        assert self._shared is not None
+        store, key, run_id = self._shared
+        old = entry.store_id or f"{run_id}/{entry.call_id}"
+        new = f"{run_id}/{entry.call_id}@{uuid.uuid4().hex[:12]}"
+        rekey = getattr(store, "rekey", None)
+        if callable(rekey):
+            rekey(key, old, new, entry.amount, run_id=run_id, tool=entry.tool, kind=entry.kind)
+        else:  # a store without rekey: give the hold back, then hold again (refused if it no longer fits)
+            store.release(key, old)
+            store.reserve(key, new, entry.amount, run_id=run_id, tool=entry.tool, kind=entry.kind)
+        return new
 
     def commit(self, call_id: str, amount: float | None = None) -> LedgerEntry:
         """Turn the reservation into a charge. Idempotent; a released call cannot be committed.

@@ -296,6 +296,13 @@ class CallRun:
                 else:
                     charge_id = f"{self.key}#{runs + 1}"
                     ledger.reserve(charge_id, name, price, market_version=version, tool_call_id=self.tool_call_id)
+                try:
+                    # A shared budget gives the run a store charge of its own, which must still fit there.
+                    ledger.mark_run(charge_id, runs + 1)
+                except BudgetExceededError:
+                    if charge_id != self.key:
+                        ledger.release(charge_id)  # this retry's own reservation (the gate's waits for finish)
+                    raise
             except BudgetExceededError:
                 if ledger.blocking_overrun > 0:
                     text = fb.overrun_stop(name, ledger.blocking_overrun)
@@ -307,7 +314,6 @@ class CallRun:
                 else:
                     text = fb.over_budget(name, price, ledger.remaining, ledger.budget)
                 return self._refuse(name, args, price, "reject", OVER_BUDGET, text)
-            ledger.mark_run(charge_id, runs + 1)
             return charge_id
 
     def _refuse(self, name: str, args: Any, price: float | None, kind: Literal["reject", "invalid"], reason: str,

@@ -332,3 +332,104 @@ def test_a_store_that_cannot_be_opened_names_its_url(tmp_path, capsys):
         open_store("redis://x")
     assert main(["report", "--store", f"sqlite:///{tmp_path}/no/such/dir/b.db", "--key", "k"]) == 2
     assert "cannot open the budget store" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url_kind", ["sqlite", "postgres"])
+def test_a_run_repeated_after_a_crash_in_another_process_is_counted_by_the_store(url_kind, tmp_path, budget_key,
+                                                                                    request):
+    # boom ran (billed 3) and raised; the run crashed, so the step's writes (its charge) were lost. A
+    # fresh guard resumes the thread and boom runs again: the store must count both runs. It counted one:
+    # the repeat committed the first run's charge id again, which the store ignores (idempotent by id).
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from intent.testing import ai, call, scripted
+
+    url = f"sqlite:///{tmp_path / 'budgets.db'}" if url_kind == "sqlite" else request.getfixturevalue("postgres_dsn")
+    prices, runs, fail = {"a": 20.0, "boom": 3.0}, {"a": 0, "boom": 0}, [1]
+
+    def a(x: int = 0) -> str:
+        runs["a"] += 1
+        return "a"
+
+    def boom(x: int = 0) -> str:
+        runs["boom"] += 1  # the run happened: its provider billed it
+        if fail[0]:
+            fail[0] -= 1
+            raise RuntimeError("boom")
+        return "boom ok"
+
+    tools = [StructuredTool.from_function(a, description="a"), StructuredTool.from_function(boom, description="boom")]
+    _store(url).create_budget(budget_key, 40.0)
+    saver, cfg = InMemorySaver(), {"configurable": {"thread_id": "t"}}
+
+    def build(script: list[AIMessage]):
+        guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 40.0,
+                            store=_store(url), budget_key=budget_key)
+        return guard, create_agent(scripted(script), tools, middleware=[guard.middleware()], checkpointer=saver)
+
+    _, first = build([ai(call("a"), call("boom")), AIMessage("done")])
+    with pytest.raises(RuntimeError, match="boom"):
+        first.invoke({"messages": [("user", "go")]}, cfg)
+    _, second = build([AIMessage("done")])  # another process
+    second.invoke(None, cfg)
+    real = sum(runs[n] * prices[n] for n in runs)
+    assert runs == {"a": 1, "boom": 2}
+    store = _store(url)
+    assert store.spent(budget_key) == real == 26.0 and store.reserved(budget_key) == 0
+
+
+def test_rekey_moves_a_held_charge_and_reserves_afresh_one_no_longer_held(store_url, budget_key):
+    store = _store(store_url)
+    store.create_budget(budget_key, 10.0)
+    store.reserve(budget_key, "r/k", 6.0)
+    store.rekey(budget_key, "r/k", "r/k@1", 6.0)  # held: moved, never two holds at once (12 > 10)
+    assert store.reserved(budget_key) == 6.0
+    assert {c.charge_id: c.status for c in store.charges(budget_key)} == {"r/k": "released", "r/k@1": "reserved"}
+    store.commit(budget_key, "r/k@1")
+    # A second run starting on a hold its first run already committed: reserved afresh, and refused when
+    # the budget no longer has room (6 spent, 6 more does not fit 10).
+    with pytest.raises(BudgetExceededError):
+        store.rekey(budget_key, "r/k@1", "r/k@2", 6.0)
+    store.rekey(budget_key, "r/k@1", "r/k@3", 4.0)
+    assert store.spent(budget_key) == 6.0 and store.reserved(budget_key) == 4.0
+
+
+def test_a_call_paused_inside_its_tool_holds_no_shared_money_twice_when_another_process_resumes_it(tmp_path,
+                                                                                                   budget_key):
+    # h asks a human inside its run. Its store hold is given back while it waits, and the re-run in
+    # another process holds afresh: nothing stays reserved in the store (a second hold sat there until
+    # its lease ran out).
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command, interrupt
+
+    from intent.testing import ai, call, scripted
+
+    url, runs = f"sqlite:///{tmp_path / 'budgets.db'}", {"h": 0}
+
+    def h(x: int = 0) -> str:
+        interrupt({"confirm": x})
+        runs["h"] += 1
+        return "h"
+
+    _store(url).create_budget(budget_key, 40.0)
+    saver, cfg = InMemorySaver(), {"configurable": {"thread_id": "t"}}
+
+    def build(script: list[AIMessage]):
+        guard = BudgetGuard(AcceptAll(), Market([PricedTool("h", 10.0)]), 40.0, store=_store(url),
+                            budget_key=budget_key)
+        return guard, create_agent(scripted(script), [StructuredTool.from_function(h, description="h")],
+                                   middleware=[guard.middleware()], checkpointer=saver)
+
+    _, first = build([ai(call("h")), AIMessage("done")])
+    assert "__interrupt__" in first.invoke({"messages": [("user", "go")]}, cfg)
+    _, second = build([AIMessage("done")])  # another process
+    second.invoke(Command(resume="yes"), cfg)
+    store = _store(url)
+    assert runs == {"h": 1}
+    assert store.spent(budget_key) == 10.0 and store.reserved(budget_key) == 0

@@ -13,6 +13,11 @@ made against them, with the ledger's three steps done atomically in the store:
     expired is still charged (the money was spent) and flagged ``late``;
 ``release(key, charge_id)``
     gives the hold back;
+``rekey(key, old_id, new_id, amount)``
+    a run starting on a reservation: moves a hold still held to ``new_id`` atomically, or reserves
+    ``new_id`` afresh when ``old_id`` is no longer held (its run committed it in a process that then
+    died), so every run is its own charge (optional for a store of your own: without it the guard
+    releases and reserves);
 ``renew(key, charge_id)``
     extends a held lease (the guard renews it while the call runs: :class:`LeaseKeeper`).
 
@@ -81,6 +86,7 @@ class BudgetStore(Protocol):
                 kind: str = "tool") -> StoreCharge: ...
     def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge: ...
     def release(self, key: str, charge_id: str) -> StoreCharge | None: ...
+    # Optional: rekey(key, old_id, new_id, amount, *, run_id="", tool="", kind="tool") -> StoreCharge
     def expire_leases(self, key: str | None = None) -> list[StoreCharge]: ...
     def charges(self, key: str) -> list[StoreCharge]: ...
 

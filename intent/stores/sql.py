@@ -171,6 +171,35 @@ class _SqlBudgetStore:
             return StoreCharge(key, charge_id, from_nano(n), "reserved", False, run_id, tool, kind,
                                now + self.lease_seconds, now)
 
+    def rekey(self, key: str, old_id: str, new_id: str, amount: float, *, run_id: str = "", tool: str = "",
+              kind: str = "tool") -> StoreCharge:
+        """Hold ``amount`` under ``new_id`` for a run starting on the reservation ``old_id``, in one
+        transaction: a hold still held moves (no second check, never two holds at once); one that is
+        not (its run committed it in a process that then died, it was released, its lease expired) is
+        not reused: ``new_id`` is reserved afresh, and refused when it no longer fits. So each run is
+        its own charge, and a run repeated after a crash is counted. Idempotent by ``new_id``."""
+        n = to_nano(amount)
+        with self._tx(key) as cur:
+            self._expire(cur, key)
+            existing = self._get(cur, key, new_id)
+            if existing is not None:
+                return existing
+            old = self._get(cur, key, old_id)
+            now = self._clock()
+            if old is not None and old.status == "reserved":
+                cur.execute(self._q("UPDATE intent_charges SET status = 'released', updated_at = ? "
+                                    "WHERE key = ? AND charge_id = ?"), (now, key, old_id))
+                cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved - ? WHERE key = ?"),
+                            (to_nano(old.amount), key))
+            budget, spent, reserved = self._row(cur, key)
+            if spent + reserved + n > budget:
+                raise _no_fit(key, new_id, n, budget, spent, reserved)  # rolled back: the old hold stays
+            cur.execute(self._q(f"INSERT INTO intent_charges ({_COLS}) VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?, ?)"),
+                        (key, new_id, n, False, run_id, tool, kind, now + self.lease_seconds, now))
+            cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved + ? WHERE key = ?"), (n, key))
+            return StoreCharge(key, new_id, from_nano(n), "reserved", False, run_id, tool, kind,
+                               now + self.lease_seconds, now)
+
     def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge:
         with self._tx(key) as cur:
             self._expire(cur, key)
