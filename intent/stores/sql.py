@@ -103,6 +103,25 @@ class _SqlBudgetStore:
         return [StoreCharge(c.key, c.charge_id, c.amount, "expired", False, c.run_id, c.tool, c.kind, c.lease_until,
                             now) for c in stale]
 
+    def _hold(self, cur: Any, key: str, charge_id: str, n: int, run_id: str, tool: str, kind: str) -> StoreCharge:
+        """Insert a held charge of ``n`` nano-units under a fresh lease (the fit already checked)."""
+        now = self._clock()
+        cur.execute(self._q(f"INSERT INTO intent_charges ({_COLS}) VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?, ?)"),
+                    (key, charge_id, n, False, run_id, tool, kind, now + self.lease_seconds, now))
+        cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved + ? WHERE key = ?"), (n, key))
+        return StoreCharge(key, charge_id, from_nano(n), "reserved", False, run_id, tool, kind,
+                           now + self.lease_seconds, now)
+
+    def _unhold(self, cur: Any, charge: StoreCharge) -> StoreCharge:
+        """Give a held charge back (its status checked by the caller)."""
+        now = self._clock()
+        cur.execute(self._q("UPDATE intent_charges SET status = 'released', updated_at = ? "
+                            "WHERE key = ? AND charge_id = ?"), (now, charge.key, charge.charge_id))
+        cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved - ? WHERE key = ?"),
+                    (to_nano(charge.amount), charge.key))
+        return StoreCharge(charge.key, charge.charge_id, charge.amount, "released", False, charge.run_id, charge.tool,
+                           charge.kind, charge.lease_until, now)
+
     def _get(self, cur: Any, key: str, charge_id: str) -> StoreCharge | None:
         cur.execute(self._q(f"SELECT {_COLS} FROM intent_charges WHERE key = ? AND charge_id = ?"), (key, charge_id))
         row = cur.fetchone()
@@ -164,12 +183,7 @@ class _SqlBudgetStore:
             budget, spent, reserved = self._row(cur, key)
             if spent + reserved + n > budget:
                 raise _no_fit(key, charge_id, n, budget, spent, reserved)
-            now = self._clock()
-            cur.execute(self._q(f"INSERT INTO intent_charges ({_COLS}) VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?, ?)"),
-                        (key, charge_id, n, False, run_id, tool, kind, now + self.lease_seconds, now))
-            cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved + ? WHERE key = ?"), (n, key))
-            return StoreCharge(key, charge_id, from_nano(n), "reserved", False, run_id, tool, kind,
-                               now + self.lease_seconds, now)
+            return self._hold(cur, key, charge_id, n, run_id, tool, kind)
 
     def rekey(self, key: str, old_id: str, new_id: str, amount: float, *, run_id: str = "", tool: str = "",
               kind: str = "tool") -> StoreCharge:
@@ -185,20 +199,12 @@ class _SqlBudgetStore:
             if existing is not None:
                 return existing
             old = self._get(cur, key, old_id)
-            now = self._clock()
             if old is not None and old.status == "reserved":
-                cur.execute(self._q("UPDATE intent_charges SET status = 'released', updated_at = ? "
-                                    "WHERE key = ? AND charge_id = ?"), (now, key, old_id))
-                cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved - ? WHERE key = ?"),
-                            (to_nano(old.amount), key))
+                self._unhold(cur, old)
             budget, spent, reserved = self._row(cur, key)
             if spent + reserved + n > budget:
                 raise _no_fit(key, new_id, n, budget, spent, reserved)  # rolled back: the old hold stays
-            cur.execute(self._q(f"INSERT INTO intent_charges ({_COLS}) VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?, ?)"),
-                        (key, new_id, n, False, run_id, tool, kind, now + self.lease_seconds, now))
-            cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved + ? WHERE key = ?"), (n, key))
-            return StoreCharge(key, new_id, from_nano(n), "reserved", False, run_id, tool, kind,
-                               now + self.lease_seconds, now)
+            return self._hold(cur, key, new_id, n, run_id, tool, kind)
 
     def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge:
         with self._tx(key) as cur:
@@ -229,13 +235,7 @@ class _SqlBudgetStore:
             charge = self._get(cur, key, charge_id)
             if charge is None or charge.status != "reserved":
                 return charge
-            now = self._clock()
-            cur.execute(self._q("UPDATE intent_charges SET status = 'released', updated_at = ? "
-                                "WHERE key = ? AND charge_id = ?"), (now, key, charge_id))
-            cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved - ? WHERE key = ?"),
-                        (to_nano(charge.amount), key))
-            return StoreCharge(key, charge_id, charge.amount, "released", False, charge.run_id, charge.tool,
-                               charge.kind, charge.lease_until, now)
+            return self._unhold(cur, charge)
 
     def expire_leases(self, key: str | None = None) -> list[StoreCharge]:
         if key is not None:
