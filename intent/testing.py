@@ -2,6 +2,8 @@
 
 * :class:`ScriptedToolModel` / :func:`scripted`, :func:`call`, :func:`ai`: a chat model that
   plays a fixed list of AIMessages with tool calls (``bind_tools`` records what it was shown);
+* :class:`BilledChatModel` and :class:`ModelRuns`: a chat model that reports token usage and
+  counts its executions outside the guard (for checking model charges against what really ran);
 * :class:`GuardDriver`: drives a guard's gate and tool step without a graph, as the
   middleware does (before the model, gate, every call's tool step, state merged);
 * :func:`assert_each_call_answered_once`: every proposed call has exactly one ToolMessage;
@@ -16,9 +18,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langgraph.types import Command
+from pydantic import ConfigDict
 
 from intent.guard import BudgetGuard
 from intent.ledger import BudgetLedger, merge_ledger_states
@@ -28,8 +33,10 @@ from intent.oracle import Decision, DecisionContext, EpisodeInfo, Outcome, Propo
 from intent.state import LEDGER_KEY
 
 __all__ = [
+    "BilledChatModel",
     "CountingTool",
     "GuardDriver",
+    "ModelRuns",
     "ScriptedToolModel",
     "ai",
     "assert_each_call_answered_once",
@@ -64,6 +71,75 @@ class ScriptedToolModel(GenericFakeChatModel):
         if len(self.executions) in self.fail_on:
             raise ConnectionError(f"provider hiccup (scripted failure of execution {len(self.executions)})")
         return super()._generate(*args, **kwargs)
+
+
+class ModelRuns:
+    """Executions of :class:`BilledChatModel` models, counted outside the guard: ``(model name, tokens
+    in, tokens out)`` in order. Thread-safe. Not a dict, so that a model's pydantic field holds this
+    very object (pydantic copies a dict)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int, int]] = []
+        self._lock = threading.Lock()
+
+    def hit(self, name: str, tokens_in: int, tokens_out: int) -> None:
+        with self._lock:
+            self.log.append((name, tokens_in, tokens_out))
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return [name for name, _, _ in self.log]
+
+    def cost(self, prices: Any) -> float:
+        """What the executions cost at ``prices`` (``{name: ModelPrice}``): what a provider billed."""
+        with self._lock:
+            return sum(prices[name].cost(i, o) for name, i, o in self.log)
+
+
+class BilledChatModel(BaseChatModel):
+    """A chat model whose executions are billed: it answers ``text`` reporting ``tokens`` (in, out) as
+    ``usage_metadata`` and its name in ``response_metadata``, and logs each execution in ``runs``.
+
+    ``fail``: raises ``ConnectionError`` before anything is generated (providers do not bill that; not
+    logged). ``refuse``: answers with a refusal content block (billed). Streams three chunks, the usage
+    on the last; the execution is logged (billed) when the stream starts.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model_name: str
+    runs: ModelRuns
+    text: str = "done"
+    tokens: tuple[int, int] = (10, 100)
+    fail: bool = False
+    refuse: bool = False
+
+    @property
+    def _llm_type(self) -> str:
+        return "billed-fake"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> BilledChatModel:
+        return self
+
+    def _usage(self) -> dict[str, int]:
+        i, o = self.tokens
+        return {"input_tokens": i, "output_tokens": o, "total_tokens": i + o}
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        if self.fail:
+            raise ConnectionError(f"{self.model_name} is down")
+        self.runs.hit(self.model_name, *self.tokens)
+        content: Any = [{"type": "refusal", "refusal": "no"}] if self.refuse else self.text
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(
+            content, usage_metadata=self._usage(), response_metadata={"model_name": self.model_name}))])
+
+    def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        if self.fail:
+            raise ConnectionError(f"{self.model_name} is down")
+        self.runs.hit(self.model_name, *self.tokens)
+        for k in range(3):
+            extra: dict[str, Any] = {"usage_metadata": self._usage()} if k == 2 else {}
+            yield ChatGenerationChunk(message=AIMessageChunk(content=f"{self.text} {k} ", **extra))
 
 
 def _schema_name(tool: Any) -> str:

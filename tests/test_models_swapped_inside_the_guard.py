@@ -13,46 +13,18 @@ from typing import Any
 import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ModelFallbackMiddleware, ModelRefusalMiddleware
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from pydantic import ConfigDict
 
 from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, ModelPrice, PricedTool
+from intent.testing import BilledChatModel, ModelRuns
 
-USAGE = {"input_tokens": 100, "output_tokens": 100, "total_tokens": 200}
 # 200 tokens: 0.2 on the primary, 1.0 on the fallback; a worst case of 100 output tokens on a short
 # prompt is a little more.
 PRICES = {"primary": ModelPrice(1000, 1000), "fallback": ModelPrice(5000, 5000)}
-COST = {"primary": 0.2, "fallback": 1.0}
 
 
-class Runs(dict):
-    """Executions by model name. Not a plain dict: pydantic would copy that into each model."""
-
-
-class Model(BaseChatModel):
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    model_name: str
-    runs: Runs
-    fail: bool = False
-    refuse: bool = False
-
-    @property
-    def _llm_type(self) -> str:
-        return "counting"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> Model:
-        return self
-
-    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        if self.fail:
-            raise ConnectionError(f"{self.model_name} is down")  # no usage: a provider does not bill it
-        self.runs[self.model_name] = self.runs.get(self.model_name, 0) + 1
-        content: Any = [{"type": "refusal", "refusal": "no"}] if self.refuse else "done"
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(
-            content, usage_metadata=USAGE, response_metadata={"model_name": self.model_name}))])
+def Model(*, model_name: str, runs: ModelRuns, fail: bool = False,  # noqa: N802 - reads as a model
+          refuse: bool = False) -> BilledChatModel:
+    return BilledChatModel(model_name=model_name, runs=runs, fail=fail, refuse=refuse, tokens=(100, 100))
 
 
 class Swap(AgentMiddleware):
@@ -69,7 +41,7 @@ class Swap(AgentMiddleware):
         return await handler(request.override(model=self.model))
 
 
-def _run(stack: Any, primary: Model, budget: float, use_async: bool, *, prices: Any = None) -> tuple[BudgetGuard, Any]:
+def _run(stack: Any, primary: BilledChatModel, budget: float, use_async: bool, *, prices: Any = None) -> tuple[BudgetGuard, Any]:
     sink = MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), budget, model_prices=prices or PRICES,
                         max_output_tokens=100, log_sink=sink)
@@ -78,15 +50,15 @@ def _run(stack: Any, primary: Model, budget: float, use_async: bool, *, prices: 
     return guard, (asyncio.run(agent.ainvoke(inp)) if use_async else agent.invoke(inp))
 
 
-def _real(runs: dict[str, int]) -> float:
-    return sum(COST[name] * n for name, n in runs.items())
+def _real(runs: ModelRuns) -> float:
+    return runs.cost(PRICES)
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("metered", [False, True], ids=["raw", "metered_model"])
 @pytest.mark.parametrize("how", ["fallback", "custom"])
 def test_a_model_swapped_in_after_the_guard_is_charged_once_at_its_own_price(how, metered, use_async):
-    runs = Runs()
+    runs = ModelRuns()
 
     def stack(guard: BudgetGuard) -> list[Any]:
         other = Model(model_name="fallback", runs=runs)
@@ -95,7 +67,7 @@ def test_a_model_swapped_in_after_the_guard_is_charged_once_at_its_own_price(how
 
     guard, out = _run(stack, Model(model_name="primary", runs=runs, fail=how == "fallback"), 10.0, use_async)
     ledger = guard.ledger(out)
-    assert runs == {"fallback": 1} and out["messages"][-1].content == "done"
+    assert runs.names() == ["fallback"] and out["messages"][-1].content == "done"
     assert ledger.spent == pytest.approx(_real(runs)) and ledger.reserved == 0
     assert [(r.tool, r.charged) for r in guard.log_sink.records if r.kind == "model" and r.charged] == [("fallback", 1.0)]
 
@@ -104,22 +76,22 @@ def test_a_model_swapped_in_after_the_guard_is_charged_once_at_its_own_price(how
 def test_a_swapped_in_model_whose_worst_case_does_not_fit_is_not_called(use_async, caplog):
     # The primary's worst case fits a budget of 0.5, the fallback's (about 1.05) does not: it must not
     # run (it ran, and the ledger went over the budget).
-    runs = Runs()
+    runs = ModelRuns()
     with caplog.at_level(logging.WARNING):
         guard, out = _run(lambda g: [g.middleware(), ModelFallbackMiddleware(Model(model_name="fallback", runs=runs))],
                           Model(model_name="primary", runs=runs, fail=True), 0.5, use_async)
     ledger = guard.ledger(out)
-    assert runs == {} and ledger.spent == 0 and ledger.reserved == 0
+    assert runs.names() == [] and ledger.spent == 0 and ledger.reserved == 0
     assert "budget" in str(out["messages"][-1].content)  # the guard's final message says why
     assert not [r for r in caplog.records if "callback" in r.getMessage()]  # a refusal is not a callback error
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_an_unpriced_swapped_in_model_is_refused_before_it_runs(use_async):
-    runs = Runs()
+    runs = ModelRuns()
     guard, out = _run(lambda g: [g.middleware(), ModelFallbackMiddleware(Model(model_name="unlisted", runs=runs))],
                       Model(model_name="primary", runs=runs, fail=True), 10.0, use_async)
-    assert runs == {}  # it ran (billed), then the guard crashed on its price
+    assert runs.names() == []  # it ran (billed), then the guard crashed on its price
     assert guard.ledger(out).spent == 0 and "unlisted" in str(out["messages"][-1].content)
 
 
@@ -127,9 +99,9 @@ def test_an_unpriced_swapped_in_model_is_refused_before_it_runs(use_async):
 def test_a_fallback_after_a_refused_answer_is_paid_too(use_async):
     # LangChain's order: the refusal middleware after the fallback, so the fallback catches its error.
     # Both models ran: both are paid (the fallback's execution went unpaid).
-    runs = Runs()
+    runs = ModelRuns()
     guard, out = _run(lambda g: [g.middleware(), ModelFallbackMiddleware(Model(model_name="fallback", runs=runs)),
                                  ModelRefusalMiddleware()],
                       Model(model_name="primary", runs=runs, refuse=True), 10.0, use_async)
-    assert runs == {"primary": 1, "fallback": 1} and out["messages"][-1].content == "done"
+    assert runs.names() == ["primary", "fallback"] and out["messages"][-1].content == "done"
     assert guard.ledger(out).spent == pytest.approx(_real(runs)) == 1.2

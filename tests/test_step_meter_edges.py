@@ -8,7 +8,6 @@ Money is counted outside the guard: each fake model logs its executions (tokens 
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import pytest
@@ -16,61 +15,21 @@ from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ModelRetryMiddleware
 from langchain_core.globals import set_llm_cache
 from langchain_core.caches import InMemoryCache
-from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake import FakeListLLM
-from langchain_core.messages import AIMessage, AIMessageChunk
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict
 
 from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, ModelPrice, PricedTool
+from intent.testing import BilledChatModel, ModelRuns
 
 PRICES = {"primary": ModelPrice(1000, 1000), "side": ModelPrice(5000, 5000)}  # per token: 0.001, 0.005
 
 
-class Runs:
-    """Executions by (model, tokens in, tokens out). Not a dict: pydantic would copy it."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, int, int]] = []
-        self.lock = threading.Lock()
-
-    def hit(self, name: str, i: int, o: int) -> None:
-        with self.lock:
-            self.log.append((name, i, o))
-
-    def cost(self) -> float:
-        return sum(PRICES[n].cost(i, o) for n, i, o in self.log)
+def Fake(*, model_name: str = "primary", runs: ModelRuns) -> BilledChatModel:  # noqa: N802 - reads as a model
+    """10 tokens in, 100 out; streams three chunks, the usage on the last."""
+    return BilledChatModel(model_name=model_name, runs=runs)
 
 
-class Fake(BaseChatModel):
-    """Reports 10 tokens in and 100 out; streams three chunks, the usage on the last."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-    model_name: str = "primary"
-    runs: Runs
-
-    @property
-    def _llm_type(self) -> str:
-        return "fake"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> Fake:
-        return self
-
-    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        self.runs.hit(self.model_name, 10, 100)
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(
-            "done", usage_metadata={"input_tokens": 10, "output_tokens": 100, "total_tokens": 110},
-            response_metadata={"model_name": self.model_name}))])
-
-    def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any):
-        self.runs.hit(self.model_name, 10, 100)  # billed by the provider once the request is sent
-        for k in range(3):
-            usage = {"usage_metadata": {"input_tokens": 10, "output_tokens": 100, "total_tokens": 110}} if k == 2 else {}
-            yield ChatGenerationChunk(message=AIMessageChunk(content=f"c{k} ", **usage))
-
-
-class SlowSide(Fake):
-    async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+class SlowSide(BilledChatModel):
+    async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
         self.runs.hit(self.model_name, 10, 100)  # the request reached the provider
         await asyncio.sleep(10)
         raise AssertionError("not reached: cancelled by the caller's timeout")
@@ -104,7 +63,7 @@ def _charges(guard: BudgetGuard) -> list[tuple[str, float, str]]:
     return [(r.tool, round(r.charged, 6), r.reason) for r in guard.log_sink.records if r.kind == "model" and r.charged]
 
 
-def _run(guard: BudgetGuard, runs: Runs, middleware: list[Any], use_async: bool = False) -> Any:
+def _run(guard: BudgetGuard, runs: ModelRuns, middleware: list[Any], use_async: bool = False) -> Any:
     agent = create_agent(Fake(runs=runs), [], middleware=[guard.middleware(), *middleware])
     inp = {"messages": [("user", "q")]}
     return asyncio.run(agent.ainvoke(inp)) if use_async else agent.invoke(inp)
@@ -112,7 +71,7 @@ def _run(guard: BudgetGuard, runs: Runs, middleware: list[Any], use_async: bool 
 
 def test_a_stream_stopped_early_is_charged_its_reservation():
     # The request was sent: the provider bills it. It was released (charged 0).
-    runs, guard = Runs(), _guard()
+    runs, guard = ModelRuns(), _guard()
 
     def first_chunk(request: Any) -> None:
         for _chunk in Fake(model_name="side", runs=runs).stream("q"):
@@ -120,13 +79,13 @@ def test_a_stream_stopped_early_is_charged_its_reservation():
 
     out = _run(guard, runs, [Side(first_chunk)])
     ledger = guard.ledger(out)
-    assert [n for n, _, _ in runs.log] == ["side", "primary"]
-    assert ledger.spent >= runs.cost() and ledger.reserved == 0
+    assert runs.names() == ["side", "primary"]
+    assert ledger.spent >= runs.cost(PRICES) and ledger.reserved == 0
     assert ("side", pytest.approx(ledger.spent - 0.11), "cancelled") in _charges(guard)
 
 
 def test_a_side_call_cancelled_by_a_timeout_is_charged_its_reservation():
-    runs, guard = Runs(), _guard()
+    runs, guard = ModelRuns(), _guard()
 
     async def with_timeout(request: Any) -> None:
         with pytest.raises(asyncio.TimeoutError):
@@ -134,20 +93,20 @@ def test_a_side_call_cancelled_by_a_timeout_is_charged_its_reservation():
 
     out = _run(guard, runs, [Side(afn=with_timeout)], use_async=True)
     ledger = guard.ledger(out)
-    assert [n for n, _, _ in runs.log] == ["side", "primary"]
-    assert ledger.spent >= runs.cost() and ledger.reserved == 0  # was 0.11 for 0.66 spent
+    assert runs.names() == ["side", "primary"]
+    assert ledger.spent >= runs.cost(PRICES) and ledger.reserved == 0  # was 0.11 for 0.66 spent
 
 
 def test_a_response_from_langchains_cache_costs_nothing():
-    runs, guard = Runs(), _guard()
+    runs, guard = ModelRuns(), _guard()
     set_llm_cache(InMemoryCache())
     try:
-        side = Fake(model_name="side", runs=runs, cache=True)
+        side = BilledChatModel(model_name="side", runs=runs, cache=True)
         out = _run(guard, runs, [Side(lambda request: (side.invoke("q"), side.invoke("q")))])
     finally:
         set_llm_cache(None)
-    assert [n for n, _, _ in runs.log] == ["side", "primary"]  # the second side call was a cache hit
-    assert guard.ledger(out).spent == pytest.approx(runs.cost())  # was charged twice
+    assert runs.names() == ["side", "primary"]  # the second side call was a cache hit
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES))  # was charged twice
     assert [r.reason for r in guard.log_sink.records if r.kind == "model" and r.tool == "side"] == [
         "accepted", "cache_hit"]
 
@@ -155,7 +114,7 @@ def test_a_response_from_langchains_cache_costs_nothing():
 def test_a_completion_model_inside_the_step_is_priced_before_it_runs():
     # A completion (non-chat) model went through unpriced and unrefused. Priced as "side", its worst
     # case does not fit 0.3: it is not called.
-    runs, guard = Runs(), _guard(0.3)
+    runs, guard = ModelRuns(), _guard(0.3)
     calls: list[str] = []
 
     class Completion(FakeListLLM):
@@ -173,15 +132,15 @@ def test_a_completion_model_inside_the_step_is_priced_before_it_runs():
 
 
 def test_another_guards_metered_copy_inside_the_step_is_charged_once():
-    runs, guard, other = Runs(), _guard(), _guard()
+    runs, guard, other = ModelRuns(), _guard(), _guard()
     side = other.metered_model(Fake(model_name="side", runs=runs))
     out = _run(guard, runs, [Side(lambda request: side.invoke("q"))])
-    assert guard.ledger(out).spent == pytest.approx(runs.cost()) == 0.66  # was 1.21: paid by both guards
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == 0.66  # was 1.21: paid by both guards
     assert _charges(other) == []
 
 
 def test_a_task_left_running_after_the_step_is_not_the_steps():
-    runs, guard = Runs(), _guard()
+    runs, guard = ModelRuns(), _guard()
     tasks: list[asyncio.Task[Any]] = []
 
     async def start_later(request: Any) -> None:
@@ -198,15 +157,15 @@ def test_a_task_left_running_after_the_step_is_not_the_steps():
         return out
 
     out = asyncio.run(main())
-    assert [n for n, _, _ in runs.log] == ["primary", "side"]
+    assert runs.names() == ["primary", "side"]
     assert _charges(guard) == [("primary", 0.11, "accepted")]  # the late call is not logged as the step's
     assert guard.ledger(out).spent == pytest.approx(0.11)
 
 
 def test_an_agent_model_named_only_for_tracers_is_priced():
-    runs, guard = Runs(), _guard()
+    runs, guard = ModelRuns(), _guard()
 
-    class Deployed(Fake):
+    class Deployed(BilledChatModel):
         model_name: str = ""
         deployment: str = "primary"
 
@@ -220,12 +179,12 @@ def test_an_agent_model_named_only_for_tracers_is_priced():
 
 
 def test_a_refused_side_call_is_not_retried_by_model_retry_middleware():
-    runs, guard = Runs(), _guard(1.5)
+    runs, guard = ModelRuns(), _guard(1.5)
     side = Fake(model_name="side", runs=runs)
     retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, jitter=False, backoff_factor=0.0,
                                  on_failure="error")
     out = _run(guard, runs, [retry, Side(lambda request: [side.invoke("q") for _ in range(3)])])
     # Two side calls fit 1.5, the third is refused, once (not three more times), and the guard says why.
-    assert [n for n, _, _ in runs.log] == ["side", "side"]
+    assert runs.names() == ["side", "side"]
     assert "budget" in str(out["messages"][-1].content)
     assert len([r for r in guard.log_sink.records if r.reason == "model_over_budget"]) == 1
