@@ -489,7 +489,7 @@ class BudgetGuard:
         ledger = episode.ledger
         decisions = channel.get("decisions") or {}
         known = channel.get("entries") or {}
-        if known and ledger.behind(known) and ledger.holds(channel):
+        if known and ledger.behind(known) and ledger.absorbs_unseen_charges(channel):
             # State holds charges this process has not seen: a thread resumed here whose paused
             # step had a sibling call finish in another process (LangGraph applies that task's
             # writes when the resumed step completes, after this episode was loaded from the

@@ -510,7 +510,7 @@ class BudgetLedger:
                     return True
             return False
 
-    def holds(self, state: Mapping[str, Any]) -> bool:
+    def absorbs_unseen_charges(self, state: Mapping[str, Any]) -> bool:
         """Whether ``state`` (a ledger channel) is a copy of this ledger, so that charges it has and
         this ledger lacks are this ledger's too (a carve's is not when an earlier carve wrote it)."""
         return True

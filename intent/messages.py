@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
+from pydantic import ValidationError
 
 from intent.errors import InvalidBillError
 from intent.market import check_amount
@@ -244,11 +245,11 @@ def model_args(tool: Any, args: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k in found.fields and k not in found.injected}
 
 
-def _problem(exc: Exception, ignore: frozenset[str] = frozenset()) -> str | None:
+def _problem(exc: Exception, ignore: Callable[[Any], bool] = lambda field: False) -> str | None:
     errors = getattr(exc, "errors", None)
     if not callable(errors):
         return str(exc).strip() or type(exc).__name__
-    found = [e for e in errors() if not (e["loc"] and e["loc"][0] in ignore)]
+    found = [e for e in errors() if not (e["loc"] and ignore(e["loc"][0]))]
     if not found:
         return None
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'args'}: {e['msg']}" for e in found)
@@ -275,8 +276,13 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
     if found.full is not None and isinstance(given, Mapping):
         try:
             found.full.model_validate(given)
-        except (ValueError, TypeError) as exc:
-            return _problem(exc, ignore=found.injected)
+        except ValidationError as exc:
+            # Errors about fields the model does not fill (injected ones, also those declared only in
+            # args_schema, as InjectedState) are not the model's: LangGraph fills them in.
+            return _problem(exc, ignore=lambda field: field in found.injected or (
+                found.fields is not None and field not in found.fields))
+        except Exception:  # noqa: BLE001 - a validator that needs an injected value: the tool judges its own input
+            return None
     return None
 
 

@@ -36,8 +36,10 @@ made it (LangGraph's task-local writer, as ``langgraph.graph.message.push_messag
 that dies after that task keeps it; a charge paid from a tool call's episode (inside a tool run)
 reaches the parent's state at the parent guard's next hook.
 
-A metered copy used as the agent's own model is charged once: the guard's model step drops this
-callback from the copy it meters (``replaced_by_guard_meter``).
+Inside a guard's model step with a price table the step's meter charges every chat-model run, and this
+callback defers to it (a copy used as the agent's model, another guard's copy, a parent's copy in a
+sub-agent: each charged once, by the step); the step also drops it from the agent's model copy it meters
+(``replaced_by_guard_meter``), for runs in a thread that did not carry the context.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     raise_error = True
     run_inline = True
+    replaced_by_guard_meter = True  # intent.model_meter.ModelCallMeter.instrument drops it
 
     def __init__(self, guard: BudgetGuard, model: Any) -> None:
         self.guard, self.model = guard, model

@@ -2,8 +2,8 @@
 
 :class:`ModelGate` is what ``BudgetGuard.wrap_model_call`` does when a price table is given:
 a request whose worst case does not fit is not made (the agent ends with a final message
-saying why, or a human is asked: :mod:`intent.human`); otherwise the rest of the chain gets a
-metered copy of the model (:mod:`intent.model_meter`), and the charges go back to graph state
+saying why, or a human is asked: :mod:`intent.human`); otherwise the rest of the chain runs with the step's
+meter on every chat-model run inside it (:mod:`intent.model_meter`), and the charges go back to graph state
 with the response (``ExtendedModelResponse`` with a ``Command`` update of the ledger channel).
 """
 
@@ -127,10 +127,10 @@ class ModelGate:
             return opened
         meter, metered = opened
         try:
-            with meter.metering():  # every chat-model execution inside, whatever the model
-                response = handler(metered)
+            with meter.metering() as step:  # every chat-model execution inside, whatever the model
+                response = handler(metered.override(model=meter.instrument(metered.model, step)))
         except ModelCallRefused as exc:  # a retry inside the guard that no longer fits
-            meter.abandon()
+            meter.abandon(charge=True)  # another call already sent (asyncio.gather) was billed
             return self.stopped(meter, fb.model_refused(str(exc)))
         except BaseException:
             meter.abandon()  # an interrupt or a crash: executions that never ended are given back
@@ -144,10 +144,10 @@ class ModelGate:
             return opened
         meter, metered = opened
         try:
-            with meter.metering():  # every chat-model execution inside, whatever the model
-                response = await handler(metered)
+            with meter.metering() as step:  # every chat-model execution inside, whatever the model
+                response = await handler(metered.override(model=meter.instrument(metered.model, step)))
         except ModelCallRefused as exc:
-            meter.abandon()
+            meter.abandon(charge=True)
             return self.stopped(meter, fb.model_refused(str(exc)))
         except BaseException:
             meter.abandon()

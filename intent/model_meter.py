@@ -90,6 +90,15 @@ def _model_name_of(obj: Any) -> str | None:
     return None
 
 
+def _class_id(model: Any) -> list[str] | None:
+    """The class path LangChain serialises a model's runs under (``serialized["id"]``)."""
+    lc_id = getattr(type(model), "lc_id", None)
+    try:
+        return list(lc_id()) if callable(lc_id) else None
+    except (TypeError, ValueError):
+        return None
+
+
 def model_name_of(model: Any) -> str | None:
     """A chat model's name: its ``model_name``/``model``/``model_id``, else the name LangChain reports
     for it to tracers (``ls_model_name``)."""
@@ -135,6 +144,7 @@ class ModelCallMeter:
         self._open: dict[Any, _Execution] = {}
         self.executions: list[_Execution] = []
         self.entries: list[LedgerEntry] = []
+        self._metered_ids: set[str] = set()  # ids of the messages metered executions produced
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------- pricing
@@ -183,13 +193,22 @@ class ModelCallMeter:
                     return v
         return None
 
+    def instrument(self, model: Any, handler: _MeterCallback) -> Any:
+        """A copy of the agent's model carrying the step's ``handler`` itself, so that its executions are
+        metered even in a thread that did not copy the context (LangChain adds a configure-hook handler
+        only once to a run, so they are not metered twice). A ``guard.metered_model`` copy used as the
+        agent's model gives up its own callback here (charged once)."""
+        handlers = [h for h in callback_handlers(model) if not getattr(h, "replaced_by_guard_meter", False)]
+        return model.model_copy(update={"callbacks": [*handlers, handler]})
+
     @contextlib.contextmanager
-    def metering(self) -> Iterator[None]:
-        """Meter every chat-model execution started inside the block (see the module's doc)."""
+    def metering(self) -> Iterator[_MeterCallback]:
+        """Meter every chat-model execution started inside the block (see the module's doc); yields
+        the step's callback (for :meth:`instrument`)."""
         handler = _MeterCallback(self)
         token = STEP_METER.set(handler)
         try:
-            yield
+            yield handler
         finally:
             # A task the step started and left running keeps this context: its model calls after the
             # step are not the step's (they are unmetered, or metered by a guard.metered_model copy).
@@ -204,9 +223,14 @@ class ModelCallMeter:
         # The model that runs (a fallback or a routed model, maybe): its own name, price and output
         # bound (its constructor's arguments, as LangChain serialises them); the agent's model's
         # attributes only for the agent's model.
-        model_name = _model_name_of(params) or (metadata or {}).get("ls_model_name") or self.default_name
-        own = [self.model] if model_name == self.default_name else []
-        max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {}, *own)
+        named = _model_name_of(params) or (metadata or {}).get("ls_model_name")
+        # A run that names no model is the agent's only if it is of the agent's model class; another
+        # model without a name is refused as unpriced (unpriced_model="refuse"), not priced as the agent's.
+        own_class = serialized is None or serialized.get("id") == _class_id(self.model)
+        model_name = named or (self.default_name if own_class else None)
+        # Its output bound: its own invocation parameters', else its serialised constructor arguments'
+        # (never the agent model's attributes: a side model of the same name may have no bound at all).
+        max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {})
         try:
             name, price, amount = self.worst_case(messages, tools, max_tokens, model_name)
         except UnpricedModelError as exc:
@@ -268,6 +292,8 @@ class ModelCallMeter:
         entry = ledger.commit(ex.charge_id, billed)
         with self._lock:
             self.entries.append(entry)
+            if message is not None and getattr(message, "id", None):
+                self._metered_ids.add(message.id)
         self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
                                         query=self.query, model=name, tokens=tokens, reason=reason)
 
@@ -298,13 +324,15 @@ class ModelCallMeter:
 
     # ------------------------------------------------------ after the chain
     def settle(self, messages: Sequence[BaseMessage]) -> None:
-        """Charge a response no metered execution produced (a fallback model swapped in inside the
-        guard), from its usage. Only when no metered execution of this request was charged: a
-        charged one is the response (message ids are not reliable enough to match them)."""
-        if any(self.episode.ledger.get(ex.charge_id).status == "committed" for ex in self.executions):
-            return
+        """Charge a response no metered execution produced (its model ran outside the step's context,
+        or outside LangChain), from its usage, after the fact."""
+        any_committed = any(self.episode.ledger.get(ex.charge_id).status == "committed" for ex in self.executions)
         for m in messages:
             if not isinstance(m, AIMessage) or not m.usage_metadata:
+                continue
+            # A message a metered execution produced is paid (matched by id: a side call's answer is not
+            # the response); one without an id is taken as paid when any execution of the step was.
+            if (m.id in self._metered_ids) if m.id else any_committed:
                 continue
             name = (m.response_metadata or {}).get("model_name") or self.default_name
             ledger = self.episode.ledger

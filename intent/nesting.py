@@ -80,7 +80,7 @@ class CarvedLedger(BudgetLedger):
         parent reserved that much, whatever an earlier carve's copy says."""
         super().absorb({k: v for k, v in state.items() if k != "budget"})
 
-    def holds(self, state: Mapping[str, Any]) -> bool:
+    def absorbs_unseen_charges(self, state: Mapping[str, Any]) -> bool:
         # The child's channel keeps the charges of every carve it ran under (entries merge by id), and
         # what an earlier carve's charges mean for this one is take_over's to decide: never absorbed.
         return False

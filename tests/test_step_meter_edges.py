@@ -8,6 +8,7 @@ Money is counted outside the guard: each fake model logs its executions (tokens 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -94,7 +95,8 @@ def test_a_side_call_cancelled_by_a_timeout_is_charged_its_reservation():
     out = _run(guard, runs, [Side(afn=with_timeout)], use_async=True)
     ledger = guard.ledger(out)
     assert runs.names() == ["side", "primary"]
-    assert ledger.spent >= runs.cost(PRICES) and ledger.reserved == 0  # was 0.11 for 0.66 spent
+    # Charged its reservation once: (17 prompt + 100 output tokens) x 0.005, beside the agent's 0.11.
+    assert ledger.spent == pytest.approx(0.11 + 0.585) and ledger.reserved == 0  # was 0.11 for 0.66 spent
 
 
 def test_a_response_from_langchains_cache_costs_nothing():
@@ -188,3 +190,88 @@ def test_a_refused_side_call_is_not_retried_by_model_retry_middleware():
     assert runs.names() == ["side", "side"]
     assert "budget" in str(out["messages"][-1].content)
     assert len([r for r in guard.log_sink.records if r.reason == "model_over_budget"]) == 1
+
+
+class InThread(AgentMiddleware):
+    """Runs the rest of the model step in a plain thread, which does not carry the context (a timeout)."""
+
+    def __init__(self, before: Any = None) -> None:
+        super().__init__()
+        self.before = before
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        if self.before is not None:
+            self.before(request)
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(handler, request).result()
+
+
+def test_the_agents_model_run_in_a_thread_without_the_context_is_still_metered():
+    # Its executions went unchecked and only the answer was charged, after the fact.
+    runs, guard = ModelRuns(), _guard()
+    out = _run(guard, runs, [InThread()])
+    assert runs.names() == ["primary"] and guard.ledger(out).spent == pytest.approx(runs.cost(PRICES))
+    assert [r.reason for r in guard.log_sink.records if r.kind == "model"] == ["accepted"]
+
+
+def test_a_side_call_does_not_make_the_agents_unmetered_answer_free():
+    runs, guard = ModelRuns(), _guard()
+    side = Fake(model_name="side", runs=runs)
+    agent_model = Fake(runs=runs)
+
+    class Bare(AgentMiddleware):  # the agent's model called bare, in a thread without the context
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            side.invoke("q")
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(lambda: handler(request.override(model=agent_model))).result()
+
+    out = _run(guard, runs, [Bare()])
+    assert runs.names() == ["side", "primary"]
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES))  # was 0.55: the answer went unpaid
+
+
+def test_a_side_model_of_the_agents_name_without_a_bound_is_reserved_at_the_guards_bound():
+    # The agent's model has max_tokens=100; a summariser of the same name has none and writes 2000. It
+    # was reserved at the agent's 100 (0.12) and billed 2.01 on a budget of 1.0.
+    class Bounded(BilledChatModel):
+        max_tokens: int | None = None
+
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 1.0, model_prices=PRICES,
+                        max_output_tokens=1000, log_sink=MemoryLogSink())
+    side = Bounded(model_name="primary", runs=runs, tokens=(10, 2000))
+    agent = create_agent(Bounded(model_name="primary", runs=runs, max_tokens=100), [],
+                         middleware=[guard.middleware(), Side(lambda request: side.invoke("q"))])
+    out = agent.invoke({"messages": [("user", "q")]})
+    assert runs.names() == [] and guard.ledger(out).spent == 0  # 1000 tokens at the most do not fit 1.0
+    assert "budget" in str(out["messages"][-1].content)
+
+
+def test_a_side_model_that_names_no_model_is_refused_not_priced_as_the_agents():
+    class Unnamed(BilledChatModel):
+        pass
+
+    runs, guard = ModelRuns(), _guard()
+    out = _run(guard, runs, [Side(lambda request: Unnamed(model_name="", runs=runs).invoke("q"))])
+    assert runs.names() == [] and guard.ledger(out).spent == 0
+    assert "no price" in str(out["messages"][-1].content)
+
+
+def test_a_call_in_flight_when_another_is_refused_is_charged():
+    # Two side calls at once; the second does not fit and is refused at once, the first was sent.
+    runs, guard = ModelRuns(), _guard(0.8)
+
+    class Slow(BilledChatModel):
+        async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            self.runs.hit(self.model_name, *self.tokens)
+            await asyncio.sleep(0.2)
+            return await super()._agenerate(messages, stop, run_manager, **kwargs)
+
+    async def both(request: Any) -> None:
+        await asyncio.gather(Slow(model_name="side", runs=runs).ainvoke("q"),
+                             Fake(model_name="side", runs=runs).ainvoke("q"))
+
+    out = _run(guard, runs, [Side(afn=both)], use_async=True)
+    ledger = guard.ledger(out)
+    assert runs.names() == ["side"]
+    assert runs.cost(PRICES) <= ledger.spent <= 0.8 and ledger.reserved == 0  # it was released: 0 spent

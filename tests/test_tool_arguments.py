@@ -6,14 +6,15 @@ Money is counted outside the guard: each tool counts its own runs.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 from langchain.agents import create_agent
 from langchain.tools import ToolRuntime
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import StructuredTool
-from pydantic import BaseModel, field_validator, model_validator
+from langgraph.prebuilt import InjectedState
+from pydantic import BaseModel, ValidationInfo, field_validator, model_validator
 
 from intent import AcceptAll, BudgetGuard, Decision, JsonlLogSink, Market, MemoryLogSink, PricedTool
 from intent.testing import ai, assert_each_call_answered_once, call, scripted
@@ -121,3 +122,35 @@ def test_a_tool_taking_a_tool_runtime_logs_to_a_jsonl_sink_with_the_models_argum
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["args"] for r in records] == [{"x": 3}]
     assert guard.ledger(out).spent == 5.0
+
+
+class _InjectedInSchemaOnly(BaseModel):
+    """An InjectedState declared only in args_schema (the function takes a plain dict), with a validator."""
+
+    state: Annotated[dict, InjectedState]
+    city: str
+
+    @field_validator("city")
+    @classmethod
+    def _known(cls, city: str, info: ValidationInfo) -> str:
+        if city == "Atlantis":
+            raise ValueError("no such city")
+        assert "messages" in info.data["state"]  # reads the injected value: a KeyError without it
+        return city
+
+
+@pytest.mark.parametrize(("city", "runs_expected", "spent"), [("Paris", ["Paris"], 5.0), ("Atlantis", [], 0.0)])
+def test_a_validated_schema_with_an_argument_langgraph_injects_judges_only_the_models_arguments(city, runs_expected,
+                                                                                                spent):
+    # The injected `state` is not the model's: its absence at the guard's check refused every call
+    # ("state: Field required"), and a validator reading it crashed the run.
+    runs: list[str] = []
+
+    def weather(city: str, state: dict) -> str:
+        runs.append(city)
+        return "sunny"
+
+    tool = StructuredTool.from_function(weather, name="weather", description="w", args_schema=_InjectedInSchemaOnly)
+    guard, out = _run(tool, [ai(call("weather", city=city)), AIMessage("done")])
+    assert runs == runs_expected and guard.ledger(out).spent == spent
+    assert_each_call_answered_once(out["messages"])
