@@ -767,11 +767,12 @@ class BudgetGuard:
 
         return guarded_tool_node(self, tools, **kwargs)
 
-    def route(self, state: Mapping[str, Any], *, tools: str = "tools", agent: str = "agent") -> Any:
-        """Conditional edge after :meth:`node`: ``Send`` each accepted pending call to ``tools``."""
+    def route(self, state: Mapping[str, Any], *, tools: str = "tools", agent: str = "agent", end: str = "__end__") -> Any:
+        """Conditional edge after :meth:`node`: ``Send`` each accepted pending call to ``tools``; back to
+        ``agent`` when every call was refused; ``end`` when there is no message to gate."""
         from intent.graph import route_after_guard
 
-        return route_after_guard(state, tools=tools, agent=agent)
+        return route_after_guard(state, tools=tools, agent=agent, end=end)
 
     def _call_hook(self, name: str, *args: Any) -> Any:
         if not self._has_hook(name):

@@ -172,30 +172,28 @@ class MeteredTool:
         return f"MeteredTool({self._tool!r})"
 
 
-class _MeteredTools(Sequence[Any]):
+class _MeteredTools(list):  # type: ignore[type-arg]
     """``runtime.tools`` as a middleware inside the guard sees it (HumanInTheLoopMiddleware
     picks a reviewer's redirected tool from there): each tool metered, wrapped when read, so
-    an agent with fifty tools does not pay fifty wrappers on every call."""
-
-    __slots__ = ("_run", "_tools")
+    an agent with fifty tools does not pay fifty wrappers on every call. A list of the tools
+    themselves underneath, so that LangChain serialising the runtime (with a tool's input) sees
+    the ``list[BaseTool]`` it declares instead of warning."""
 
     def __init__(self, tools: Sequence[Any], run: CallRun) -> None:
-        self._tools, self._run = tools, run
-
-    def __len__(self) -> int:
-        return len(self._tools)
+        super().__init__(tools)
+        self._run = run
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            return [MeteredTool(t, self._run) for t in self._tools[index]]
-        return MeteredTool(self._tools[index], self._run)
+            return [MeteredTool(t, self._run) for t in super().__getitem__(index)]
+        return MeteredTool(super().__getitem__(index), self._run)
 
     def __iter__(self) -> Iterator[Any]:
         run = self._run
-        return (MeteredTool(t, run) for t in self._tools)
+        return (MeteredTool(t, run) for t in super().__iter__())
 
     def __repr__(self) -> str:
-        return f"MeteredTools({list(self._tools)!r})"
+        return f"MeteredTools({list(super().__iter__())!r})"
 
 
 def _args_of(tool: Any, tool_input: Any) -> Any:

@@ -6,6 +6,7 @@ Money is counted outside the guard: each tool counts its own runs.
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Annotated, Any
 
 import pytest
@@ -154,3 +155,17 @@ def test_a_validated_schema_with_an_argument_langgraph_injects_judges_only_the_m
     guard, out = _run(tool, [ai(call("weather", city=city)), AIMessage("done")])
     assert runs == runs_expected and guard.ledger(out).spent == spent
     assert_each_call_answered_once(out["messages"])
+
+
+def test_a_tool_taking_a_tool_runtime_raises_no_serializer_warning():
+    # The runtime's tools, metered by the guard, were not the list[BaseTool] it declares: pydantic warned
+    # on every call of such a tool.
+    def lookup(x: int, runtime: ToolRuntime) -> str:
+        return f"found {x} among {len(runtime.tools)} tools"
+
+    tool = StructuredTool.from_function(lookup, name="lookup", description="look up")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guard, out = _run(tool, [ai(call("lookup", x=3)), AIMessage("done")])
+    assert not [w for w in caught if "serializ" in str(w.message).lower()]
+    assert guard.ledger(out).spent == 5.0 and "among 1 tools" in str(out["messages"][-2].content)
