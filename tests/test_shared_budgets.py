@@ -7,6 +7,7 @@ by the ``postgres_dsn`` fixture, or the server named by ``INTENT_TEST_POSTGRES_D
 from __future__ import annotations
 
 import json
+from typing import Any
 import multiprocessing as mp
 import os
 import random
@@ -433,3 +434,40 @@ def test_a_call_paused_inside_its_tool_holds_no_shared_money_twice_when_another_
     store = _store(url)
     assert runs == {"h": 1}
     assert store.spent(budget_key) == 10.0 and store.reserved(budget_key) == 0
+
+
+def test_a_run_on_a_reservation_this_process_made_costs_no_extra_store_round_trip(tmp_path, budget_key):
+    # Only a hold loaded from state (or given back by an interrupted run) is moved to a charge of its own;
+    # a plain call is one reserve and one commit in the store, as before.
+    from collections import Counter
+
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import StructuredTool
+
+    from intent.testing import ai, call, scripted
+
+    calls: Counter[str] = Counter()
+
+    class Counting:
+        def __init__(self, store: Any) -> None:
+            self._store = store
+
+        def __getattr__(self, name: str) -> Any:
+            attr = getattr(self._store, name)
+            if name in ("reserve", "commit", "release", "rekey"):
+                def counted(*args: Any, **kwargs: Any) -> Any:
+                    calls[name] += 1
+                    return attr(*args, **kwargs)
+                return counted
+            return attr
+
+    store = _store(f"sqlite:///{tmp_path / 'budgets.db'}")
+    store.create_budget(budget_key, 40.0)
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 5.0)]), 40.0, store=Counting(store), budget_key=budget_key)
+    agent = create_agent(scripted([ai(call("a", x=1)), ai(call("a", x=2)), AIMessage("done")]),
+                         [StructuredTool.from_function(lambda x=0: "ok", name="a", description="a")],
+                         middleware=[guard.middleware()])
+    agent.invoke({"messages": [("user", "go")]})
+    assert store.spent(budget_key) == 10.0
+    assert calls == Counter({"reserve": 2, "commit": 2})
