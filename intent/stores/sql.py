@@ -174,16 +174,7 @@ class _SqlBudgetStore:
 
     def reserve(self, key: str, charge_id: str, amount: float, *, run_id: str = "", tool: str = "",
                 kind: str = "tool") -> StoreCharge:
-        n = to_nano(amount)
-        with self._tx(key) as cur:
-            self._expire(cur, key)
-            existing = self._get(cur, key, charge_id)
-            if existing is not None:
-                return existing
-            budget, spent, reserved = self._row(cur, key)
-            if spent + reserved + n > budget:
-                raise _no_fit(key, charge_id, n, budget, spent, reserved)
-            return self._hold(cur, key, charge_id, n, run_id, tool, kind)
+        return self._reserve(key, charge_id, amount, run_id=run_id, tool=tool, kind=kind)
 
     def rekey(self, key: str, old_id: str, new_id: str, amount: float, *, run_id: str = "", tool: str = "",
               kind: str = "tool") -> StoreCharge:
@@ -192,19 +183,25 @@ class _SqlBudgetStore:
         not (its run committed it in a process that then died, it was released, its lease expired) is
         not reused: ``new_id`` is reserved afresh, and refused when it no longer fits. So each run is
         its own charge, and a run repeated after a crash is counted. Idempotent by ``new_id``."""
+        return self._reserve(key, new_id, amount, run_id=run_id, tool=tool, kind=kind, moving=old_id)
+
+    def _reserve(self, key: str, charge_id: str, amount: float, *, run_id: str, tool: str, kind: str,
+                 moving: str | None = None) -> StoreCharge:
+        """Hold ``amount`` under ``charge_id`` if it fits (idempotent by id), first giving back the hold
+        ``moving`` when it is still held, all in one transaction (a refusal rolls that back too)."""
         n = to_nano(amount)
         with self._tx(key) as cur:
             self._expire(cur, key)
-            existing = self._get(cur, key, new_id)
+            existing = self._get(cur, key, charge_id)
             if existing is not None:
                 return existing
-            old = self._get(cur, key, old_id)
+            old = self._get(cur, key, moving) if moving is not None else None
             if old is not None and old.status == "reserved":
                 self._unhold(cur, old)
             budget, spent, reserved = self._row(cur, key)
             if spent + reserved + n > budget:
-                raise _no_fit(key, new_id, n, budget, spent, reserved)  # rolled back: the old hold stays
-            return self._hold(cur, key, new_id, n, run_id, tool, kind)
+                raise _no_fit(key, charge_id, n, budget, spent, reserved)
+            return self._hold(cur, key, charge_id, n, run_id, tool, kind)
 
     def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge:
         with self._tx(key) as cur:
