@@ -150,9 +150,6 @@ class BudgetLedger:
         self._lock = threading.RLock()
         # A budget shared with other runs (intent.stores): every reservation must fit it too.
         self._shared: tuple[Any, str, str] | None = None  # (store, budget key, run id)
-        # Store charges this ledger object reserved and no run has started on yet: a run starting on one
-        # of them needs no rekey (no other process can have run on it). One loaded from state may have.
-        self._own_holds: set[str] = set()
         for entry in (entries or {}).values():
             self._put(entry)
 
@@ -362,7 +359,6 @@ class BudgetLedger:
             if self._shared is not None:  # atomic in the store: raises if another run took the money
                 store, key, run_id = self._shared
                 store.reserve(key, f"{run_id}/{call_id}", amount, run_id=run_id, tool=tool, kind=kind)
-                self._own_holds.add(f"{run_id}/{call_id}")
             entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version,
                                 tool_call_id, execution, kind=kind)
             self._put(entry)
@@ -407,9 +403,6 @@ class BudgetLedger:
                 new = f"{run_id}/{call_id}~{len(self._entries)}:{amount!r}"
                 store.reserve(key, new, amount, run_id=run_id, tool=tool or entry.tool, kind=entry.kind)
                 store.release(key, old)
-                if old in self._own_holds:
-                    self._own_holds.discard(old)
-                    self._own_holds.add(new)
                 entry = _evolve(entry, store_id=new)
             entry = _evolve(entry, amount=amount, tool=tool or entry.tool,
                             market_version=entry.market_version if market_version is None else market_version)
@@ -423,12 +416,9 @@ class BudgetLedger:
         with self._lock:
             entry = self._entries[call_id]
             if execution > 0 and self._shared is not None:
-                held_here = entry.store_id or f"{self._shared[2]}/{call_id}"
-                if held_here in self._own_holds:  # reserved by this object, no run on it yet: it is this run's
-                    self._own_holds.discard(held_here)
-                    entry = _evolve(entry, execution=execution)
-                else:
-                    entry = _evolve(entry, execution=execution, store_id=self._store_charge_for_run(entry))
+                # Always, even for a hold this object made: a thread paused before its tool step may have
+                # been resumed (and the call run) in another process, then forked here.
+                entry = _evolve(entry, execution=execution, store_id=self._store_charge_for_run(entry))
             else:
                 if self._shared is not None and entry.execution > 0:
                     # The run stopped before it finished (an interrupt inside the tool): its store hold is
@@ -441,8 +431,7 @@ class BudgetLedger:
             return entry
 
     def _store_charge_for_run(self, entry: LedgerEntry) -> str:
-        """Move the entry's hold in the shared store to a charge id of this run's own (for a hold this
-        object did not make: loaded from state, or given back by an interrupted run). A run repeated
+        """Move the entry's hold in the shared store to a charge id of this run's own. A run repeated
         in another process after a crash (its first run committed, then the step's writes were lost)
         would otherwise commit the first run's charge again, which the store ignores (idempotent by id),
         and the store would count one run for two."""

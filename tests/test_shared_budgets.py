@@ -436,38 +436,32 @@ def test_a_call_paused_inside_its_tool_holds_no_shared_money_twice_when_another_
     assert store.spent(budget_key) == 10.0 and store.reserved(budget_key) == 0
 
 
-def test_a_run_on_a_reservation_this_process_made_costs_no_extra_store_round_trip(tmp_path, budget_key):
-    # Only a hold loaded from state (or given back by an interrupted run) is moved to a charge of its own;
-    # a plain call is one reserve and one commit in the store, as before.
-    from collections import Counter
 
+def test_a_thread_forked_after_another_process_ran_its_call_counts_both_runs_in_the_store(tmp_path, budget_key):
+    # A gates the call and pauses before the tool step; B (a fresh guard) resumes it and runs it; then A
+    # forks the thread from the paused checkpoint and runs it again on the hold it made itself. Both runs
+    # are spent (A committed the id B had given back: a StoreError after the run, and one run counted).
     from langchain.agents import create_agent
     from langchain_core.messages import AIMessage
     from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
 
     from intent.testing import ai, call, scripted
 
-    calls: Counter[str] = Counter()
-
-    class Counting:
-        def __init__(self, store: Any) -> None:
-            self._store = store
-
-        def __getattr__(self, name: str) -> Any:
-            attr = getattr(self._store, name)
-            if name in ("reserve", "commit", "release", "rekey"):
-                def counted(*args: Any, **kwargs: Any) -> Any:
-                    calls[name] += 1
-                    return attr(*args, **kwargs)
-                return counted
-            return attr
-
     store = _store(f"sqlite:///{tmp_path / 'budgets.db'}")
-    store.create_budget(budget_key, 40.0)
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 5.0)]), 40.0, store=Counting(store), budget_key=budget_key)
-    agent = create_agent(scripted([ai(call("a", x=1)), ai(call("a", x=2)), AIMessage("done")]),
-                         [StructuredTool.from_function(lambda x=0: "ok", name="a", description="a")],
-                         middleware=[guard.middleware()])
-    agent.invoke({"messages": [("user", "go")]})
-    assert store.spent(budget_key) == 10.0
-    assert calls == Counter({"reserve": 2, "commit": 2})
+    store.create_budget(budget_key, 100.0)
+    runs: list[int] = []
+    tool = StructuredTool.from_function(lambda x=0: runs.append(x) or "ok", name="a", description="a")
+    saver, cfg = InMemorySaver(), {"configurable": {"thread_id": "t1"}}
+
+    def agent(script: list[AIMessage]):
+        guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 10.0)]), 100.0, store=store, budget_key=budget_key)
+        return create_agent(scripted(script), [tool], middleware=[guard.middleware()], checkpointer=saver,
+                            interrupt_before=["tools"])
+
+    a = agent([ai(call("a", x=1)), AIMessage("done A")])
+    a.invoke({"messages": [("user", "go")]}, cfg)
+    paused = a.get_state(cfg)
+    agent([AIMessage("done B")]).invoke(None, cfg)  # another process resumes and runs the call
+    a.invoke(None, paused.config)  # the fork, back in the first process
+    assert len(runs) == 2 and store.spent(budget_key) == 20.0 and store.reserved(budget_key) == 0
