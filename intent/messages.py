@@ -274,15 +274,23 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
     except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
         return _problem(exc)
     if found.full is not None and isinstance(given, Mapping):
+        full_fields = found.full.model_fields
+        by_alias = {f.alias or name: name for name, f in full_fields.items()}
+
+        def not_the_models(field: Any) -> bool:
+            # Fields the model does not fill (injected ones, also those declared only in args_schema, as
+            # InjectedState): LangGraph fills them in. Errors name a field by its alias.
+            name = by_alias.get(field, field)
+            return name in found.injected or (found.fields is not None and name not in found.fields)
+
         try:
             found.full.model_validate(given)
         except ValidationError as exc:
-            # Errors about fields the model does not fill (injected ones, also those declared only in
-            # args_schema, as InjectedState) are not the model's: LangGraph fills them in.
-            return _problem(exc, ignore=lambda field: field in found.injected or (
-                found.fields is not None and field not in found.fields))
-        except Exception:  # noqa: BLE001 - a validator that needs an injected value: the tool judges its own input
-            return None
+            return _problem(exc, ignore=not_the_models)
+        except Exception as exc:  # noqa: BLE001 - a validator's own exception, not wrapped by pydantic
+            if any(not_the_models(name) and name not in given for name in full_fields):
+                return None  # it may need a value LangGraph injects: the tool judges its own input
+            return str(exc).strip() or type(exc).__name__
     return None
 
 

@@ -169,7 +169,7 @@ class MeteredModelCallback(BaseCallbackHandler):
                                query=query_of(channel, flat), model=self.model,
                                charge_reason=f"{METERED_MODEL}:{source}" if source else METERED_MODEL)
         try:
-            meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized)
+            meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized, own=True)
         except MeteredModelRefused:
             raise
         except ModelCallRefused as exc:  # logged by meter.start; re-raised as non-retryable

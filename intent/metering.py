@@ -192,6 +192,38 @@ class _MeteredTools(list):  # type: ignore[type-arg]
         run = self._run
         return (MeteredTool(t, run) for t in super().__iter__())
 
+    def __reversed__(self) -> Iterator[Any]:
+        run = self._run
+        return (MeteredTool(t, run) for t in super().__reversed__())
+
+    # Every way of getting the tools out gives metered ones, once (a copy of metered tools is not
+    # wrapped again): a plain list of them.
+    def _metered(self) -> list[Any]:
+        return list(self.__iter__())
+
+    def copy(self) -> list[Any]:
+        return self._metered()
+
+    def __copy__(self) -> list[Any]:
+        return self._metered()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
+        return self._metered()  # the tools themselves are not copied (nor is the run that meters them)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (list, (self._metered(),))
+
+    def __add__(self, other: Any) -> list[Any]:
+        return self._metered() + list(other)
+
+    def __radd__(self, other: Any) -> list[Any]:
+        return list(other) + self._metered()
+
+    def __mul__(self, n: Any) -> list[Any]:
+        return self._metered() * n
+
+    __rmul__ = __mul__
+
     def __repr__(self) -> str:
         return f"MeteredTools({list(super().__iter__())!r})"
 

@@ -61,6 +61,7 @@ METERED_MODEL = "metered_model"  # log records' reason: "metered_model:<the midd
 MODEL_UNPRICED = "unpriced_model"
 MODEL_NO_USAGE = "missing_usage"
 MODEL_ERROR = "model_error"
+AGENT_MODEL_RUN = "intent_agent_model"  # metadata key on the guard's copy of the agent's model
 MODEL_CANCELLED = "cancelled"  # a stream stopped early or a cancelled call: charged at its reservation
 CACHE_HIT = "cache_hit"  # a response LangChain served from its cache: charged 0
 UNMETERED_MODEL_CALL = "unmetered_model_call"
@@ -90,13 +91,14 @@ def _model_name_of(obj: Any) -> str | None:
     return None
 
 
-def _class_id(model: Any) -> list[str] | None:
-    """The class path LangChain serialises a model's runs under (``serialized["id"]``)."""
-    lc_id = getattr(type(model), "lc_id", None)
-    try:
-        return list(lc_id()) if callable(lc_id) else None
-    except (TypeError, ValueError):
+def _batch_of(kwargs: Mapping[str, Any]) -> Any:
+    """A run's multi-prompt ``generate()``, or ``None`` for a single prompt. LangChain gives the batch no
+    id: its runs share a parent (``None`` at the top), a size, and the thread that starts them all, in
+    one loop, before any request is sent."""
+    size = kwargs.get("batch_size")
+    if not isinstance(size, int) or size <= 1:
         return None
+    return kwargs.get("parent_run_id"), size, threading.get_ident()
 
 
 def model_name_of(model: Any) -> str | None:
@@ -131,6 +133,7 @@ class _Execution:
     model: str
     price: ModelPrice
     reason: str  # of its charge's log record
+    batch: Any = None  # the parent run of the multi-prompt generate() that started it, if any
 
 
 class ModelCallMeter:
@@ -145,6 +148,7 @@ class ModelCallMeter:
         self.executions: list[_Execution] = []
         self.entries: list[LedgerEntry] = []
         self._metered_ids: set[str] = set()  # ids of the messages metered executions produced
+        self._metered: list[BaseMessage] = []  # and the messages themselves (an answer may have no id)
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------- pricing
@@ -199,7 +203,10 @@ class ModelCallMeter:
         only once to a run, so they are not metered twice). A ``guard.metered_model`` copy used as the
         agent's model gives up its own callback here (charged once)."""
         handlers = [h for h in callback_handlers(model) if not getattr(h, "replaced_by_guard_meter", False)]
-        return model.model_copy(update={"callbacks": [*handlers, handler]})
+        # Its runs say they are the agent's model's (LangChain passes a model's metadata to its run's
+        # callbacks, not to runs started inside it): its attributes give their name and output bound.
+        return model.model_copy(update={"callbacks": [*handlers, handler],
+                                        "metadata": {**(model.metadata or {}), AGENT_MODEL_RUN: True}})
 
     @contextlib.contextmanager
     def metering(self) -> Iterator[_MeterCallback]:
@@ -217,20 +224,34 @@ class ModelCallMeter:
 
     # ------------------------------------------------------ one execution
     def start(self, run_id: Any, messages: Sequence[BaseMessage], params: Mapping[str, Any],
-              metadata: Mapping[str, Any] | None = None, serialized: Mapping[str, Any] | None = None) -> None:
+              metadata: Mapping[str, Any] | None = None, serialized: Mapping[str, Any] | None = None, *,
+              own: bool | None = None, batch: Any = None) -> None:
+        """Reserve one execution's worst case, or raise :class:`ModelCallRefused`. ``own``: the run is
+        of this meter's model (default: its metadata says so, see :meth:`instrument`); ``batch``: the
+        run's place in a multi-prompt ``generate`` (its parent run id), whose other runs are not sent
+        yet when this one is refused."""
         ledger = self.episode.ledger
         tools = params.get("tools") or ()
-        # The model that runs (a fallback or a routed model, maybe): its own name, price and output
-        # bound (its constructor's arguments, as LangChain serialises them); the agent's model's
-        # attributes only for the agent's model.
+        if own is None:
+            own = bool((metadata or {}).get(AGENT_MODEL_RUN))
+        # The model that runs (a fallback or a routed model, maybe): its own name, price and output bound
+        # (its invocation parameters', else its constructor's arguments as LangChain serialises them); the
+        # meter's model's attributes only for its own runs. Another model without a name is refused as
+        # unpriced (unpriced_model="refuse"), not priced as the agent's; one without a bound is reserved
+        # at the guard's max_output_tokens.
         named = _model_name_of(params) or (metadata or {}).get("ls_model_name")
-        # A run that names no model is the agent's only if it is of the agent's model class; another
-        # model without a name is refused as unpriced (unpriced_model="refuse"), not priced as the agent's.
-        own_class = serialized is None or serialized.get("id") == _class_id(self.model)
-        model_name = named or (self.default_name if own_class else None)
-        # Its output bound: its own invocation parameters', else its serialised constructor arguments'
-        # (never the agent model's attributes: a side model of the same name may have no bound at all).
-        max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {})
+        model_name = named or (self.default_name if own else None)
+        max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {}, *([self.model] if own else []))
+        try:
+            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch)
+        except ModelCallRefused:
+            if batch is not None:
+                self._release_batch(batch)  # generate() starts every prompt's run before sending any
+            raise
+
+    def _reserve_run(self, run_id: Any, messages: Sequence[BaseMessage], tools: Any, max_tokens: int | None,
+                     model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any) -> None:
+        ledger = self.episode.ledger
         try:
             name, price, amount = self.worst_case(messages, tools, max_tokens, model_name)
         except UnpricedModelError as exc:
@@ -252,10 +273,18 @@ class ModelCallMeter:
         # A model a middleware calls names its call (LangChain's lc_source): its charge says so.
         source = (metadata or {}).get("lc_source")
         with self._lock:
-            ex = _Execution(charge_id, name, price, f"{METERED_MODEL}:{source}" if source else self.charge_reason)
+            ex = _Execution(charge_id, name, price, f"{METERED_MODEL}:{source}" if source else self.charge_reason,
+                            batch)
             self._open[run_id] = ex
             self.executions.append(ex)
             self.entries.append(entry)
+
+    def _release_batch(self, batch: Any) -> None:
+        """Release the open runs of one multi-prompt ``generate()``: none of its requests was sent."""
+        with self._lock:
+            runs = [rid for rid, ex in self._open.items() if ex.batch == batch]
+        for rid in runs:
+            self.error(rid, ModelCallRefused("another prompt of the same batch was refused before any was sent"))
 
     def end(self, run_id: Any, message: BaseMessage | None) -> None:
         with self._lock:
@@ -292,8 +321,10 @@ class ModelCallMeter:
         entry = ledger.commit(ex.charge_id, billed)
         with self._lock:
             self.entries.append(entry)
-            if message is not None and getattr(message, "id", None):
-                self._metered_ids.add(message.id)
+            if message is not None:
+                self._metered.append(message)
+                if getattr(message, "id", None):
+                    self._metered_ids.add(message.id)
         self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
                                         query=self.query, model=name, tokens=tokens, reason=reason)
 
@@ -326,13 +357,12 @@ class ModelCallMeter:
     def settle(self, messages: Sequence[BaseMessage]) -> None:
         """Charge a response no metered execution produced (its model ran outside the step's context,
         or outside LangChain), from its usage, after the fact."""
-        any_committed = any(self.episode.ledger.get(ex.charge_id).status == "committed" for ex in self.executions)
         for m in messages:
             if not isinstance(m, AIMessage) or not m.usage_metadata:
                 continue
-            # A message a metered execution produced is paid (matched by id: a side call's answer is not
-            # the response); one without an id is taken as paid when any execution of the step was.
-            if (m.id in self._metered_ids) if m.id else any_committed:
+            # A message a metered execution produced is paid (matched by id, or as the very object for
+            # one without an id: a side call's answer is not the response).
+            if (m.id in self._metered_ids) if m.id else any(m is x for x in self._metered):
                 continue
             name = (m.response_metadata or {}).get("model_name") or self.default_name
             ledger = self.episode.ledger
@@ -378,7 +408,8 @@ class _MeterCallback(BaseCallbackHandler):
         if self.closed:
             return
         flat = [m for batch in messages for m in batch]
-        self.meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized)
+        self.meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized,
+                         batch=_batch_of(kwargs))
 
     def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: Any,
                      metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -387,7 +418,7 @@ class _MeterCallback(BaseCallbackHandler):
         if self.closed:
             return
         self.meter.start(run_id, [HumanMessage(p) for p in prompts], kwargs.get("invocation_params") or {}, metadata,
-                         serialized)
+                         serialized, batch=_batch_of(kwargs))
 
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         message = None

@@ -17,6 +17,7 @@ from langchain.agents.middleware import AgentMiddleware, ModelRetryMiddleware
 from langchain_core.globals import set_llm_cache
 from langchain_core.caches import InMemoryCache
 from langchain_core.language_models.fake import FakeListLLM
+from langchain_core.messages import AIMessage, HumanMessage
 
 from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, ModelPrice, PricedTool
 from intent.testing import BilledChatModel, ModelRuns
@@ -275,3 +276,42 @@ def test_a_call_in_flight_when_another_is_refused_is_charged():
     ledger = guard.ledger(out)
     assert runs.names() == ["side"]
     assert runs.cost(PRICES) <= ledger.spent <= 0.8 and ledger.reserved == 0  # it was released: 0 spent
+
+
+def test_the_agents_own_bound_prices_its_runs_even_when_its_invocation_parameters_omit_it():
+    # A custom model whose max_tokens is an attribute only: reserved at the guard's 1000 (refused on a
+    # budget of 1.0) while the precheck used its 100.
+    class Bounded(BilledChatModel):
+        max_tokens: int | None = None
+
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 1.0, model_prices=PRICES,
+                        max_output_tokens=1000, log_sink=MemoryLogSink())
+    agent = create_agent(Bounded(model_name="primary", runs=runs, max_tokens=100), [], middleware=[guard.middleware()])
+    out = agent.invoke({"messages": [("user", "q")]})
+    assert runs.names() == ["primary"] and out["messages"][-1].content == "done"
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES))
+
+
+def test_an_answer_without_an_id_from_outside_langchain_is_charged_beside_a_metered_side_call():
+    runs, guard = ModelRuns(), _guard()
+    side = Fake(model_name="side", runs=runs)
+
+    class Direct(AgentMiddleware):  # answers with a provider SDK's call: usage, no id
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            side.invoke("classify")
+            runs.hit("primary", 10, 100)
+            return AIMessage("answer", usage_metadata={"input_tokens": 10, "output_tokens": 100, "total_tokens": 110},
+                             response_metadata={"model_name": "primary"})
+
+    out = _run(guard, runs, [Direct()])
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == 0.66  # the answer was free
+
+
+def test_a_batch_with_a_refused_prompt_sends_nothing_and_charges_nothing():
+    # generate() starts every prompt's run before it sends any: the third does not fit, none is sent.
+    runs, guard = ModelRuns(), _guard(1.5)
+    side = Fake(model_name="side", runs=runs)
+    out = _run(guard, runs, [Side(lambda request: side.generate([[HumanMessage("a")], [HumanMessage("b")],
+                                                                   [HumanMessage("c")]]))])
+    assert runs.names() == [] and guard.ledger(out).spent == 0  # two unsent prompts were charged 1.17

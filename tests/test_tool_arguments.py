@@ -15,7 +15,7 @@ from langchain.tools import ToolRuntime
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.prebuilt import InjectedState
-from pydantic import BaseModel, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from intent import AcceptAll, BudgetGuard, Decision, JsonlLogSink, Market, MemoryLogSink, PricedTool
 from intent.testing import ai, assert_each_call_answered_once, call, scripted
@@ -169,3 +169,64 @@ def test_a_tool_taking_a_tool_runtime_raises_no_serializer_warning():
         guard, out = _run(tool, [ai(call("lookup", x=3)), AIMessage("done")])
     assert not [w for w in caught if "serializ" in str(w.message).lower()]
     assert guard.ledger(out).spent == 5.0 and "among 1 tools" in str(out["messages"][-2].content)
+
+
+class _Trip(BaseModel):
+    from_: str = Field(alias="from")
+
+    @field_validator("from_")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value == "Atlantis":
+            raise ValueError("no such city")
+        return value
+
+
+class _Temp(BaseModel):
+    unit: str
+
+    @field_validator("unit")
+    @classmethod
+    def _unit(cls, unit: str) -> str:
+        if unit not in ("C", "F"):
+            raise TypeError("unit must be C or F")  # not a ValueError: pydantic does not wrap it
+        return unit
+
+
+@pytest.mark.parametrize(("schema", "args"), [(_Trip, {"from_": "Paris"}), (_Temp, {"unit": "kelvin"})],
+                         ids=["aliased_field", "validator_raising_a_type_error"])
+def test_a_call_the_tool_can_never_take_is_refused_free(schema, args):
+    # An aliased field the model fills under its name (the tool needs the alias), a validator's own
+    # TypeError: both were let through, charged, and failed in the tool.
+    runs: list[Any] = []
+    tool = StructuredTool.from_function(lambda **kw: runs.append(kw) or "ok", name="t", description="t",
+                                        args_schema=schema)
+    guard, out = _run(tool, [ai(call("t", **args)), AIMessage("done")])
+    assert runs == [] and guard.ledger(out).spent == 0
+    assert "no charge" in str(next(m for m in out["messages"] if isinstance(m, ToolMessage)).content)
+
+
+@pytest.mark.parametrize("how", ["copy", "reversed", "add", "deepcopy", "plain"])
+def test_every_way_of_reading_runtime_tools_gives_tools_metered_once(how):
+    # A tool running a sibling through its runtime: copy.copy wrapped the tools twice (charged twice),
+    # reversed() / + gave the raw tools (ran free).
+    import copy
+
+    runs: list[str] = []
+
+    def inner(x: int = 0) -> str:
+        runs.append("inner")
+        return "in"
+
+    def outer(x: int, runtime: ToolRuntime) -> str:
+        tools = runtime.tools
+        pool = {"copy": lambda: copy.copy(tools), "reversed": lambda: list(reversed(tools)),
+                "add": lambda: tools + [], "deepcopy": lambda: copy.deepcopy(tools), "plain": lambda: tools}[how]()
+        return next(t for t in pool if t.name == "inner").invoke({"x": 1})
+
+    tools = [StructuredTool.from_function(outer, name="outer", description="o"),
+             StructuredTool.from_function(inner, name="inner", description="i")]
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("outer", 1.0), PricedTool("inner", 5.0)]), 20.0)
+    out = create_agent(scripted([ai(call("outer", x=1)), AIMessage("done")]), tools,
+                       middleware=[guard.middleware()]).invoke({"messages": [("user", "go")]})
+    assert runs == ["inner"] and guard.ledger(out).spent == 6.0
