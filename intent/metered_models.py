@@ -59,6 +59,7 @@ from intent.model_meter import (
     METERED_MODEL,
     ModelCallMeter,
     ModelCallRefused,
+    _batch_of,
     callback_handlers,
     step_meter,
 )
@@ -169,7 +170,8 @@ class MeteredModelCallback(BaseCallbackHandler):
                                query=query_of(channel, flat), model=self.model,
                                charge_reason=f"{METERED_MODEL}:{source}" if source else METERED_MODEL)
         try:
-            meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized, own=True)
+            meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized, own=True,
+                        batch=_batch_of(kwargs))
         except MeteredModelRefused:
             raise
         except ModelCallRefused as exc:  # logged by meter.start; re-raised as non-retryable

@@ -210,9 +210,6 @@ class _MeteredTools(list):  # type: ignore[type-arg]
     def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
         return self._metered()  # the tools themselves are not copied (nor is the run that meters them)
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return (list, (self._metered(),))
-
     def __add__(self, other: Any) -> list[Any]:
         return self._metered() + list(other)
 

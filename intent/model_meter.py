@@ -92,13 +92,20 @@ def _model_name_of(obj: Any) -> str | None:
 
 
 def _batch_of(kwargs: Mapping[str, Any]) -> Any:
-    """A run's multi-prompt ``generate()``, or ``None`` for a single prompt. LangChain gives the batch no
-    id: its runs share a parent (``None`` at the top), a size, and the thread that starts them all, in
-    one loop, before any request is sent."""
+    """A run's multi-prompt ``generate()``, or ``None`` for a single prompt. LangChain gives a batch no
+    id, but passes every run of one ``generate``/``agenerate`` the same ``invocation_params`` dict (a new
+    one per call): that object names the batch (compared by identity, and kept alive with the run)."""
     size = kwargs.get("batch_size")
-    if not isinstance(size, int) or size <= 1:
-        return None
-    return kwargs.get("parent_run_id"), size, threading.get_ident()
+    params = kwargs.get("invocation_params")
+    return params if isinstance(size, int) and size > 1 and isinstance(params, dict) else None
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def model_name_of(model: Any) -> str | None:
@@ -133,7 +140,7 @@ class _Execution:
     model: str
     price: ModelPrice
     reason: str  # of its charge's log record
-    batch: Any = None  # the parent run of the multi-prompt generate() that started it, if any
+    batch: Any = None  # the multi-prompt generate() that started it (its invocation_params dict), if any
 
 
 class ModelCallMeter:
@@ -149,6 +156,7 @@ class ModelCallMeter:
         self.entries: list[LedgerEntry] = []
         self._metered_ids: set[str] = set()  # ids of the messages metered executions produced
         self._metered: list[BaseMessage] = []  # and the messages themselves (an answer may have no id)
+        self._refused_batches: list[Any] = []  # multi-prompt generate() calls with a refused prompt
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------- pricing
@@ -232,6 +240,10 @@ class ModelCallMeter:
         yet when this one is refused."""
         ledger = self.episode.ledger
         tools = params.get("tools") or ()
+        if batch is not None and any(b is batch for b in self._refused_batches):
+            # A prompt of this batch was refused: LangChain's async completion models start each prompt's
+            # run in a task of its own, so some start after that; none of them is sent.
+            raise ModelCallRefused("another prompt of the same batch was refused; this one is not sent")
         if own is None:
             own = bool((metadata or {}).get(AGENT_MODEL_RUN))
         # The model that runs (a fallback or a routed model, maybe): its own name, price and output bound
@@ -246,6 +258,8 @@ class ModelCallMeter:
             self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch)
         except ModelCallRefused:
             if batch is not None:
+                with self._lock:
+                    self._refused_batches.append(batch)
                 self._release_batch(batch)  # generate() starts every prompt's run before sending any
             raise
 
@@ -280,11 +294,11 @@ class ModelCallMeter:
             self.entries.append(entry)
 
     def _release_batch(self, batch: Any) -> None:
-        """Release the open runs of one multi-prompt ``generate()``: none of its requests was sent."""
+        """Release the open runs of one multi-prompt ``generate()`` whose requests were not sent."""
         with self._lock:
-            runs = [rid for rid, ex in self._open.items() if ex.batch == batch]
-        for rid in runs:
-            self.error(rid, ModelCallRefused("another prompt of the same batch was refused before any was sent"))
+            runs = [self._open.pop(rid) for rid, ex in list(self._open.items()) if ex.batch is batch]
+        for ex in runs:
+            self._released(ex, ModelCallRefused("not sent: another prompt of the same batch failed or was refused"))
 
     def end(self, run_id: Any, message: BaseMessage | None) -> None:
         with self._lock:
@@ -344,6 +358,14 @@ class ModelCallMeter:
             self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
                                             query=self.query, model=ex.model, tokens={}, reason=MODEL_CANCELLED)
             return
+        if ex.batch is not None and not _in_event_loop():
+            # A sync generate() stops at its first failed prompt: the later prompts were never sent. (An
+            # async one sends them all at once, so they are left to end or be charged.)
+            self._release_batch(ex.batch)
+        self._released(ex, exc)
+
+    def _released(self, ex: _Execution, exc: BaseException) -> None:
+        ledger = self.episode.ledger
         entry = ledger.release(ex.charge_id)
         if entry is not None:
             with self._lock:
@@ -357,13 +379,24 @@ class ModelCallMeter:
     def settle(self, messages: Sequence[BaseMessage]) -> None:
         """Charge a response no metered execution produced (its model ran outside the step's context,
         or outside LangChain), from its usage, after the fact."""
+        unmatched = list(self._metered)
         for m in messages:
             if not isinstance(m, AIMessage) or not m.usage_metadata:
                 continue
-            # A message a metered execution produced is paid (matched by id, or as the very object for
-            # one without an id: a side call's answer is not the response).
-            if (m.id in self._metered_ids) if m.id else any(m is x for x in self._metered):
-                continue
+            # A message a metered execution produced is paid: matched by id; one without an id, as that
+            # very message or a copy of one (a middleware that rebuilt it: same usage, same model), each
+            # metered message matched once (a side call's answer is not the response).
+            if m.id:
+                if m.id in self._metered_ids:
+                    continue
+            else:
+                twin = next((x for x in unmatched if x is m), None) or next(
+                    (x for x in unmatched if getattr(x, "usage_metadata", None) == m.usage_metadata
+                     and (x.response_metadata or {}).get("model_name") == (m.response_metadata or {}).get("model_name")),
+                    None)
+                if twin is not None:
+                    unmatched.remove(twin)
+                    continue
             name = (m.response_metadata or {}).get("model_name") or self.default_name
             ledger = self.episode.ledger
             model, price = self.price_of(name)

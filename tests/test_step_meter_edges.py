@@ -315,3 +315,42 @@ def test_a_batch_with_a_refused_prompt_sends_nothing_and_charges_nothing():
     out = _run(guard, runs, [Side(lambda request: side.generate([[HumanMessage("a")], [HumanMessage("b")],
                                                                    [HumanMessage("c")]]))])
     assert runs.names() == [] and guard.ledger(out).spent == 0  # two unsent prompts were charged 1.17
+
+
+def test_two_batches_at_once_are_told_apart_when_one_has_a_refused_prompt():
+    # Two 2-prompt agenerate() calls at once under the same parent: the second batch's refusal released
+    # the first batch's runs, already sent, which then went unpaid (0.11 for 1.21 billed).
+    runs, guard = ModelRuns(), _guard(1.9)
+    side = Fake(model_name="side", runs=runs)
+
+    async def two_batches(request: Any) -> None:
+        await asyncio.gather(side.agenerate([[HumanMessage("a")], [HumanMessage("b")]]),
+                             side.agenerate([[HumanMessage("c")], [HumanMessage("d")]]), return_exceptions=True)
+
+    out = _run(guard, runs, [Side(afn=two_batches)], use_async=True)
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) and guard.ledger(out).reserved == 0
+
+
+def test_a_sync_batch_that_fails_at_its_first_prompt_charges_nothing_for_the_prompts_never_sent():
+    runs, guard = ModelRuns(), _guard()
+    down = BilledChatModel(model_name="side", runs=runs, fail=True)
+
+    def try_batch(request: Any) -> None:
+        with pytest.raises(ConnectionError):
+            down.generate([[HumanMessage("a")], [HumanMessage("b")], [HumanMessage("c")]])
+
+    out = _run(guard, runs, [Side(try_batch)])
+    assert runs.names() == ["primary"] and guard.ledger(out).spent == pytest.approx(0.11)  # was 1.28
+
+
+def test_an_answer_rebuilt_without_its_id_is_not_charged_twice():
+    runs, guard = ModelRuns(), _guard()
+
+    class Redactor(AgentMiddleware):  # rebuilds the model's answer: same usage, no id
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            answer = handler(request).result[-1]
+            return AIMessage("redacted", usage_metadata=answer.usage_metadata,
+                             response_metadata=answer.response_metadata)
+
+    out = _run(guard, runs, [Redactor()])
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.11)
