@@ -9,8 +9,9 @@ sub-agent's own executions the same way. Invariants:
 * ``spent <= base budget + Σ top-ups``; nothing reserved at the end, in the parent or a child;
 * every charge is logged once: Σ ``charged`` in the log == spent, one record per charge;
 * every proposed call is answered exactly once;
-* with ModelRetryMiddleware (flaky executions) and ModelCallLimitMiddleware in random orders
-  around the guard: a failed execution is released, never charged.
+* with ModelRetryMiddleware (flaky executions), ModelFallbackMiddleware (the model swapped in again
+  by the middleware after a failure) and ModelCallLimitMiddleware in random orders around the guard:
+  a failed execution is released, never charged; the fallback's is charged once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from langchain.agents import create_agent
-from langchain.agents.middleware import ModelCallLimitMiddleware, ModelRetryMiddleware
+from langchain.agents.middleware import ModelCallLimitMiddleware, ModelFallbackMiddleware, ModelRetryMiddleware
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -94,7 +95,7 @@ def scenario(draw: Any) -> dict[str, Any]:
         "top_up": draw(st.sampled_from([0.01, 0.05, 0.2])),
         "max_out": draw(st.sampled_from([64, 2000])),
         # LangChain's model middleware around the guard, in a random order
-        "stack": draw(st.permutations(["guard", *draw(st.lists(st.sampled_from(["retry", "model_limit"]),
+        "stack": draw(st.permutations(["guard", *draw(st.lists(st.sampled_from(["retry", "model_limit", "fallback"]),
                                                                 unique=True))])),
         "fail_at": draw(st.sets(st.integers(1, 6), max_size=2)),
         "model_limit": draw(st.integers(1, 6)),
@@ -154,11 +155,16 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
     # Failures only with a retry middleware: without one a failed model call ends the run with its
     # exception, as without the guard.
     fail_at = frozenset(sc["fail_at"]) if "retry" in sc["stack"] else frozenset()
+    if "fallback" in sc["stack"] and "retry" not in sc["stack"]:
+        # ModelFallbackMiddleware alone: the fallback (the same model, swapped in by the middleware, so
+        # metered as a model other than the agent's) runs the next attempt, which must not fail too.
+        fail_at = frozenset(k for k in sc["fail_at"] if k + 1 not in sc["fail_at"])
     model = Ledgerless(messages=iter([*(message(c, u) for c, u in sc["turns"]), final]), bound=[], executed=[],
                        max_out=sc["max_out"], fail_at=fail_at, attempts=[])
     made = {"guard": guard.middleware(),
             "retry": ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False),
-            "model_limit": ModelCallLimitMiddleware(run_limit=sc["model_limit"], exit_behavior="end")}
+            "model_limit": ModelCallLimitMiddleware(run_limit=sc["model_limit"], exit_behavior="end"),
+            "fallback": ModelFallbackMiddleware(model)}
     agent = create_agent(model, tools, middleware=[made[k] for k in sc["stack"]], checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": f"unified-{mode}"}, "recursion_limit": 200}
 
@@ -220,6 +226,8 @@ def run_once(sc: dict[str, Any], mode: str) -> None:
         event("a tool call was refused")
     if any(r.reason == "model_error" for r in parent_sink.records):
         event("a model execution failed and was retried")
+        if "fallback" in sc["stack"]:
+            event("a failed execution with ModelFallbackMiddleware in the stack")
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
