@@ -9,6 +9,7 @@ with the response (``ExtendedModelResponse`` with a ``Command`` update of the le
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +133,11 @@ class ModelGate:
         except ModelCallRefused as exc:  # a retry inside the guard that no longer fits
             meter.abandon(charge=True)  # another call already sent (asyncio.gather) was billed
             return self.stopped(meter, fb.model_refused(str(exc)))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            # The run was cancelled from outside (a timeout around ainvoke, a client gone): requests
+            # already sent were billed (LangChain reports no error for them), so they are charged.
+            meter.abandon(charge=True)
+            raise
         except BaseException:
             meter.abandon()  # an interrupt or a crash: executions that never ended are given back
             raise
@@ -149,6 +155,11 @@ class ModelGate:
         except ModelCallRefused as exc:
             meter.abandon(charge=True)
             return self.stopped(meter, fb.model_refused(str(exc)))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            # The run was cancelled from outside (a timeout around ainvoke, a client gone): requests
+            # already sent were billed (LangChain reports no error for them), so they are charged.
+            meter.abandon(charge=True)
+            raise
         except BaseException:
             meter.abandon()
             raise

@@ -100,14 +100,6 @@ def _batch_of(kwargs: Mapping[str, Any]) -> Any:
     return params if isinstance(size, int) and size > 1 and isinstance(params, dict) else None
 
 
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
 def model_name_of(model: Any) -> str | None:
     """A chat model's name: its ``model_name``/``model``/``model_id``, else the name LangChain reports
     for it to tracers (``ls_model_name``)."""
@@ -141,6 +133,8 @@ class _Execution:
     price: ModelPrice
     reason: str  # of its charge's log record
     batch: Any = None  # the multi-prompt generate() that started it (its invocation_params dict), if any
+    position: int = 0  # its place among that batch's runs, in start order (a sync batch sends in order)
+    own: bool = False  # a run of the meter's own model (the agent's)
 
 
 class ModelCallMeter:
@@ -157,6 +151,10 @@ class ModelCallMeter:
         self._metered_ids: set[str] = set()  # ids of the messages metered executions produced
         self._metered: list[BaseMessage] = []  # and the messages themselves (an answer may have no id)
         self._refused_batches: list[Any] = []  # multi-prompt generate() calls with a refused prompt
+        self._metered_own: list[BaseMessage] = []  # the messages the agent's own runs produced
+        # Multi-prompt generate() calls with a failed prompt: (batch, its position, the exception). A sync
+        # batch stops there: the prompts started before it were sent (billed, results dropped), later not.
+        self._failed_batches: list[tuple[Any, int, BaseException]] = []
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------- pricing
@@ -255,7 +253,7 @@ class ModelCallMeter:
         model_name = named or (self.default_name if own else None)
         max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {}, *([self.model] if own else []))
         try:
-            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch)
+            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, own)
         except ModelCallRefused:
             if batch is not None:
                 with self._lock:
@@ -264,7 +262,7 @@ class ModelCallMeter:
             raise
 
     def _reserve_run(self, run_id: Any, messages: Sequence[BaseMessage], tools: Any, max_tokens: int | None,
-                     model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any) -> None:
+                     model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any, own: bool) -> None:
         ledger = self.episode.ledger
         try:
             name, price, amount = self.worst_case(messages, tools, max_tokens, model_name)
@@ -287,8 +285,9 @@ class ModelCallMeter:
         # A model a middleware calls names its call (LangChain's lc_source): its charge says so.
         source = (metadata or {}).get("lc_source")
         with self._lock:
+            position = sum(1 for e in self.executions if batch is not None and e.batch is batch)
             ex = _Execution(charge_id, name, price, f"{METERED_MODEL}:{source}" if source else self.charge_reason,
-                            batch)
+                            batch, position, own)
             self._open[run_id] = ex
             self.executions.append(ex)
             self.entries.append(entry)
@@ -337,6 +336,8 @@ class ModelCallMeter:
             self.entries.append(entry)
             if message is not None:
                 self._metered.append(message)
+                if ex.own:
+                    self._metered_own.append(message)
                 if getattr(message, "id", None):
                     self._metered_ids.add(message.id)
         self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
@@ -358,11 +359,25 @@ class ModelCallMeter:
             self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
                                             query=self.query, model=ex.model, tokens={}, reason=MODEL_CANCELLED)
             return
-        if ex.batch is not None and not _in_event_loop():
-            # A sync generate() stops at its first failed prompt: the later prompts were never sent. (An
-            # async one sends them all at once, so they are left to end or be charged.)
-            self._release_batch(ex.batch)
+        if ex.batch is not None:
+            with self._lock:
+                seen = next((p for b, p, e in self._failed_batches if b is ex.batch and e is exc), None)
+                if seen is None:
+                    self._failed_batches.append((ex.batch, ex.position, exc))
+            if seen is not None:
+                # A completion model's batch ends every run with the one exception: the runs before the
+                # failing prompt were sent and billed, and which they are cannot be told: charged.
+                self._charged(ex, MODEL_CANCELLED)
+                return
         self._released(ex, exc)
+
+    def _charged(self, ex: _Execution, reason: str) -> None:
+        ledger = self.episode.ledger
+        entry = ledger.commit(ex.charge_id)
+        with self._lock:
+            self.entries.append(entry)
+        self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
+                                        query=self.query, model=ex.model, tokens={}, reason=reason)
 
     def _released(self, ex: _Execution, exc: BaseException) -> None:
         ledger = self.episode.ledger
@@ -379,7 +394,7 @@ class ModelCallMeter:
     def settle(self, messages: Sequence[BaseMessage]) -> None:
         """Charge a response no metered execution produced (its model ran outside the step's context,
         or outside LangChain), from its usage, after the fact."""
-        unmatched = list(self._metered)
+        unmatched_own = list(self._metered_own)
         for m in messages:
             if not isinstance(m, AIMessage) or not m.usage_metadata:
                 continue
@@ -390,12 +405,14 @@ class ModelCallMeter:
                 if m.id in self._metered_ids:
                     continue
             else:
-                twin = next((x for x in unmatched if x is m), None) or next(
-                    (x for x in unmatched if getattr(x, "usage_metadata", None) == m.usage_metadata
-                     and (x.response_metadata or {}).get("model_name") == (m.response_metadata or {}).get("model_name")),
-                    None)
+                if any(m is x for x in self._metered):
+                    continue
+                # A copy of the agent's own answer (same usage, same model) rebuilt by a middleware.
+                twin = next((x for x in unmatched_own if getattr(x, "usage_metadata", None) == m.usage_metadata
+                             and (x.response_metadata or {}).get("model_name")
+                             == (m.response_metadata or {}).get("model_name")), None)
                 if twin is not None:
-                    unmatched.remove(twin)
+                    unmatched_own.remove(twin)
                     continue
             name = (m.response_metadata or {}).get("model_name") or self.default_name
             ledger = self.episode.ledger
@@ -415,15 +432,22 @@ class ModelCallMeter:
         cancelled, a timeout): the request was sent, so its reserved worst case is charged."""
         with self._lock:
             open_runs, self._open = list(self._open.values()), {}
-        ledger = self.episode.ledger
+            failed = list(self._failed_batches)
         for ex in open_runs:
-            entry = ledger.commit(ex.charge_id) if charge else ledger.release(ex.charge_id)
-            if entry is not None:
-                self.entries.append(entry)
-                if charge:
-                    self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
-                                                    query=self.query, model=ex.model, tokens={},
-                                                    reason=MODEL_CANCELLED)
+            stop = next((p for b, p, _ in failed if b is ex.batch), None) if ex.batch is not None else None
+            if stop is not None:
+                # A batch that failed at ``stop``: a prompt before it was sent, one after it never was.
+                if ex.position < stop:
+                    self._charged(ex, MODEL_CANCELLED)
+                else:
+                    self._released(ex, ModelCallRefused("not sent: an earlier prompt of its batch failed"))
+            elif charge:
+                self._charged(ex, MODEL_CANCELLED)
+            else:
+                entry = self.episode.ledger.release(ex.charge_id)
+                if entry is not None:
+                    with self._lock:
+                        self.entries.append(entry)
 
 
 class _MeterCallback(BaseCallbackHandler):

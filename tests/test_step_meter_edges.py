@@ -354,3 +354,59 @@ def test_an_answer_rebuilt_without_its_id_is_not_charged_twice():
 
     out = _run(guard, runs, [Redactor()])
     assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.11)
+
+
+def test_an_agent_run_cancelled_from_outside_pays_for_the_request_it_sent():
+    # asyncio.wait_for around ainvoke: LangChain reports no error for the cancelled request, and the step's
+    # end released it (charged 0 for a billed call).
+    class Slow(BilledChatModel):
+        async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            self.runs.hit(self.model_name, *self.tokens)  # the request reached the provider
+            await asyncio.sleep(10)
+
+    runs, guard = ModelRuns(), _guard()
+    agent = create_agent(Slow(model_name="primary", runs=runs), [], middleware=[guard.middleware()])
+
+    async def main() -> None:
+        with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+            await asyncio.wait_for(agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "t"}}),
+                                   0.1)
+
+    asyncio.run(main())
+    ledger = guard.episodes.peek("t").ledger
+    assert runs.names() == ["primary"] and ledger.spent >= runs.cost(PRICES) and ledger.reserved == 0
+
+
+def test_a_sync_batch_failing_at_its_second_prompt_pays_for_the_first():
+    class FailsOnB(BilledChatModel):
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            if messages[-1].content == "b":
+                raise ConnectionError("down")
+            return super()._generate(messages, stop, run_manager, **kwargs)
+
+    runs, guard = ModelRuns(), _guard()
+    side = FailsOnB(model_name="side", runs=runs)
+
+    def try_batch(request: Any) -> None:
+        with pytest.raises(ConnectionError):
+            side.generate([[HumanMessage("a")], [HumanMessage("b")], [HumanMessage("c")]])
+
+    out = _run(guard, runs, [Side(try_batch)])
+    ledger = guard.ledger(out)
+    assert runs.names() == ["side", "primary"]  # a was sent (billed, its answer dropped); c never was
+    assert runs.cost(PRICES) <= ledger.spent <= 0.11 + 0.585 + 1e-9 and ledger.reserved == 0  # was 0.11
+
+
+def test_an_unmetered_answer_equal_to_a_metered_side_calls_is_still_charged():
+    runs, guard = ModelRuns(), _guard()
+    check = Fake(runs=runs)  # a side call with the agent's model name and the same usage
+
+    class Direct(AgentMiddleware):
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            check.invoke("self-check")
+            runs.hit("primary", 10, 100)  # a provider SDK's call: no id
+            return AIMessage("answer", usage_metadata={"input_tokens": 10, "output_tokens": 100, "total_tokens": 110},
+                             response_metadata={"model_name": "primary"})
+
+    out = _run(guard, runs, [Direct()])
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.22)
