@@ -9,7 +9,6 @@ with the response (``ExtendedModelResponse`` with a ``Command`` update of the le
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -133,13 +132,10 @@ class ModelGate:
         except ModelCallRefused as exc:  # a retry inside the guard that no longer fits
             meter.abandon(charge=True)  # another call already sent (asyncio.gather) was billed
             return self.stopped(meter, fb.model_refused(str(exc)))
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            # The run was cancelled from outside (a timeout around ainvoke, a client gone): requests
-            # already sent were billed (LangChain reports no error for them), so they are charged.
-            meter.abandon(charge=True)
-            raise
         except BaseException:
-            meter.abandon()  # an interrupt or a crash: executions that never ended are given back
+            # Cancelled from outside (a timeout around ainvoke: LangChain reports no error for the
+            # requests in flight), an interrupt, a crash: requests already sent were billed; charged.
+            meter.abandon(charge=True)
             raise
         return self.close(meter, response)
 
@@ -155,13 +151,8 @@ class ModelGate:
         except ModelCallRefused as exc:
             meter.abandon(charge=True)
             return self.stopped(meter, fb.model_refused(str(exc)))
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            # The run was cancelled from outside (a timeout around ainvoke, a client gone): requests
-            # already sent were billed (LangChain reports no error for them), so they are charged.
-            meter.abandon(charge=True)
-            raise
         except BaseException:
-            meter.abandon()
+            meter.abandon(charge=True)
             raise
         return self.close(meter, response)
 

@@ -135,6 +135,7 @@ class _Execution:
     batch: Any = None  # the multi-prompt generate() that started it (its invocation_params dict), if any
     position: int = 0  # its place among that batch's runs, in start order (a sync batch sends in order)
     own: bool = False  # a run of the meter's own model (the agent's)
+    completion: bool = False  # a completion (non-chat) model's run
 
 
 class ModelCallMeter:
@@ -231,7 +232,7 @@ class ModelCallMeter:
     # ------------------------------------------------------ one execution
     def start(self, run_id: Any, messages: Sequence[BaseMessage], params: Mapping[str, Any],
               metadata: Mapping[str, Any] | None = None, serialized: Mapping[str, Any] | None = None, *,
-              own: bool | None = None, batch: Any = None) -> None:
+              own: bool | None = None, batch: Any = None, completion: bool = False) -> None:
         """Reserve one execution's worst case, or raise :class:`ModelCallRefused`. ``own``: the run is
         of this meter's model (default: its metadata says so, see :meth:`instrument`); ``batch``: the
         run's place in a multi-prompt ``generate`` (its parent run id), whose other runs are not sent
@@ -253,7 +254,7 @@ class ModelCallMeter:
         model_name = named or (self.default_name if own else None)
         max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {}, *([self.model] if own else []))
         try:
-            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, own)
+            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, own, completion)
         except ModelCallRefused:
             if batch is not None:
                 with self._lock:
@@ -262,7 +263,8 @@ class ModelCallMeter:
             raise
 
     def _reserve_run(self, run_id: Any, messages: Sequence[BaseMessage], tools: Any, max_tokens: int | None,
-                     model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any, own: bool) -> None:
+                     model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any, own: bool,
+                     completion: bool) -> None:
         ledger = self.episode.ledger
         try:
             name, price, amount = self.worst_case(messages, tools, max_tokens, model_name)
@@ -287,7 +289,7 @@ class ModelCallMeter:
         with self._lock:
             position = sum(1 for e in self.executions if batch is not None and e.batch is batch)
             ex = _Execution(charge_id, name, price, f"{METERED_MODEL}:{source}" if source else self.charge_reason,
-                            batch, position, own)
+                            batch, position, own, completion)
             self._open[run_id] = ex
             self.executions.append(ex)
             self.entries.append(entry)
@@ -348,27 +350,23 @@ class ModelCallMeter:
             ex = self._open.pop(run_id, None)
         if ex is None:
             return
-        ledger = self.episode.ledger
-        if isinstance(exc, (GeneratorExit, asyncio.CancelledError)):
-            # A stream its reader stopped early, a call cancelled by a timeout: the request reached the
-            # provider, which bills what it generated; how much is unknown, so the reserved worst case
-            # is charged (money spent is spent, never free).
-            entry = ledger.commit(ex.charge_id)
-            with self._lock:
-                self.entries.append(entry)
-            self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
-                                            query=self.query, model=ex.model, tokens={}, reason=MODEL_CANCELLED)
-            return
+        seen = None
         if ex.batch is not None:
             with self._lock:
                 seen = next((p for b, p, e in self._failed_batches if b is ex.batch and e is exc), None)
-                if seen is None:
+                if seen is None and not any(b is ex.batch for b, _, _ in self._failed_batches):
                     self._failed_batches.append((ex.batch, ex.position, exc))
-            if seen is not None:
-                # A completion model's batch ends every run with the one exception: the runs before the
-                # failing prompt were sent and billed, and which they are cannot be told: charged.
-                self._charged(ex, MODEL_CANCELLED)
-                return
+        if not isinstance(exc, Exception):
+            # Not a failure of the request but its caller stopping: a stream its reader stopped early, a
+            # call cancelled by a timeout, Ctrl-C. The request reached the provider, which bills what it
+            # generated; how much is unknown, so the reserved worst case is charged (never free).
+            self._charged(ex, MODEL_CANCELLED)
+            return
+        if seen is not None and ex.completion:
+            # A completion model's batch ends every run with the one exception: the runs before the
+            # failing prompt were sent and billed, and which they are cannot be told: charged.
+            self._charged(ex, MODEL_CANCELLED)
+            return
         self._released(ex, exc)
 
     def _charged(self, ex: _Execution, reason: str) -> None:
@@ -401,19 +399,16 @@ class ModelCallMeter:
             # A message a metered execution produced is paid: matched by id; one without an id, as that
             # very message or a copy of one (a middleware that rebuilt it: same usage, same model), each
             # metered message matched once (a side call's answer is not the response).
-            if m.id:
-                if m.id in self._metered_ids:
-                    continue
-            else:
-                if any(m is x for x in self._metered):
-                    continue
-                # A copy of the agent's own answer (same usage, same model) rebuilt by a middleware.
-                twin = next((x for x in unmatched_own if getattr(x, "usage_metadata", None) == m.usage_metadata
-                             and (x.response_metadata or {}).get("model_name")
-                             == (m.response_metadata or {}).get("model_name")), None)
-                if twin is not None:
-                    unmatched_own.remove(twin)
-                    continue
+            if (m.id in self._metered_ids) if m.id else any(m is x for x in self._metered):
+                continue
+            # A copy of the agent's own answer (same usage, same model) a middleware rebuilt, with a new
+            # id or none.
+            twin = next((x for x in unmatched_own if getattr(x, "usage_metadata", None) == m.usage_metadata
+                         and (x.response_metadata or {}).get("model_name")
+                         == (m.response_metadata or {}).get("model_name")), None)
+            if twin is not None:
+                unmatched_own.remove(twin)
+                continue
             name = (m.response_metadata or {}).get("model_name") or self.default_name
             ledger = self.episode.ledger
             model, price = self.price_of(name)
@@ -426,10 +421,12 @@ class ModelCallMeter:
                 ledger, entry, episode_id=self.episode.episode_id, step=self.step, query=self.query, model=model,
                 tokens=tokens_of(m.usage_metadata), reason=UNMETERED_MODEL_CALL)
 
-    def abandon(self, *, charge: bool = False) -> None:
-        """End executions that never ended. ``charge=False``: released (the step stopped: an interrupt
-        re-runs it, a crash ends it). ``charge=True``: the step went on without them (a call its caller
-        cancelled, a timeout): the request was sent, so its reserved worst case is charged."""
+    def abandon(self, *, charge: bool = True) -> None:
+        """End executions that never ended: each one's request was sent (its run started), and a provider
+        bills it whether or not anyone reads the answer (the step went on without it, or stopped: a
+        crash, an interrupt, whose re-run sends a new request), so its reserved worst case is charged;
+        a prompt of a failed batch after the failure was never sent and is released. ``charge=False``
+        releases them all (kept for callers that know nothing was sent)."""
         with self._lock:
             open_runs, self._open = list(self._open.values()), {}
             failed = list(self._failed_batches)
@@ -475,7 +472,7 @@ class _MeterCallback(BaseCallbackHandler):
         if self.closed:
             return
         self.meter.start(run_id, [HumanMessage(p) for p in prompts], kwargs.get("invocation_params") or {}, metadata,
-                         serialized, batch=_batch_of(kwargs))
+                         serialized, batch=_batch_of(kwargs), completion=True)
 
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         message = None

@@ -410,3 +410,72 @@ def test_an_unmetered_answer_equal_to_a_metered_side_calls_is_still_charged():
 
     out = _run(guard, runs, [Direct()])
     assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.22)
+
+
+def test_side_calls_in_flight_when_the_step_fails_are_paid():
+    # A middleware after the guard runs the agent's model and a side call at once; the agent's model fails
+    # (503) and a ModelRetryMiddleware outside the guard runs the step again. The side calls of the failed
+    # attempts were sent and billed: they were released (0.66 charged for 1.76 billed).
+    fails = [2]
+
+    class Flaky(BilledChatModel):
+        async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            await asyncio.sleep(0.01)
+            if fails[0] > 0:
+                fails[0] -= 1
+                raise ConnectionError("503")  # not billed
+            return await super()._agenerate(messages, stop, run_manager, **kwargs)
+
+    class SlowSide(BilledChatModel):
+        async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            await asyncio.sleep(0.1)
+            return await super()._agenerate(messages, stop, run_manager, **kwargs)  # logs the billed run
+
+    runs, guard = ModelRuns(), _guard()
+    side = SlowSide(model_name="side", runs=runs)
+
+    class Together(AgentMiddleware):
+        async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+            response, _ = await asyncio.gather(handler(request), side.ainvoke("moderate"))
+            return response
+
+    retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, jitter=False, backoff_factor=0.0)
+    agent = create_agent(Flaky(model_name="primary", runs=runs), [], middleware=[retry, guard.middleware(), Together()])
+
+    async def main() -> Any:
+        out = await agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "r"}})
+        await asyncio.sleep(0.3)  # the released side calls finish
+        return out
+
+    out = asyncio.run(main())
+    assert runs.names().count("side") == 3
+    assert guard.ledger(out).spent >= runs.cost(PRICES) and guard.ledger(out).reserved == 0
+
+
+def test_ctrl_c_during_a_sync_side_call_pays_for_it():
+    class Interrupted(BilledChatModel):
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            self.runs.hit(self.model_name, *self.tokens)  # sent, billed
+            raise KeyboardInterrupt
+
+    runs, guard = ModelRuns(), _guard()
+
+    def side_call(request: Any) -> None:
+        with pytest.raises(KeyboardInterrupt):
+            Interrupted(model_name="side", runs=runs).invoke("q")
+
+    out = _run(guard, runs, [Side(side_call)])
+    assert guard.ledger(out).spent >= runs.cost(PRICES)  # the side call was released: free
+
+
+def test_an_answer_rebuilt_with_a_new_id_is_not_charged_twice():
+    runs, guard = ModelRuns(), _guard()
+
+    class Redactor(AgentMiddleware):
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            answer = handler(request).result[-1]
+            return AIMessage("redacted", id="new-id", usage_metadata=answer.usage_metadata,
+                             response_metadata=answer.response_metadata)
+
+    out = _run(guard, runs, [Redactor()])
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.11)
