@@ -56,9 +56,15 @@ class Side(AgentMiddleware):
         return await handler(request)
 
 
-def _guard(budget: float = 10.0) -> BudgetGuard:
+def _guard(budget: float = 10.0, *, max_output_tokens: int = 100) -> BudgetGuard:
     return BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), budget, model_prices=PRICES,
-                       max_output_tokens=100, log_sink=MemoryLogSink())
+                       max_output_tokens=max_output_tokens, log_sink=MemoryLogSink())
+
+
+class Bounded(BilledChatModel):
+    """A model whose output bound is an attribute only (not in its invocation parameters)."""
+
+    max_tokens: int | None = None
 
 
 def _charges(guard: BudgetGuard) -> list[tuple[str, float, str]]:
@@ -234,12 +240,7 @@ def test_a_side_call_does_not_make_the_agents_unmetered_answer_free():
 def test_a_side_model_of_the_agents_name_without_a_bound_is_reserved_at_the_guards_bound():
     # The agent's model has max_tokens=100; a summariser of the same name has none and writes 2000. It
     # was reserved at the agent's 100 (0.12) and billed 2.01 on a budget of 1.0.
-    class Bounded(BilledChatModel):
-        max_tokens: int | None = None
-
-    runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 1.0, model_prices=PRICES,
-                        max_output_tokens=1000, log_sink=MemoryLogSink())
+    runs, guard = ModelRuns(), _guard(1.0, max_output_tokens=1000)
     side = Bounded(model_name="primary", runs=runs, tokens=(10, 2000))
     agent = create_agent(Bounded(model_name="primary", runs=runs, max_tokens=100), [],
                          middleware=[guard.middleware(), Side(lambda request: side.invoke("q"))])
@@ -281,12 +282,7 @@ def test_a_call_in_flight_when_another_is_refused_is_charged():
 def test_the_agents_own_bound_prices_its_runs_even_when_its_invocation_parameters_omit_it():
     # A custom model whose max_tokens is an attribute only: reserved at the guard's 1000 (refused on a
     # budget of 1.0) while the precheck used its 100.
-    class Bounded(BilledChatModel):
-        max_tokens: int | None = None
-
-    runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 1.0, model_prices=PRICES,
-                        max_output_tokens=1000, log_sink=MemoryLogSink())
+    runs, guard = ModelRuns(), _guard(1.0, max_output_tokens=1000)
     agent = create_agent(Bounded(model_name="primary", runs=runs, max_tokens=100), [], middleware=[guard.middleware()])
     out = agent.invoke({"messages": [("user", "q")]})
     assert runs.names() == ["primary"] and out["messages"][-1].content == "done"
