@@ -489,12 +489,12 @@ class BudgetGuard:
         ledger = episode.ledger
         decisions = channel.get("decisions") or {}
         known = channel.get("entries") or {}
-        if known and ledger.behind(known) and ledger.absorbs_unseen_charges(channel):
+        if known and ledger.behind(known):
             # State holds charges this process has not seen: a thread resumed here whose paused
             # step had a sibling call finish in another process (LangGraph applies that task's
             # writes when the resumed step completes, after this episode was loaded from the
             # resumed task's older state). Taken in before anything held is judged unused.
-            ledger.absorb(channel)
+            ledger.take_in_state(channel)
         for entry in ledger.held():
             released = ledger.release(entry.call_id)
             assert released is not None

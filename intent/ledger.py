@@ -512,10 +512,10 @@ class BudgetLedger:
                     return True
             return False
 
-    def absorbs_unseen_charges(self, state: Mapping[str, Any]) -> bool:
-        """Whether ``state`` (a ledger channel) is a copy of this ledger, so that charges it has and
-        this ledger lacks are this ledger's too (a carve's is not when an earlier carve wrote it)."""
-        return True
+    def take_in_state(self, state: Mapping[str, Any]) -> None:
+        """Take in what ``state`` (this ledger's channel) has and this ledger lacks: charges made by
+        another process, statuses moved on (:meth:`absorb`)."""
+        self.absorb(state)
 
     def absorb(self, state: Mapping[str, Any]) -> None:
         """Merge a serialised ledger; statuses only move forward. The state's budget wins."""

@@ -80,10 +80,14 @@ class CarvedLedger(BudgetLedger):
         parent reserved that much, whatever an earlier carve's copy says."""
         super().absorb({k: v for k, v in state.items() if k != "budget"})
 
-    def absorbs_unseen_charges(self, state: Mapping[str, Any]) -> bool:
+    def take_in_state(self, state: Mapping[str, Any]) -> None:
         # The child's channel keeps the charges of every carve it ran under (entries merge by id), and
-        # what an earlier carve's charges mean for this one is take_over's to decide: never absorbed.
-        return False
+        # what an earlier carve's charges mean for this one is take_over's to decide: only the statuses of
+        # charges this carve holds move on (a call that finished in another process is committed here).
+        with self._lock:
+            held = {cid: raw for cid, raw in (state.get("entries") or {}).items() if cid in self._entries}
+        if held:
+            self.absorb({"entries": held})
 
     def take_over(self, state: Mapping[str, Any]) -> None:
         """What a new carve takes from the child's ledger in state when the child starts again inside

@@ -84,3 +84,42 @@ def test_a_top_up_written_to_a_paused_thread_keeps_the_charge_of_a_call_that_fin
     real = sum(runs[n] * p for n, p in PRICES.items())
     assert ledger.spent == real and ledger.spent <= ledger.budget == 60.0 and ledger.reserved == 0
     assert_each_call_answered_once(out["messages"])
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["same_guards", "fresh_guards"])
+def test_a_sub_agents_sibling_that_finished_before_a_pause_stays_paid_in_its_carve(fresh):
+    # A child (FromParent, limit 40) runs a (20) and h (10) at once; h asks a human; the thread is resumed
+    # (by fresh guards: another process). Its next a (20) must not fit the carve: the finished a was
+    # released as unused and paid again (50 run against a carve of 40, the parent billed 30).
+    from langchain_core.messages import HumanMessage
+
+    from intent import FromParent
+
+    runs = {"a": 0, "h": 0, "delegate": 0}
+    saver, cfg = InMemorySaver(), {"configurable": {"thread_id": "t"}}
+    child_script = [ai(call("a", x=1), call("h", x=1)), ai(call("a", x=2)), AIMessage("child done")]
+    parent_script = [ai(call("delegate", task="x")), AIMessage("done")]
+
+    def build(child_msgs: list[AIMessage], parent_msgs: list[AIMessage]):
+        parent = BudgetGuard(AcceptAll(), Market([PricedTool("delegate", 1.0)]), 100.0)
+        child_guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in PRICES.items()]),
+                                  FromParent(limit=40.0))
+        child = create_agent(scripted(child_msgs), _tools(runs), middleware=[child_guard.middleware()])
+
+        def delegate(task: str) -> str:
+            runs["delegate"] += 1
+            return str(child.invoke({"messages": [HumanMessage(task)]})["messages"][-1].content)
+
+        return parent, create_agent(scripted(parent_msgs), [StructuredTool.from_function(
+            delegate, name="delegate", description="d")], middleware=[parent.middleware()], checkpointer=saver)
+
+    guard, agent = build(child_script, parent_script)
+    assert "__interrupt__" in agent.invoke({"messages": [("user", "go")]}, cfg)
+    if fresh:
+        guard, agent = build(child_script[1:], parent_script[1:])
+    out = agent.invoke(Command(resume="yes"), cfg)
+    child_real = runs["a"] * 20.0 + runs["h"] * 10.0
+    assert runs["a"] == 1 and runs["h"] == 1  # the second a did not fit the carve
+    ledger = guard.ledger(out)
+    # delegate started twice (the interrupt re-runs it on resume) and is paid once, as one run.
+    assert ledger.spent == child_real + 1.0 and ledger.reserved == 0
