@@ -192,6 +192,9 @@ class _MeteredTools(list):  # type: ignore[type-arg]
         run = self._run
         return (MeteredTool(t, run) for t in super().__iter__())
 
+    def pop(self, index: Any = -1) -> Any:
+        return MeteredTool(super().pop(index), self._run)
+
     def __reversed__(self) -> Iterator[Any]:
         run = self._run
         return (MeteredTool(t, run) for t in super().__reversed__())
@@ -311,6 +314,7 @@ class CallRun:
         with episode.lock:
             runs = sum(1 for e in ledger.charges_of(self.key) if e.execution > 0)
             gated = ledger.get(self.key)
+            shared_refused = False
             try:
                 if gated is not None and gated.status == "reserved" and gated.execution == 0:
                     if ledger.halted:
@@ -329,9 +333,13 @@ class CallRun:
                 except BudgetExceededError:
                     if charge_id != self.key:
                         ledger.release(charge_id)  # this retry's own reservation (the gate's waits for finish)
+                    shared_refused = True
                     raise
             except BudgetExceededError:
-                if ledger.blocking_overrun > 0:
+                if shared_refused:
+                    # The shared budget (a store other runs draw on) has no room left for this run.
+                    text = fb.over_budget(name, price, ledger.remaining_for("tool"), ledger.budget)
+                elif ledger.blocking_overrun > 0:
                     text = fb.overrun_stop(name, ledger.blocking_overrun)
                 elif runs:
                     text = fb.retry_over_budget(name, price, ledger.remaining, ledger.budget, runs + 1)

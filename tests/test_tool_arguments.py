@@ -206,7 +206,7 @@ def test_a_call_the_tool_can_never_take_is_refused_free(schema, args):
     assert "no charge" in str(next(m for m in out["messages"] if isinstance(m, ToolMessage)).content)
 
 
-@pytest.mark.parametrize("how", ["copy", "reversed", "add", "deepcopy", "plain"])
+@pytest.mark.parametrize("how", ["copy", "reversed", "add", "deepcopy", "pop", "plain"])
 def test_every_way_of_reading_runtime_tools_gives_tools_metered_once(how):
     # A tool running a sibling through its runtime: copy.copy wrapped the tools twice (charged twice),
     # reversed() / + gave the raw tools (ran free).
@@ -221,7 +221,8 @@ def test_every_way_of_reading_runtime_tools_gives_tools_metered_once(how):
     def outer(x: int, runtime: ToolRuntime) -> str:
         tools = runtime.tools
         pool = {"copy": lambda: copy.copy(tools), "reversed": lambda: list(reversed(tools)),
-                "add": lambda: tools + [], "deepcopy": lambda: copy.deepcopy(tools), "plain": lambda: tools}[how]()
+                "add": lambda: tools + [], "deepcopy": lambda: copy.deepcopy(tools), "pop": lambda: [tools.pop()],
+                "plain": lambda: tools}[how]()
         return next(t for t in pool if t.name == "inner").invoke({"x": 1})
 
     tools = [StructuredTool.from_function(outer, name="outer", description="o"),
