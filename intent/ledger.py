@@ -396,13 +396,17 @@ class BudgetLedger:
             if rise > _EPS and not self._allow_overspend and not self._fits_here(rise, entry.kind):
                 raise BudgetExceededError(self._no_fit(call_id, tool or entry.tool, amount, entry.kind))
             if self._shared is not None and abs(rise) > _EPS:
-                # The store has no reprice: the new amount is reserved under a new charge id first
-                # (refused if it does not fit), then the old hold is given back.
+                # The store has no reprice: the new amount is held under a new charge id (refused if it
+                # does not fit) and the old hold given back, in one transaction when the store can.
                 store, key, run_id = self._shared
                 old = entry.store_id or f"{run_id}/{call_id}"
                 new = f"{run_id}/{call_id}~{len(self._entries)}:{amount!r}"
-                store.reserve(key, new, amount, run_id=run_id, tool=tool or entry.tool, kind=entry.kind)
-                store.release(key, old)
+                rekey = getattr(store, "rekey", None)
+                if callable(rekey):  # the old hold given back in the same transaction: a rise that fits fits
+                    rekey(key, old, new, amount, run_id=run_id, tool=tool or entry.tool, kind=entry.kind)
+                else:
+                    store.reserve(key, new, amount, run_id=run_id, tool=tool or entry.tool, kind=entry.kind)
+                    store.release(key, old)
                 entry = _evolve(entry, store_id=new)
             entry = _evolve(entry, amount=amount, tool=tool or entry.tool,
                             market_version=entry.market_version if market_version is None else market_version)

@@ -465,3 +465,18 @@ def test_a_thread_forked_after_another_process_ran_its_call_counts_both_runs_in_
     agent([AIMessage("done B")]).invoke(None, cfg)  # another process resumes and runs the call
     a.invoke(None, paused.config)  # the fork, back in the first process
     assert len(runs) == 2 and store.spent(budget_key) == 20.0 and store.reserved(budget_key) == 0
+
+
+def test_a_price_rise_that_fits_the_shared_budget_is_not_refused(store_url, budget_key):
+    # A reviewer's edit to a dearer tool: 1 + 1 held, one repriced to 3 makes 4 of 4. The new amount was
+    # reserved before the old hold was given back (5 > 4): refused.
+    from intent.ledger import BudgetLedger
+
+    store = _store(store_url)
+    store.create_budget(budget_key, 4.0)
+    ledger = BudgetLedger(10.0)
+    ledger.share(store, budget_key, "run")
+    ledger.reserve("a", "cheap", 1.0)
+    ledger.reserve("b", "cheap", 1.0)
+    ledger.reprice("b", 3.0, tool="dear")
+    assert store.reserved(budget_key) == 4.0 and ledger.reserved == 4.0
