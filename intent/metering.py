@@ -501,7 +501,7 @@ class CallRun:
 
     # ------------------------------------------------------------ the answer
     def _raised_by_the_tool(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is (or was raised from) an exception of the tool's own run, not of a
+        """Whether ``exc`` is (or was raised ``from``) an exception of the tool's own run, not of a
         middleware inside the guard (its bug, or its own failure: a classifier that is down)."""
         seen: set[int] = set()
         cur: BaseException | None = exc
@@ -509,7 +509,9 @@ class CallRun:
             if any(cur is r for r in self.raised):
                 return True
             seen.add(id(cur))
-            cur = cur.__cause__ or cur.__context__
+            # Only an explicit chain (``raise X from the_tools_error``): an exception a middleware raised
+            # while handling the tool's error (implicit ``__context__``) is that middleware's own.
+            cur = cur.__cause__
         return False
 
     def failed(self, exc: Exception) -> ToolMessage:

@@ -79,3 +79,35 @@ def test_another_middlewares_failure_inside_the_guard_is_not_answered_as_the_too
         _go(agent, use_async)
     assert runs == []
     assert guard.episodes.peek("t").ledger.spent == 0
+
+
+class _Wraps(AgentMiddleware):
+    """Inside the guard: turns the tool's error into its own, chained (``from``) or not."""
+
+    def __init__(self, chained: bool) -> None:
+        super().__init__()
+        self.chained = chained
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        try:
+            return handler(request)
+        except ProviderDown as exc:
+            if self.chained:
+                raise RuntimeError("wrapped") from exc
+            raise RuntimeError("the middleware's own bug")  # noqa: B904 - deliberately not chained
+
+
+@pytest.mark.parametrize("chained", [True, False], ids=["raise_from", "raised_while_handling"])
+def test_only_an_explicitly_chained_exception_is_answered_as_the_tools(chained):
+    runs: list[int] = []
+    guard, agent = _agent(runs, raise_in_tool=ProviderDown("quota"), inner=[_Wraps(chained)])
+    if chained:
+        out = _go(agent, False)
+        answer = next(m for m in out["messages"] if isinstance(m, ToolMessage))
+        assert answer.status == "error" and "charged 5" in str(answer.content)
+        assert guard.ledger(out).spent == 5.0
+    else:
+        with pytest.raises(RuntimeError, match="own bug"):  # it was answered as the tool's error
+            _go(agent, False)
+        assert guard.episodes.peek("t").ledger.spent == 5.0
+    assert runs == [1]
