@@ -35,7 +35,6 @@ __all__ = [
     "messages_of",
     "query_of",
     "model_args",
-    "model_schema",
     "tool_schema",
     "raised_bill",
     "result_message",
@@ -228,12 +227,6 @@ def tool_schema(tool: Any) -> ToolSchema:
             _SCHEMAS.pop(key, None)
     _SCHEMAS[id(tool)] = (ref, found)
     return found
-
-
-def model_schema(tool: Any) -> tuple[Any, frozenset[str] | None]:
-    """The tool's ``tool_call_schema`` (what the model sees) and its field names, cached per tool."""
-    found = tool_schema(tool)
-    return found.schema, found.fields
 
 
 def model_args(tool: Any, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -116,7 +116,7 @@ class ModelGate:
 
         if isinstance(response, AIMessage):
             response = ModelResponse(result=[response])
-        meter.abandon(charge=True)  # executions the step went on without (cancelled by their caller)
+        meter.abandon()  # executions the step went on without (cancelled by their caller)
         meter.settle(getattr(response, "result", []) or [])
         return ExtendedModelResponse(model_response=response, command=self.update(meter))
 
@@ -130,12 +130,12 @@ class ModelGate:
             with meter.metering() as step:  # every chat-model execution inside, whatever the model
                 response = handler(metered.override(model=meter.instrument(metered.model, step)))
         except ModelCallRefused as exc:  # a retry inside the guard that no longer fits
-            meter.abandon(charge=True)  # another call already sent (asyncio.gather) was billed
+            meter.abandon()  # another call already sent (asyncio.gather) was billed
             return self.stopped(meter, fb.model_refused(str(exc)))
         except BaseException:
             # Cancelled from outside (a timeout around ainvoke: LangChain reports no error for the
             # requests in flight), an interrupt, a crash: requests already sent were billed; charged.
-            meter.abandon(charge=True)
+            meter.abandon()
             raise
         return self.close(meter, response)
 
@@ -149,10 +149,10 @@ class ModelGate:
             with meter.metering() as step:  # every chat-model execution inside, whatever the model
                 response = await handler(metered.override(model=meter.instrument(metered.model, step)))
         except ModelCallRefused as exc:
-            meter.abandon(charge=True)
+            meter.abandon()
             return self.stopped(meter, fb.model_refused(str(exc)))
         except BaseException:
-            meter.abandon(charge=True)
+            meter.abandon()
             raise
         return self.close(meter, response)
 

@@ -235,9 +235,8 @@ class ModelCallMeter:
               own: bool | None = None, batch: Any = None, completion: bool = False) -> None:
         """Reserve one execution's worst case, or raise :class:`ModelCallRefused`. ``own``: the run is
         of this meter's model (default: its metadata says so, see :meth:`instrument`); ``batch``: the
-        run's place in a multi-prompt ``generate`` (its parent run id), whose other runs are not sent
-        yet when this one is refused."""
-        ledger = self.episode.ledger
+        multi-prompt ``generate`` it belongs to (:func:`_batch_of`), whose other runs are not sent yet
+        when this one is refused."""
         tools = params.get("tools") or ()
         if batch is not None and any(b is batch for b in self._refused_batches):
             # A prompt of this batch was refused: LangChain's async completion models start each prompt's
@@ -396,13 +395,12 @@ class ModelCallMeter:
         for m in messages:
             if not isinstance(m, AIMessage) or not m.usage_metadata:
                 continue
-            # A message a metered execution produced is paid: matched by id; one without an id, as that
-            # very message or a copy of one (a middleware that rebuilt it: same usage, same model), each
-            # metered message matched once (a side call's answer is not the response).
+            # A message a metered execution produced is paid: matched by id, or as that very message
+            # when it has no id (a side call's answer is not the response).
             if (m.id in self._metered_ids) if m.id else any(m is x for x in self._metered):
                 continue
             # A copy of the agent's own answer (same usage, same model) a middleware rebuilt, with a new
-            # id or none.
+            # id or none: each of the agent's metered answers matched once.
             twin = next((x for x in unmatched_own if getattr(x, "usage_metadata", None) == m.usage_metadata
                          and (x.response_metadata or {}).get("model_name")
                          == (m.response_metadata or {}).get("model_name")), None)
@@ -421,30 +419,21 @@ class ModelCallMeter:
                 ledger, entry, episode_id=self.episode.episode_id, step=self.step, query=self.query, model=model,
                 tokens=tokens_of(m.usage_metadata), reason=UNMETERED_MODEL_CALL)
 
-    def abandon(self, *, charge: bool = True) -> None:
+    def abandon(self) -> None:
         """End executions that never ended: each one's request was sent (its run started), and a provider
         bills it whether or not anyone reads the answer (the step went on without it, or stopped: a
         crash, an interrupt, whose re-run sends a new request), so its reserved worst case is charged;
-        a prompt of a failed batch after the failure was never sent and is released. ``charge=False``
-        releases them all (kept for callers that know nothing was sent)."""
+        a prompt of a failed batch after the failure was never sent and is released."""
         with self._lock:
             open_runs, self._open = list(self._open.values()), {}
             failed = list(self._failed_batches)
         for ex in open_runs:
             stop = next((p for b, p, _ in failed if b is ex.batch), None) if ex.batch is not None else None
-            if stop is not None:
-                # A batch that failed at ``stop``: a prompt before it was sent, one after it never was.
-                if ex.position < stop:
-                    self._charged(ex, MODEL_CANCELLED)
-                else:
-                    self._released(ex, ModelCallRefused("not sent: an earlier prompt of its batch failed"))
-            elif charge:
-                self._charged(ex, MODEL_CANCELLED)
+            if stop is not None and ex.position >= stop:
+                # A batch that failed at ``stop``: a prompt after it never was sent.
+                self._released(ex, ModelCallRefused("not sent: an earlier prompt of its batch failed"))
             else:
-                entry = self.episode.ledger.release(ex.charge_id)
-                if entry is not None:
-                    with self._lock:
-                        self.entries.append(entry)
+                self._charged(ex, MODEL_CANCELLED)
 
 
 class _MeterCallback(BaseCallbackHandler):
