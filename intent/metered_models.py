@@ -61,6 +61,7 @@ from intent.model_meter import (
     ModelCallRefused,
     _batch_of,
     callback_handlers,
+    partial_output,
     step_meter,
 )
 from intent.nesting import current_parent
@@ -179,6 +180,12 @@ class MeteredModelCallback(BaseCallbackHandler):
         with self._lock:
             self._meters[run_id] = (meter, config if in_state else None)
 
+    def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
+        with self._lock:
+            meter = self._meters.get(run_id, (None, None))[0]
+        if meter is not None:
+            meter.streamed(run_id)
+
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
             meter, config = self._meters.pop(run_id, (None, None))
@@ -196,9 +203,16 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
-            meter, _config = self._meters.pop(run_id, (None, None))
-        if meter is not None:
-            meter.error(run_id, error)  # released, never written: state never held the reservation
+            meter, config = self._meters.pop(run_id, (None, None))
+        if meter is None:
+            return
+        meter.error(run_id, error, partial_output(kwargs.get("response")))
+        charge = meter.entries[-1] if meter.entries else None
+        if config is not None and charge is not None and charge.status == "committed":
+            # Output generated before the failure (a stream that broke off) is billed: written as a
+            # finished run's charge is. A plain failure is released, never written (state never held it).
+            write_ledger_update(config, {**self.guard._channel_base(meter.episode),
+                                         "entries": {charge.call_id: charge.to_dict()}})
 
 
 def metered_copy(guard: BudgetGuard, model: Any) -> Any:

@@ -44,7 +44,7 @@ class ModelGate:
         messages = list(request.messages)
         step = turns_before(messages, len(messages), (channel or {}).get("turns"))  # the turn this call makes
         meter = ModelCallMeter(self.guard, episode, step=step, query=query_of(channel, messages),
-                               model=request.model)
+                               model=request.model, request_tail=messages[-1] if messages else None)
         settings = meter.request_settings(request.model_settings or {})
         prompt = [request.system_message, *messages] if request.system_message is not None else messages
         tools = _tool_schemas(request.tools or [])

@@ -21,7 +21,9 @@ The guard wraps each model request (``wrap_model_call``) with a :class:`ModelCal
 
 Worst case = prompt tokens × input price + ``max_tokens`` × output price. Prompt tokens are
 the prompt's UTF-8 bytes plus a per-message allowance (``prompt_tokens="bytes"``, default: a
-byte-level BPE token is at least one byte, so this never undercounts), or the model's own
+byte-level BPE token is at least one byte, so this never undercounts text) and
+:data:`MEDIA_PART_TOKENS` per image, audio or file part (an image's bill at the major providers
+is below it; audio, video and long documents can cost more: count those with a callable), or the model's own
 count (``"model"``: ``get_num_tokens_from_messages``), or a callable. ``max_tokens`` is the
 model's (from its invocation parameters); a model without one gets the guard's
 ``max_output_tokens`` bound into the request, so the bound is also the provider's limit.
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from intent.episodes import Episode
     from intent.guard import BudgetGuard
 
-__all__ = ["MAX_TOKEN_KEYS", "MODEL_OVER_BUDGET", "STEP_METER", "ModelCallMeter", "ModelCallRefused", "PromptTokens",
+__all__ = ["MAX_TOKEN_KEYS", "MEDIA_PART_TOKENS", "MODEL_OVER_BUDGET", "STEP_METER", "ModelCallMeter", "ModelCallRefused", "PromptTokens",
            "callback_handlers", "count_prompt_tokens", "model_name_of", "step_meter"]
 
 PromptTokens = Literal["bytes", "model"] | Callable[[Sequence[BaseMessage], Sequence[Any]], int]
@@ -64,8 +66,18 @@ MODEL_ERROR = "model_error"
 AGENT_MODEL_RUN = "intent_agent_model"  # metadata key on the guard's copy of the agent's model
 MODEL_CANCELLED = "cancelled"  # a stream stopped early or a cancelled call: charged at its reservation
 CACHE_HIT = "cache_hit"  # a response LangChain served from its cache: charged 0
+# A request that failed after the model had generated output (a stream that broke off): charged at its
+# partial usage when the chunks carried one, else at its reservation (never free).
+MODEL_FAILED_MID_STREAM = "failed_mid_stream"
 UNMETERED_MODEL_CALL = "unmetered_model_call"
 _PER_MESSAGE_TOKENS = 16  # role markers and separators a chat template adds around each message
+# What one content part that is not text (an image, audio, a file, given inline or by URL) is counted as,
+# on top of its bytes: above what OpenAI (about 2,500 at most), Anthropic (about 1,600) and Gemini (258 per
+# 768-pixel tile) bill for one image. Audio, video and long documents can cost more: count those with
+# BudgetGuard(prompt_tokens=<callable>).
+MEDIA_PART_TOKENS = 6_000
+_TEXT_PARTS = frozenset({"text", "reasoning", "thinking", "tool_use", "tool_call", "function_call",
+                         "non_standard", None})
 MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict", "max_new_tokens")
 _MODEL_KEYS = ("model_name", "model", "model_id")
 
@@ -113,11 +125,16 @@ def model_name_of(model: Any) -> str | None:
 
 
 def count_prompt_tokens(messages: Sequence[BaseMessage], tools: Sequence[Any] = ()) -> int:
-    """An upper bound on the prompt's tokens: its UTF-8 bytes and a per-message allowance."""
+    """An upper bound on the prompt's tokens: its UTF-8 bytes and a per-message allowance, and
+    :data:`MEDIA_PART_TOKENS` more for each part that is not text (an image, audio, a file): one given
+    by URL is a few bytes here but hundreds or thousands of tokens at the provider."""
     total = 0
     for m in messages:
         content = m.content if isinstance(m.content, str) else json.dumps(m.content, default=str)
         total += len(content.encode("utf-8")) + _PER_MESSAGE_TOKENS
+        if not isinstance(m.content, str):
+            total += MEDIA_PART_TOKENS * sum(1 for part in m.content
+                                             if isinstance(part, Mapping) and part.get("type") not in _TEXT_PARTS)
         calls = getattr(m, "tool_calls", None)
         if calls:
             total += len(json.dumps(calls, default=str).encode("utf-8"))
@@ -136,23 +153,30 @@ class _Execution:
     position: int = 0  # its place among that batch's runs, in start order (a sync batch sends in order)
     own: bool = False  # a run of the meter's own model (the agent's)
     completion: bool = False  # a completion (non-chat) model's run
+    generated: bool = False  # it has streamed output (on_llm_new_token): a failure after that is billed
+    # Its answer may be the step's response: a run of the agent's model, or one given the request's own
+    # prompt (a fallback, a routed model), not a side call on a prompt of its own.
+    answers: bool = False
 
 
 class ModelCallMeter:
     """The money side of one model request of one episode (all its executions)."""
 
     def __init__(self, guard: BudgetGuard, episode: Episode, *, step: int, query: str, model: Any,
-                 charge_reason: str = "accepted") -> None:
+                 charge_reason: str = "accepted", request_tail: BaseMessage | None = None) -> None:
         self.guard, self.episode, self.step, self.query, self.model = guard, episode, step, query, model
         self.charge_reason = charge_reason  # the reason of its charges' log records
         self.default_name = model_name_of(model)
+        self.request_tail = request_tail  # the model request's last message (see _Execution.answers)
         self._open: dict[Any, _Execution] = {}
         self.executions: list[_Execution] = []
         self.entries: list[LedgerEntry] = []
         self._metered_ids: set[str] = set()  # ids of the messages metered executions produced
         self._metered: list[BaseMessage] = []  # and the messages themselves (an answer may have no id)
         self._refused_batches: list[Any] = []  # multi-prompt generate() calls with a refused prompt
-        self._metered_own: list[BaseMessage] = []  # the messages the agent's own runs produced
+        # The messages of runs that answer the request (_Execution.answers): a copy of one that a middleware
+        # rebuilt is that run's answer, paid (settle).
+        self._metered_answers: list[BaseMessage] = []
         # Multi-prompt generate() calls with a failed prompt: (batch, its position, the exception). A sync
         # batch stops there: the prompts started before it were sent (billed, results dropped), later not.
         self._failed_batches: list[tuple[Any, int, BaseException]] = []
@@ -251,9 +275,16 @@ class ModelCallMeter:
         # at the guard's max_output_tokens.
         named = _model_name_of(params) or (metadata or {}).get("ls_model_name")
         model_name = named or (self.default_name if own else None)
-        max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {}, *([self.model] if own else []))
+        # LangChain also reports a model's own bound to tracers (ls_max_tokens, from its attributes).
+        reported_bound = {"max_tokens": (metadata or {}).get("ls_max_tokens")}
+        max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {}, reported_bound,
+                                        *([self.model] if own else []))
         try:
-            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, own, completion)
+            tail = self.request_tail
+            answers = own or bool(tail is not None and messages and (messages[-1] is tail or (
+                type(messages[-1]) is type(tail) and messages[-1].content == tail.content)))
+            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, own, completion,
+                              answers)
         except ModelCallRefused:
             if batch is not None:
                 with self._lock:
@@ -263,7 +294,7 @@ class ModelCallMeter:
 
     def _reserve_run(self, run_id: Any, messages: Sequence[BaseMessage], tools: Any, max_tokens: int | None,
                      model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any, own: bool,
-                     completion: bool) -> None:
+                     completion: bool, answers: bool = False) -> None:
         ledger = self.episode.ledger
         try:
             name, price, amount = self.worst_case(messages, tools, max_tokens, model_name)
@@ -288,7 +319,7 @@ class ModelCallMeter:
         with self._lock:
             position = sum(1 for e in self.executions if batch is not None and e.batch is batch)
             ex = _Execution(charge_id, name, price, f"{METERED_MODEL}:{source}" if source else self.charge_reason,
-                            batch, position, own, completion)
+                            batch, position, own, completion, answers=answers)
             self._open[run_id] = ex
             self.executions.append(ex)
             self.entries.append(entry)
@@ -337,14 +368,22 @@ class ModelCallMeter:
             self.entries.append(entry)
             if message is not None:
                 self._metered.append(message)
-                if ex.own:
-                    self._metered_own.append(message)
+                if ex.answers:
+                    self._metered_answers.append(message)
                 if getattr(message, "id", None):
                     self._metered_ids.add(message.id)
         self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
                                         query=self.query, model=name, tokens=tokens, reason=reason)
 
-    def error(self, run_id: Any, exc: BaseException) -> None:
+    def streamed(self, run_id: Any) -> None:
+        """The run has streamed a token: it has been served, at least in part."""
+        ex = self._open.get(run_id)
+        if ex is not None:
+            ex.generated = True
+
+    def error(self, run_id: Any, exc: BaseException, partial: BaseMessage | None = None) -> None:
+        """``partial``: what the model had generated before it failed (LangChain passes a stream's
+        chunks so far to ``on_llm_error``); such a request was served, at least in part, and billed."""
         with self._lock:
             ex = self._open.pop(run_id, None)
         if ex is None:
@@ -360,6 +399,20 @@ class ModelCallMeter:
             # call cancelled by a timeout, Ctrl-C. The request reached the provider, which bills what it
             # generated; how much is unknown, so the reserved worst case is charged (never free).
             self._charged(ex, MODEL_CANCELLED)
+            return
+        if partial is not None or ex.generated:
+            # Output was generated before the failure (a connection that dropped mid-stream): the provider
+            # bills it. At its usage when a chunk reported one, else at the reserved worst case. (A model
+            # streamed inside invoke reports no partial output with its error, only its tokens as they came.)
+            usage = getattr(partial, "usage_metadata", None)
+            billed = cost_of_usage(ex.price, usage) if usage else None
+            ledger = self.episode.ledger
+            entry = ledger.commit(ex.charge_id, billed)
+            with self._lock:
+                self.entries.append(entry)
+            self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
+                                            query=self.query, model=ex.model,
+                                            tokens=tokens_of(usage) if usage else {}, reason=MODEL_FAILED_MID_STREAM)
             return
         if seen is not None and ex.completion:
             # A completion model's batch ends every run with the one exception: the runs before the
@@ -391,25 +444,33 @@ class ModelCallMeter:
     def settle(self, messages: Sequence[BaseMessage]) -> None:
         """Charge a response no metered execution produced (its model ran outside the step's context,
         or outside LangChain), from its usage, after the fact."""
-        unmatched_own = list(self._metered_own)
+        direct: list[BaseMessage] = []  # metered answers in the response as themselves
+        unmetered: list[AIMessage] = []
         for m in messages:
             if not isinstance(m, AIMessage) or not m.usage_metadata:
                 continue
             # A message a metered execution produced is paid: matched by id, or as that very message
             # when it has no id (a side call's answer is not the response).
-            if (m.id in self._metered_ids) if m.id else any(m is x for x in self._metered):
-                continue
-            # A copy of the agent's own answer (same usage, same model) a middleware rebuilt, with a new
-            # id or none: each of the agent's metered answers matched once.
-            twin = next((x for x in unmatched_own if getattr(x, "usage_metadata", None) == m.usage_metadata
+            if m.id and m.id in self._metered_ids:
+                direct.extend(x for x in self._metered if getattr(x, "id", None) == m.id)
+            elif not m.id and any(m is x for x in self._metered):
+                direct.append(m)
+            else:
+                unmetered.append(m)
+        # A copy of a metered answer (same usage, same reported model) that a middleware rebuilt, with a new
+        # id or none: the agent's own answer, or a fallback's or a routed model's (not a side call's, whose
+        # answer the middleware consumed). Each metered answer is matched once.
+        twins = [x for x in self._metered_answers if not any(x is d for d in direct)]
+        for m in unmetered:
+            twin = next((x for x in twins if getattr(x, "usage_metadata", None) == m.usage_metadata
                          and (x.response_metadata or {}).get("model_name")
                          == (m.response_metadata or {}).get("model_name")), None)
             if twin is not None:
-                unmatched_own.remove(twin)
+                twins.remove(twin)
                 continue
             name = (m.response_metadata or {}).get("model_name") or self.default_name
             ledger = self.episode.ledger
-            model, price = self.price_of(name)
+            model, price = self._price_after_the_fact(name)
             cost = cost_of_usage(price, m.usage_metadata)
             charge_id = f"model:{self.episode.episode_id}:{self.step}:{uuid.uuid4().hex[:10]}"
             with self.episode.lock:  # the money was spent
@@ -418,6 +479,19 @@ class ModelCallMeter:
             self.guard.records.model_charge(
                 ledger, entry, episode_id=self.episode.episode_id, step=self.step, query=self.query, model=model,
                 tokens=tokens_of(m.usage_metadata), reason=UNMETERED_MODEL_CALL)
+
+    def _price_after_the_fact(self, name: str | None) -> tuple[str, ModelPrice]:
+        """The price of an answer already paid for to the provider: its model's, else the dearest in the
+        table (an upper bound: the money is spent, and refusing now would only crash the run after it, as
+        a provider that reports a versioned name the table lacks would). ``UnpricedModelError`` only when
+        the table is empty."""
+        found = self.guard.model_prices.find(name)
+        if found is not None:
+            return found
+        worst = self.guard.model_prices.most_expensive()
+        if worst is None:
+            return self.price_of(name)  # raises, naming the model
+        return name or "unknown-model", worst
 
     def abandon(self) -> None:
         """End executions that never ended: each one's request was sent (its run started), and a provider
@@ -463,6 +537,9 @@ class _MeterCallback(BaseCallbackHandler):
         self.meter.start(run_id, [HumanMessage(p) for p in prompts], kwargs.get("invocation_params") or {}, metadata,
                          serialized, batch=_batch_of(kwargs), completion=True)
 
+    def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
+        self.meter.streamed(run_id)
+
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         message = None
         generations = getattr(response, "generations", None) or []
@@ -471,7 +548,24 @@ class _MeterCallback(BaseCallbackHandler):
         self.meter.end(run_id, message)
 
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
-        self.meter.error(run_id, error)
+        self.meter.error(run_id, error, partial_output(kwargs.get("response")))
+
+
+def partial_output(response: Any) -> BaseMessage | None:
+    """The output a failed run had generated, from the ``response`` LangChain passes to ``on_llm_error``
+    (a stream's chunks so far, next to a generation carrying only the error's metadata); ``None``
+    when it had generated nothing."""
+    for generations in getattr(response, "generations", None) or ():
+        for generation in generations or ():
+            message = getattr(generation, "message", None)
+            if message is None:
+                if getattr(generation, "text", ""):  # a completion model's partial text
+                    return AIMessage(content=generation.text)
+                continue
+            if (message.content or getattr(message, "tool_call_chunks", None) or getattr(message, "tool_calls", None)
+                    or getattr(message, "usage_metadata", None)):
+                return message
+    return None
 
 
 # The meter of the guard's model step running in this context. LangChain adds the handler held

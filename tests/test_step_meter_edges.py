@@ -475,3 +475,222 @@ def test_an_answer_rebuilt_with_a_new_id_is_not_charged_twice():
 
     out = _run(guard, runs, [Redactor()])
     assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.11)
+
+
+class DropsMidStream(BilledChatModel):
+    """Streams a chunk, then its connection drops: the request was served in part, and billed."""
+
+    def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        from langchain_core.messages import AIMessageChunk
+        from langchain_core.outputs import ChatGenerationChunk
+
+        self.runs.hit(self.model_name, 10, 100)
+        chunk = ChatGenerationChunk(message=AIMessageChunk(content="partial "))
+        if run_manager is not None:
+            run_manager.on_llm_new_token("partial ", chunk=chunk)
+        yield chunk
+        raise ConnectionError("connection reset mid-stream")
+
+    async def _astream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        for chunk in self._stream(messages, stop, None, **kwargs):
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_side_stream_that_breaks_off_after_its_first_chunk_is_paid(use_async):
+    runs, guard = ModelRuns(), _guard()
+    side = DropsMidStream(model_name="side", runs=runs)
+
+    def read(request: Any) -> None:
+        with pytest.raises(ConnectionError):
+            for _ in side.stream("q"):
+                pass
+
+    async def aread(request: Any) -> None:
+        with pytest.raises(ConnectionError):
+            async for _ in side.astream("q"):
+                pass
+
+    out = _run(guard, runs, [Side(read, aread)], use_async)
+    ledger = guard.ledger(out)
+    # The side call is charged its reservation (its usage never came): was released, 0.11 for 0.66 billed.
+    assert runs.cost(PRICES) == pytest.approx(0.66) and ledger.spent >= 0.66 - 1e-9 and ledger.reserved == 0
+    assert ("side", pytest.approx(0.585), "failed_mid_stream") in _charges(guard)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_the_agents_model_streamed_inside_invoke_that_breaks_off_and_is_retried_pays_both_attempts(use_async):
+    # agent.stream(stream_mode="messages") makes the model stream inside its invoke; LangChain then reports the
+    # failure with no partial output, only the tokens as they came.
+    runs, guard = ModelRuns(), _guard()
+    attempts = {"n": 0}
+
+    class Flaky(DropsMidStream):
+        def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            attempts["n"] += 1
+            if attempts["n"] == 1:
+                yield from super()._stream(messages, stop, run_manager, **kwargs)
+            else:
+                yield from BilledChatModel._stream(self, messages, stop, run_manager, **kwargs)
+
+    retry = ModelRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False, backoff_factor=0.0)
+    agent = create_agent(Flaky(model_name="primary", runs=runs), [], middleware=[guard.middleware(), retry])
+    inp = {"messages": [("user", "q")]}
+
+    async def astream() -> Any:
+        last = None
+        async for mode, chunk in agent.astream(inp, stream_mode=["messages", "values"]):
+            last = chunk if mode == "values" else last
+        return last
+
+    if use_async:
+        out = asyncio.run(astream())
+    else:
+        out = None
+        for mode, chunk in agent.stream(inp, stream_mode=["messages", "values"]):
+            out = chunk if mode == "values" else out
+    ledger = guard.ledger(out)
+    assert runs.names() == ["primary", "primary"]
+    assert ledger.spent >= runs.cost(PRICES) - 1e-9 and ledger.reserved == 0  # was 0.11 for 0.22 billed
+
+
+class _Redactor(AgentMiddleware):
+    """Rebuilds the answer below it: same usage and model, a new id (or none)."""
+
+    def __init__(self, new_id: str | None) -> None:
+        super().__init__()
+        self.new_id = new_id
+
+    def _rebuilt(self, response: Any) -> AIMessage:
+        m = response.result[-1]
+        return AIMessage("[redacted]", id=self.new_id, usage_metadata=m.usage_metadata,
+                         response_metadata=m.response_metadata)
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        return self._rebuilt(handler(request))
+
+    async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+        return self._rebuilt(await handler(request))
+
+
+class _Route(AgentMiddleware):
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        return handler(request.override(model=self.model))
+
+    async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+        return await handler(request.override(model=self.model))
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("new_id", [None, "new-id"])
+def test_a_routed_models_answer_rebuilt_by_a_middleware_is_paid_once(use_async, new_id):
+    runs, guard = ModelRuns(), _guard(budget=0.7)
+    out = _run(guard, runs, [_Redactor(new_id), _Route(Fake(model_name="side", runs=runs))], use_async)
+    ledger = guard.ledger(out)
+    # was 1.10 (the routed run metered, then its rebuilt copy charged again), over the budget of 0.7
+    assert ledger.spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.55)
+
+
+def test_a_rebuilt_answer_naming_a_model_the_table_lacks_is_paid_not_a_crash():
+    runs, guard = ModelRuns(), _guard()
+
+    class Versioned(BilledChatModel):  # priced as "side"; the provider reports a name the table lacks
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            result = super()._generate(*args, **kwargs)
+            result.generations[0].message.response_metadata["model_name"] = "acme/side-v2"
+            return result
+
+    out = _run(guard, runs, [_Redactor(None), _Route(Versioned(model_name="side", runs=runs))])
+    assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.55)  # was UnpricedModelError
+
+
+def test_an_unmetered_answer_naming_a_model_the_table_lacks_is_charged_at_the_dearest_price():
+    runs, guard = ModelRuns(), _guard()
+
+    class Direct(AgentMiddleware):  # a provider SDK's call: not a LangChain run, so only settle() sees it
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            runs.hit("side", 10, 100)
+            return AIMessage("answer", usage_metadata={"input_tokens": 10, "output_tokens": 100, "total_tokens": 110},
+                             response_metadata={"model_name": "acme/unknown-v9"})
+
+    out = _run(guard, runs, [Direct()])
+    assert guard.ledger(out).spent == pytest.approx(0.55)  # side's price, the dearest: was UnpricedModelError
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_side_models_bound_that_langchain_reports_for_tracers_prices_its_run(use_async):
+    # max_tokens is an attribute of the model only (not in its invocation parameters); LangChain reports it to
+    # callbacks as ls_max_tokens.
+    runs, guard = ModelRuns(), _guard(budget=2.0, max_output_tokens=100)
+
+    class TracedBound(Bounded):
+        def _get_ls_params(self, stop: Any = None, **kwargs: Any) -> Any:
+            return {**super()._get_ls_params(stop=stop, **kwargs), "ls_max_tokens": self.max_tokens}
+
+    side = TracedBound(model_name="side", runs=runs, max_tokens=1000)
+    refused: list[str] = []
+
+    def call(request: Any) -> None:
+        try:
+            side.invoke("q")
+        except Exception as exc:  # noqa: BLE001 - the refusal is what is checked
+            refused.append(type(exc).__name__)
+
+    async def acall(request: Any) -> None:
+        try:
+            await side.ainvoke("q")
+        except Exception as exc:  # noqa: BLE001
+            refused.append(type(exc).__name__)
+
+    out = _run(guard, runs, [Side(call, acall)], use_async)
+    # Reserved at 1000 output tokens (5.05 > 2.0): refused, never run. Was reserved at 100, then 5.05 spent.
+    assert refused == ["ModelCallRefused"] and runs.names() == ["primary"]
+    assert guard.ledger(out).spent == pytest.approx(0.11)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_an_image_given_by_url_counts_as_many_tokens_not_as_its_url(use_async):
+    from intent.model_meter import MEDIA_PART_TOKENS, count_prompt_tokens
+
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    text_only = count_prompt_tokens([HumanMessage(content=[{"type": "text", "text": "what is this?"}])])
+    with_image = count_prompt_tokens([HumanMessage(content=[{"type": "text", "text": "what is this?"}, image])])
+    assert with_image - text_only >= MEDIA_PART_TOKENS  # was the URL's 70-odd bytes
+    runs, guard = ModelRuns(), _guard(budget=0.5)
+    agent = create_agent(Fake(runs=runs), [], middleware=[guard.middleware()])
+    inp = {"messages": [HumanMessage(content=[{"type": "text", "text": "what is this?"}, image])]}
+    out = asyncio.run(agent.ainvoke(inp)) if use_async else agent.invoke(inp)
+    assert runs.names() == [] and guard.ledger(out).spent == 0  # its worst case (about 6.2) does not fit 0.5
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_metered_copy_streamed_outside_the_model_step_that_breaks_off_is_paid_and_in_state(use_async):
+    # guard.metered_model() called from a before_model hook (a summariser's place): not inside the step's meter.
+    runs, guard = ModelRuns(), _guard()
+    side = guard.metered_model(DropsMidStream(model_name="side", runs=runs))
+
+    class Before(AgentMiddleware):
+        def before_model(self, state: Any, runtime: Any) -> None:
+            with pytest.raises(ConnectionError):
+                for _ in side.stream("q"):
+                    pass
+
+        async def abefore_model(self, state: Any, runtime: Any) -> None:
+            with pytest.raises(ConnectionError):
+                async for _ in side.astream("q"):
+                    pass
+
+    agent = create_agent(Fake(runs=runs), [], middleware=[guard.middleware(), Before()])
+    inp, config = {"messages": [("user", "q")]}, {"configurable": {"thread_id": f"t{use_async}"}}
+    out = asyncio.run(agent.ainvoke(inp, config)) if use_async else agent.invoke(inp, config)
+    entries = out["intent_ledger"]["entries"].values()
+    assert runs.cost(PRICES) == pytest.approx(0.66)
+    # The broken-off run's charge is in graph state (was released: 0.11 for 0.66 billed).
+    assert sum(e["amount"] for e in entries if e["status"] == "committed") >= 0.66 - 1e-9
+    assert guard.ledger(out).reserved == 0
