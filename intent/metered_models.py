@@ -61,6 +61,7 @@ from intent.model_meter import (
     ModelCallRefused,
     _batch_of,
     callback_handlers,
+    is_output_event,
     partial_output,
     step_meter,
 )
@@ -185,6 +186,10 @@ class MeteredModelCallback(BaseCallbackHandler):
             meter = self._meters.get(run_id, (None, None))[0]
         if meter is not None:
             meter.streamed(run_id)
+
+    def on_stream_event(self, event: Any, *, run_id: Any, **kwargs: Any) -> None:
+        if is_output_event(event):
+            self.on_llm_new_token("", run_id=run_id)
 
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:

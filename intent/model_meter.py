@@ -76,8 +76,11 @@ _PER_MESSAGE_TOKENS = 16  # role markers and separators a chat template adds aro
 # 768-pixel tile) bill for one image. Audio, video and long documents can cost more: count those with
 # BudgetGuard(prompt_tokens=<callable>).
 MEDIA_PART_TOKENS = 6_000
-_TEXT_PARTS = frozenset({"text", "reasoning", "thinking", "tool_use", "tool_call", "function_call",
-                         "non_standard", None})
+# Content-part types that are media (LangChain's standard blocks, OpenAI's Chat Completions and Responses,
+# Anthropic's, Gemini's): every other part (text, reasoning, tool calls, server tool results...) is text,
+# counted by its bytes.
+_MEDIA_PARTS = frozenset({"image", "image_url", "input_image", "audio", "input_audio", "video", "file",
+                          "input_file", "document", "media", "file_data", "inline_data"})
 MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict", "max_new_tokens")
 _MODEL_KEYS = ("model_name", "model", "model_id")
 
@@ -134,7 +137,7 @@ def count_prompt_tokens(messages: Sequence[BaseMessage], tools: Sequence[Any] = 
         total += len(content.encode("utf-8")) + _PER_MESSAGE_TOKENS
         if not isinstance(m.content, str):
             total += MEDIA_PART_TOKENS * sum(1 for part in m.content
-                                             if isinstance(part, Mapping) and part.get("type") not in _TEXT_PARTS)
+                                             if isinstance(part, Mapping) and part.get("type") in _MEDIA_PARTS)
         calls = getattr(m, "tool_calls", None)
         if calls:
             total += len(json.dumps(calls, default=str).encode("utf-8"))
@@ -540,6 +543,11 @@ class _MeterCallback(BaseCallbackHandler):
     def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
         self.meter.streamed(run_id)
 
+    def on_stream_event(self, event: Any, *, run_id: Any, **kwargs: Any) -> None:
+        # stream_events(version="v3") streams without on_llm_new_token: output has come once a block has.
+        if is_output_event(event):
+            self.meter.streamed(run_id)
+
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         message = None
         generations = getattr(response, "generations", None) or []
@@ -549,6 +557,14 @@ class _MeterCallback(BaseCallbackHandler):
 
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         self.meter.error(run_id, error, partial_output(kwargs.get("response")))
+
+
+# The events of LangChain's v3 stream protocol that carry generated output (a block started or grew).
+_OUTPUT_EVENTS = frozenset({"content-block-start", "content-block-delta", "content-block-finish"})
+
+
+def is_output_event(event: Any) -> bool:
+    return isinstance(event, Mapping) and event.get("event") in _OUTPUT_EVENTS
 
 
 def partial_output(response: Any) -> BaseMessage | None:

@@ -478,23 +478,19 @@ def test_an_answer_rebuilt_with_a_new_id_is_not_charged_twice():
 
 
 class DropsMidStream(BilledChatModel):
-    """Streams a chunk, then its connection drops: the request was served in part, and billed."""
+    """Streams a chunk, then its connection drops: the request was served in part, and billed. (It reports
+    no tokens itself: LangChain's stream() and invoke() do, and stream_events(version="v3") sends events.)"""
 
     def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
         from langchain_core.messages import AIMessageChunk
         from langchain_core.outputs import ChatGenerationChunk
 
         self.runs.hit(self.model_name, 10, 100)
-        chunk = ChatGenerationChunk(message=AIMessageChunk(content="partial "))
-        if run_manager is not None:
-            run_manager.on_llm_new_token("partial ", chunk=chunk)
-        yield chunk
+        yield ChatGenerationChunk(message=AIMessageChunk(content="partial "))
         raise ConnectionError("connection reset mid-stream")
 
     async def _astream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
         for chunk in self._stream(messages, stop, None, **kwargs):
-            if run_manager is not None:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
 
@@ -521,9 +517,11 @@ def test_a_side_stream_that_breaks_off_after_its_first_chunk_is_paid(use_async):
 
 
 @pytest.mark.parametrize("use_async", [False, True])
-def test_the_agents_model_streamed_inside_invoke_that_breaks_off_and_is_retried_pays_both_attempts(use_async):
+@pytest.mark.parametrize("mode", ["messages", "v3"])
+def test_the_agents_model_streamed_inside_invoke_that_breaks_off_and_is_retried_pays_both_attempts(use_async, mode):
     # agent.stream(stream_mode="messages") makes the model stream inside its invoke; LangChain then reports the
-    # failure with no partial output, only the tokens as they came.
+    # failure with no partial output, only the tokens as they came. stream_events(version="v3") streams it with
+    # protocol events instead of tokens.
     runs, guard = ModelRuns(), _guard()
     attempts = {"n": 0}
 
@@ -536,21 +534,40 @@ def test_the_agents_model_streamed_inside_invoke_that_breaks_off_and_is_retried_
                 yield from BilledChatModel._stream(self, messages, stop, run_manager, **kwargs)
 
     retry = ModelRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False, backoff_factor=0.0)
-    agent = create_agent(Flaky(model_name="primary", runs=runs), [], middleware=[guard.middleware(), retry])
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    agent = create_agent(Flaky(model_name="primary", runs=runs), [], middleware=[guard.middleware(), retry],
+                         checkpointer=InMemorySaver())
     inp = {"messages": [("user", "q")]}
 
     async def astream() -> Any:
         last = None
-        async for mode, chunk in agent.astream(inp, stream_mode=["messages", "values"]):
-            last = chunk if mode == "values" else last
+        async for kind, chunk in agent.astream(inp, config, stream_mode=["messages", "values"]):
+            last = chunk if kind == "values" else last
         return last
 
-    if use_async:
+    async def aevents() -> None:
+        async for _ in await agent.astream_events(inp, config, version="v3"):
+            pass
+
+    config = {"configurable": {"thread_id": f"t-{mode}-{use_async}"}}
+    if mode == "v3":
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # LangChainBetaWarning: the v3 protocol is beta
+            if use_async:
+                asyncio.run(aevents())
+            else:
+                for _ in agent.stream_events(inp, config, version="v3"):
+                    pass
+        out = agent.get_state(config).values
+    elif use_async:
         out = asyncio.run(astream())
     else:
         out = None
-        for mode, chunk in agent.stream(inp, stream_mode=["messages", "values"]):
-            out = chunk if mode == "values" else out
+        for kind, chunk in agent.stream(inp, config, stream_mode=["messages", "values"]):
+            out = chunk if kind == "values" else out
     ledger = guard.ledger(out)
     assert runs.names() == ["primary", "primary"]
     assert ledger.spent >= runs.cost(PRICES) - 1e-9 and ledger.reserved == 0  # was 0.11 for 0.22 billed
@@ -694,3 +711,17 @@ def test_a_metered_copy_streamed_outside_the_model_step_that_breaks_off_is_paid_
     # The broken-off run's charge is in graph state (was released: 0.11 for 0.66 billed).
     assert sum(e["amount"] for e in entries if e["status"] == "committed") >= 0.66 - 1e-9
     assert guard.ledger(out).reserved == 0
+
+
+def test_parts_that_are_not_media_are_counted_by_their_bytes_only():
+    # A history with a refusal, a provider's server-side tool call and its result, redacted thinking: text, not
+    # images (each counted as 6,000 tokens once made calls that fit be refused).
+    from intent.model_meter import count_prompt_tokens
+
+    parts = [{"type": "refusal", "refusal": "no"}, {"type": "server_tool_call", "id": "s1", "name": "web_search",
+             "args": {"q": "x"}}, {"type": "server_tool_result", "tool_call_id": "s1", "output": "found"},
+             {"type": "redacted_thinking", "data": "abc"}, {"type": "web_search_call", "id": "w1"}]
+    message = AIMessage(content=parts)
+    import json
+
+    assert count_prompt_tokens([message]) == len(json.dumps(parts).encode()) + 16
