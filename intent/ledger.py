@@ -41,6 +41,7 @@ commit their own call merge without losing a charge.
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
@@ -155,6 +156,10 @@ class BudgetLedger:
 
     def _put(self, entry: LedgerEntry) -> None:
         old = self._entries.get(entry.call_id)
+        if (old is not None and old.status == entry.status and old.amount == entry.amount
+                and old.overrun == entry.overrun and old.kind == entry.kind):
+            self._entries[entry.call_id] = entry  # no total moves (a run number, a store id): every tool call
+            return
         if old is not None:
             self._totals[old.status] -= old.amount
             self._overrun -= old.overrun
@@ -229,7 +234,7 @@ class BudgetLedger:
         """What a call of ``kind`` may still reserve: the total left, its sub-cap's left, and the
         shared budget's left."""
         with self._lock:
-            left = self.remaining
+            left = max(0.0, self._budget + sum(self._top_ups.values()) - self._sum("committed") - self._sum("reserved"))
             group = CAP_OF_KIND.get(kind)
             if group in self._caps:
                 left = min(left, max(0.0, self._caps[group] - self._held_by_group.get(group, 0.0)))
@@ -257,8 +262,8 @@ class BudgetLedger:
     def halted(self) -> bool:
         """Whether a tool's overrun stopped all further spending (enforcing ledgers only): then even
         a reservation made before the overrun may not start its run."""
-        with self._lock:
-            return self._blocking_overrun > _EPS and not self._allow_overspend
+        # One float, assigned whole (no lock needed to read it); the flag never changes.
+        return self._blocking_overrun > _EPS and not self._allow_overspend
 
     @property
     def allow_overspend(self) -> bool:
@@ -295,12 +300,13 @@ class BudgetLedger:
     def _fits_here(self, amount: float, kind: str) -> bool:
         """The local part of :meth:`fits` (the shared store checks its own part atomically)."""
         with self._lock:
-            if self.halted:
+            if self._blocking_overrun > _EPS and not self._allow_overspend:  # halted
                 return False
             group = CAP_OF_KIND.get(kind)
             if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
                 return False
-            return self._sum("committed") + self._sum("reserved") + amount <= self.budget + _EPS
+            return (self._sum("committed") + self._sum("reserved") + amount
+                    <= self._budget + sum(self._top_ups.values()) + _EPS)
 
     def fits(self, amount: float, kind: str = "tool") -> bool:
         """Whether ``amount`` more of ``kind`` can be reserved: within the total, the kind's
@@ -349,7 +355,8 @@ class BudgetLedger:
             raise LedgerError(f"call_id must be a non-empty string, got {call_id!r}")
         if kind not in ENTRY_KINDS:
             raise LedgerError(f"kind must be one of {ENTRY_KINDS}, got {kind!r}")
-        amount = check_amount(amount, f"amount of call {call_id!r}")
+        if not (type(amount) is float and 0.0 <= amount < math.inf):  # the usual case needs no message built
+            amount = check_amount(amount, f"amount of call {call_id!r}")
         with self._lock:
             existing = self._entries.get(call_id)
             if existing is not None:
@@ -430,7 +437,9 @@ class BudgetLedger:
                     # Held, it would sit beside the re-run's own hold until its lease ran out.
                     store, key, run_id = self._shared
                     store.release(key, entry.store_id or f"{run_id}/{call_id}")  # the re-run rekeys
-                entry = _evolve(entry, execution=execution)
+                entry = LedgerEntry(entry.call_id, entry.tool, entry.amount, entry.status, entry.seq,
+                                    entry.market_version, entry.tool_call_id, execution, entry.overrun, entry.kind,
+                                    entry.store_id)  # _evolve(entry, execution=execution), on every tool call
             self._put(entry)
             return entry
 
@@ -468,7 +477,8 @@ class BudgetLedger:
             if amount is None:
                 entry = _with_status(entry, "committed")
             else:
-                billed = check_amount(amount, f"billed amount of call {call_id!r}")
+                billed = amount if type(amount) is float and 0.0 <= amount < math.inf else check_amount(
+                    amount, f"billed amount of call {call_id!r}")
                 over = max(0.0, billed - entry.amount)
                 entry = _evolve(entry, status="committed", amount=billed, overrun=over if over > _EPS else 0.0)
             if self._shared is not None:
@@ -592,7 +602,8 @@ def _evolve(entry: LedgerEntry, **changes: Any) -> LedgerEntry:
 
 
 def _with_status(entry: LedgerEntry, status: EntryStatus) -> LedgerEntry:
-    return _evolve(entry, status=status)
+    return LedgerEntry(entry.call_id, entry.tool, entry.amount, status, entry.seq, entry.market_version,
+                       entry.tool_call_id, entry.execution, entry.overrun, entry.kind, entry.store_id)
 
 
 def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -75,6 +75,22 @@ CANCELLED = "cancelled"
 _NO_LEASE = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
+def _copy_with(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace(obj, **changes)`` for the request and runtime of every tool call, by
+    copying the instance's ``__dict__``: ``replace`` reads the fields and runs ``__init__`` (for
+    ``ToolCallRequest``, a ``__setattr__`` per field that imports ``warnings`` and checks
+    ``hasattr`` twice), about 5 us per call. Falls back to ``replace`` for a class with a
+    ``__post_init__`` or without a ``__dict__``, where a copy would skip what ``__init__`` does."""
+    cls = type(obj)
+    fields = getattr(cls, "__dataclass_fields__", None)
+    if fields is None or hasattr(cls, "__post_init__") or not hasattr(obj, "__dict__") or not changes.keys() <= fields.keys():
+        return dataclasses.replace(obj, **changes)
+    new = object.__new__(cls)
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
+
+
 def _lease(ledger: Any, charge_id: str) -> Any:
     """A context manager that renews ``charge_id``'s lease in the ledger's shared budget store while
     the call runs (a no-op without a store: the common case, so nothing is made for it)."""
@@ -271,8 +287,9 @@ class CallRun:
         runtime = request.runtime
         tools = getattr(runtime, "tools", None)
         if tools and dataclasses.is_dataclass(runtime):
-            overrides["runtime"] = dataclasses.replace(runtime, tools=_MeteredTools(tools, self))
-        return request.override(**overrides) if overrides else request
+            overrides["runtime"] = _copy_with(runtime, tools=_MeteredTools(tools, self))
+        # request.override(**overrides), which is dataclasses.replace for these keys (not "state")
+        return _copy_with(request, **overrides) if overrides else request
 
     # --------------------------------------------------------------- one run
     def _context(self, name: str, args: Mapping[str, Any], price: float) -> DecisionContext:

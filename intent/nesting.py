@@ -17,8 +17,7 @@ lives in process: the child runs inside the parent's call.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,15 +50,22 @@ def current_parent() -> ParentCall | None:
     return _CURRENT.get()
 
 
-@contextmanager
-def spending_scope(guard: BudgetGuard, episode: Episode, key: str) -> Iterator[ParentCall]:
-    """Sub-agents started inside carve from ``episode`` under ``key``."""
-    parent = ParentCall(guard, episode, key)
-    token = _CURRENT.set(parent)
-    try:
-        yield parent
-    finally:
-        _CURRENT.reset(token)
+class spending_scope:  # noqa: N801 - used as a function: ``with spending_scope(guard, episode, key):``
+    """Sub-agents started inside carve from ``episode`` under ``key``. (A class, not a
+    ``contextmanager`` generator: it is entered around every tool run.)"""
+
+    __slots__ = ("_parent", "_token")
+
+    def __init__(self, guard: BudgetGuard, episode: Episode, key: str) -> None:
+        self._parent = ParentCall(guard, episode, key)
+        self._token: Any = None
+
+    def __enter__(self) -> ParentCall:
+        self._token = _CURRENT.set(self._parent)
+        return self._parent
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.reset(self._token)
 
 
 class CarvedLedger(BudgetLedger):
