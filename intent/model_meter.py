@@ -154,7 +154,6 @@ class _Execution:
     reason: str  # of its charge's log record
     batch: Any = None  # the multi-prompt generate() that started it (its invocation_params dict), if any
     position: int = 0  # its place among that batch's runs, in start order (a sync batch sends in order)
-    own: bool = False  # a run of the meter's own model (the agent's)
     completion: bool = False  # a completion (non-chat) model's run
     generated: bool = False  # it has streamed output (on_llm_new_token): a failure after that is billed
     # Its answer may be the step's response: a run of the agent's model, or one given the request's own
@@ -286,8 +285,7 @@ class ModelCallMeter:
             tail = self.request_tail
             answers = own or bool(tail is not None and messages and (messages[-1] is tail or (
                 type(messages[-1]) is type(tail) and messages[-1].content == tail.content)))
-            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, own, completion,
-                              answers)
+            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, completion, answers)
         except ModelCallRefused:
             if batch is not None:
                 with self._lock:
@@ -296,8 +294,8 @@ class ModelCallMeter:
             raise
 
     def _reserve_run(self, run_id: Any, messages: Sequence[BaseMessage], tools: Any, max_tokens: int | None,
-                     model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any, own: bool,
-                     completion: bool, answers: bool = False) -> None:
+                     model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any,
+                     completion: bool, answers: bool) -> None:
         ledger = self.episode.ledger
         try:
             name, price, amount = self.worst_case(messages, tools, max_tokens, model_name)
@@ -322,7 +320,7 @@ class ModelCallMeter:
         with self._lock:
             position = sum(1 for e in self.executions if batch is not None and e.batch is batch)
             ex = _Execution(charge_id, name, price, f"{METERED_MODEL}:{source}" if source else self.charge_reason,
-                            batch, position, own, completion, answers=answers)
+                            batch, position, completion, answers=answers)
             self._open[run_id] = ex
             self.executions.append(ex)
             self.entries.append(entry)
