@@ -16,8 +16,7 @@ from langgraph.graph import END
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Send
 
-from intent.messages import answered_after, call_key, last_ai
-from intent.state import LEDGER_KEY
+from intent.messages import answered_after, last_ai
 
 if TYPE_CHECKING:
     from intent.guard import BudgetGuard
@@ -45,14 +44,8 @@ def route_after_guard(state: Mapping[str, Any], *, tools: str = "tools", agent: 
     if ai is None:
         return end
     answered = answered_after(messages, index)
-    channel = state.get(LEDGER_KEY) or {}
-    entries, decisions = channel.get("entries", {}), channel.get("decisions", {})
-    # Accepted calls run; refused ones get their refusal at the tool step (one answer each).
-    sends = [
-        Send(tools, [call])
-        for call in ai.tool_calls
-        if call["id"] not in answered
-        and ((key := call_key(ai, index, call["id"])) in decisions
-             or entries.get(key, {}).get("status") == "reserved")
-    ]
+    # Every call not answered yet goes to the tool step, which gives it its one answer: accepted calls
+    # run, refused ones get their refusal, and one the gate never saw (added or re-id'd by
+    # graph.update_state while paused before the tools) is refused as not approved, not left unanswered.
+    sends = [Send(tools, [call]) for call in ai.tool_calls if call.get("id") and call["id"] not in answered]
     return sends or agent
