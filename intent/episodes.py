@@ -51,6 +51,10 @@ class Episode:
     offered: Any = None
     # The names of ``offered``, read once per request list: (the list they were read from, the names).
     _offered_names: tuple[Any, frozenset[str]] = (None, frozenset())
+    # The parts of graph runs (intent.state.branch_of) running this episode now: one, unless the guarded
+    # agent runs as parallel branches of one thread (a Send fan-out of it as a subgraph). A branch leaves
+    # the others' reservations alone, and the episode ends when the last one finishes.
+    branches: set[str] = field(default_factory=set)
     lock: threading.RLock = field(default_factory=threading.RLock)
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.

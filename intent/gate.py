@@ -47,7 +47,7 @@ from intent.oracle import (
     DecisionContext,
     Proposal,
 )
-from intent.state import LEDGER_KEY, channel_of
+from intent.state import LEDGER_KEY, branch_of, channel_of
 
 if TYPE_CHECKING:
     from intent.episodes import Episode
@@ -96,7 +96,7 @@ def gate_batch(
         guard._start(episode, channel, messages)
     episode_id = episode.episode_id
     # A graph whose agent node did not call prepare() (a hand-built one) is settled here.
-    settled = guard._settle(episode, state, reason=RELEASED_UNUSED) if settle else None
+    settled = guard._settle(episode, state, reason=RELEASED_UNUSED, branch=branch_of(config)) if settle else None
     ledger = episode.ledger
     market = guard.market_for(episode_id, channel)
     query = query_of(channel, messages)

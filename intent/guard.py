@@ -67,7 +67,7 @@ from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
-from intent.state import LEDGER_KEY, GuardState, channel_of
+from intent.state import LEDGER_KEY, GuardState, branch_of, channel_of, current_branch
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -276,6 +276,7 @@ class BudgetGuard:
             def new_ledger(episode_id: str) -> BudgetLedger:
                 return BudgetLedger(spec, allow_overspend=not self.enforce)
         def share(ledger: BudgetLedger, episode_id: str) -> None:
+            ledger.owner = current_branch  # see BudgetGuard._settle
             if self.store is not None:
                 ledger.share(self.store, self.budget_key, episode_id)
 
@@ -478,12 +479,14 @@ class BudgetGuard:
             self._call_hook("start", EpisodeInfo(episode.episode_id, query_of(channel, messages),
                                                  episode.ledger.budget, self.market_for(episode.episode_id)))
 
-    def _settle(self, episode: Episode, state: Any, *, reason: str) -> dict[str, Any] | None:
+    def _settle(self, episode: Episode, state: Any, *, reason: str, branch: str | None = None) -> dict[str, Any] | None:
         """Release reservations nothing will use and write what state has not seen yet.
 
         Called at a model boundary (before a model call, at the gate, after the run): every
         tool task of the last step has finished then, so a held reservation is one that
-        another middleware answered (a call limit, a human's reject, a jump).
+        another middleware answered (a call limit, a human's reject, a jump). ``branch``: the part
+        of the graph run settling (:func:`intent.state.branch_of`); what another branch running the
+        same episode now reserved is live, neither released nor written into this branch's state.
         """
         channel = channel_of(state) or {}
         ledger = episode.ledger
@@ -495,13 +498,18 @@ class BudgetGuard:
             # writes when the resumed step completes, after this episode was loaded from the
             # resumed task's older state). Taken in before anything held is judged unused.
             ledger.take_in_state(channel)
+        with episode.lock:
+            others = episode.branches - {branch} if branch is not None and len(episode.branches) > 1 else ()
         for entry in ledger.held():
+            if others and ledger.owner_of(entry.call_id) in others:
+                continue  # a parallel branch's call, still running
             released = ledger.release(entry.call_id)
             assert released is not None
             self.records.release(ledger, released, episode_id=episode.episode_id,
                                  meta=decisions.get(entry.call_key, {}), reason=reason)
         changed = {e.call_id: e.to_dict() for e in ledger.entries()
-                   if e.call_id not in known or known[e.call_id]["status"] != e.status}
+                   if (e.call_id not in known or known[e.call_id]["status"] != e.status)
+                   and not (others and ledger.owner_of(e.call_id) in others)}
         with episode.lock:
             top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
         if not changed and not top_ups and channel:
@@ -534,7 +542,10 @@ class BudgetGuard:
                 self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)
             episode.offered = offered
         self._start(episode, channel, messages_of(state))
-        return episode, self._settle(episode, state, reason=RELEASED_UNUSED)
+        branch = branch_of(config)
+        with episode.lock:
+            episode.branches.add(branch)
+        return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
 
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
         """Warn (once per guard and tool) of each offered tool the market cannot price: the agent is
@@ -556,7 +567,12 @@ class BudgetGuard:
         if episode_id not in self.episodes and not channel:
             return None
         episode = self.episodes.get(episode_id, channel)
-        update = self._settle(episode, state, reason=RELEASED_UNUSED)
+        branch = branch_of(config)
+        update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
+        with episode.lock:
+            episode.branches.discard(branch)
+            if episode.branches:
+                return update  # parallel branches of this thread still run: the last one ends the episode
         if isinstance(episode.ledger, CarvedLedger):
             episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
         self.episodes.drop(episode_id)

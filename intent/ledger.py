@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -151,6 +151,10 @@ class BudgetLedger:
         self._lock = threading.RLock()
         # A budget shared with other runs (intent.stores): every reservation must fit it too.
         self._shared: tuple[Any, str, str] | None = None  # (store, budget key, run id)
+        # Who made each reservation (the guard sets it to intent.state.current_branch: parallel branches
+        # of one thread share this ledger, and a branch settles only what is not a live sibling's).
+        self.owner: Callable[[], str] | None = None
+        self._owners: dict[str, str] = {}
         for entry in (entries or {}).values():
             self._put(entry)
 
@@ -369,7 +373,14 @@ class BudgetLedger:
             entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version,
                                 tool_call_id, execution, kind=kind)
             self._put(entry)
+            if self.owner is not None:
+                self._owners[call_id] = self.owner()
             return entry
+
+    def owner_of(self, call_id: str) -> str | None:
+        """Who made the reservation ``call_id`` (see :attr:`owner`); ``None`` when not known (a charge
+        taken in from graph state)."""
+        return self._owners.get(call_id)
 
     def _no_fit(self, call_id: str, tool: str, amount: float, kind: str = "tool") -> str:
         if self._blocking_overrun > _EPS:

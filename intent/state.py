@@ -109,6 +109,19 @@ def current_config() -> dict[str, Any] | None:
         return None
 
 
+def branch_of(config: Mapping[str, Any] | None) -> str:
+    """The part of a graph run a step belongs to: its checkpoint namespace without the step's own
+    node (``"sub:<task>"`` for a step of a subgraph run as the parent's node ``sub``; ``""`` at the
+    top). Parallel branches of one thread (a ``Send`` fan-out of the guarded agent) differ in it."""
+    ns = str(((config or {}).get("configurable") or {}).get("checkpoint_ns") or "")
+    return ns.rsplit("|", 1)[0] if "|" in ns else ""
+
+
+def current_branch() -> str:
+    """:func:`branch_of` the running graph step (``""`` outside a graph)."""
+    return branch_of(current_config())
+
+
 def read_ledger_channel(config: Mapping[str, Any] | None) -> tuple[bool, LedgerChannel | None]:
     """The ledger channel as the running graph task reads it, from anywhere inside the task (a
     callback of a model another middleware calls has no ``state`` argument to read it from).
