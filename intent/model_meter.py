@@ -31,7 +31,6 @@ model's (from its invocation parameters); a model without one gets the guard's
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging

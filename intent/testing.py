@@ -4,6 +4,7 @@
   plays a fixed list of AIMessages with tool calls (``bind_tools`` records what it was shown);
 * :class:`BilledChatModel` and :class:`ModelRuns`: a chat model that reports token usage and
   counts its executions outside the guard (for checking model charges against what really ran);
+* :class:`SwapModel`: a middleware that runs another model in the agent's place (a router's pick);
 * :class:`GuardDriver`: drives a guard's gate and tool step without a graph, as the
   middleware does (before the model, gate, every call's tool step, state merged);
 * :func:`assert_each_call_answered_once`: every proposed call has exactly one ToolMessage;
@@ -18,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from langchain.agents.middleware import AgentMiddleware
 from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, HumanMessage, ToolMessage
@@ -38,6 +40,7 @@ __all__ = [
     "GuardDriver",
     "ModelRuns",
     "ScriptedToolModel",
+    "SwapModel",
     "ai",
     "assert_each_call_answered_once",
     "assert_one_record_per_call",
@@ -140,6 +143,20 @@ class BilledChatModel(BaseChatModel):
         for k in range(3):
             extra: dict[str, Any] = {"usage_metadata": self._usage()} if k == 2 else {}
             yield ChatGenerationChunk(message=AIMessageChunk(content=f"{self.text} {k} ", **extra))
+
+
+class SwapModel(AgentMiddleware):
+    """A middleware that runs ``model`` in place of the agent's (a router's pick, a custom fallback)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        return handler(request.override(model=self.model))
+
+    async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+        return await handler(request.override(model=self.model))
 
 
 def _schema_name(tool: Any) -> str:

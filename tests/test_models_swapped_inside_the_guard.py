@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware, ModelFallbackMiddleware, ModelRefusalMiddleware
+from langchain.agents.middleware import ModelFallbackMiddleware, ModelRefusalMiddleware
 
 from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, ModelPrice, PricedTool
-from intent.testing import BilledChatModel, ModelRuns
+from intent.testing import BilledChatModel, ModelRuns, SwapModel
 
 # 200 tokens: 0.2 on the primary, 1.0 on the fallback; a worst case of 100 output tokens on a short
 # prompt is a little more.
@@ -27,18 +27,6 @@ def Model(*, model_name: str, runs: ModelRuns, fail: bool = False,  # noqa: N802
     return BilledChatModel(model_name=model_name, runs=runs, fail=fail, refuse=refuse, tokens=(100, 100))
 
 
-class Swap(AgentMiddleware):
-    """A custom middleware that runs another model (a router's pick, say)."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def wrap_model_call(self, request: Any, handler: Any) -> Any:
-        return handler(request.override(model=self.model))
-
-    async def awrap_model_call(self, request: Any, handler: Any) -> Any:
-        return await handler(request.override(model=self.model))
 
 
 def _run(stack: Any, primary: BilledChatModel, budget: float, use_async: bool, *, prices: Any = None) -> tuple[BudgetGuard, Any]:
@@ -63,7 +51,7 @@ def test_a_model_swapped_in_after_the_guard_is_charged_once_at_its_own_price(how
     def stack(guard: BudgetGuard) -> list[Any]:
         other = Model(model_name="fallback", runs=runs)
         other = guard.metered_model(other) if metered else other
-        return [guard.middleware(), ModelFallbackMiddleware(other) if how == "fallback" else Swap(other)]
+        return [guard.middleware(), ModelFallbackMiddleware(other) if how == "fallback" else SwapModel(other)]
 
     guard, out = _run(stack, Model(model_name="primary", runs=runs, fail=how == "fallback"), 10.0, use_async)
     ledger = guard.ledger(out)

@@ -15,6 +15,26 @@ from intent import AcceptAll, BudgetGuard, GuardState, Market, PricedTool
 from intent.testing import ai, assert_each_call_answered_once, call, scripted
 
 
+def _readme_graph(guard: BudgetGuard, model: Any, tools: list[Any]) -> StateGraph:
+    """The README's graph (the test below spells it out as written there)."""
+
+    def agent_node(state, config):
+        settled = guard.prepare(state, config) or {}
+        return {**settled, "messages": [model.bind_tools(tools).invoke(state["messages"], config)]}
+
+    g = StateGraph(GuardState)
+    g.add_node("agent", agent_node)
+    g.add_node("guard", guard.node())
+    g.add_node("tools", guard.tool_node(tools))
+    g.add_node("end", lambda state, config: guard.finish(state, config) or {})
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", lambda s: "guard" if s["messages"][-1].tool_calls else "end", ["guard", "end"])
+    g.add_conditional_edges("guard", lambda s: guard.route(s, end="end"), ["tools", "agent", "end"])
+    g.add_edge("tools", "agent")
+    g.add_edge("end", END)
+    return g
+
+
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_the_readme_graph_pays_each_run_and_ends_with_nothing_reserved(use_async):
     runs: list[str] = []
@@ -65,20 +85,7 @@ def test_a_call_added_while_paused_before_the_tools_is_answered_once_and_not_run
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 3.0), PricedTool("b", 5.0)]), 20.0)
     model = scripted([ai(call("a", x=1)), AIMessage("done")])
 
-    def agent_node(state, config):
-        settled = guard.prepare(state, config) or {}
-        return {**settled, "messages": [model.bind_tools(tools).invoke(state["messages"], config)]}
-
-    g = StateGraph(GuardState)
-    g.add_node("agent", agent_node)
-    g.add_node("guard", guard.node())
-    g.add_node("tools", guard.tool_node(tools))
-    g.add_node("end", lambda state, config: guard.finish(state, config) or {})
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", lambda s: "guard" if s["messages"][-1].tool_calls else "end", ["guard", "end"])
-    g.add_conditional_edges("guard", lambda s: guard.route(s, end="end"), ["tools", "agent", "end"])
-    g.add_edge("tools", "agent")
-    g.add_edge("end", END)
+    g = _readme_graph(guard, model, tools)
     graph = g.compile(checkpointer=InMemorySaver(), interrupt_before=["tools"])
     config = {"configurable": {"thread_id": f"added-{use_async}"}}
 
@@ -157,20 +164,7 @@ def test_the_readme_graph_fanned_out_as_parallel_subgraphs_shares_one_budget(use
 
     model = Branchy(messages=iter(()))
 
-    def agent_node(state, config):
-        settled = guard.prepare(state, config) or {}
-        return {**settled, "messages": [model.bind_tools(tools).invoke(state["messages"], config)]}
-
-    g = StateGraph(GuardState)
-    g.add_node("agent", agent_node)
-    g.add_node("guard", guard.node())
-    g.add_node("tools", guard.tool_node(tools))
-    g.add_node("end", lambda state, config: guard.finish(state, config) or {})
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", lambda s: "guard" if s["messages"][-1].tool_calls else "end", ["guard", "end"])
-    g.add_conditional_edges("guard", lambda s: guard.route(s, end="end"), ["tools", "agent", "end"])
-    g.add_edge("tools", "agent")
-    g.add_edge("end", END)
+    g = _readme_graph(guard, model, tools)
     parent = StateGraph(GuardState)
     parent.add_node("sub", g.compile())
     parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage(f"task {k}")]})

@@ -20,7 +20,7 @@ from langchain_core.language_models.fake import FakeListLLM
 from langchain_core.messages import AIMessage, HumanMessage
 
 from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, ModelPrice, PricedTool
-from intent.testing import BilledChatModel, ModelRuns
+from intent.testing import BilledChatModel, ModelRuns, SwapModel
 
 PRICES = {"primary": ModelPrice(1000, 1000), "side": ModelPrice(5000, 5000)}  # per token: 0.001, 0.005
 
@@ -592,23 +592,13 @@ class _Redactor(AgentMiddleware):
         return self._rebuilt(await handler(request))
 
 
-class _Route(AgentMiddleware):
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def wrap_model_call(self, request: Any, handler: Any) -> Any:
-        return handler(request.override(model=self.model))
-
-    async def awrap_model_call(self, request: Any, handler: Any) -> Any:
-        return await handler(request.override(model=self.model))
 
 
 @pytest.mark.parametrize("use_async", [False, True])
 @pytest.mark.parametrize("new_id", [None, "new-id"])
 def test_a_routed_models_answer_rebuilt_by_a_middleware_is_paid_once(use_async, new_id):
     runs, guard = ModelRuns(), _guard(budget=0.7)
-    out = _run(guard, runs, [_Redactor(new_id), _Route(Fake(model_name="side", runs=runs))], use_async)
+    out = _run(guard, runs, [_Redactor(new_id), SwapModel(Fake(model_name="side", runs=runs))], use_async)
     ledger = guard.ledger(out)
     # was 1.10 (the routed run metered, then its rebuilt copy charged again), over the budget of 0.7
     assert ledger.spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.55)
@@ -623,7 +613,7 @@ def test_a_rebuilt_answer_naming_a_model_the_table_lacks_is_paid_not_a_crash():
             result.generations[0].message.response_metadata["model_name"] = "acme/side-v2"
             return result
 
-    out = _run(guard, runs, [_Redactor(None), _Route(Versioned(model_name="side", runs=runs))])
+    out = _run(guard, runs, [_Redactor(None), SwapModel(Versioned(model_name="side", runs=runs))])
     assert guard.ledger(out).spent == pytest.approx(runs.cost(PRICES)) == pytest.approx(0.55)  # was UnpricedModelError
 
 
