@@ -51,10 +51,12 @@ class Episode:
     offered: Any = None
     # The names of ``offered``, read once per request list: (the list they were read from, the names).
     _offered_names: tuple[Any, frozenset[str]] = (None, frozenset())
-    # The parts of graph runs (intent.state.branch_of) running this episode now: one, unless the guarded
-    # agent runs as parallel branches of one thread (a Send fan-out of it as a subgraph). A branch leaves
-    # the others' reservations alone, and the episode ends when the last one finishes.
-    branches: set[str] = field(default_factory=set)
+    # The parts of graph runs (intent.state.branch_of) running this episode now, with the parent step
+    # that started each (intent.state.branch_stamp): one, unless the guarded agent runs as parallel
+    # branches of one thread (a Send fan-out of it as a subgraph). A branch leaves its running siblings'
+    # reservations alone, and the episode ends when the last one finishes. A branch of an earlier parent
+    # step (paused and abandoned, or crashed) is not running: the next branch's step forgets it.
+    branches: dict[str, str | None] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.
@@ -89,6 +91,8 @@ class EpisodeRegistry:
         self.allow_overspend = allow_overspend
         self.max_episodes = max_episodes
         self._episodes: OrderedDict[str, Episode] = OrderedDict()
+        # Episodes that ended in a branch of a Send fan-out, by id: (the parent step's stamp, the episode).
+        self._ended: OrderedDict[str, tuple[str, Episode]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -141,7 +145,26 @@ class EpisodeRegistry:
             episode.synced = True
         return episode
 
-    def drop(self, episode_id: str) -> None:
+    def drop(self, episode_id: str, *, stamp: str | None = None) -> None:
+        """Forget the episode. ``stamp``: it ended in a branch of that parent step (a Send fan-out), whose
+        sibling branches may not have started yet: kept aside for them (:meth:`revive`)."""
         with self._lock:
-            self._episodes.pop(episode_id, None)
+            episode = self._episodes.pop(episode_id, None)
+            if episode is not None and stamp is not None:
+                self._ended[episode_id] = (stamp, episode)
+                while len(self._ended) > self.max_episodes:
+                    self._ended.popitem(last=False)
+
+    def revive(self, episode_id: str, stamp: str | None) -> Episode | None:
+        """The episode a sibling branch of the same parent step ended (:meth:`drop`), back in the
+        registry: a branch that starts after its siblings finished spends from their budget, not a new one."""
+        if stamp is None:
+            return None
+        with self._lock:
+            ended = self._ended.get(episode_id)
+            if ended is None or ended[0] != stamp or episode_id in self._episodes:
+                return None
+            del self._ended[episode_id]
+            self._episodes[episode_id] = ended[1]
+            return ended[1]
 

@@ -67,7 +67,7 @@ from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
-from intent.state import LEDGER_KEY, GuardState, branch_of, channel_of, current_branch
+from intent.state import LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, current_branch
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -499,17 +499,17 @@ class BudgetGuard:
             # resumed task's older state). Taken in before anything held is judged unused.
             ledger.take_in_state(channel)
         with episode.lock:
-            others = episode.branches - {branch} if branch is not None and len(episode.branches) > 1 else ()
+            others = [b for b in episode.branches if b != branch] if branch is not None else ()
         for entry in ledger.held():
-            if others and ledger.owner_of(entry.call_id) in others:
-                continue  # a parallel branch's call, still running
+            if others and _owned_by(ledger.owner_of(entry.call_id), others):
+                continue  # a parallel branch's call, still running (or a sub-agent's carve inside it)
             released = ledger.release(entry.call_id)
             assert released is not None
             self.records.release(ledger, released, episode_id=episode.episode_id,
                                  meta=decisions.get(entry.call_key, {}), reason=reason)
         changed = {e.call_id: e.to_dict() for e in ledger.entries()
                    if (e.call_id not in known or known[e.call_id]["status"] != e.status)
-                   and not (others and ledger.owner_of(e.call_id) in others)}
+                   and not (others and _owned_by(ledger.owner_of(e.call_id), others))}
         with episode.lock:
             top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
         if not changed and not top_ups and channel:
@@ -536,15 +536,22 @@ class BudgetGuard:
         """:meth:`prepare`, also returning the episode, for a model step that gates next
         (``gate(..., episode=...)`` then skips finding it again)."""
         channel = channel_of(state)
-        episode = self.episodes.get(self.episode_id(state, config), channel)
+        episode_id = self.episode_id(state, config)
+        branch = branch_of(config)
+        stamp = branch_stamp(config, branch)
+        if not channel and episode_id not in self.episodes:
+            self.episodes.revive(episode_id, stamp)  # a fan-out branch starting after its siblings ended
+        episode = self.episodes.get(episode_id, channel)
         if offered is not None:
             if episode.offered is None:  # the episode's first model step here: tell the developer now
                 self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)
             episode.offered = offered
         self._start(episode, channel, messages_of(state))
-        branch = branch_of(config)
         with episode.lock:
-            episode.branches.add(branch)
+            for other, other_stamp in list(episode.branches.items()):
+                if other_stamp != stamp:
+                    del episode.branches[other]  # of an earlier parent step: paused and abandoned, or crashed
+            episode.branches[branch] = stamp
         return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
 
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
@@ -570,12 +577,12 @@ class BudgetGuard:
         branch = branch_of(config)
         update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
         with episode.lock:
-            episode.branches.discard(branch)
+            stamp = episode.branches.pop(branch, None)
             if episode.branches:
                 return update  # parallel branches of this thread still run: the last one ends the episode
         if isinstance(episode.ledger, CarvedLedger):
             episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
-        self.episodes.drop(episode_id)
+        self.episodes.drop(episode_id, stamp=stamp)
         end = getattr(self.oracle, "end", None)
         if callable(end):
             end(episode_id)
@@ -804,6 +811,12 @@ class BudgetGuard:
             known = self._hooks[name] = callable(getattr(self.oracle, name, None)) and mine is not getattr(
                 Oracle, name, object())
         return known
+
+
+def _owned_by(owner: str | None, branches: Sequence[str]) -> bool:
+    """Whether a reservation made in ``owner`` (intent.state.branch_of) belongs to one of ``branches``:
+    made in it, or deeper inside it (a sub-agent's carve, reserved from the sub-agent's own steps)."""
+    return owner is not None and any(owner == b or (b and owner.startswith(b + "|")) for b in branches)
 
 
 # Set on an exception an oracle raised that is not a recoverable failure, so that the tool

@@ -122,6 +122,18 @@ def current_branch() -> str:
     return branch_of(current_config())
 
 
+def branch_stamp(config: Mapping[str, Any] | None, branch: str) -> str | None:
+    """The checkpoint of the top graph's step that ``branch`` runs in (from the step's
+    ``checkpoint_map``): the same for sibling branches of one ``Send`` fan-out at any depth, another
+    one once the top graph has moved on (a new turn; a paused step that was abandoned). ``None`` at
+    the top of the graph."""
+    if not branch:
+        return None
+    stamps = ((config or {}).get("configurable") or {}).get("checkpoint_map") or {}
+    stamp = stamps.get("") if isinstance(stamps, Mapping) else None
+    return str(stamp) if stamp is not None else None
+
+
 def read_ledger_channel(config: Mapping[str, Any] | None) -> tuple[bool, LedgerChannel | None]:
     """The ledger channel as the running graph task reads it, from anywhere inside the task (a
     callback of a model another middleware calls has no ``state`` argument to read it from).

@@ -7,6 +7,7 @@ from typing import Any
 import asyncio
 
 import pytest
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.tools import StructuredTool
 from langgraph.graph import END, START, StateGraph
@@ -177,3 +178,174 @@ def test_the_readme_graph_fanned_out_as_parallel_subgraphs_shares_one_budget(use
     ledger = guard.ledger(out)
     assert ledger.spent == sum(prices[n] for n in runs) <= 12.0 and len(runs) >= 3
     assert ledger.reserved == 0 and len(guard.episodes) == 0
+
+
+class _ByTurn(BaseChatModel):
+    """Calls ``names[i]`` at the i-th turn after the latest human message, then answers "done"."""
+
+    names: tuple[str, ...] = ()
+
+    @property
+    def _llm_type(self) -> str:
+        return "by-turn"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        import uuid
+
+        from langchain_core.outputs import ChatGeneration, ChatResult
+
+        last_human = max(i for i, m in enumerate(messages) if m.type == "human")
+        turn = sum(1 for m in messages[last_human:] if isinstance(m, AIMessage))
+        text = str(messages[last_human].content)
+        names = self.names if not text.startswith("ask") else ("ask",)
+        msg = AIMessage("done") if turn >= len(names) else AIMessage("", tool_calls=[
+            {"name": names[turn], "args": {"x": turn}, "id": f"c-{uuid.uuid4().hex[:8]}", "type": "tool_call"}])
+        return ChatResult(generations=[ChatGeneration(message=msg)])
+
+
+def _priced_tools(prices: dict[str, float], runs: list[str], **bodies: Any) -> list[Any]:
+    def body(name: str) -> Any:
+        def run(x: int = 0) -> str:
+            runs.append(name)
+            return bodies[name](x) if name in bodies else name
+        return run
+    return [StructuredTool.from_function(body(n), name=n, description=n) for n in prices]
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_subgraph_turn_after_an_abandoned_pause_releases_the_paused_reservation(use_async):
+    # The guarded agent as a parent's subgraph node: turn 1 pauses inside a tool (3 held), the user drops the
+    # pause and sends a new task. Turn 2 runs under another parent task: the paused call is not running any
+    # more and its reservation is released (was: held forever, and a call that fits was refused).
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import interrupt
+
+    prices, runs = {"a": 3.0, "ask": 3.0}, []
+    tools = _priced_tools(prices, runs, ask=lambda x: f"human said {interrupt('ok?')}")
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 5.0)
+    parent = StateGraph(GuardState)
+    parent.add_node("sub", _readme_graph(guard, _ByTurn(names=("a",)), tools).compile())
+    parent.add_edge(START, "sub")
+    parent.add_edge("sub", END)
+    graph = parent.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"abandoned-{use_async}"}}
+
+    def invoke(inp: Any) -> Any:
+        return asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
+
+    assert invoke({"messages": [HumanMessage("ask first")]}).get("__interrupt__")
+    out = invoke({"messages": [HumanMessage("forget that, new task")]})
+    ledger = guard.ledger(out)
+    assert runs == ["ask", "a"] and ledger.spent == 3.0 and ledger.reserved == 0 and len(guard.episodes) == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_fan_out_branch_that_starts_after_its_sibling_ended_spends_from_the_same_budget(use_async):
+    # Two branches of one Send fan-out; branch 1 first runs a slow node, so branch 0 has finished (and ended
+    # the episode) before branch 1's agent starts. Was: branch 1 got a new ledger, 16 spent against 12.
+    import threading
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Send
+
+    prices, runs = {"a": 3.0, "b": 5.0}, []
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 12.0)
+    agent = _readme_graph(guard, _ByTurn(names=("a", "b")), _priced_tools(prices, runs)).compile()
+    first_done = threading.Event()
+
+    def wait_or_pass(state: Any) -> dict[str, Any]:
+        if state["messages"][-1].content.endswith("1"):
+            assert first_done.wait(timeout=30)
+        return {}
+
+    sub = StateGraph(GuardState)
+    sub.add_node("prepare", wait_or_pass)
+    sub.add_node("agent", agent)
+    sub.add_node("mark", lambda s: first_done.set() or {})
+    sub.add_edge(START, "prepare")
+    sub.add_edge("prepare", "agent")
+    sub.add_edge("agent", "mark")
+    sub.add_edge("mark", END)
+    parent = StateGraph(GuardState)
+    parent.add_node("sub", sub.compile())
+    parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage(f"task {k}")]})
+                                                   for k in range(2)], ["sub"])
+    parent.add_edge("sub", END)
+    graph = parent.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"late-{use_async}"}}
+    inp = {"messages": [("user", "fan out")]}
+    out = asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
+    ledger = guard.ledger(out)
+    assert sum(prices[n] for n in runs) == ledger.spent <= 12.0 and ledger.reserved == 0
+
+
+class _Cued(_ByTurn):
+    """A :class:`_ByTurn` model whose ``on_turn(k, turn)`` runs before it answers (to line branches up)."""
+
+    on_turn: Any = None
+    branch_calls: dict[int, str] = {}
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        from langchain_core.outputs import ChatGeneration, ChatResult
+
+        k = int(str(messages[0].content).split()[-1]) if str(messages[0].content)[-1:].isdigit() else -1
+        turn = sum(1 for m in messages if isinstance(m, AIMessage))
+        if self.on_turn is not None:
+            self.on_turn(k, turn)
+        name = self.branch_calls.get(k) if turn == 0 else None
+        msg = AIMessage("done") if name is None else AIMessage("", tool_calls=[
+            {"name": name, "args": {"x": k}, "id": f"c{k}-{turn}", "type": "tool_call"}])
+        return ChatResult(generations=[ChatGeneration(message=msg)])
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_sub_agents_carve_inside_one_fan_out_branch_is_left_to_it_by_a_sibling(use_async):
+    # Branch 0's tool runs a sub-agent that carves from the thread's budget (FromParent); branch 1 settles at
+    # its next model step while that sub-agent runs. The carve is reserved from the sub-agent's own steps, one
+    # level below branch 0. Was: branch 1 released it, LedgerError after the sub-agent's tool had run.
+    import threading
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Send
+
+    from intent import FromParent
+
+    carved, sibling_settled = threading.Event(), threading.Event()
+
+    def parent_cue(k: int, turn: int) -> None:
+        if k == 1 and turn == 0:
+            assert carved.wait(timeout=30)  # branch 1 gates once the carve exists
+        if k == 1 and turn == 1:
+            sibling_settled.set()  # its second step has settled
+
+    def child_cue(k: int, turn: int) -> None:
+        if turn == 0:
+            carved.set()  # the child's first step has carved from the parent
+            assert sibling_settled.wait(timeout=30)
+
+    runs: list[str] = []
+    child_guard = BudgetGuard(AcceptAll(), Market([PricedTool("b", 5.0)]), FromParent(limit=6.0))
+    child = _readme_graph(child_guard, _Cued(on_turn=child_cue, branch_calls={-1: "b"}),
+                          _priced_tools({"b": 5.0}, runs)).compile()
+    prices = {"a": 3.0, "delegate": 1.0}
+    tools = _priced_tools(prices, runs, delegate=lambda x: child.invoke({"messages": [HumanMessage("child task")]})
+                          and "child done")
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 12.0)
+    parent = StateGraph(GuardState)
+    parent.add_node("sub", _readme_graph(guard, _Cued(on_turn=parent_cue, branch_calls={0: "delegate", 1: "a"}),
+                                         tools).compile())
+    parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage(f"task {k}")]})
+                                                   for k in range(2)], ["sub"])
+    parent.add_edge("sub", END)
+    graph = parent.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"carve-{use_async}"}}
+    inp = {"messages": [("user", "fan out")]}
+    out = asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
+    ledger = guard.ledger(out)
+    assert sorted(runs) == ["a", "b", "delegate"] and ledger.spent == 9.0 and ledger.reserved == 0
