@@ -57,6 +57,7 @@ class Episode:
     # reservations alone, and the episode ends when the last one finishes. A branch of an earlier parent
     # step (paused and abandoned, or crashed) is not running: the next branch's step forgets it.
     branches: dict[str, str | None] = field(default_factory=dict)
+    revived: bool = False  # brought back for a late fan-out branch (EpisodeRegistry.revive): started again
     lock: threading.RLock = field(default_factory=threading.RLock)
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.

@@ -473,8 +473,8 @@ class BudgetGuard:
 
     def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> None:
         with episode.lock:
-            first_time = not episode.started and not channel
-            episode.started = True
+            first_time = not episode.started and (not channel or episode.revived)
+            episode.started, episode.revived = True, False
         if first_time:
             self._call_hook("start", EpisodeInfo(episode.episode_id, query_of(channel, messages),
                                                  episode.ledger.budget, self.market_for(episode.episode_id)))
@@ -486,7 +486,7 @@ class BudgetGuard:
         tool task of the last step has finished then, so a held reservation is one that
         another middleware answered (a call limit, a human's reject, a jump). ``branch``: the part
         of the graph run settling (:func:`intent.state.branch_of`); what another branch running the
-        same episode now reserved is live, neither released nor written into this branch's state.
+        same episode now reserved is live: it is not released.
         """
         channel = channel_of(state) or {}
         ledger = episode.ledger
@@ -507,9 +507,10 @@ class BudgetGuard:
             assert released is not None
             self.records.release(ledger, released, episode_id=episode.episode_id,
                                  meta=decisions.get(entry.call_key, {}), reason=reason)
+        # Every charge state has not seen, a running sibling branch's included: a fresh guard resuming this
+        # branch from its own checkpoint then knows what the siblings had spent by its last step.
         changed = {e.call_id: e.to_dict() for e in ledger.entries()
-                   if (e.call_id not in known or known[e.call_id]["status"] != e.status)
-                   and not (others and _owned_by(ledger.owner_of(e.call_id), others))}
+                   if e.call_id not in known or known[e.call_id]["status"] != e.status}
         with episode.lock:
             top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
         if not changed and not top_ups and channel:
@@ -539,8 +540,11 @@ class BudgetGuard:
         episode_id = self.episode_id(state, config)
         branch = branch_of(config)
         stamp = branch_stamp(config, branch)
-        if not channel and episode_id not in self.episodes:
-            self.episodes.revive(episode_id, stamp)  # a fan-out branch starting after its siblings ended
+        if episode_id not in self.episodes and self.episodes.revive(episode_id, stamp) is not None:
+            # A fan-out branch starting after its siblings ended: their episode, ahead of any channel this
+            # branch was sent with. The oracle was told it ended, so it is told it starts again.
+            revived = self.episodes.peek(episode_id)
+            revived.started, revived.revived = False, True
         episode = self.episodes.get(episode_id, channel)
         if offered is not None:
             if episode.offered is None:  # the episode's first model step here: tell the developer now
