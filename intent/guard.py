@@ -276,7 +276,6 @@ class BudgetGuard:
             def new_ledger(episode_id: str) -> BudgetLedger:
                 return BudgetLedger(spec, allow_overspend=not self.enforce)
         def share(ledger: BudgetLedger, episode_id: str) -> None:
-            ledger.owner = current_branch  # see BudgetGuard._settle
             if self.store is not None:
                 ledger.share(self.store, self.budget_key, episode_id)
 
@@ -556,6 +555,10 @@ class BudgetGuard:
                 if other_stamp != stamp:
                     del episode.branches[other]  # of an earlier parent step: paused and abandoned, or crashed
             episode.branches[branch] = stamp
+            if branch and episode.ledger.owner is None:
+                # A subgraph's episode (maybe a fan-out branch): reservations say which branch made them, for
+                # _settle. An agent at the top of its graph has no siblings and skips this on every call.
+                episode.ledger.owner = current_branch
         return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
 
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
