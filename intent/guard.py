@@ -541,9 +541,11 @@ class BudgetGuard:
         stamp = branch_stamp(config, branch)
         if episode_id not in self.episodes and self.episodes.revive(episode_id, stamp) is not None:
             # A fan-out branch starting after its siblings ended: their episode, ahead of any channel this
-            # branch was sent with. The oracle was told it ended, so it is told it starts again.
-            revived = self.episodes.peek(episode_id)
-            revived.started, revived.revived = False, True
+            # branch was sent with. An oracle with an end hook was told it ended, so it is told it starts
+            # again; one without keeps what it knows of the episode (start would reset it).
+            if callable(getattr(self.oracle, "end", None)):
+                revived = self.episodes.peek(episode_id)
+                revived.started, revived.revived = False, True
         episode = self.episodes.get(episode_id, channel)
         if offered is not None:
             if episode.offered is None:  # the episode's first model step here: tell the developer now

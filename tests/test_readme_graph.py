@@ -251,12 +251,6 @@ def test_a_fan_out_branch_that_starts_after_its_sibling_ended_spends_from_the_sa
     # in one turn), and, over two turns that send the thread's ledger channel with each task, one built from
     # the channel it was sent, without branch 0's spend in that turn (22 against 20). The oracle is told the
     # episode starts again before it decides for the late branch (was: decide after end).
-    import threading
-
-    from langchain_core.messages import HumanMessage
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.types import Send
-
     from intent import Decision, Oracle
 
     class Hooks(Oracle):
@@ -278,6 +272,47 @@ def test_a_fan_out_branch_that_starts_after_its_sibling_ended_spends_from_the_sa
     prices, runs, oracle = {"a": 3.0, "b": 5.0}, [], Hooks()
     budget = 20.0 if carried else 12.0
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in prices.items()]), budget)
+    graph = _late_fan_out(guard, prices, runs, carried)
+    config = {"configurable": {"thread_id": f"late-{use_async}-{carried}"}}
+    for turn in range(2 if carried else 1):
+        inp = {"messages": [("user", f"fan out {turn}")]}
+        out = asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
+        ledger = guard.ledger(out)
+        assert sum(prices[n] for n in runs) == ledger.spent <= budget
+        # (A later turn's episode is loaded from state, which calls no start hook: checked on the first.)
+        assert ledger.reserved == 0 and (turn > 0 or oracle.bad == [])
+
+
+def test_an_oracle_without_an_end_hook_keeps_its_episode_when_a_late_branch_revives_it():
+    # start() resets what an oracle knows of an episode (MCO's and INTENT's memory); one that was never told the
+    # episode ended is not told it starts again.
+    from intent import Decision, Oracle
+
+    class Starts(Oracle):
+        def __init__(self) -> None:
+            self.starts = 0
+
+        def start(self, info: Any) -> None:
+            self.starts += 1
+
+        def decide(self, ctx: Any) -> Decision:
+            return Decision.accepted()
+
+    prices, runs, oracle = {"a": 3.0, "b": 5.0}, [], Starts()
+    guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in prices.items()]), 12.0)
+    out = _late_fan_out(guard, prices, runs, False).invoke({"messages": [("user", "fan out")]},
+                                                          {"configurable": {"thread_id": "late-no-end"}})
+    assert oracle.starts == 1 and guard.ledger(out).spent == sum(prices[n] for n in runs) <= 12.0
+
+
+def _late_fan_out(guard: BudgetGuard, prices: dict[str, float], runs: list[str], carried: bool) -> Any:
+    """Two Send branches of the README graph in one thread; branch 1 waits until branch 0 has finished."""
+    import threading
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Send
+
     agent = _readme_graph(guard, _ByTurn(names=("a", "b")), _priced_tools(prices, runs)).compile()
     first_done = threading.Event()
 
@@ -296,21 +331,12 @@ def test_a_fan_out_branch_that_starts_after_its_sibling_ended_spends_from_the_sa
     sub.add_edge("mark", END)
     parent = StateGraph(GuardState)
     parent.add_node("sub", sub.compile())
-    parent.add_conditional_edges(START, lambda s: [
+    parent.add_conditional_edges(START, lambda s: first_done.clear() or [  # a turn: branch 1 waits again
         Send("sub", {"messages": [HumanMessage(f"task {k}")], **({"intent_ledger": s.get("intent_ledger")}
                                                                   if carried else {})})
         for k in range(2)], ["sub"])
     parent.add_edge("sub", END)
-    graph = parent.compile(checkpointer=InMemorySaver())
-    config = {"configurable": {"thread_id": f"late-{use_async}-{carried}"}}
-    for turn in range(2 if carried else 1):
-        first_done.clear()
-        inp = {"messages": [("user", f"fan out {turn}")]}
-        out = asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
-        ledger = guard.ledger(out)
-        assert sum(prices[n] for n in runs) == ledger.spent <= budget
-        # (A later turn's episode is loaded from state, which calls no start hook: checked on the first.)
-        assert ledger.reserved == 0 and (turn > 0 or oracle.bad == [])
+    return parent.compile(checkpointer=InMemorySaver())
 
 
 class _Cued(_ByTurn):
