@@ -59,6 +59,7 @@ class Episode:
     branches: dict[str, str | None] = field(default_factory=dict)
     revived: bool = False  # brought back for a late fan-out branch (EpisodeRegistry.revive): started again
     lock: threading.RLock = field(default_factory=threading.RLock)
+    start_lock: threading.RLock = field(default_factory=threading.RLock)  # held while the oracle's start runs
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.
     synced: bool = False
@@ -106,7 +107,8 @@ class EpisodeRegistry:
         with self._lock:
             return self._episodes.get(episode_id)
 
-    def get(self, episode_id: str, channel: Mapping[str, Any] | None = None) -> Episode:
+    def get(self, episode_id: str, channel: Mapping[str, Any] | None = None, *, branch: str | None = None,
+            stamp: str | None = None) -> Episode:
         """The episode, created (from ``channel`` when given) or brought up to date with it.
 
         Entries only move forward, so a stale ``channel`` never undoes a charge; the budget
@@ -117,6 +119,8 @@ class EpisodeRegistry:
         with self._lock:
             episode = self._episodes.get(episode_id)
             carve = self._carves and current_parent() is not None
+            if episode is None and branch is not None:
+                episode = self._revive(episode_id, stamp)
             if episode is None:
                 ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel and not carve
                           else self._new_ledger(episode_id))
@@ -141,31 +145,44 @@ class EpisodeRegistry:
                         ledger.take_over({"carved_by": old.carve_id, "entries": {
                             e.call_id: e.to_dict() for e in old.entries()}})
                     episode.ledger = ledger
+            if branch is not None:  # a model step of the episode: its branch joins (see Episode.branches)
+                for other, other_stamp in list(episode.branches.items()):
+                    if other_stamp != stamp:
+                        del episode.branches[other]  # of an earlier top-level step: abandoned, or crashed
+                episode.branches[branch] = stamp
         if channel and not episode.synced:
             episode.ledger.absorb(channel)
             episode.synced = True
         return episode
 
-    def drop(self, episode_id: str, *, stamp: str | None = None) -> None:
-        """Forget the episode. ``stamp``: it ended in a branch of that parent step (a Send fan-out), whose
-        sibling branches may not have started yet: kept aside for them (:meth:`revive`)."""
+    def drop(self, episode_id: str) -> None:
         with self._lock:
-            episode = self._episodes.pop(episode_id, None)
-            if episode is not None and stamp is not None:
-                self._ended[episode_id] = (stamp, episode)
+            self._episodes.pop(episode_id, None)
+
+    def leave(self, episode: Episode, branch: str) -> bool:
+        """``branch`` has finished the episode. Returns whether it was the last one, and if so ends the
+        episode (in the same step, so no branch joins an episode that is ending): one that ended in a
+        fan-out branch is kept aside for a sibling of the same top-level step that starts later."""
+        with self._lock:
+            stamp = episode.branches.pop(branch, None)
+            if episode.branches:
+                return False
+            if self._episodes.get(episode.episode_id) is episode:
+                del self._episodes[episode.episode_id]
+            if stamp is not None:
+                self._ended[episode.episode_id] = (stamp, episode)
                 while len(self._ended) > self.max_episodes:
                     self._ended.popitem(last=False)
+            return True
 
-    def revive(self, episode_id: str, stamp: str | None) -> Episode | None:
-        """The episode a sibling branch of the same parent step ended (:meth:`drop`), back in the
-        registry: a branch that starts after its siblings finished spends from their budget, not a new one."""
-        if stamp is None:
+    def _revive(self, episode_id: str, stamp: str | None) -> Episode | None:
+        """The episode a sibling branch of the same top-level step ended (:meth:`leave`), back in the
+        registry: a branch that starts after its siblings finished spends from their budget, not a new one.
+        Called with the lock held."""
+        ended = self._ended.get(episode_id) if stamp is not None else None
+        if ended is None or ended[0] != stamp:
             return None
-        with self._lock:
-            ended = self._ended.get(episode_id)
-            if ended is None or ended[0] != stamp or episode_id in self._episodes:
-                return None
-            del self._ended[episode_id]
-            self._episodes[episode_id] = ended[1]
-            return ended[1]
-
+        del self._ended[episode_id]
+        episode = self._episodes[episode_id] = ended[1]
+        episode.revived = True
+        return episode

@@ -471,12 +471,15 @@ class BudgetGuard:
         return True
 
     def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> None:
-        with episode.lock:
-            first_time = not episode.started and (not channel or episode.revived)
-            episode.started, episode.revived = True, False
-        if first_time:
-            self._call_hook("start", EpisodeInfo(episode.episode_id, query_of(channel, messages),
-                                                 episode.ledger.budget, self.market_for(episode.episode_id)))
+        # Held while the oracle's start hook runs: a sibling branch's step waits for it, so no decision of
+        # the episode comes before its start has finished.
+        with episode.start_lock:
+            with episode.lock:
+                first_time = not episode.started and (not channel or episode.revived)
+                episode.started, episode.revived = True, False
+            if first_time:
+                self._call_hook("start", EpisodeInfo(episode.episode_id, query_of(channel, messages),
+                                                     episode.ledger.budget, self.market_for(episode.episode_id)))
 
     def _settle(self, episode: Episode, state: Any, *, reason: str, branch: str | None = None) -> dict[str, Any] | None:
         """Release reservations nothing will use and write what state has not seen yet.
@@ -497,8 +500,7 @@ class BudgetGuard:
             # writes when the resumed step completes, after this episode was loaded from the
             # resumed task's older state). Taken in before anything held is judged unused.
             ledger.take_in_state(channel)
-        with episode.lock:
-            others = [b for b in episode.branches if b != branch] if branch is not None else ()
+        others = [b for b in tuple(episode.branches) if b != branch] if branch is not None else ()
         for entry in ledger.held():
             if others and _owned_by(ledger.owner_of(entry.call_id), others):
                 continue  # a parallel branch's call, still running (or a sub-agent's carve inside it)
@@ -536,31 +538,27 @@ class BudgetGuard:
         """:meth:`prepare`, also returning the episode, for a model step that gates next
         (``gate(..., episode=...)`` then skips finding it again)."""
         channel = channel_of(state)
-        episode_id = self.episode_id(state, config)
         branch = branch_of(config)
-        stamp = branch_stamp(config, branch)
-        if episode_id not in self.episodes and self.episodes.revive(episode_id, stamp) is not None:
-            # A fan-out branch starting after its siblings ended: their episode, ahead of any channel this
-            # branch was sent with. An oracle with an end hook was told it ended, so it is told it starts
-            # again; one without keeps what it knows of the episode (start would reset it).
-            if callable(getattr(self.oracle, "end", None)):
-                revived = self.episodes.peek(episode_id)
-                revived.started, revived.revived = False, True
-        episode = self.episodes.get(episode_id, channel)
+        # Found (or revived, or made) and this branch registered in one step, so that a sibling finishing
+        # meanwhile never ends the episode under it (EpisodeRegistry.get, .leave).
+        episode = self.episodes.get(self.episode_id(state, config), channel, branch=branch,
+                                    stamp=branch_stamp(config, branch))
+        if episode.revived and not callable(getattr(self.oracle, "end", None)):
+            # Revived for a fan-out branch that started after its siblings ended. An oracle with an end hook
+            # was told it ended, so it is told it starts again (_start); one without keeps what it knows of
+            # the episode (start would reset it).
+            episode.revived = False
+        if episode.revived:
+            episode.started = False
         if offered is not None:
             if episode.offered is None:  # the episode's first model step here: tell the developer now
                 self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)
             episode.offered = offered
         self._start(episode, channel, messages_of(state))
-        with episode.lock:
-            for other, other_stamp in list(episode.branches.items()):
-                if other_stamp != stamp:
-                    del episode.branches[other]  # of an earlier parent step: paused and abandoned, or crashed
-            episode.branches[branch] = stamp
-            if branch and episode.ledger.owner is None:
-                # A subgraph's episode (maybe a fan-out branch): reservations say which branch made them, for
-                # _settle. An agent at the top of its graph has no siblings and skips this on every call.
-                episode.ledger.owner = current_branch
+        if branch and episode.ledger.owner is None:
+            # A subgraph's episode (maybe a fan-out branch): reservations say which branch made them, for
+            # _settle. An agent at the top of its graph has no siblings and skips this on every call.
+            episode.ledger.owner = current_branch
         return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
 
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
@@ -585,13 +583,10 @@ class BudgetGuard:
         episode = self.episodes.get(episode_id, channel)
         branch = branch_of(config)
         update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
-        with episode.lock:
-            stamp = episode.branches.pop(branch, None)
-            if episode.branches:
-                return update  # parallel branches of this thread still run: the last one ends the episode
+        if not self.episodes.leave(episode, branch):
+            return update  # parallel branches of this thread still run: the last one ends the episode
         if isinstance(episode.ledger, CarvedLedger):
             episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
-        self.episodes.drop(episode_id, stamp=stamp)
         end = getattr(self.oracle, "end", None)
         if callable(end):
             end(episode_id)

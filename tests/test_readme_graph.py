@@ -404,3 +404,73 @@ def test_a_sub_agents_carve_inside_one_fan_out_branch_is_left_to_it_by_a_sibling
     out = asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
     ledger = guard.ledger(out)
     assert sorted(runs) == ["a", "b", "delegate"] and ledger.spent == 9.0 and ledger.reserved == 0
+
+
+def test_no_decision_of_a_revived_episode_comes_before_its_start_hook_has_finished_or_after_its_end():
+    # Three Send branches: branch 0 ends the episode, branch 1 revives it and its oracle's start hook is slow
+    # (loads memory), branch 2 joins meanwhile. Was: branch 2 decided before that start had finished, then
+    # ended the episode under branch 1, which decided after end.
+    import threading
+    import time
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Send
+
+    from intent import Decision, Oracle
+
+    reviving, sibling_going = threading.Event(), threading.Event()
+
+    class SlowStart(Oracle):
+        def __init__(self) -> None:
+            self.live: set[str] = set()
+            self.bad: list[str] = []
+            self.starts = 0
+
+        def start(self, info: Any) -> None:
+            self.starts += 1
+            if self.starts == 2:  # branch 1 revives the episode
+                reviving.set()
+                assert sibling_going.wait(timeout=30)
+                time.sleep(0.2)  # branch 2 reaches its model step while this start runs
+            self.live.add(info.episode_id)
+
+        def end(self, episode_id: str) -> None:
+            self.live.discard(episode_id)
+
+        def decide(self, ctx: Any) -> Decision:
+            if ctx.episode_id not in self.live:
+                self.bad.append(ctx.tool)
+            return Decision.accepted()
+
+    prices, runs, oracle = {"a": 1.0, "b": 5.0}, [], SlowStart()
+    guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in prices.items()]), 16.0)
+    agent = _readme_graph(guard, _ByTurn(names=("a", "b")), _priced_tools(prices, runs)).compile()
+    first_done = threading.Event()
+
+    def hold(state: Any) -> dict[str, Any]:
+        k = state["messages"][-1].content[-1]
+        if k in "12":
+            assert first_done.wait(timeout=30)
+        if k == "2":
+            assert reviving.wait(timeout=30)
+            sibling_going.set()
+        return {}
+
+    sub = StateGraph(GuardState)
+    sub.add_node("hold", hold)
+    sub.add_node("agent", agent)
+    sub.add_node("mark", lambda s: first_done.set() or {})
+    sub.add_edge(START, "hold")
+    sub.add_edge("hold", "agent")
+    sub.add_edge("agent", "mark")
+    sub.add_edge("mark", END)
+    parent = StateGraph(GuardState)
+    parent.add_node("sub", sub.compile())
+    parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage(f"task {k}")]})
+                                                   for k in range(3)], ["sub"])
+    parent.add_edge("sub", END)
+    out = parent.compile(checkpointer=InMemorySaver()).invoke({"messages": [("user", "fan out")]},
+                                                               {"configurable": {"thread_id": "slow-start"}})
+    ledger = guard.ledger(out)
+    assert oracle.bad == [] and ledger.spent == sum(prices[n] for n in runs) <= 16.0 and ledger.reserved == 0
