@@ -159,7 +159,7 @@ class EpisodeRegistry:
         with self._lock:
             self._episodes.pop(episode_id, None)
 
-    def leave(self, episode: Episode, branch: str) -> bool:
+    def leave(self, episode: Episode, branch: str, *, keep: bool = True) -> bool:
         """``branch`` has finished the episode. Returns whether it was the last one, and if so ends the
         episode (in the same step, so no branch joins an episode that is ending): one that ended in a
         fan-out branch is kept aside for a sibling of the same top-level step that starts later."""
@@ -169,7 +169,7 @@ class EpisodeRegistry:
                 return False
             if self._episodes.get(episode.episode_id) is episode:
                 del self._episodes[episode.episode_id]
-            if stamp is not None:
+            if stamp is not None and keep:
                 self._ended[episode.episode_id] = (stamp, episode)
                 while len(self._ended) > self.max_episodes:
                     self._ended.popitem(last=False)

@@ -583,7 +583,11 @@ class BudgetGuard:
         episode = self.episodes.get(episode_id, channel)
         branch = branch_of(config)
         update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
-        if not self.episodes.leave(episode, branch):
+        # Kept aside for a late fan-out sibling only when no guarded call above runs it: a sub-agent's
+        # episode (FromParent, or any agent inside a guarded tool call) is ended for good, so the next
+        # sub-agent of the same call starts its own instead of reviving this one.
+        if not self.episodes.leave(episode, branch, keep=current_parent() is None
+                                   and not isinstance(episode.ledger, CarvedLedger)):
             return update  # parallel branches of this thread still run: the last one ends the episode
         if isinstance(episode.ledger, CarvedLedger):
             episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent

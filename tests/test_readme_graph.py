@@ -474,3 +474,50 @@ def test_no_decision_of_a_revived_episode_comes_before_its_start_hook_has_finish
                                                                {"configurable": {"thread_id": "slow-start"}})
     ledger = guard.ledger(out)
     assert oracle.bad == [] and ledger.spent == sum(prices[n] for n in runs) <= 16.0 and ledger.reserved == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_two_sub_agents_in_one_tool_call_are_two_episodes(use_async):
+    # A FromParent child agent run twice inside one guarded tool call, with the parent's config: the second
+    # revived the first one's ended episode (one start for two tasks; the first one's stop carried over), and
+    # every ended sub-agent episode was kept aside.
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+
+    from intent import Decision, FromParent, Oracle
+
+    class Starts(Oracle):
+        def __init__(self) -> None:
+            self.queries: list[str] = []
+
+        def start(self, info: Any) -> None:
+            self.queries.append(info.query)
+
+        def decide(self, ctx: Any) -> Decision:
+            return Decision.accepted()
+
+    oracle, runs = Starts(), []
+    child = BudgetGuard(oracle, Market([PricedTool("fetch", 1.0)]), FromParent(limit=3.0))
+    fetch = _priced_tools({"fetch": 1.0}, runs)
+
+    def child_agent() -> Any:
+        return create_agent(scripted([ai(call("fetch", x=1)), AIMessage("child done")]), fetch,
+                            middleware=[child.middleware()])
+
+    def research(x: int = 0) -> str:
+        return ",".join(child_agent().invoke({"messages": [HumanMessage(f"task {i}")]})["messages"][-1].content
+                        for i in range(2))
+
+    async def aresearch(x: int = 0) -> str:
+        return ",".join([(await child_agent().ainvoke({"messages": [HumanMessage(f"task {i}")]}))["messages"][-1]
+                         .content for i in range(2)])
+
+    parent = BudgetGuard(AcceptAll(), Market([PricedTool("research", 0.0)]), 100.0)
+    tool = StructuredTool.from_function(research, coroutine=aresearch, name="research", description="d")
+    agent = create_agent(scripted([ai(call("research", x=1)), AIMessage("done")]), [tool],
+                         middleware=[parent.middleware()])
+    config = {"configurable": {"thread_id": f"subs-{use_async}"}}
+    inp = {"messages": [HumanMessage("go")]}
+    out = asyncio.run(agent.ainvoke(inp, config)) if use_async else agent.invoke(inp, config)
+    assert oracle.queries == ["task 0", "task 1"] and runs == ["fetch", "fetch"]
+    assert parent.ledger(out).spent == 2.0 and len(child.episodes) == 0 and len(child.episodes._ended) == 0
