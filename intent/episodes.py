@@ -155,10 +155,6 @@ class EpisodeRegistry:
             episode.synced = True
         return episode
 
-    def drop(self, episode_id: str) -> None:
-        with self._lock:
-            self._episodes.pop(episode_id, None)
-
     def leave(self, episode: Episode, branch: str, *, keep: bool = True) -> bool:
         """``branch`` has finished the episode. Returns whether it was the last one, and if so ends the
         episode (in the same step, so no branch joins an episode that is ending): one that ended in a

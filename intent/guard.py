@@ -543,13 +543,14 @@ class BudgetGuard:
         # meanwhile never ends the episode under it (EpisodeRegistry.get, .leave).
         episode = self.episodes.get(self.episode_id(state, config), channel, branch=branch,
                                     stamp=branch_stamp(config, branch))
-        if episode.revived and not callable(getattr(self.oracle, "end", None)):
+        if episode.revived:
             # Revived for a fan-out branch that started after its siblings ended. An oracle with an end hook
             # was told it ended, so it is told it starts again (_start); one without keeps what it knows of
             # the episode (start would reset it).
-            episode.revived = False
-        if episode.revived:
-            episode.started = False
+            if callable(getattr(self.oracle, "end", None)):
+                episode.started = False
+            else:
+                episode.revived = False
         if offered is not None:
             if episode.offered is None:  # the episode's first model step here: tell the developer now
                 self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)

@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import StructuredTool
 from langgraph.graph import END, START, StateGraph
 
-from intent import AcceptAll, BudgetGuard, GuardState, Market, PricedTool
+from intent import AcceptAll, BudgetGuard, Decision, GuardState, Market, Oracle, PricedTool
 from intent.testing import ai, assert_each_call_answered_once, call, scripted
 
 
@@ -118,9 +118,6 @@ def test_the_readme_graph_fanned_out_as_parallel_subgraphs_shares_one_budget(use
     import threading
 
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-    from langchain_core.messages import HumanMessage
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.types import Send
 
     runs: list[str] = []
     lock = threading.Lock()
@@ -165,13 +162,7 @@ def test_the_readme_graph_fanned_out_as_parallel_subgraphs_shares_one_budget(use
 
     model = Branchy(messages=iter(()))
 
-    g = _readme_graph(guard, model, tools)
-    parent = StateGraph(GuardState)
-    parent.add_node("sub", g.compile())
-    parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage(f"task {k}")]})
-                                                   for k in range(3)], ["sub"])
-    parent.add_edge("sub", END)
-    graph = parent.compile(checkpointer=InMemorySaver())
+    graph = _fanned_out(_readme_graph(guard, model, tools).compile(), 3)
     config = {"configurable": {"thread_id": f"fan-{use_async}"}}
     inp = {"messages": [("user", "fan out")]}
     out = asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
@@ -251,25 +242,8 @@ def test_a_fan_out_branch_that_starts_after_its_sibling_ended_spends_from_the_sa
     # in one turn), and, over two turns that send the thread's ledger channel with each task, one built from
     # the channel it was sent, without branch 0's spend in that turn (22 against 20). The oracle is told the
     # episode starts again before it decides for the late branch (was: decide after end).
-    from intent import Decision, Oracle
 
-    class Hooks(Oracle):
-        def __init__(self) -> None:
-            self.live: set[str] = set()
-            self.bad: list[str] = []
-
-        def start(self, info: Any) -> None:
-            self.live.add(info.episode_id)
-
-        def end(self, episode_id: str) -> None:
-            self.live.discard(episode_id)
-
-        def decide(self, ctx: Any) -> Decision:
-            if ctx.episode_id not in self.live:
-                self.bad.append(ctx.tool)
-            return Decision.accepted()
-
-    prices, runs, oracle = {"a": 3.0, "b": 5.0}, [], Hooks()
+    prices, runs, oracle = {"a": 3.0, "b": 5.0}, [], _LiveEpisodes()
     budget = 20.0 if carried else 12.0
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in prices.items()]), budget)
     graph = _late_fan_out(guard, prices, runs, carried)
@@ -286,7 +260,6 @@ def test_a_fan_out_branch_that_starts_after_its_sibling_ended_spends_from_the_sa
 def test_an_oracle_without_an_end_hook_keeps_its_episode_when_a_late_branch_revives_it():
     # start() resets what an oracle knows of an episode (MCO's and INTENT's memory); one that was never told the
     # episode ended is not told it starts again.
-    from intent import Decision, Oracle
 
     class Starts(Oracle):
         def __init__(self) -> None:
@@ -305,20 +278,40 @@ def test_an_oracle_without_an_end_hook_keeps_its_episode_when_a_late_branch_revi
     assert oracle.starts == 1 and guard.ledger(out).spent == sum(prices[n] for n in runs) <= 12.0
 
 
-def _late_fan_out(guard: BudgetGuard, prices: dict[str, float], runs: list[str], carried: bool) -> Any:
-    """Two Send branches of the README graph in one thread; branch 1 waits until branch 0 has finished."""
-    import threading
+class _LiveEpisodes(Oracle):
+    """Accepts every call, and notes each decision that comes outside its episode's start and end."""
 
-    from langchain_core.messages import HumanMessage
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.types import Send
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+        self.bad: list[str] = []
+
+    def start(self, info: Any) -> None:
+        self.live.add(info.episode_id)
+
+    def end(self, episode_id: str) -> None:
+        self.live.discard(episode_id)
+
+    def decide(self, ctx: Any) -> Decision:
+        if ctx.episode_id not in self.live:
+            self.bad.append(ctx.tool)
+        return Decision.accepted()
+
+
+def _late_fan_out(guard: BudgetGuard, prices: dict[str, float], runs: list[str], carried: bool = False, *,
+                  branches: int = 2, after_wait: Any = None) -> Any:
+    """Send branches of the README graph in one thread; every branch but branch 0 waits until branch 0 has
+    finished, then runs ``after_wait(k)`` (when given) before its agent starts."""
+    import threading
 
     agent = _readme_graph(guard, _ByTurn(names=("a", "b")), _priced_tools(prices, runs)).compile()
     first_done = threading.Event()
 
     def wait_or_pass(state: Any) -> dict[str, Any]:
-        if state["messages"][-1].content.endswith("1"):
+        k = int(state["messages"][-1].content.split()[-1])
+        if k > 0:
             assert first_done.wait(timeout=30)
+            if after_wait is not None:
+                after_wait(k)
         return {}
 
     sub = StateGraph(GuardState)
@@ -329,12 +322,25 @@ def _late_fan_out(guard: BudgetGuard, prices: dict[str, float], runs: list[str],
     sub.add_edge("prepare", "agent")
     sub.add_edge("agent", "mark")
     sub.add_edge("mark", END)
+    return _fanned_out(sub.compile(), branches, carried=carried, each_turn=first_done.clear)  # branches wait again
+
+
+def _fanned_out(sub: Any, branches: int, *, carried: bool = False, each_turn: Any = None) -> Any:
+    """A parent graph (with a checkpointer) that sends ``sub`` the tasks "task 0".."task n-1" at once, with the
+    parent's ledger channel when ``carried``; ``each_turn()`` runs before each turn's tasks are sent."""
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Send
+
+    def send(state: Any) -> list[Any]:
+        if each_turn is not None:
+            each_turn()
+        channel = {"intent_ledger": state.get("intent_ledger")} if carried else {}
+        return [Send("sub", {"messages": [HumanMessage(f"task {k}")], **channel}) for k in range(branches)]
+
     parent = StateGraph(GuardState)
-    parent.add_node("sub", sub.compile())
-    parent.add_conditional_edges(START, lambda s: first_done.clear() or [  # a turn: branch 1 waits again
-        Send("sub", {"messages": [HumanMessage(f"task {k}")], **({"intent_ledger": s.get("intent_ledger")}
-                                                                  if carried else {})})
-        for k in range(2)], ["sub"])
+    parent.add_node("sub", sub)
+    parent.add_conditional_edges(START, send, ["sub"])
     parent.add_edge("sub", END)
     return parent.compile(checkpointer=InMemorySaver())
 
@@ -366,8 +372,6 @@ def test_a_sub_agents_carve_inside_one_fan_out_branch_is_left_to_it_by_a_sibling
     import threading
 
     from langchain_core.messages import HumanMessage
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.types import Send
 
     from intent import FromParent
 
@@ -392,13 +396,8 @@ def test_a_sub_agents_carve_inside_one_fan_out_branch_is_left_to_it_by_a_sibling
     tools = _priced_tools(prices, runs, delegate=lambda x: child.invoke({"messages": [HumanMessage("child task")]})
                           and "child done")
     guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 12.0)
-    parent = StateGraph(GuardState)
-    parent.add_node("sub", _readme_graph(guard, _Cued(on_turn=parent_cue, branch_calls={0: "delegate", 1: "a"}),
-                                         tools).compile())
-    parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage(f"task {k}")]})
-                                                   for k in range(2)], ["sub"])
-    parent.add_edge("sub", END)
-    graph = parent.compile(checkpointer=InMemorySaver())
+    graph = _fanned_out(_readme_graph(guard, _Cued(on_turn=parent_cue, branch_calls={0: "delegate", 1: "a"}),
+                                      tools).compile(), 2)
     config = {"configurable": {"thread_id": f"carve-{use_async}"}}
     inp = {"messages": [("user", "fan out")]}
     out = asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
@@ -413,18 +412,11 @@ def test_no_decision_of_a_revived_episode_comes_before_its_start_hook_has_finish
     import threading
     import time
 
-    from langchain_core.messages import HumanMessage
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.types import Send
-
-    from intent import Decision, Oracle
-
     reviving, sibling_going = threading.Event(), threading.Event()
 
-    class SlowStart(Oracle):
+    class SlowStart(_LiveEpisodes):
         def __init__(self) -> None:
-            self.live: set[str] = set()
-            self.bad: list[str] = []
+            super().__init__()
             self.starts = 0
 
         def start(self, info: Any) -> None:
@@ -433,45 +425,18 @@ def test_no_decision_of_a_revived_episode_comes_before_its_start_hook_has_finish
                 reviving.set()
                 assert sibling_going.wait(timeout=30)
                 time.sleep(0.2)  # branch 2 reaches its model step while this start runs
-            self.live.add(info.episode_id)
-
-        def end(self, episode_id: str) -> None:
-            self.live.discard(episode_id)
-
-        def decide(self, ctx: Any) -> Decision:
-            if ctx.episode_id not in self.live:
-                self.bad.append(ctx.tool)
-            return Decision.accepted()
+            super().start(info)
 
     prices, runs, oracle = {"a": 1.0, "b": 5.0}, [], SlowStart()
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in prices.items()]), 16.0)
-    agent = _readme_graph(guard, _ByTurn(names=("a", "b")), _priced_tools(prices, runs)).compile()
-    first_done = threading.Event()
 
-    def hold(state: Any) -> dict[str, Any]:
-        k = state["messages"][-1].content[-1]
-        if k in "12":
-            assert first_done.wait(timeout=30)
-        if k == "2":
+    def branch_2_joins_while_branch_1_starts(k: int) -> None:
+        if k == 2:
             assert reviving.wait(timeout=30)
             sibling_going.set()
-        return {}
 
-    sub = StateGraph(GuardState)
-    sub.add_node("hold", hold)
-    sub.add_node("agent", agent)
-    sub.add_node("mark", lambda s: first_done.set() or {})
-    sub.add_edge(START, "hold")
-    sub.add_edge("hold", "agent")
-    sub.add_edge("agent", "mark")
-    sub.add_edge("mark", END)
-    parent = StateGraph(GuardState)
-    parent.add_node("sub", sub.compile())
-    parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage(f"task {k}")]})
-                                                   for k in range(3)], ["sub"])
-    parent.add_edge("sub", END)
-    out = parent.compile(checkpointer=InMemorySaver()).invoke({"messages": [("user", "fan out")]},
-                                                               {"configurable": {"thread_id": "slow-start"}})
+    graph = _late_fan_out(guard, prices, runs, branches=3, after_wait=branch_2_joins_while_branch_1_starts)
+    out = graph.invoke({"messages": [("user", "fan out")]}, {"configurable": {"thread_id": "slow-start"}})
     ledger = guard.ledger(out)
     assert oracle.bad == [] and ledger.spent == sum(prices[n] for n in runs) <= 16.0 and ledger.reserved == 0
 
@@ -484,7 +449,7 @@ def test_two_sub_agents_in_one_tool_call_are_two_episodes(use_async):
     from langchain.agents import create_agent
     from langchain_core.messages import HumanMessage
 
-    from intent import Decision, FromParent, Oracle
+    from intent import FromParent
 
     class Starts(Oracle):
         def __init__(self) -> None:
