@@ -36,6 +36,11 @@ class Episode:
     ledger: BudgetLedger
     market: Market | None = None  # an episode-scoped market (CostBench events); None: the guard's
     started: bool = False
+    # The run of the thread this episode is (1 for a thread's first run; a later turn on the same thread
+    # is the next): written to state as ``runs_started`` at its first step and ``runs_ended`` when it
+    # ends, so that the next run, maybe in another process, calls the oracle's start again (0: not known
+    # yet).
+    run: int = 0
     # Top-ups asked for without a graph: written to state at the episode's next hook.
     pending_top_ups: dict[str, float] = field(default_factory=dict)
     # Set when the episode may make no further model call (a response without usage under

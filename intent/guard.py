@@ -67,7 +67,7 @@ from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
-from intent.state import LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, current_branch
+from intent.state import LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, current_branch, runs_of
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -475,7 +475,12 @@ class BudgetGuard:
         # the episode comes before its start has finished.
         with episode.start_lock:
             with episode.lock:
-                first_time = not episode.started and (not channel or episode.revived)
+                started, ended = runs_of(channel)
+                # A new run: a new thread, a fan-out branch's revived episode, or the next turn of a thread
+                # whose last run ended (not a run resumed after an interrupt or a crash: it never ended).
+                first_time = not episode.started and (not channel or episode.revived or ended >= started)
+                if not episode.run:
+                    episode.run = ended + 1 if first_time and not episode.revived else max(started, 1)
                 episode.started, episode.revived = True, False
             if first_time:
                 self._call_hook("start", EpisodeInfo(episode.episode_id, query_of(channel, messages),
@@ -514,9 +519,12 @@ class BudgetGuard:
                    if e.call_id not in known or known[e.call_id]["status"] != e.status}
         with episode.lock:
             top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
-        if not changed and not top_ups and channel:
+        new_run = episode.run > channel.get("runs_started", 0)
+        if not changed and not top_ups and channel and not new_run:
             return None
         update = self._channel_base(episode) | {"entries": changed}
+        if new_run:
+            update["runs_started"] = episode.run
         if "query" not in channel:
             update["query"] = query_of(channel, messages_of(state))
         if top_ups:
@@ -592,6 +600,9 @@ class BudgetGuard:
             return update  # parallel branches of this thread still run: the last one ends the episode
         if isinstance(episode.ledger, CarvedLedger):
             episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
+        if episode.run:  # the thread's next run starts the oracle again (_start)
+            update = update or {LEDGER_KEY: self._channel_base(episode)}
+            update[LEDGER_KEY] = {**update[LEDGER_KEY], "runs_ended": episode.run}
         end = getattr(self.oracle, "end", None)
         if callable(end):
             end(episode_id)

@@ -197,7 +197,10 @@ class Oracle:
         return self.decide(ctx)
 
     def start(self, episode: EpisodeInfo) -> None:
-        """Called once per episode before its first decision."""
+        """Called before the first decision of each run of the episode's thread: its first turn, and each
+        later turn after the last one ended (``end``, an optional hook with the episode id, is called after
+        each run). A run resumed after an interrupt or a crash is the same run: not started again. The
+        episode's id, budget and ledger go on from turn to turn."""
 
     def observe(self, outcome: Outcome) -> None:
         """Called after each accepted call ran (and was charged)."""

@@ -17,7 +17,7 @@ from typing_extensions import NotRequired, TypedDict
 from intent.ledger import merge_ledger_states
 
 __all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "TurnCount", "channel_of",
-           "current_config", "read_ledger_channel", "write_ledger_update"]
+           "current_config", "read_ledger_channel", "runs_of", "write_ledger_update"]
 
 LEDGER_KEY = "intent_ledger"
 
@@ -81,6 +81,8 @@ class LedgerChannel(TypedDict, total=False):
     query: str  # the episode's task, fixed at its first turn (a summarised history keeps it)
     turns: TurnCount  # how the gate numbers the next model turn (intent.messages.turns_before)
     carved_by: str  # a sub-agent's: the carve (its id in the parent's ledger) holding its charges (intent.nesting)
+    runs_started: int  # the thread's runs the guard has started (its turns); runs_of
+    runs_ended: int  # ... and ended: a run that starts with the two equal calls the oracle's start again
 
 
 class GuardState(TypedDict):
@@ -169,6 +171,15 @@ def write_ledger_update(config: Mapping[str, Any] | None, update: Mapping[str, A
 
 _CONFIG_KEY_READ = "__pregel_read"  # langgraph._internal._constants.CONFIG_KEY_READ
 _CONFIG_KEY_SEND = "__pregel_send"  # langgraph._internal._constants.CONFIG_KEY_SEND
+
+
+def runs_of(channel: Mapping[str, Any] | None) -> tuple[int, int]:
+    """How many runs of the thread the guard started and ended (``runs_started``, ``runs_ended``).
+    A channel written before these were kept counts as one run started and none ended: a run
+    resumed from it goes on without starting the oracle again, as it did then."""
+    if not channel:
+        return 0, 0
+    return channel.get("runs_started", 1), channel.get("runs_ended", 0)
 
 
 def channel_of(state: Any) -> LedgerChannel | None:

@@ -746,6 +746,65 @@ def test_an_outer_model_retry_without_a_thread_id_keeps_one_episode(use_async):
     assert len(oracle.started) == len(oracle.ended) == 3
 
 
+class _Hooks(Oracle):
+    """Accepts every call; records its start and end hooks in order (``end`` optional)."""
+
+    def __init__(self, with_end: bool = True) -> None:
+        self.calls: list[tuple[str, str]] = []
+        if with_end:
+            self.end = lambda episode_id: self.calls.append(("end", episode_id))
+
+    def decide(self, ctx: Any) -> Decision:
+        self.calls.append(("decide", ctx.episode_id))
+        return Decision.accepted()
+
+    def start(self, info: Any) -> None:
+        self.calls.append(("start", info.episode_id))
+
+
+@pytest.mark.parametrize("with_end", [True, False])
+@pytest.mark.parametrize("use_async", [False, True])
+def test_each_run_of_a_thread_starts_the_oracle_again(with_end, use_async):
+    # Three runs (turns) on one thread: each starts the oracle before its first decision and, for an
+    # oracle with an end hook, ends it after its last; the thread's budget goes on. The second run pauses
+    # at a human's approval and is resumed by a guard in another process (a fresh guard, the same
+    # checkpointer): a resumed run is the same run, so its oracle is not started again.
+    from langchain_core.messages import HumanMessage
+
+    saver, runs = InMemorySaver(), Runs()
+    hooks: list[tuple[str, str]] = []
+
+    def agent_with_fresh_guard(replies: list[AIMessage]) -> tuple[Any, BudgetGuard]:
+        oracle = _Hooks(with_end)
+        oracle.calls = hooks  # one record across the guards
+        guard = BudgetGuard(oracle, market(a=1.0), 10.0)
+        middleware = [guard.middleware(), HumanInTheLoopMiddleware(interrupt_on={"a": {"allowed_decisions": [
+            "approve"], "description": "pay?"}})] if len(replies) > 2 else [guard.middleware()]
+        return create_agent(scripted(replies), [make_tool("a", runs)], middleware=middleware,
+                            checkpointer=saver), guard
+
+    def go(agent: Any, payload: Any) -> Any:
+        config = {"configurable": {"thread_id": "turns"}}
+        return asyncio.run(agent.ainvoke(payload, config)) if use_async else agent.invoke(payload, config)
+
+    agent, _ = agent_with_fresh_guard([ai(call("a", x=1)), AIMessage("one")])
+    go(agent, {"messages": [HumanMessage("first")]})
+    agent, _ = agent_with_fresh_guard([ai(call("a", x=2)), AIMessage("two"), AIMessage("unused")])
+    paused = go(agent, {"messages": [HumanMessage("second")]})
+    assert "__interrupt__" in paused
+    agent, _ = agent_with_fresh_guard([AIMessage("two"), AIMessage("unused"), AIMessage("unused")])
+    go(agent, Command(resume={"decisions": [{"type": "approve"}]}))
+    agent, guard = agent_with_fresh_guard([ai(call("a", x=3)), AIMessage("three")])
+    out = go(agent, {"messages": [HumanMessage("third")]})
+    episode = hooks[0][1]
+    assert {e for _, e in hooks} == {episode}, "one thread, one episode id"
+    per_run = [k for k, _ in hooks]
+    expected = ["start", "decide", "end"] if with_end else ["start", "decide"]
+    assert per_run == expected * 3
+    assert runs.total == 3 and guard.ledger(out).spent == 3.0 and guard.ledger(out).reserved == 0
+    assert out["intent_ledger"]["runs_started"] == out["intent_ledger"]["runs_ended"] == 3
+
+
 def test_malformed_replies_are_asked_again_at_most_three_times_in_one_step():
     from intent.middleware import MAX_MALFORMED_REASKS
 
