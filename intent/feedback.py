@@ -95,6 +95,11 @@ def cancelled(tool: str) -> str:
     return f"Error: {tool} was cancelled while running. The call was charged."
 
 
+def billed_after_cancel(tool: str, billed: float) -> str:
+    return (f"{tool} went on after its run was cancelled and reported a bill of {billed:g}, above what was "
+            "charged: the rest was charged as an overrun.")
+
+
 def tool_raised(tool: str, exc: BaseException, charged: float | None = None) -> str:
     """A tool's run raised. ``charged``: what its runs of this call cost (``None``: not said)."""
     text = f"Error: {tool} failed ({type(exc).__name__}: {exc})."

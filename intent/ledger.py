@@ -402,6 +402,33 @@ class BudgetLedger:
             self.reserve(call_id, tool, min(cost, self.remaining_for(kind)), kind=kind, execution=1)
             return self.commit(call_id, cost)
 
+    def bill_late(self, call_id: str, billed: float) -> LedgerEntry | None:
+        """A provider's bill for a run that arrived after the run was charged (a sync tool whose thread
+        went on after its async run was cancelled, and the charge was then its reservation). What it
+        billed above the charge is committed as ``<call_id>:late``, all of it an overrun (as a bill above
+        the reservation is: no further spending). A bill at or below the charge changes nothing (the
+        money was taken). Returns the new entry, or ``None``. Idempotent."""
+        billed = check_amount(billed, f"late bill of call {call_id!r}")
+        with self._lock:
+            entry = self._entries.get(call_id)
+            if entry is None or entry.status != "committed":
+                raise LedgerError(f"cannot bill {call_id!r} late: it was never charged")
+            late_id = f"{call_id}:late"
+            if late_id in self._entries:
+                return self._entries[late_id]
+            extra = billed - entry.amount
+            if extra <= _EPS:
+                return None
+            if self._shared is not None:  # the store holds nothing for it: held at 0, then billed
+                store, key, run_id = self._shared
+                store.reserve(key, f"{run_id}/{late_id}", 0.0, run_id=run_id, tool=entry.tool, kind=entry.kind)
+                store.commit(key, f"{run_id}/{late_id}", extra)
+            # Run 0: not a run of its own (a log record of it is not a gate decision, nor an execution).
+            late = LedgerEntry(late_id, entry.tool, extra, "committed", len(self._entries), entry.market_version,
+                               entry.tool_call_id, 0, extra, kind=entry.kind)
+            self._put(late)
+            return late
+
     def reprice(
         self, call_id: str, amount: float, *, tool: str | None = None, market_version: int | None = None
     ) -> LedgerEntry:

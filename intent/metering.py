@@ -58,6 +58,7 @@ from intent.oracle import (
     Proposal,
 )
 from intent.state import LEDGER_KEY, channel_of
+from intent.tool_body import WatchedBody, as_message, watched
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -70,6 +71,8 @@ __all__ = ["CallRun", "MeteredTool", "open_call"]
 REFUSED_RUN = "refused_run"
 ANSWERED_WITHOUT_RUN = "answered_without_run"
 CANCELLED = "cancelled"
+CANCELLED_BEFORE_RUN = "cancelled_before_run"  # the run was cancelled before the tool's body started
+LATE_BILL = "late_bill"  # what a cancelled sync tool's thread billed above its charge, when it ended
 
 
 _NO_LEASE = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -443,18 +446,76 @@ class CallRun:
         if isinstance(charge_id, ToolMessage):
             return charge_id
         started = self.guard._clock()
+        # A copy of the tool that says whether its body started: a cancelled run is charged by what ran
+        # (intent.tool_body).
+        watch = watched(tool)
+        body = None
+        if watch is not None:
+            tool, body = watch
         try:
             with spending_scope(self.guard, self.episode, self.key), _lease(self.episode.ledger, charge_id):
                 out = await tool.ainvoke(tool_input, config, **kwargs)
         except GraphBubbleUp:
             self._abort(charge_id)
             raise
-        except BaseException as exc:  # CancelledError included: a cancelled run was still paid for
+        except asyncio.CancelledError as exc:
+            self.raised.append(exc)
+            if body is None:
+                self._charge(charge_id, args, exc, started)  # money spent is spent: the reservation
+            else:
+                self._cancelled(body, tool, charge_id, args, exc, started)
+            raise
+        except BaseException as exc:
             self.raised.append(exc)
             self._charge(charge_id, args, exc, started)
             raise
         self._charge(charge_id, args, out, started)
         return out
+
+    def _cancelled(self, body: WatchedBody, tool: Any, charge_id: str, args: Any, exc: BaseException,
+                   started: float) -> None:
+        """A run cancelled from outside, charged by what its body did (see :mod:`intent.tool_body`)."""
+        with body.lock:  # the body's thread reads `cancelled` under it: the charge below comes first
+            body.cancelled = True
+            if not body.started:
+                self._not_run(charge_id)
+            elif body.finished:
+                self._charge(charge_id, args, as_message(tool, body.result, self.tool_call_id), started,
+                             reason=CANCELLED)
+            else:
+                self._charge(charge_id, args, exc, started)
+                if body.in_thread:
+                    body.on_late = functools.partial(self._late_bill, tool, charge_id, args, started)
+
+    def _not_run(self, charge_id: str) -> None:
+        """Cancelled before the tool's body started: it never runs, and its reservation goes back."""
+        ledger = self.episode.ledger
+        with self.episode.lock:
+            if charge_id == self.key:
+                ledger.mark_run(charge_id, 0)
+            released = ledger.release(charge_id)
+        if released is not None and charge_id == self.key:
+            self.guard.records.release(ledger, released, episode_id=self.episode.episode_id, meta=self.meta,
+                                       reason=CANCELLED_BEFORE_RUN)
+
+    def _late_bill(self, tool: Any, charge_id: str, args: Any, started: float, result: Any) -> None:
+        """A sync body that went on in its thread after its run was cancelled (and charged its
+        reservation) has ended: a bill above that charge is taken as an overrun, and logged."""
+        answer = as_message(tool, result, self.tool_call_id)
+        try:
+            billed = raised_bill(answer) if isinstance(answer, BaseException) else billed_amount(answer, self.tool_call_id)
+        except InvalidBillError:
+            billed = None  # a malformed bill from a run nobody waits for: the reservation stands
+        ledger = self.episode.ledger
+        late = ledger.bill_late(charge_id, billed) if billed is not None else None
+        if late is None:
+            return
+        status: Literal["ok", "error"] = "error" if isinstance(answer, BaseException) or getattr(
+            answer, "status", "success") == "error" else "ok"
+        self.guard.records.execution(
+            ledger, late, episode_id=self.episode.episode_id, meta=self.meta, query=self.query,
+            reasoning=self.reasoning, args=args, observation=fb.billed_after_cancel(self.name, billed),
+            status=status, tool_ms=(self.guard._clock() - started) * 1000.0, artifact=None, reason=LATE_BILL)
 
     def _abort(self, charge_id: str) -> None:
         """An interrupt inside the tool: it did not finish and re-runs on resume."""
@@ -464,10 +525,9 @@ class CallRun:
         else:
             ledger.release(charge_id)
 
-    def _charge(self, charge_id: str, args: Any, result: Any, started: float) -> None:
+    def _charge(self, charge_id: str, args: Any, result: Any, started: float, reason: str | None = None) -> None:
         tool_ms = (self.guard._clock() - started) * 1000.0
         guard, ledger = self.guard, self.episode.ledger
-        reason: str | None = None
         message: ToolMessage | None = None
         bad_bill: Exception | None = None
         if isinstance(result, BaseException):

@@ -97,6 +97,118 @@ def test_a_tool_cancelled_mid_run_is_charged_and_logged():
     assert guard.episodes.peek("cancel").ledger.spent == 7.0  # money spent is spent
 
 
+def _cancelled_run(tools, prices: dict, *, until, callbacks=(), after_cancel=None):
+    """Run an agent whose one reply calls each of ``tools``, under asyncio on a loop whose default
+    executor has one worker; cancel the run once ``until()`` holds, then call ``after_cancel()`` and
+    wait for the executor to go idle. Returns the guard and its log."""
+    import concurrent.futures
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 50, log_sink=sink)
+    agent = create_agent(scripted([ai(*(call(t.name) for t in tools)), AIMessage("done")]), tools,
+                         middleware=[guard.middleware()])
+    executor = concurrent.futures.ThreadPoolExecutor(1)
+
+    async def main():
+        asyncio.get_running_loop().set_default_executor(executor)
+        task = asyncio.create_task(agent.ainvoke({"messages": [("user", "go")]},
+                                                 {"configurable": {"thread_id": "cancel"}, "callbacks": list(callbacks)}))
+        for _ in range(500):
+            if until():
+                break
+            await asyncio.sleep(0.01)
+        assert until(), "the run never reached the point to cancel it at"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        if after_cancel is not None:
+            after_cancel()
+
+    asyncio.run(main())
+    executor.shutdown(wait=True)  # a body still running in its thread has ended, and reported
+    return guard, sink
+
+
+def test_a_sync_tool_still_queued_when_its_run_is_cancelled_never_runs_and_costs_nothing():
+    # Two sync tools of one reply, one executor worker: `first` runs (and blocks), `queued` waits for the
+    # worker. The run is cancelled then: `first` is charged its quote, `queued` never runs, costs nothing.
+    import threading
+
+    running, release, ran = threading.Event(), threading.Event(), []
+
+    def first(x: int = 0) -> str:
+        running.set()
+        release.wait(10)
+        return "first"
+
+    tools = [StructuredTool.from_function(first, name="first", description="blocks"),
+             StructuredTool.from_function(lambda x=0: ran.append(x) or "ran", name="queued", description="waits")]
+    executors: list = []
+
+    def queued() -> bool:
+        loop = asyncio.get_running_loop()
+        executors.append(loop._default_executor)
+        return running.is_set() and loop._default_executor._work_queue.qsize() > 0
+
+    guard, sink = _cancelled_run(tools, {"first": 7.0, "queued": 5.0}, until=queued, after_cancel=release.set)
+    ledger = guard.episodes.peek("cancel").ledger
+    assert ran == [], "a body still queued when its run was cancelled must not run"
+    assert ledger.spent == 7.0 and ledger.reserved == 0.0
+    assert sorted((r.tool, r.reason, r.status, r.charged) for r in sink.records) == [
+        ("first", "cancelled", "error", 7.0), ("queued", "cancelled_before_run", "released", 0.0)]
+
+
+def test_a_sync_tool_that_outlives_its_cancelled_run_has_its_late_bill_charged():
+    import threading
+
+    running, release = threading.Event(), threading.Event()
+
+    def billed(x: int = 0):
+        running.set()
+        release.wait(10)
+        return "done", {"intent_billed": 12.0}
+
+    tool = StructuredTool.from_function(billed, name="sync", description="sync", response_format="content_and_artifact")
+    guard, sink = _cancelled_run([tool], {"sync": 7.0}, until=running.is_set, after_cancel=release.set)
+    ledger = guard.episodes.peek("cancel").ledger
+    # 7 at the cancellation (the reservation: the body was running), then the 5 it billed above that
+    assert ledger.spent == 12.0 and ledger.overrun == 5.0 and ledger.halted and ledger.reserved == 0.0
+    assert [(r.reason, r.charged, r.execution) for r in sink.records] == [("cancelled", 7.0, 1), ("late_bill", 5.0, 0)]
+    assert len([r for r in sink.records if r.is_gate_decision]) == 1, "the late bill is not a decision of its own"
+
+
+def test_a_tool_cancelled_in_langchains_callbacks_is_charged_by_what_its_body_did():
+    # Before the body (on_tool_start still running): it never runs, nothing is charged. After the body
+    # (on_tool_end still running): charged what it billed (3), not the quote (7).
+    from langchain_core.callbacks import AsyncCallbackHandler
+
+    for hook in ("on_tool_start", "on_tool_end"):
+        ran: list = []
+        reached: list = []
+
+        class Stall(AsyncCallbackHandler):
+            async def _stall(self, *args, **kwargs):
+                reached.append(True)
+                await asyncio.sleep(10)
+
+        setattr(Stall, hook, Stall._stall)
+
+        async def body(x: int = 0):
+            ran.append(x)
+            return "done", {"intent_billed": 3.0}
+
+        tool = StructuredTool.from_function(coroutine=body, name="atool", description="async",
+                                            response_format="content_and_artifact")
+        guard, sink = _cancelled_run([tool], {"atool": 7.0}, until=lambda: bool(reached), callbacks=[Stall()])
+        ledger = guard.episodes.peek("cancel").ledger
+        if hook == "on_tool_start":
+            assert ran == [] and ledger.spent == 0.0 and ledger.reserved == 0.0
+            assert [r.reason for r in sink.records] == ["cancelled_before_run"]
+        else:
+            assert ran == [0] and ledger.spent == 3.0 and ledger.reserved == 0.0
+            assert [(r.reason, r.charged) for r in sink.records] == [("cancelled", 3.0)]
+
+
 def test_import_intent_market_stays_light():
     code = "import sys, intent.market; print(any(m.split('.')[0] in ('langgraph', 'langchain', 'torch') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
