@@ -20,6 +20,7 @@ from intent.ledger import BudgetLedger
 from intent.market import Market
 from intent.messages import tool_name
 from intent.nesting import CarvedLedger, current_parent
+from intent.state import current_branch
 
 __all__ = ["RUNNING_EPISODE", "Episode", "EpisodeRegistry"]
 
@@ -155,6 +156,11 @@ class EpisodeRegistry:
                     if other_stamp != stamp:
                         del episode.branches[other]  # of an earlier top-level step: abandoned, or crashed
                 episode.branches[branch] = stamp
+                if branch and episode.ledger.owner is None:
+                    # A subgraph's episode (maybe a fan-out branch): reservations say which branch made them,
+                    # for the guard's settling; set before this branch reserves anything. An agent at the top
+                    # of its graph has no siblings and skips this on every call.
+                    episode.ledger.owner = current_branch
         if channel and not episode.synced:
             episode.ledger.absorb(channel)
             episode.synced = True

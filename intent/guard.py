@@ -67,7 +67,7 @@ from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
-from intent.state import LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, current_branch, runs_of
+from intent.state import LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, runs_of
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -564,10 +564,6 @@ class BudgetGuard:
                 self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)
             episode.offered = offered
         self._start(episode, channel, messages_of(state))
-        if branch and episode.ledger.owner is None:
-            # A subgraph's episode (maybe a fan-out branch): reservations say which branch made them, for
-            # _settle. An agent at the top of its graph has no siblings and skips this on every call.
-            episode.ledger.owner = current_branch
         return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
 
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
@@ -592,20 +588,23 @@ class BudgetGuard:
         episode = self.episodes.get(episode_id, channel)
         branch = branch_of(config)
         update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
-        # Kept aside for a late fan-out sibling only when no guarded call above runs it: a sub-agent's
-        # episode (FromParent, or any agent inside a guarded tool call) is ended for good, so the next
-        # sub-agent of the same call starts its own instead of reviving this one.
-        if not self.episodes.leave(episode, branch, keep=current_parent() is None
-                                   and not isinstance(episode.ledger, CarvedLedger)):
-            return update  # parallel branches of this thread still run: the last one ends the episode
-        if isinstance(episode.ledger, CarvedLedger):
-            episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
-        if episode.run:  # the thread's next run starts the oracle again (_start)
-            update = update or {LEDGER_KEY: self._channel_base(episode)}
-            update[LEDGER_KEY] = {**update[LEDGER_KEY], "runs_ended": episode.run}
-        end = getattr(self.oracle, "end", None)
-        if callable(end):
-            end(episode_id)
+        # Held from leaving to the oracle's end: a fan-out sibling that revives the episode meanwhile starts it
+        # again (_start takes the same lock) only after the end hook has returned.
+        with episode.start_lock:
+            # Kept aside for a late fan-out sibling only when no guarded call above runs it: a sub-agent's
+            # episode (FromParent, or any agent inside a guarded tool call) is ended for good, so the next
+            # sub-agent of the same call starts its own instead of reviving this one.
+            if not self.episodes.leave(episode, branch, keep=current_parent() is None
+                                       and not isinstance(episode.ledger, CarvedLedger)):
+                return update  # parallel branches of this thread still run: the last one ends the episode
+            if isinstance(episode.ledger, CarvedLedger):
+                episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
+            if episode.run:  # the thread's next run starts the oracle again (_start)
+                update = update or {LEDGER_KEY: self._channel_base(episode)}
+                update[LEDGER_KEY] = {**update[LEDGER_KEY], "runs_ended": episode.run}
+            end = getattr(self.oracle, "end", None)
+            if callable(end):
+                end(episode_id)
         return update
 
     # ============================================================ the gate

@@ -66,7 +66,7 @@ from intent.model_meter import (
     step_meter,
 )
 from intent.nesting import current_parent
-from intent.state import current_config, read_ledger_channel, write_ledger_update
+from intent.state import branch_of, branch_stamp, current_config, read_ledger_channel, write_ledger_update
 
 if TYPE_CHECKING:
     from intent.episodes import Episode
@@ -118,12 +118,19 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> Plac
         # A sub-agent's state copied from its parent's, before this guard's first step replaced the
         # ledger (intent.guard.BudgetGuard.inherits_parent_ledger): not this guard's ledger.
         channel = None
+    # In a part of the graph run as a subgraph (maybe one of parallel branches of the thread: a Send fan-out),
+    # the execution's branch joins the episode as the guard's model step does (EpisodeRegistry.get): an
+    # episode its siblings ended in this step is revived, not made afresh with the whole budget, and no
+    # sibling's settling releases the execution's reservation while it runs. (A branch that joins here and
+    # never runs the guard's step, a node after the agent, keeps the episode until the thread's next step.)
+    branch = branch_of(config)
+    join: dict[str, Any] = {"branch": branch, "stamp": branch_stamp(config, branch)} if branch else {}
     if channel and channel.get("episode_id"):
-        return Placement(guard.episodes.get(str(channel["episode_id"]), channel), channel, True)
+        return Placement(guard.episodes.get(str(channel["episode_id"]), channel, **join), channel, True)
     if readable and thread_id is not None:
         # No ledger in state yet: a new episode, named as the guard's first model step will name it
         # (a sub-agent's after the call that started it), so that step continues it.
-        return Placement(guard.episodes.get(guard.episode_id(None, config)), None, True)
+        return Placement(guard.episodes.get(guard.episode_id(None, config), **join), None, True)
     if not readable and thread_id is not None:
         episode = guard.episodes.peek(str(thread_id))
         if episode is not None and episode.synced:  # loaded from state here: its spending is known

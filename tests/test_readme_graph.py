@@ -486,3 +486,166 @@ def test_two_sub_agents_in_one_tool_call_are_two_episodes(use_async):
     out = asyncio.run(agent.ainvoke(inp, config)) if use_async else agent.invoke(inp, config)
     assert oracle.queries == ["task 0", "task 1"] and runs == ["fetch", "fetch"]
     assert parent.ledger(out).spent == 2.0 and len(child.episodes) == 0 and len(child.episodes._ended) == 0
+
+
+def _classifying_fan_out(guard: BudgetGuard, selector: Any, model: Any, tools: list[Any], *, before: Any = None,
+                         only: str | None = None) -> Any:
+    """``create_agent`` with a middleware of one's own listed before the guard that calls ``selector`` (a
+    ``guard.metered_model``) before the agent's first model call (in the branch whose task is ``only``, when
+    given), fanned out as two Send branches; ``before(k)`` runs first in branch k's subgraph."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware
+
+    class Classify(AgentMiddleware):
+        def before_model(self, state: Any, runtime: Any) -> None:
+            if self._classifies(state):
+                selector.invoke("classify")
+
+        async def abefore_model(self, state: Any, runtime: Any) -> None:
+            if self._classifies(state):
+                await selector.ainvoke("classify")
+
+        def _classifies(self, state: Any) -> bool:
+            messages = state["messages"]
+            return not any(m.type == "ai" for m in messages) and only in (None, messages[0].content)
+
+    agent = create_agent(model, tools, middleware=[Classify(), guard.middleware()])
+    sub = StateGraph(GuardState)
+    def before_agent(state: Any) -> dict[str, Any]:
+        if before is not None:
+            before(int(state["messages"][-1].content.split()[-1]))
+        return {}
+
+    sub.add_node("before", before_agent)
+    sub.add_node("agent", agent)
+    sub.add_edge(START, "before")
+    sub.add_edge("before", "agent")
+    sub.add_edge("agent", END)
+    return _fanned_out(sub.compile(), 2)
+
+
+def _selector_guard(prices: dict[str, float], budget: float) -> tuple[BudgetGuard, Any]:
+    from intent import ModelPrice
+    from intent.testing import BilledChatModel, ModelRuns
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), budget,
+                        model_prices={"sel": ModelPrice(0.0, 10000.0)}, charge_models=False, max_output_tokens=100)
+    return guard, BilledChatModel(model_name="sel", runs=ModelRuns(), tokens=(0, 100))  # 1.0 an execution
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_metered_model_in_a_late_fan_out_branch_spends_from_the_threads_budget(use_async):
+    # Branch 1 starts after branch 0 has ended the episode; its middleware's metered model call comes before
+    # the guard's first step. Was: that call made a new episode with the whole budget, which the branch then
+    # spent from (22 spent of 12).
+    import threading
+
+    guard, billed = _selector_guard({"a": 5.0}, 12.0)
+    selector = guard.metered_model(billed)
+    first_done, runs = threading.Event(), []
+
+    class MarkDone(_ByTurn):
+        def _generate(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+            out = super()._generate(messages, *args, **kwargs)
+            if out.generations[0].message.content == "done" and messages[0].content == "task 0":
+                first_done.set()
+            return out
+
+    graph = _classifying_fan_out(guard, selector, MarkDone(names=("a", "a")), _priced_tools({"a": 5.0}, runs),
+                                 before=lambda k: k == 0 or first_done.wait(timeout=30))
+    config = {"configurable": {"thread_id": f"late-selector-{use_async}"}}
+    inp = {"messages": [("user", "fan out")]}
+    out = asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
+    ledger = guard.ledger(out)
+    paid = 5.0 * len(runs) + 1.0 * len(billed.runs.log)
+    assert ledger.spent == paid <= 12.0 and ledger.reserved == 0 and len(guard.episodes) == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_sibling_settling_leaves_a_running_metered_call_of_a_branch_that_has_not_stepped_yet(use_async):
+    # Branch 1's metered call (before its first guarded step) is running when branch 0 settles at its second
+    # step. Was: branch 0 released the call's reservation, and its charge failed after the model had run
+    # (LedgerError).
+    import threading
+
+    from intent.testing import BilledChatModel
+
+    in_flight, settled = threading.Event(), threading.Event()
+    guard, billed = _selector_guard({"a": 5.0}, 12.0)
+
+    class Slow(BilledChatModel):
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            in_flight.set()
+            assert settled.wait(timeout=30)
+            return super()._generate(*args, **kwargs)
+
+        async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+            in_flight.set()
+            assert await asyncio.to_thread(settled.wait, 30)  # the event loop goes on with branch 0
+            return super()._generate(*args, **kwargs)
+
+    selector = guard.metered_model(Slow(model_name="sel", runs=billed.runs, tokens=(0, 100)))
+
+    class Branch0Waits(_Cued):
+        def _generate(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+            if messages[0].content == "task 0":
+                turn = sum(1 for m in messages if isinstance(m, AIMessage))
+                if turn == 0:
+                    assert in_flight.wait(timeout=30)  # branch 1's metered call is running
+                else:
+                    settled.set()  # branch 0's second step has settled
+            return super()._generate(messages, *args, **kwargs)
+
+    runs: list[str] = []
+    model = Branch0Waits(branch_calls={0: "a"})
+    graph = _classifying_fan_out(guard, selector, model, _priced_tools({"a": 5.0}, runs), only="task 1")
+    config = {"configurable": {"thread_id": f"in-flight-{use_async}"}}
+    inp = {"messages": [("user", "fan out")]}
+    out = asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
+    ledger = guard.ledger(out)
+    assert runs == ["a"] and len(billed.runs.log) == 1
+    assert ledger.spent == 6.0 and ledger.reserved == 0 and len(guard.episodes) == 0
+
+
+def test_a_late_branch_starts_the_episode_again_only_after_its_end_hook_has_returned():
+    # Branch 0 ends the episode and its oracle's end hook is slow (saves memory); branch 1 revives the episode
+    # meanwhile. Was: start ran inside that end (end>, start, <end), so branch 1 decided after end.
+    import threading
+    import time
+
+    class SlowEnd(_LiveEpisodes):
+        def __init__(self) -> None:
+            super().__init__()
+            self.log: list[str] = []
+            self.ending = threading.Event()
+
+        def start(self, info: Any) -> None:
+            self.log.append("start")
+            super().start(info)
+
+        def end(self, episode_id: str) -> None:
+            self.log.append("end>")
+            self.ending.set()
+            time.sleep(0.3)
+            super().end(episode_id)
+            self.log.append("<end")
+
+    oracle, runs = SlowEnd(), []
+    guard = BudgetGuard(oracle, Market([PricedTool("a", 3.0)]), 12.0)
+    agent = _readme_graph(guard, _ByTurn(names=("a",)), _priced_tools({"a": 3.0}, runs)).compile()
+
+    def wait_for_the_end(state: Any) -> dict[str, Any]:
+        if state["messages"][-1].content != "task 0":
+            assert oracle.ending.wait(timeout=30)  # branch 0's end hook is running
+        return {}
+
+    sub = StateGraph(GuardState)
+    sub.add_node("prepare", wait_for_the_end)
+    sub.add_node("agent", agent)
+    sub.add_edge(START, "prepare")
+    sub.add_edge("prepare", "agent")
+    sub.add_edge("agent", END)
+    out = _fanned_out(sub.compile(), 2).invoke({"messages": [("user", "fan out")]},
+                                               {"configurable": {"thread_id": "slow-end"}})
+    assert oracle.log == ["start", "end>", "<end", "start", "end>", "<end"] and oracle.bad == []
+    assert guard.ledger(out).spent == 6.0 == 3.0 * len(runs) and guard.ledger(out).reserved == 0
