@@ -64,6 +64,10 @@ class Episode:
     # step (paused and abandoned, or crashed) is not running: the next branch's step forgets it.
     branches: dict[str, str | None] = field(default_factory=dict)
     revived: bool = False  # brought back for a late fan-out branch (EpisodeRegistry.revive): started again
+    # Graph tasks spending from the episode outside its model steps (a node's guard.scope around sub-agents),
+    # by checkpoint namespace, with how many scopes each has open: a branch settling leaves what they hold,
+    # as it leaves a running sibling branch's. They do not keep the episode from ending.
+    visitors: dict[str, int] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     start_lock: threading.RLock = field(default_factory=threading.RLock)  # held while the oracle's start runs
     # Whether graph state was merged in. After that the working copy is ahead of state by
@@ -125,7 +129,7 @@ class EpisodeRegistry:
         with self._lock:
             episode = self._episodes.get(episode_id)
             carve = self._carves and current_parent() is not None
-            if episode is None and branch is not None:
+            if episode is None and stamp is not None:
                 episode = self._revive(episode_id, stamp)
             if episode is None:
                 ledger = (BudgetLedger.from_state(channel) if channel and "budget" in channel and not carve

@@ -67,7 +67,8 @@ from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
-from intent.state import LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, runs_of
+from intent.state import (LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, read_ledger_channel, runs_of,
+                          write_ledger_update)
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -391,16 +392,37 @@ class BudgetGuard:
         For a sub-agent run from a graph node (a subgraph) rather than from a guarded tool call
         (tool calls open a scope by themselves). Carves still open when the scope ends are closed.
         """
-        thread_id = config if isinstance(config, str) else ((config.get("configurable") or {}).get("thread_id"))
+        cfg = None if isinstance(config, str) else config
+        thread_id = config if cfg is None else ((cfg.get("configurable") or {}).get("thread_id"))
         if thread_id is None:
             raise GuardConfigError("scope needs the thread's config ({'configurable': {'thread_id': ...}}) or id")
-        episode = self.episodes.get(str(thread_id))
+        # Given the node's config: its state's ledger (the thread's budget, when the episode has ended here);
+        # its task, a visitor of the episode while the scope is open (a parallel branch settling leaves its
+        # carves alone); the top graph's step, to take up an episode that a sibling branch of the same step
+        # ended (not a fresh budget).
+        _, channel = read_ledger_channel(cfg)
+        task = str(((cfg or {}).get("configurable") or {}).get("checkpoint_ns") or "")
+        episode_id = str(channel["episode_id"]) if channel and channel.get("episode_id") else str(thread_id)
+        episode = self.episodes.get(episode_id, channel, stamp=branch_stamp(cfg, task) if task else None)
+        if task:
+            with episode.lock:
+                episode.visitors[task] = episode.visitors.get(task, 0) + 1
         key = f"scope-{uuid.uuid4().hex[:12]}"
         try:
             with spending_scope(self, episode, key):
                 yield
         finally:
             close_carves(episode, key)
+            if task:
+                with episode.lock:
+                    if episode.visitors[task] > 1:
+                        episode.visitors[task] -= 1
+                    else:
+                        del episode.visitors[task]
+            # What the scope's sub-agents spent, in the node's state (the thread's channel).
+            entries = {e.call_id: e.to_dict() for e in episode.ledger.charges_of(key)}
+            if entries:
+                write_ledger_update(cfg, self._channel_base(episode) | {"entries": entries})
 
     def _apply_top_up(self, episode: Episode, top_up_id: str, amount: float, *, approved_by: str,
                       reason: str) -> float:
@@ -505,7 +527,7 @@ class BudgetGuard:
             # writes when the resumed step completes, after this episode was loaded from the
             # resumed task's older state). Taken in before anything held is judged unused.
             ledger.take_in_state(channel)
-        others = [b for b in tuple(episode.branches) if b != branch] if branch is not None else ()
+        others = [b for b in (*episode.branches, *episode.visitors) if b != branch] if branch is not None else ()
         for entry in ledger.held():
             if others and _owned_by(ledger.owner_of(entry.call_id), others):
                 continue  # a parallel branch's call, still running (or a sub-agent's carve inside it)

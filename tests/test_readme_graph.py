@@ -649,3 +649,69 @@ def test_a_late_branch_starts_the_episode_again_only_after_its_end_hook_has_retu
                                                {"configurable": {"thread_id": "slow-end"}})
     assert oracle.log == ["start", "end>", "<end", "start", "end>", "<end"] and oracle.bad == []
     assert guard.ledger(out).spent == 6.0 == 3.0 * len(runs) and guard.ledger(out).reserved == 0
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["together", "after"])
+def test_a_scope_node_fanned_out_beside_the_guarded_agent_spends_from_the_same_budget(late):
+    # One Send task runs the guarded agent, the other a node that runs a FromParent sub-agent inside
+    # guard.scope(config). Together: the agent settles at its next step while the sub-agent's carve is held
+    # (was: released, LedgerError after the sub-agent's tool ran). After: the node starts once the agent has
+    # ended the episode, with 3 of 6 left: the sub-agent cannot afford its call (was: a fresh budget, and it
+    # ran: 14 spent of 12 in a probe with more calls).
+    import threading
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Send
+
+    from intent import FromParent
+
+    carved, settled, agent_done = threading.Event(), threading.Event(), threading.Event()
+
+    def agent_cue(k: int, turn: int) -> None:
+        if not late and turn == 0:
+            assert carved.wait(timeout=30)
+        if turn == 1:
+            settled.set()  # the agent's second step has settled
+
+    def child_cue(k: int, turn: int) -> None:
+        if turn == 0:
+            carved.set()
+            if not late:
+                assert settled.wait(timeout=30)
+
+    runs: list[str] = []
+    budget = 6.0 if late else 12.0
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 3.0)]), budget)
+    agent = _readme_graph(guard, _Cued(on_turn=agent_cue, branch_calls={0: "a"}), _priced_tools({"a": 3.0}, runs))
+    agent = agent.compile()
+    child_guard = BudgetGuard(AcceptAll(), Market([PricedTool("c", 4.0)]), FromParent(limit=8.0))
+    child = _readme_graph(child_guard, _Cued(on_turn=child_cue, branch_calls={-1: "c"}),
+                          _priced_tools({"c": 4.0}, runs)).compile()
+
+    def run_agent(state: Any) -> dict[str, Any]:
+        out = agent.invoke(state)
+        agent_done.set()
+        return {"messages": out["messages"][1:], "intent_ledger": out.get("intent_ledger")}
+
+    def helper(state, config):  # noqa: ANN001 - unannotated, for LangGraph to pass the config
+        if late:
+            assert agent_done.wait(timeout=30)
+        with guard.scope(config):
+            child.invoke({"messages": [HumanMessage("child task")]})
+        return {}
+
+    parent = StateGraph(GuardState)
+    parent.add_node("sub", run_agent)
+    parent.add_node("helper", helper)
+    parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage("task 0")]}),
+                                                   Send("helper", {"messages": [HumanMessage("task 1")]})],
+                                 ["sub", "helper"])
+    parent.add_edge("sub", END)
+    parent.add_edge("helper", END)
+    out = parent.compile(checkpointer=InMemorySaver()).invoke({"messages": [("user", "fan out")]},
+                                                               {"configurable": {"thread_id": f"scope-{late}"}})
+    ledger = guard.ledger(out)
+    prices = {"a": 3.0, "c": 4.0}
+    assert sorted(runs) == (["a"] if late else ["a", "c"])
+    assert ledger.spent == sum(prices[n] for n in runs) <= budget and ledger.reserved == 0
