@@ -74,6 +74,23 @@ class Episode:
     # construction (every money move of the episode goes through it), so it is merged once.
     synced: bool = False
 
+    def visit(self, task: str) -> None:
+        """``task`` (a checkpoint namespace) spends from the episode outside its model steps until
+        :meth:`unvisit`: a metered model's execution, a node's ``guard.scope``. Its reservations are
+        tagged with their branch (as a joined branch's are), so that no branch settling releases them."""
+        with self.lock:
+            self.visitors[task] = self.visitors.get(task, 0) + 1
+            if self.ledger.owner is None:
+                self.ledger.owner = current_branch
+
+    def unvisit(self, task: str) -> None:
+        with self.lock:
+            left = self.visitors.get(task, 0) - 1
+            if left > 0:
+                self.visitors[task] = left
+            else:
+                self.visitors.pop(task, None)
+
     def offered_names(self) -> frozenset[str] | None:
         """The names of the tools the model was offered at its last call; ``None`` when the guard
         has not seen a model request (a hand-built graph)."""
@@ -105,6 +122,9 @@ class EpisodeRegistry:
         self._episodes: OrderedDict[str, Episode] = OrderedDict()
         # Episodes that ended in a branch of a Send fan-out, by id: (the parent step's stamp, the episode).
         self._ended: OrderedDict[str, tuple[str, Episode]] = OrderedDict()
+        # Charges that reached an episode after it ended here (a cancelled sync tool's late bill), by episode
+        # id: taken into the episode when the thread's next run makes it again (see :meth:`post_late`).
+        self._late: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -168,7 +188,28 @@ class EpisodeRegistry:
         if channel and not episode.synced:
             episode.ledger.absorb(channel)
             episode.synced = True
+        if self._late:
+            with self._lock:
+                late = self._late.pop(episode_id, None) if self._episodes.get(episode_id) is episode else None
+            if late:
+                episode.ledger.absorb({"entries": late})  # entries only move forward: a copy already in state is a no-op
         return episode
+
+    def can_revive(self, episode_id: str, stamp: str | None) -> bool:
+        """Whether :meth:`get` with ``stamp`` would take up an episode a sibling branch ended."""
+        with self._lock:
+            ended = self._ended.get(episode_id)
+            return stamp is not None and ended is not None and ended[0] == stamp
+
+    def post_late(self, episode: Episode, entry: Any) -> None:
+        """A charge made after the run that owed it may have ended (a cancelled sync tool's thread billing
+        above its quote): kept for the thread's next run in this process, which writes it to state, in case
+        the episode has ended or ends before its next settle."""
+        with self._lock:
+            self._late.setdefault(episode.episode_id, {})[entry.call_id] = entry.to_dict()
+            self._late.move_to_end(episode.episode_id)
+            while len(self._late) > self.max_episodes:
+                self._late.popitem(last=False)
 
     def leave(self, episode: Episode, branch: str, *, keep: bool = True) -> bool:
         """``branch`` has finished the episode. Returns whether it was the last one, and if so ends the

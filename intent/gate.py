@@ -246,11 +246,13 @@ def gate_batch(
                         new_entries[oracle_entry.call_id] = oracle_entry
                 if decision.accept and guard.enforce and not ledger.fits(held + item.price):
                     # The guard's own check: no oracle can overspend the budget.
+                    # Halted by an overrun, the money left does not matter: say why nothing runs.
                     decision = Decision.rejected(
-                        fb.over_budget(item.proposal.tool, item.price, left, ledger.budget),
+                        fb.overrun_stop(item.proposal.tool, ledger.blocking_overrun) if ledger.halted
+                        else fb.over_budget(item.proposal.tool, item.price, left, ledger.budget),
                         reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
                     )
-                if (decision.accept or guard.on_over_budget != "ask" or not guard.enforce
+                if (decision.accept or guard.on_over_budget != "ask" or not guard.enforce or ledger.halted
                         or decision.reason not in _BUDGET_REASONS or asked >= MAX_ASKS):
                     break
                 # Over budget: ask a human (a LangGraph interrupt; the node re-runs on resume).

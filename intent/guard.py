@@ -400,13 +400,23 @@ class BudgetGuard:
         # its task, a visitor of the episode while the scope is open (a parallel branch settling leaves its
         # carves alone); the top graph's step, to take up an episode that a sibling branch of the same step
         # ended (not a fresh budget).
-        _, channel = read_ledger_channel(cfg)
+        readable, channel = read_ledger_channel(cfg)
         task = str(((cfg or {}).get("configurable") or {}).get("checkpoint_ns") or "")
         episode_id = str(channel["episode_id"]) if channel and channel.get("episode_id") else str(thread_id)
-        episode = self.episodes.get(episode_id, channel, stamp=branch_stamp(cfg, task) if task else None)
+        stamp = branch_stamp(cfg, task) if task else None
+        if not readable and episode_id not in self.episodes and not self.episodes.can_revive(episode_id, stamp):
+            # Neither the thread's state nor a live episode says what the thread has left: a fresh budget
+            # here would spend the thread's money twice. (A node whose state has the channel, still empty, is
+            # the thread's first spending: the guard's budget.)
+            raise GuardConfigError(
+                f"guard.scope: thread {thread_id!r} has no run of this guard going in this process, and "
+                + ("this node's state has no ledger channel" if cfg is not None and task else
+                   "a thread id (or a config from outside a graph node) does not say what its budget has left")
+                + ": call scope(config) with the config of a graph node whose state carries the guard's channel "
+                  "(intent_ledger: extend intent.GuardState or intent.BudgetState), or while the run goes on")
+        episode = self.episodes.get(episode_id, channel, stamp=stamp)
         if task:
-            with episode.lock:
-                episode.visitors[task] = episode.visitors.get(task, 0) + 1
+            episode.visit(task)
         key = f"scope-{uuid.uuid4().hex[:12]}"
         try:
             with spending_scope(self, episode, key):
@@ -414,11 +424,7 @@ class BudgetGuard:
         finally:
             close_carves(episode, key)
             if task:
-                with episode.lock:
-                    if episode.visitors[task] > 1:
-                        episode.visitors[task] -= 1
-                    else:
-                        del episode.visitors[task]
+                episode.unvisit(task)
             # What the scope's sub-agents spent, in the node's state (the thread's channel).
             entries = {e.call_id: e.to_dict() for e in episode.ledger.charges_of(key)}
             if entries:
@@ -498,11 +504,15 @@ class BudgetGuard:
         with episode.start_lock:
             with episode.lock:
                 started, ended = runs_of(channel)
-                # A new run: a new thread, a fan-out branch's revived episode, or the next turn of a thread
-                # whose last run ended (not a run resumed after an interrupt or a crash: it never ended).
-                first_time = not episode.started and (not channel or episode.revived or ended >= started)
-                if not episode.run:
-                    episode.run = ended + 1 if first_time and not episode.revived else max(started, 1)
+                # Which run of the thread this is, by state: the next one when the last run ended (a new thread,
+                # the next turn), else the one under way (a run resumed after an interrupt or a crash, maybe in
+                # another process: never started again). Sibling fan-out branches of one step read the same.
+                new_run = not channel or ended >= started
+                run = ended + 1 if new_run else max(started, 1)
+                # Started again: a run this episode has not started yet, or a fan-out branch's revived episode
+                # whose end the oracle was told (intent.guard.BudgetGuard.prepared).
+                first_time = (new_run and run > episode.run) or (not episode.started and episode.revived)
+                episode.run = max(episode.run, run)
                 episode.started, episode.revived = True, False
             if first_time:
                 self._call_hook("start", EpisodeInfo(episode.episode_id, query_of(channel, messages),
@@ -621,9 +631,11 @@ class BudgetGuard:
                 return update  # parallel branches of this thread still run: the last one ends the episode
             if isinstance(episode.ledger, CarvedLedger):
                 episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
-            if episode.run:  # the thread's next run starts the oracle again (_start)
-                update = update or {LEDGER_KEY: self._channel_base(episode)}
-                update[LEDGER_KEY] = {**update[LEDGER_KEY], "runs_ended": episode.run}
+            # The thread's next run starts the oracle again (_start). An episode made here (a run resumed by
+            # this process that ended without another model step) is the run state says is under way.
+            run = episode.run or max(runs_of(channel)[0], 1)
+            update = update or {LEDGER_KEY: self._channel_base(episode)}
+            update[LEDGER_KEY] = {**update[LEDGER_KEY], "runs_ended": run}
             end = getattr(self.oracle, "end", None)
             if callable(end):
                 end(episode_id)

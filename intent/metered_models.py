@@ -119,18 +119,17 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> Plac
         # ledger (intent.guard.BudgetGuard.inherits_parent_ledger): not this guard's ledger.
         channel = None
     # In a part of the graph run as a subgraph (maybe one of parallel branches of the thread: a Send fan-out),
-    # the execution's branch joins the episode as the guard's model step does (EpisodeRegistry.get): an
-    # episode its siblings ended in this step is revived, not made afresh with the whole budget, and no
-    # sibling's settling releases the execution's reservation while it runs. (A branch that joins here and
-    # never runs the guard's step, a node after the agent, keeps the episode until the thread's next step.)
+    # an episode its siblings ended in this step of the top graph is taken up, not made afresh with the whole
+    # budget; the execution is a visitor of it while it runs (MeteredModelCallback), so that no branch's
+    # settling releases its reservation.
     branch = branch_of(config)
-    join: dict[str, Any] = {"branch": branch, "stamp": branch_stamp(config, branch)} if branch else {}
+    revive: dict[str, Any] = {"stamp": branch_stamp(config, branch)} if branch else {}
     if channel and channel.get("episode_id"):
-        return Placement(guard.episodes.get(str(channel["episode_id"]), channel, **join), channel, True)
+        return Placement(guard.episodes.get(str(channel["episode_id"]), channel, **revive), channel, True)
     if readable and thread_id is not None:
         # No ledger in state yet: a new episode, named as the guard's first model step will name it
         # (a sub-agent's after the call that started it), so that step continues it.
-        return Placement(guard.episodes.get(guard.episode_id(None, config), **join), None, True)
+        return Placement(guard.episodes.get(guard.episode_id(None, config), **revive), None, True)
     if not readable and thread_id is not None:
         episode = guard.episodes.peek(str(thread_id))
         if episode is not None and episode.synced:  # loaded from state here: its spending is known
@@ -178,19 +177,24 @@ class MeteredModelCallback(BaseCallbackHandler):
         meter = ModelCallMeter(self.guard, episode, step=int(turns.get("total") or 0),
                                query=query_of(channel, flat), model=self.model,
                                charge_reason=f"{METERED_MODEL}:{source}" if source else METERED_MODEL)
+        task = branch_of(config)
+        if task:
+            episode.visit(task)  # before the reservation, which is then tagged with its branch
         try:
             meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized, own=True,
                         batch=_batch_of(kwargs))
-        except MeteredModelRefused:
+        except BaseException as exc:
+            if task:
+                episode.unvisit(task)
+            if isinstance(exc, ModelCallRefused) and not isinstance(exc, MeteredModelRefused):
+                raise MeteredModelRefused(str(exc)) from exc  # logged by meter.start; re-raised as non-retryable
             raise
-        except ModelCallRefused as exc:  # logged by meter.start; re-raised as non-retryable
-            raise MeteredModelRefused(str(exc)) from exc
         with self._lock:
-            self._meters[run_id] = (meter, config if in_state else None)
+            self._meters[run_id] = (meter, config if in_state else None, task)
 
     def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
-            meter = self._meters.get(run_id, (None, None))[0]
+            meter = self._meters.get(run_id, (None, None, ""))[0]
         if meter is not None:
             meter.streamed(run_id)
 
@@ -200,11 +204,15 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
-            meter, config = self._meters.pop(run_id, (None, None))
+            meter, config, task = self._meters.pop(run_id, (None, None, ""))
         if meter is None:
             return
         generations = getattr(response, "generations", None) or []
-        meter.end(run_id, getattr(generations[0][0], "message", None) if generations and generations[0] else None)
+        try:
+            meter.end(run_id, getattr(generations[0][0], "message", None) if generations and generations[0] else None)
+        finally:
+            if task:
+                meter.episode.unvisit(task)
         if config is not None:
             # The money is spent: the charge goes into the running task's writes now, so a run that
             # dies before the guard's next hook still has it in graph state (the task's other writes,
@@ -215,10 +223,14 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
-            meter, config = self._meters.pop(run_id, (None, None))
+            meter, config, task = self._meters.pop(run_id, (None, None, ""))
         if meter is None:
             return
-        meter.error(run_id, error, partial_output(kwargs.get("response")))
+        try:
+            meter.error(run_id, error, partial_output(kwargs.get("response")))
+        finally:
+            if task:
+                meter.episode.unvisit(task)
         charge = meter.entries[-1] if meter.entries else None
         if config is not None and charge is not None and charge.status == "committed":
             # Output generated before the failure (a stream that broke off) is billed: written as a

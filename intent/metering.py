@@ -107,6 +107,13 @@ def _lease(ledger: Any, charge_id: str) -> Any:
     return LeaseKeeper(store, key, entry.store_id if entry and entry.store_id else f"{run_id}/{charge_id}")
 
 
+def _handled(body: WatchedBody | None) -> BaseException | None:
+    """What a watched body raised when its tool still answered (LangChain's ``handle_tool_error``)."""
+    if body is not None and body.finished and isinstance(body.result, Exception):
+        return body.result
+    return None
+
+
 def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMessage:
     """The metered run of ``request``'s call, or a refusal if the gate never reserved it."""
     call = request.tool_call
@@ -421,6 +428,13 @@ class CallRun:
         if isinstance(charge_id, ToolMessage):
             return charge_id
         started = self.guard._clock()
+        # A tool that turns its ToolException into a message (handle_tool_error) runs as a copy whose body
+        # says what it raised: a bill on that exception is what the run is charged (intent.tool_body).
+        body = None
+        if getattr(tool, "handle_tool_error", False):
+            watch = watched(tool)
+            if watch is not None:
+                tool, body = watch
         try:
             # Sub-agents carve from this call; a shared budget's lease is renewed while it runs.
             with spending_scope(self.guard, self.episode, self.key), _lease(self.episode.ledger, charge_id):
@@ -432,7 +446,7 @@ class CallRun:
             self.raised.append(exc)
             self._charge(charge_id, args, exc, started)
             raise
-        self._charge(charge_id, args, out, started)
+        self._charge(charge_id, args, out, started, handled=_handled(body))
         return out
 
     async def aexecute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
@@ -469,7 +483,7 @@ class CallRun:
             self.raised.append(exc)
             self._charge(charge_id, args, exc, started)
             raise
-        self._charge(charge_id, args, out, started)
+        self._charge(charge_id, args, out, started, handled=_handled(body))
         return out
 
     def _cancelled(self, body: WatchedBody, tool: Any, charge_id: str, args: Any, exc: BaseException,
@@ -510,6 +524,9 @@ class CallRun:
         late = ledger.bill_late(charge_id, billed) if billed is not None else None
         if late is None:
             return
+        # The run that owed it may have ended (its state written, the episode dropped here): the thread's next
+        # run in this process takes it in and writes it to state.
+        self.guard.episodes.post_late(self.episode, late)
         status: Literal["ok", "error"] = "error" if isinstance(answer, BaseException) or getattr(
             answer, "status", "success") == "error" else "ok"
         self.guard.records.execution(
@@ -525,7 +542,10 @@ class CallRun:
         else:
             ledger.release(charge_id)
 
-    def _charge(self, charge_id: str, args: Any, result: Any, started: float, reason: str | None = None) -> None:
+    def _charge(self, charge_id: str, args: Any, result: Any, started: float, reason: str | None = None,
+                handled: BaseException | None = None) -> None:
+        """Commit one run's charge and log it. ``handled``: the exception the tool's body raised when
+        the tool answered with a message instead (``handle_tool_error``): its bill, if it has one."""
         tool_ms = (self.guard._clock() - started) * 1000.0
         guard, ledger = self.guard, self.episode.ledger
         message: ToolMessage | None = None
@@ -542,6 +562,8 @@ class CallRun:
             message = result_message(result, self.tool_call_id)
             try:
                 billed = billed_amount(message, self.tool_call_id)
+                if billed is None and handled is not None:
+                    billed = raised_bill(handled)
             except InvalidBillError as exc:
                 # The tool's bill is malformed: the run happened, so charge the quote, then fail loudly.
                 bad_bill, billed = exc, None

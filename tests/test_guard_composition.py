@@ -537,6 +537,44 @@ def test_a_tool_that_raises_can_report_its_bill_on_the_exception(billed: Any, ch
     assert_each_call_answered_once(msgs_of(out))
 
 
+@pytest.mark.parametrize("body", ["sync", "async"])
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize(("billed", "charged"), [(0.0, 0.0), (7, 7.0), (None, 20.0)])
+def test_a_bill_on_a_tool_exception_langchain_handles_is_what_the_run_costs(billed, charged, use_async, body):
+    # handle_tool_error=True: LangChain answers the ToolException with a message, without the exception. The
+    # bill on it is still what the run is charged (was: the quote, 20).
+    from langchain_core.tools import ToolException
+
+    if body == "async" and not use_async:
+        pytest.skip("an async-only tool runs only under an async agent")
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink)
+
+    def fail() -> None:
+        runs.hit("a")
+        exc = ToolException("provider error")
+        if billed is not None:
+            exc.intent_billed = billed
+        raise exc
+
+    async def afn(x: int = 0) -> str:
+        fail()
+        return "never"
+
+    def fn(x: int = 0) -> str:
+        fail()
+        return "never"
+
+    tool_a = StructuredTool.from_function(**({"coroutine": afn} if body == "async" else {"func": fn}), name="a",
+                                          description="Tool a.", handle_tool_error=True)
+    agent = create_agent(scripted([ai(call("a")), AIMessage("done")]), [tool_a], middleware=[guard.middleware()])
+    out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
+    assert runs["a"] == 1 and "provider error" in msgs_of(out)[2].content
+    ledger = guard.ledger(out)
+    assert ledger.spent == charged and ledger.reserved == 0
+    assert [(r.charged, r.status) for r in executions(sink)] == [(charged, "error")]
+
+
 @pytest.mark.parametrize("tool_errors", ["raise", "message"])
 @pytest.mark.parametrize("bad", ["free", -1.0, True])
 def test_a_malformed_bill_on_an_exception_is_charged_at_the_quote_and_fails_loudly(bad: Any, tool_errors: str):
@@ -803,6 +841,33 @@ def test_each_run_of_a_thread_starts_the_oracle_again(with_end, use_async):
     assert per_run == expected * 3
     assert runs.total == 3 and guard.ledger(out).spent == 3.0 and guard.ledger(out).reserved == 0
     assert out["intent_ledger"]["runs_started"] == out["intent_ledger"]["runs_ended"] == 3
+
+
+def test_a_run_resumed_elsewhere_that_ends_without_a_model_step_is_counted_ended():
+    # A return_direct tool approved by a human: the run resumed by a fresh guard (another process) ends right
+    # after the tool, with no model step there. Its end is counted in state, so the next turn starts the
+    # oracle again (was: the next turn decided right after end, with no start).
+    from langchain_core.messages import HumanMessage
+
+    hooks: list[tuple[str, str]] = []
+    saver, runs = InMemorySaver(), Runs()
+    tool_a = StructuredTool.from_function(lambda x=0: runs.hit("a") or "a", name="a", description="a",
+                                          return_direct=True)
+
+    def agent(replies: list[AIMessage]) -> Any:
+        oracle = _Hooks()
+        oracle.calls = hooks
+        guard = BudgetGuard(oracle, market(a=1.0), 10.0)
+        approve = HumanInTheLoopMiddleware(interrupt_on={"a": {"allowed_decisions": ["approve"]}})
+        return create_agent(scripted(replies), [tool_a], middleware=[guard.middleware(), approve], checkpointer=saver)
+
+    config = {"configurable": {"thread_id": "direct"}}
+    assert "__interrupt__" in agent([ai(call("a", x=1))]).invoke({"messages": [HumanMessage("one")]}, config)
+    resumed = agent([ai(call("a", x=2))])  # the resumed run asks no model; the next turn does
+    out = resumed.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
+    assert runs["a"] == 1 and out["intent_ledger"]["runs_ended"] == 1
+    resumed.invoke({"messages": [HumanMessage("two")]}, config)  # pauses at the approval again
+    assert [k for k, _ in hooks] == ["start", "decide", "end", "start", "decide"]
 
 
 def test_malformed_replies_are_asked_again_at_most_three_times_in_one_step():

@@ -177,6 +177,64 @@ def test_a_sync_tool_that_outlives_its_cancelled_run_has_its_late_bill_charged()
     assert len([r for r in sink.records if r.is_gate_decision]) == 1, "the late bill is not a decision of its own"
 
 
+def test_a_late_bill_that_comes_after_its_run_ended_reaches_the_threads_next_run():
+    # A timeout around the guard gives up on a sync tool (quote 5) and the run ends; the tool's thread then
+    # bills 12. The thread's next run takes the 7 above the quote in as an overrun: no further call runs, and
+    # state says 12 (was: 5, and the next run's call ran: 24 billed of 20).
+    import threading
+
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import ToolMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    running, release, billed_late = threading.Event(), threading.Event(), threading.Event()
+
+    def slow(x: int = 0):
+        running.set()
+        release.wait(10)
+        return "ok", {"intent_billed": 12.0}
+
+    class GiveUp(AgentMiddleware):
+        async def awrap_tool_call(self, request, handler):
+            task = asyncio.ensure_future(handler(request))
+            while not running.is_set() and not task.done():
+                await asyncio.sleep(0.01)
+            if task.done():  # answered without running the body (the guard refused it)
+                return task.result()
+            task.cancel()  # a timeout: the body is running in its thread
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            return ToolMessage("timed out", tool_call_id=request.tool_call["id"], status="error")
+
+    tool = StructuredTool.from_function(slow, name="slow", description="slow", response_format="content_and_artifact")
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("slow", 5.0)]), 20.0, log_sink=sink)
+    agent = create_agent(scripted([ai(call("slow", x=1)), AIMessage("done"), ai(call("slow", x=2)), AIMessage("done")]),
+                         [tool], middleware=[GiveUp(), guard.middleware()], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "late"}}
+
+    async def main():
+        out = await agent.ainvoke({"messages": [("user", "go")]}, config)
+        assert guard.ledger(out).spent == 5.0 and len(guard.episodes) == 0  # the run has ended
+        release.set()
+        for _ in range(500):  # the thread reports its bill
+            if any(r.reason == "late_bill" for r in sink.records):
+                break
+            await asyncio.sleep(0.01)
+        assert any(r.reason == "late_bill" for r in sink.records), "the tool's thread never reported its bill"
+        running.clear()
+        return await agent.ainvoke({"messages": [("user", "again")]}, config)
+
+    out = asyncio.run(main())
+    ledger = guard.ledger(out)
+    assert ledger.spent == 12.0 and ledger.overrun == 7.0 and ledger.reserved == 0.0
+    assert [r.reason for r in sink.records if r.kind == "tool" and r.status != "released"][:2] == ["cancelled", "late_bill"]
+    # The second call is refused because of the overrun (not for a lack of money: 8 of 20 is left).
+    assert "billed 7 above its quoted price" in [m.content for m in out["messages"] if m.type == "tool"][-1]
+
+
 def test_a_tool_cancelled_in_langchains_callbacks_is_charged_by_what_its_body_did():
     # Before the body (on_tool_start still running): it never runs, nothing is charged. After the body
     # (on_tool_end still running): charged what it billed (3), not the quote (7).

@@ -480,15 +480,46 @@ def test_from_parent_outside_a_guarded_call_is_a_clear_error():
 
 
 def test_a_subgraph_node_carves_through_guard_scope():
-    parent = BudgetGuard(AcceptAll(), MARKET, 1.0)
+    # The node's state carries the thread's ledger channel: the sub-agent's spending goes there. Twice on one
+    # thread, the second time by a fresh guard (another process): its scope starts from what the first run
+    # left in state.
+    from langgraph.graph import END, START, StateGraph
+
+    from intent import GuardState
+
+    guards = [BudgetGuard(AcceptAll(), MARKET, 0.07)]
     child = BudgetGuard(AcceptAll(), MARKET, FromParent(0.2))
     runs = Runs()
-    with parent.scope("thread-s"):
-        agent = create_agent(scripted([ai(call("fetch", q="1")), ai(text="ok")]), priced_tools(runs),
-                             middleware=[child.middleware()])
-        agent.invoke({"messages": [HumanMessage("q")]}, {"configurable": {"thread_id": "child-s"}})
-    ledger = parent.episodes.get("thread-s").ledger
-    assert ledger.spent == pytest.approx(0.05) and ledger.reserved == 0
+
+    def node(state, config):
+        with guards[-1].scope(config):
+            agent = create_agent(scripted([ai(call("fetch", q="1")), ai(text="ok")]), priced_tools(runs),
+                                 middleware=[child.middleware()])
+            agent.invoke({"messages": [HumanMessage("q")]})
+        return {}
+
+    graph = StateGraph(GuardState)
+    graph.add_node("node", node)
+    graph.add_edge(START, "node")
+    graph.add_edge("node", END)
+    graph = graph.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "thread-s"}}
+    out = graph.invoke({"messages": [HumanMessage("go")]}, config)
+    assert guards[0].ledger(out).spent == pytest.approx(0.05) and guards[0].ledger(out).reserved == 0
+    guards.append(BudgetGuard(AcceptAll(), MARKET, 0.07))
+    out = graph.invoke({"messages": [HumanMessage("again")]}, config)
+    # 0.02 left: the second sub-agent's carve cannot pay for its 0.05 call
+    assert guards[1].ledger(out).spent == pytest.approx(0.05) and guards[1].ledger(out).reserved == 0
+    assert runs["fetch"] == 1
+
+
+def test_guard_scope_with_a_bare_thread_id_and_no_run_going_is_a_clear_error():
+    # Nothing says what the thread has left (it may have spent in an earlier run): a fresh budget would
+    # spend its money twice. Was: a sub-agent carved 5 from a thread with 2 left, and spent 12 of 10.
+    parent = BudgetGuard(AcceptAll(), MARKET, 1.0)
+    with pytest.raises(GuardConfigError, match="scope.*thread 'thread-s'.*graph node"):
+        with parent.scope("thread-s"):
+            pass
 
 
 # ================================================== prices from metadata
