@@ -20,7 +20,7 @@ from intent.ledger import BudgetLedger
 from intent.market import Market
 from intent.messages import tool_name
 from intent.nesting import CarvedLedger, current_parent
-from intent.state import current_branch
+from intent.state import current_task
 
 __all__ = ["RUNNING_EPISODE", "Episode", "EpisodeRegistry"]
 
@@ -64,8 +64,9 @@ class Episode:
     # step (paused and abandoned, or crashed) is not running: the next branch's step forgets it.
     branches: dict[str, str | None] = field(default_factory=dict)
     revived: bool = False  # brought back for a late fan-out branch (EpisodeRegistry.revive): started again
-    # Graph tasks spending from the episode outside its model steps (a node's guard.scope around sub-agents),
-    # by checkpoint namespace, with how many scopes each has open: a branch settling leaves what they hold,
+    # Graph tasks spending from the episode outside its model steps (a node's guard.scope around sub-agents,
+    # a metered model's execution), by checkpoint namespace (intent.state.task_of), with how many of those each
+    # has open: a branch settling leaves what they hold,
     # as it leaves a running sibling branch's. They do not keep the episode from ending.
     visitors: dict[str, int] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -81,7 +82,7 @@ class Episode:
         with self.lock:
             self.visitors[task] = self.visitors.get(task, 0) + 1
             if self.ledger.owner is None:
-                self.ledger.owner = current_branch
+                self.ledger.owner = current_task
 
     def unvisit(self, task: str) -> None:
         with self.lock:
@@ -184,7 +185,7 @@ class EpisodeRegistry:
                     # A subgraph's episode (maybe a fan-out branch): reservations say which branch made them,
                     # for the guard's settling; set before this branch reserves anything. An agent at the top
                     # of its graph has no siblings and skips this on every call.
-                    episode.ledger.owner = current_branch
+                    episode.ledger.owner = current_task
         if channel and not episode.synced:
             episode.ledger.absorb(channel)
             episode.synced = True
@@ -226,6 +227,20 @@ class EpisodeRegistry:
                 while len(self._ended) > self.max_episodes:
                     self._ended.popitem(last=False)
             return True
+
+    def done_visiting(self, episode: Episode, stamp: str | None) -> None:
+        """A visitor that took up ``episode`` outside the guard's steps (``guard.scope``) has finished. With
+        no branch running it and no other visitor, the episode is not kept here: a later run reads its
+        spending from graph state (a copy kept here would go stale while another process spends). One
+        taken up in a fan-out step (``stamp``) is kept aside again for a sibling of that step."""
+        with self._lock:  # (not the episode's lock: code holding it may ask the registry for episodes)
+            if episode.branches or episode.visitors or self._episodes.get(episode.episode_id) is not episode:
+                return
+            del self._episodes[episode.episode_id]
+            if stamp is not None:
+                self._ended[episode.episode_id] = (stamp, episode)
+                while len(self._ended) > self.max_episodes:
+                    self._ended.popitem(last=False)
 
     def _revive(self, episode_id: str, stamp: str | None) -> Episode | None:
         """The episode a sibling branch of the same top-level step ended (:meth:`leave`), back in the

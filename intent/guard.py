@@ -415,6 +415,10 @@ class BudgetGuard:
                 + ": call scope(config) with the config of a graph node whose state carries the guard's channel "
                   "(intent_ledger: extend intent.GuardState or intent.BudgetState), or while the run goes on")
         episode = self.episodes.get(episode_id, channel, stamp=stamp)
+        known = (channel or {}).get("entries") or {}
+        if known and episode.ledger.behind(known):
+            # Kept here from an earlier run while another process spent: state is ahead of this copy.
+            episode.ledger.take_in_state(channel)
         if task:
             episode.visit(task)
         key = f"scope-{uuid.uuid4().hex[:12]}"
@@ -425,8 +429,13 @@ class BudgetGuard:
             close_carves(episode, key)
             if task:
                 episode.unvisit(task)
-            # What the scope's sub-agents spent, in the node's state (the thread's channel).
-            entries = {e.call_id: e.to_dict() for e in episode.ledger.charges_of(key)}
+            # No run of the thread going here: not kept (a later scope or run reads the thread's state).
+            self.episodes.done_visiting(episode, stamp)
+            # What the node's state has not seen, in the node's writes (the thread's channel): its sub-agents'
+            # carves, a metered model called in the scope, a sibling branch's charges as this process has them
+            # (statuses only move forward when the branches' writes meet).
+            entries = {e.call_id: e.to_dict() for e in episode.ledger.entries()
+                       if e.call_id not in known or known[e.call_id]["status"] != e.status}
             if entries:
                 write_ledger_update(cfg, self._channel_base(episode) | {"entries": entries})
 
@@ -537,12 +546,17 @@ class BudgetGuard:
             # writes when the resumed step completes, after this episode was loaded from the
             # resumed task's older state). Taken in before anything held is judged unused.
             ledger.take_in_state(channel)
-        others = [b for b in (*episode.branches, *episode.visitors) if b != branch] if branch is not None else ()
-        for entry in ledger.held():
+        # What is held, read before who is running: a branch or visitor joins before it reserves, so one
+        # whose reservation is in `held` is in `others` unless it has finished with that reservation since.
+        held = ledger.held()
+        others = ([b for b in (*episode.branches.copy(), *episode.visitors.copy()) if b != branch]
+                  if branch is not None else ())
+        for entry in held:
             if others and _owned_by(ledger.owner_of(entry.call_id), others):
                 continue  # a parallel branch's call, still running (or a sub-agent's carve inside it)
             released = ledger.release(entry.call_id)
-            assert released is not None
+            if released is None or released.status != "released":
+                continue  # committed by its branch or visitor, which finished with it after `held` was read
             self.records.release(ledger, released, episode_id=episode.episode_id,
                                  meta=decisions.get(entry.call_key, {}), reason=reason)
         # Every charge state has not seen, a running sibling branch's included: a fresh guard resuming this
@@ -867,8 +881,9 @@ class BudgetGuard:
 
 
 def _owned_by(owner: str | None, branches: Sequence[str]) -> bool:
-    """Whether a reservation made in ``owner`` (intent.state.branch_of) belongs to one of ``branches``:
-    made in it, or deeper inside it (a sub-agent's carve, reserved from the sub-agent's own steps)."""
+    """Whether a reservation made in the graph task ``owner`` (intent.state.task_of) belongs to one of
+    ``branches`` (branches and visitors' tasks): made in it, or deeper inside it (a step of the branch, a
+    sub-agent's carve reserved from the sub-agent's own steps)."""
     return owner is not None and any(owner == b or (b and owner.startswith(b + "|")) for b in branches)
 
 

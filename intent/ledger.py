@@ -151,9 +151,9 @@ class BudgetLedger:
         self._lock = threading.RLock()
         # A budget shared with other runs (intent.stores): every reservation must fit it too.
         self._shared: tuple[Any, str, str] | None = None  # (store, budget key, run id)
-        # Who made each reservation (the guard sets it to intent.state.current_branch for an agent run as
-        # a subgraph: parallel branches of one thread share this ledger, and a branch settles only what is
-        # not a running sibling's).
+        # Who made each reservation (the guard sets it to intent.state.current_task for an agent run as
+        # a subgraph, or an episode something visits: parallel branches of one thread share this ledger, and
+        # a branch settles only what is not a running sibling's or a visitor's).
         self.owner: Callable[[], str] | None = None
         self._owners: dict[str, str] = {}
         for entry in (entries or {}).values():

@@ -44,6 +44,8 @@ sub-agent: each charged once, by the step); the step also drops it from the agen
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -66,7 +68,7 @@ from intent.model_meter import (
     step_meter,
 )
 from intent.nesting import current_parent
-from intent.state import branch_of, branch_stamp, current_config, read_ledger_channel, write_ledger_update
+from intent.state import branch_of, branch_stamp, current_config, read_ledger_channel, task_of, write_ledger_update
 
 if TYPE_CHECKING:
     from intent.episodes import Episode
@@ -158,8 +160,11 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def __init__(self, guard: BudgetGuard, model: Any) -> None:
         self.guard, self.model = guard, model
-        # By the execution's run id: its meter, and the task's config when the charge goes into its state.
-        self._meters: dict[Any, tuple[ModelCallMeter, Mapping[str, Any] | None]] = {}
+        # By the execution's run id: its meter, the task's config when the charge goes into its state, and the
+        # graph task visiting the episode while it runs.
+        self._meters: dict[Any, tuple[ModelCallMeter, Mapping[str, Any] | None, str]] = {}
+        # By run id, for an async call: the asyncio task that made it, and the done-callback put on it.
+        self._callers: dict[Any, tuple[asyncio.Task[Any], Any]] = {}
         self._lock = threading.Lock()
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
@@ -177,20 +182,70 @@ class MeteredModelCallback(BaseCallbackHandler):
         meter = ModelCallMeter(self.guard, episode, step=int(turns.get("total") or 0),
                                query=query_of(channel, flat), model=self.model,
                                charge_reason=f"{METERED_MODEL}:{source}" if source else METERED_MODEL)
-        task = branch_of(config)
+        # The graph task calling the model visits the episode while the execution runs (before the reservation,
+        # which is then tagged with the task), so that no branch's settling releases what it holds.
+        task = task_of(config)
         if task:
-            episode.visit(task)  # before the reservation, which is then tagged with its branch
+            episode.visit(task)
+        batch = _batch_of(kwargs)
         try:
             meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized, own=True,
-                        batch=_batch_of(kwargs))
+                        batch=batch)
         except BaseException as exc:
             if task:
                 episode.unvisit(task)
+            if batch is not None:
+                self._release_batch(batch)  # a multi-prompt generate() sends none of its prompts now
             if isinstance(exc, ModelCallRefused) and not isinstance(exc, MeteredModelRefused):
                 raise MeteredModelRefused(str(exc)) from exc  # logged by meter.start; re-raised as non-retryable
             raise
         with self._lock:
             self._meters[run_id] = (meter, config if in_state else None, task)
+        try:
+            caller = asyncio.current_task()
+        except RuntimeError:  # no event loop in this thread: a sync call, which ends or errs in its callbacks
+            caller = None
+        if caller is not None:
+            # A cancelled ainvoke (a timeout around it) gets neither on_llm_end nor on_llm_error from
+            # LangChain: when the task that made the call is done, a run still open was cancelled.
+            done = functools.partial(self._caller_done, run_id)
+            caller.add_done_callback(done)
+            with self._lock:
+                self._callers[run_id] = (caller, done)
+
+    def _forget_caller(self, run_id: Any) -> None:
+        """The run ended in its callbacks: its caller's done-callback goes (a long-lived task calling the
+        model many times does not collect one per call)."""
+        with self._lock:
+            caller, done = self._callers.pop(run_id, (None, None))
+        if caller is not None:
+            caller.remove_done_callback(done)
+
+    def _release_batch(self, batch: Any) -> None:
+        """The runs of a multi-prompt ``generate()`` started before one of its prompts was refused: not sent."""
+        with self._lock:
+            runs = [(rid, m, t) for rid, (m, _, t) in self._meters.items()]
+        for rid, meter, task in runs:
+            if meter.release_batch(batch):
+                with self._lock:
+                    self._meters.pop(rid, None)
+                self._forget_caller(rid)
+                if task:
+                    meter.episode.unvisit(task)
+
+    def _caller_done(self, run_id: Any, _caller: Any) -> None:
+        with self._lock:
+            self._callers.pop(run_id, None)
+            meter, _, task = self._meters.pop(run_id, (None, None, ""))
+        if meter is None:
+            return  # ended or failed in its callbacks
+        try:
+            # Cancelled: the request reached the provider, which bills what it generated (unknown): the
+            # reserved worst case is charged (intent.model_meter). It reaches state at the guard's next settle.
+            meter.error(run_id, asyncio.CancelledError("the task that called the model ended before the call did"))
+        finally:
+            if task:
+                meter.episode.unvisit(task)
 
     def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
@@ -205,6 +260,7 @@ class MeteredModelCallback(BaseCallbackHandler):
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
             meter, config, task = self._meters.pop(run_id, (None, None, ""))
+        self._forget_caller(run_id)
         if meter is None:
             return
         generations = getattr(response, "generations", None) or []
@@ -224,6 +280,7 @@ class MeteredModelCallback(BaseCallbackHandler):
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
             meter, config, task = self._meters.pop(run_id, (None, None, ""))
+        self._forget_caller(run_id)
         if meter is None:
             return
         try:

@@ -432,7 +432,7 @@ class CallRun:
         # says what it raised: a bill on that exception is what the run is charged (intent.tool_body).
         body = None
         if getattr(tool, "handle_tool_error", False):
-            watch = watched(tool)
+            watch = watched(tool, sync=True)
             if watch is not None:
                 tool, body = watch
         try:

@@ -324,12 +324,16 @@ class ModelCallMeter:
             self.executions.append(ex)
             self.entries.append(entry)
 
-    def _release_batch(self, batch: Any) -> None:
-        """Release the open runs of one multi-prompt ``generate()`` whose requests were not sent."""
+    def _release_batch(self, batch: Any) -> int:
+        """Release the open runs of one multi-prompt ``generate()`` whose requests were not sent; returns
+        how many."""
         with self._lock:
             runs = [self._open.pop(rid) for rid, ex in list(self._open.items()) if ex.batch is batch]
         for ex in runs:
             self._released(ex, ModelCallRefused("not sent: another prompt of the same batch failed or was refused"))
+        return len(runs)
+
+    release_batch = _release_batch  # for a batch whose runs started in other meters (intent.metered_models)
 
     def end(self, run_id: Any, message: BaseMessage | None) -> None:
         with self._lock:

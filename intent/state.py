@@ -119,6 +119,19 @@ def branch_of(config: Mapping[str, Any] | None) -> str:
     return ns.rsplit("|", 1)[0] if "|" in ns else ""
 
 
+def task_of(config: Mapping[str, Any] | None) -> str:
+    """The graph task a step runs in: its whole checkpoint namespace (``"helper:<task>"`` for a node
+    at the top, ``"sub:<task>|model:<task>"`` inside a subgraph; ``""`` outside a graph). A reservation
+    is tagged with it (:attr:`intent.ledger.BudgetLedger.owner`): it lies inside its branch
+    (:func:`branch_of`) and names a node run beside the agent (a ``Send`` to a plain node) too."""
+    return str(((config or {}).get("configurable") or {}).get("checkpoint_ns") or "")
+
+
+def current_task() -> str:
+    """:func:`task_of` the running graph step (``""`` outside a graph)."""
+    return task_of(current_config())
+
+
 def current_branch() -> str:
     """:func:`branch_of` the running graph step (``""`` outside a graph)."""
     return branch_of(current_config())

@@ -36,7 +36,7 @@ __all__ = ["WatchedBody", "watched"]
 class WatchedBody:
     """What one run of a tool's body did, read under :attr:`lock` by the run's cancellation."""
 
-    __slots__ = ("cancelled", "finished", "in_thread", "lock", "on_late", "result", "started")
+    __slots__ = ("after", "cancelled", "finished", "in_thread", "lock", "on_late", "result", "started")
 
     def __init__(self, in_thread: bool) -> None:
         self.lock = threading.Lock()
@@ -46,6 +46,7 @@ class WatchedBody:
         # Called (in the body's thread, outside the lock) with the body's result when a sync body ends
         # after its run was cancelled.
         self.on_late: Callable[[Any], None] | None = None
+        self.after: Callable[[], None] | None = None  # called when the body ends (watched: keeps its changes)
 
     def _begin(self) -> None:
         with self.lock:
@@ -55,6 +56,8 @@ class WatchedBody:
             self.started = True
 
     def _end(self, result: Any) -> None:
+        if self.after is not None:
+            self.after()
         with self.lock:
             self.finished, self.result = True, result
             late = self.on_late if self.cancelled else None
@@ -98,21 +101,49 @@ def _body_in_a_thread(tool: BaseTool) -> bool:
     return False
 
 
-def watched(tool: Any) -> tuple[Any, WatchedBody] | None:
+def watched(tool: Any, *, sync: bool = False) -> tuple[Any, WatchedBody] | None:
     """A shallow copy of ``tool`` whose body reports to the returned :class:`WatchedBody`, or ``None``
-    for an object that is not a ``BaseTool`` (it runs unwatched)."""
+    for an object that is not a ``BaseTool`` (it runs unwatched). ``sync``: the copy is run with
+    ``invoke`` (its ``_run`` is the body), else with ``ainvoke``.
+
+    What the run sets on the copy (a counter, a cache the tool assigns) is set on ``tool`` when the body
+    ends: the copy is the tool for this one run."""
     if not isinstance(tool, BaseTool):
         return None
-    in_thread = _body_in_a_thread(tool)
+    in_thread = sync or _body_in_a_thread(tool)
     body = WatchedBody(in_thread)
     copy = tool.model_copy()
+    before = _attributes(copy)
     # An instance attribute over the class's method (pydantic leaves object.__setattr__ alone): only
     # this copy, for this run, is watched.
     if in_thread:
         object.__setattr__(copy, "_run", body.sync_body(copy._run))
     else:
         object.__setattr__(copy, "_arun", body.async_body(copy._arun))
+    body.after = functools.partial(_set_back, tool, copy, before)
     return copy, body
+
+
+def _attributes(tool: BaseTool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tool's fields and private attributes, as they are now (shallow)."""
+    return dict(tool.__dict__), dict(getattr(tool, "__pydantic_private__", None) or {})
+
+
+def _set_back(tool: BaseTool, copy: BaseTool, before: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """Set on ``tool`` what its run set on ``copy``: the attributes it changed, and only those (another run
+    of the same tool may have changed others meanwhile)."""
+    fields, private = _attributes(copy)
+    for key, value in fields.items():
+        if key not in ("_run", "_arun") and before[0].get(key, _MISSING) is not value:
+            tool.__dict__[key] = value
+    own_private = getattr(tool, "__pydantic_private__", None)
+    if own_private is not None:
+        for key, value in private.items():
+            if before[1].get(key, _MISSING) is not value:
+                own_private[key] = value
+
+
+_MISSING = object()
 
 
 def as_message(tool: Any, output: Any, tool_call_id: str) -> Any:

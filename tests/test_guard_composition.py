@@ -537,12 +537,13 @@ def test_a_tool_that_raises_can_report_its_bill_on_the_exception(billed: Any, ch
     assert_each_call_answered_once(msgs_of(out))
 
 
-@pytest.mark.parametrize("body", ["sync", "async"])
+@pytest.mark.parametrize("body", ["sync", "async", "both"])
 @pytest.mark.parametrize("use_async", [False, True])
 @pytest.mark.parametrize(("billed", "charged"), [(0.0, 0.0), (7, 7.0), (None, 20.0)])
 def test_a_bill_on_a_tool_exception_langchain_handles_is_what_the_run_costs(billed, charged, use_async, body):
     # handle_tool_error=True: LangChain answers the ToolException with a message, without the exception. The
-    # bill on it is still what the run is charged (was: the quote, 20).
+    # bill on it is still what the run is charged (was: the quote, 20; a tool with both bodies under a sync
+    # agent was charged the quote after that, its sync body not watched).
     from langchain_core.tools import ToolException
 
     if body == "async" and not use_async:
@@ -565,14 +566,39 @@ def test_a_bill_on_a_tool_exception_langchain_handles_is_what_the_run_costs(bill
         fail()
         return "never"
 
-    tool_a = StructuredTool.from_function(**({"coroutine": afn} if body == "async" else {"func": fn}), name="a",
-                                          description="Tool a.", handle_tool_error=True)
+    bodies = {"sync": {"func": fn}, "async": {"coroutine": afn}, "both": {"func": fn, "coroutine": afn}}[body]
+    tool_a = StructuredTool.from_function(**bodies, name="a", description="Tool a.", handle_tool_error=True)
     agent = create_agent(scripted([ai(call("a")), AIMessage("done")]), [tool_a], middleware=[guard.middleware()])
     out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
     assert runs["a"] == 1 and "provider error" in msgs_of(out)[2].content
     ledger = guard.ledger(out)
     assert ledger.spent == charged and ledger.reserved == 0
     assert [(r.charged, r.status) for r in executions(sink)] == [(charged, "error")]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_tool_that_keeps_state_on_itself_keeps_it_when_the_guard_watches_its_body(use_async):
+    # The guard runs a copy of a handle_tool_error tool (sync and async) and of any tool under an async agent
+    # (intent.tool_body). What a run sets on the tool is set on the tool (was: on the copy: 'call 1' twice).
+    from langchain_core.tools import BaseTool
+
+    class Counter(BaseTool):
+        name: str = "count"
+        description: str = "Counts its calls."
+        handle_tool_error: bool = True
+        calls: int = 0
+
+        def _run(self, x: int = 0) -> str:
+            self.calls += 1
+            return f"call {self.calls}"
+
+    tool = Counter()
+    guard = BudgetGuard(AcceptAll(), market(count=1.0), 100)
+    agent = create_agent(scripted([ai(call("count", x=1)), ai(call("count", x=2)), AIMessage("done")]), [tool],
+                         middleware=[guard.middleware()])
+    out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
+    assert [m.content for m in msgs_of(out) if m.type == "tool"] == ["call 1", "call 2"] and tool.calls == 2
+    assert guard.ledger(out).spent == 2.0
 
 
 @pytest.mark.parametrize("tool_errors", ["raise", "message"])

@@ -13,6 +13,7 @@ from langchain_core.tools import StructuredTool
 from langgraph.graph import END, START, StateGraph
 
 from intent import AcceptAll, BudgetGuard, Decision, GuardState, Market, Oracle, PricedTool
+from intent import MeteredModelRefused
 from intent.testing import ai, assert_each_call_answered_once, call, scripted
 
 
@@ -715,3 +716,152 @@ def test_a_scope_node_fanned_out_beside_the_guarded_agent_spends_from_the_same_b
     prices = {"a": 3.0, "c": 4.0}
     assert sorted(runs) == (["a"] if late else ["a", "c"])
     assert ledger.spent == sum(prices[n] for n in runs) <= budget and ledger.reserved == 0
+
+
+def _beside_the_agent(guard: BudgetGuard, agent: Any, helper: Any, thread: str, *, use_async: bool = False,
+                      agent_done: Any = None) -> Any:
+    """Run ``agent`` (a compiled guarded subgraph) and ``helper`` (a plain node) as two Send tasks of one step."""
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Send
+
+    def run_agent(state: Any) -> dict[str, Any]:
+        out = agent.invoke(state)
+        if agent_done is not None:
+            agent_done.set()
+        return {"messages": out["messages"][1:], "intent_ledger": out.get("intent_ledger")}
+
+    parent = StateGraph(GuardState)
+    parent.add_node("sub", agent if use_async else run_agent)
+    parent.add_node("helper", helper)
+    parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage("task 0")]}),
+                                                   Send("helper", {"messages": [HumanMessage("task 1")]})],
+                                 ["sub", "helper"])
+    parent.add_edge("sub", END)
+    parent.add_edge("helper", END)
+    graph = parent.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": thread}}
+    if use_async:
+        return asyncio.run(graph.ainvoke({"messages": [("user", "fan out")]}, config))
+    return graph.invoke({"messages": [("user", "fan out")]}, config)
+
+
+@pytest.mark.parametrize("in_scope", [False, True], ids=["plain-node", "in-scope"])
+def test_a_metered_model_in_a_plain_node_beside_the_agent_keeps_its_reservation_and_reaches_state(in_scope):
+    # A Send task that is a plain node (not a subgraph) calls a metered model while the agent's branch settles
+    # (was: the node's task was never a visitor, so the agent released the running call's reservation:
+    # LedgerError after the model ran). In a scope, the model's charge reaches state when the agent ended
+    # before the model did (was: the scope wrote only its carves: the run ended with 1 reserved).
+    import threading
+
+    from intent.testing import BilledChatModel
+
+    in_flight, settled, agent_done = threading.Event(), threading.Event(), threading.Event()
+    guard, billed = _selector_guard({"a": 3.0}, 12.0)
+
+    class Slow(BilledChatModel):
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            in_flight.set()
+            assert settled.wait(timeout=30)
+            if in_scope:
+                assert agent_done.wait(timeout=30)  # the agent's last write is before this charge
+            return super()._generate(*args, **kwargs)
+
+    selector = guard.metered_model(Slow(model_name="sel", runs=billed.runs, tokens=(0, 100)))
+
+    def agent_cue(k: int, turn: int) -> None:
+        if turn == 0:
+            assert in_flight.wait(timeout=30)
+        if turn == 1:
+            settled.set()  # the agent's second step has settled, with the model call running
+
+    runs: list[str] = []
+    agent = _readme_graph(guard, _Cued(on_turn=agent_cue, branch_calls={0: "a"}),
+                          _priced_tools({"a": 3.0}, runs)).compile()
+
+    def helper(state, config):  # noqa: ANN001 - unannotated, for LangGraph to pass the config
+        if in_scope:
+            with guard.scope(config):
+                selector.invoke("classify")
+        else:
+            selector.invoke("classify")
+        return {}
+
+    out = _beside_the_agent(guard, agent, helper, f"plain-{in_scope}", agent_done=agent_done)
+    ledger = guard.ledger(out)
+    assert runs == ["a"] and len(billed.runs.log) == 1
+    assert ledger.spent == 4.0 and ledger.reserved == 0.0
+
+
+def test_a_cancelled_async_metered_call_is_charged_and_leaves_no_visitor_or_reservation():
+    # asyncio.wait_for gives up on a metered model's ainvoke in a fan-out branch. LangChain calls neither
+    # on_llm_end nor on_llm_error for it (was: a visitor forever, its 1 reserved after the run, which no
+    # settle could release). Cancelled, it is charged its reserved worst case, as a cancelled model call is.
+    import threading
+
+    from intent.testing import BilledChatModel
+
+    guard, billed = _selector_guard({"a": 3.0}, 12.0)
+
+    class Slow(BilledChatModel):
+        async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(30)
+            raise AssertionError("not reached")
+
+    selector = guard.metered_model(Slow(model_name="sel", runs=billed.runs, tokens=(0, 100)))
+    timed_out, seen = threading.Event(), {}
+    runs: list[str] = []
+    agent = _readme_graph(guard, _Cued(on_turn=lambda k, t: t == 0 and timed_out.wait(30), branch_calls={0: "a"}),
+                          _priced_tools({"a": 3.0}, runs)).compile()
+
+    async def classify(state: Any) -> dict[str, Any]:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(selector.ainvoke("classify"), 0.2)
+        episode = guard.episodes.peek("cancelled")
+        seen.update(visitors=dict(episode.visitors), reserved=episode.ledger.reserved)
+        timed_out.set()
+        return {}
+
+    helper = StateGraph(GuardState)
+    helper.add_node("classify", classify)
+    helper.add_edge(START, "classify")
+    helper.add_edge("classify", END)
+    out = _beside_the_agent(guard, agent, helper.compile(), "cancelled", use_async=True)
+    ledger = guard.ledger(out)
+    assert seen == {"visitors": {}, "reserved": 0.0}
+    assert runs == ["a"] and ledger.spent == 4.0 and ledger.reserved == 0.0
+    charges = [e for e in ledger.entries() if e.kind == "model"]
+    assert [(e.status, e.amount) for e in charges] == [("committed", 1.0)]
+
+
+def test_a_refused_prompt_of_a_batch_releases_the_prompts_started_before_it():
+    # generate() with two prompts in a fan-out branch; only one fits. The first prompt's run had started
+    # (reserved, visiting); the refusal of the second is raised from LangChain's callbacks, so the first never
+    # gets an end or error (was: 1 reserved after the run, and a visitor left). Neither prompt is sent.
+    import threading
+
+    from langchain_core.messages import HumanMessage
+
+    guard, billed = _selector_guard({"a": 3.0}, 1.5)  # one model execution (1.0) fits
+    selector = guard.metered_model(billed)
+    tried, seen = threading.Event(), {}
+    runs: list[str] = []
+    agent = _readme_graph(guard, _Cued(on_turn=lambda k, t: t == 0 and tried.wait(30), branch_calls={}),
+                          _priced_tools({"a": 3.0}, runs)).compile()
+
+    def classify(state: Any) -> dict[str, Any]:
+        with pytest.raises(MeteredModelRefused):
+            selector.generate([[HumanMessage("one")], [HumanMessage("two")]])
+        episode = guard.episodes.peek("batch")
+        seen.update(visitors=dict(episode.visitors), reserved=episode.ledger.reserved)
+        tried.set()
+        return {}
+
+    helper = StateGraph(GuardState)
+    helper.add_node("classify", classify)
+    helper.add_edge(START, "classify")
+    helper.add_edge("classify", END)
+    out = _beside_the_agent(guard, agent, helper.compile(), "batch")
+    ledger = guard.ledger(out)
+    assert seen == {"visitors": {}, "reserved": 0.0}
+    assert billed.runs.log == [] and ledger.spent == 0.0 and ledger.reserved == 0.0

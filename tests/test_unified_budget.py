@@ -513,6 +513,45 @@ def test_a_subgraph_node_carves_through_guard_scope():
     assert runs["fetch"] == 1
 
 
+def test_a_scope_node_spends_from_state_after_another_process_spent_on_the_thread():
+    # Runs of one thread by two guards (two processes sharing the checkpointer): g1, g1, g2, g1. Each run's node
+    # carves for a sub-agent's 0.05 call from the budget 0.17. Was: g1 kept its episode from its second run
+    # and, at the fourth, spent from it as it was (0.10 spent) rather than from state (0.15): 0.20 of 0.17.
+    # After a run, the scope keeps nothing: a bare thread id is then the clear error.
+    from langgraph.graph import END, START, StateGraph
+
+    from intent import GuardState
+
+    first, second = BudgetGuard(AcceptAll(), MARKET, 0.17), BudgetGuard(AcceptAll(), MARKET, 0.17)
+    child = BudgetGuard(AcceptAll(), MARKET, FromParent(0.2))
+    runs, current = Runs(), [first]
+
+    def node(state, config):  # noqa: ANN001 - unannotated, for LangGraph to pass the config
+        with current[0].scope(config):
+            agent = create_agent(scripted([ai(call("fetch", q="1")), ai(text="ok")]), priced_tools(runs),
+                                 middleware=[child.middleware()])
+            agent.invoke({"messages": [HumanMessage("q")]})
+        return {}
+
+    graph = StateGraph(GuardState)
+    graph.add_node("node", node)
+    graph.add_edge(START, "node")
+    graph.add_edge("node", END)
+    graph = graph.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "thread-p"}}
+    spent = []
+    for guard in (first, first, second, first):
+        current[0] = guard
+        out = graph.invoke({"messages": [HumanMessage("go")]}, config)
+        spent.append(round(guard.ledger(out).spent, 2))
+        assert guard.ledger(out).reserved == 0
+    assert spent == [0.05, 0.10, 0.15, 0.15] and runs["fetch"] == 3
+    assert len(first.episodes) == 0
+    with pytest.raises(GuardConfigError, match="thread 'thread-p'"):
+        with first.scope("thread-p"):
+            pass
+
+
 def test_guard_scope_with_a_bare_thread_id_and_no_run_going_is_a_clear_error():
     # Nothing says what the thread has left (it may have spent in an earlier run): a fresh budget would
     # spend its money twice. Was: a sub-agent carved 5 from a thread with 2 left, and spent 12 of 10.
