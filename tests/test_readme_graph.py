@@ -746,6 +746,15 @@ def _beside_the_agent(guard: BudgetGuard, agent: Any, helper: Any, thread: str, 
     return graph.invoke({"messages": [("user", "fan out")]}, config)
 
 
+def _one_node_subgraph(node: Any) -> Any:
+    """``node`` as a compiled subgraph of its own (its steps then run in a branch of the parent)."""
+    graph = StateGraph(GuardState)
+    graph.add_node("node", node)
+    graph.add_edge(START, "node")
+    graph.add_edge("node", END)
+    return graph.compile()
+
+
 @pytest.mark.parametrize("in_scope", [False, True], ids=["plain-node", "in-scope"])
 def test_a_metered_model_in_a_plain_node_beside_the_agent_keeps_its_reservation_and_reaches_state(in_scope):
     # A Send task that is a plain node (not a subgraph) calls a metered model while the agent's branch settles
@@ -822,11 +831,7 @@ def test_a_cancelled_async_metered_call_is_charged_and_leaves_no_visitor_or_rese
         timed_out.set()
         return {}
 
-    helper = StateGraph(GuardState)
-    helper.add_node("classify", classify)
-    helper.add_edge(START, "classify")
-    helper.add_edge("classify", END)
-    out = _beside_the_agent(guard, agent, helper.compile(), "cancelled", use_async=True)
+    out = _beside_the_agent(guard, agent, _one_node_subgraph(classify), "cancelled", use_async=True)
     ledger = guard.ledger(out)
     assert seen == {"visitors": {}, "reserved": 0.0}
     assert runs == ["a"] and ledger.spent == 4.0 and ledger.reserved == 0.0
@@ -857,11 +862,7 @@ def test_a_refused_prompt_of_a_batch_releases_the_prompts_started_before_it():
         tried.set()
         return {}
 
-    helper = StateGraph(GuardState)
-    helper.add_node("classify", classify)
-    helper.add_edge(START, "classify")
-    helper.add_edge("classify", END)
-    out = _beside_the_agent(guard, agent, helper.compile(), "batch")
+    out = _beside_the_agent(guard, agent, _one_node_subgraph(classify), "batch")
     ledger = guard.ledger(out)
     assert seen == {"visitors": {}, "reserved": 0.0}
     assert billed.runs.log == [] and ledger.spent == 0.0 and ledger.reserved == 0.0

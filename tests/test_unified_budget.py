@@ -479,19 +479,15 @@ def test_from_parent_outside_a_guarded_call_is_a_clear_error():
         agent.invoke({"messages": [HumanMessage("q")]}, {"configurable": {"thread_id": "orphan"}})
 
 
-def test_a_subgraph_node_carves_through_guard_scope():
-    # The node's state carries the thread's ledger channel: the sub-agent's spending goes there. Twice on one
-    # thread, the second time by a fresh guard (another process): its scope starts from what the first run
-    # left in state.
+def _scope_node_graph(guards: list[BudgetGuard], runs: Runs) -> Any:
+    """A one-node graph whose node runs a FromParent sub-agent (one 0.05 fetch) inside ``guards[-1].scope``."""
     from langgraph.graph import END, START, StateGraph
 
     from intent import GuardState
 
-    guards = [BudgetGuard(AcceptAll(), MARKET, 0.07)]
     child = BudgetGuard(AcceptAll(), MARKET, FromParent(0.2))
-    runs = Runs()
 
-    def node(state, config):
+    def node(state, config):  # noqa: ANN001 - unannotated, for LangGraph to pass the config
         with guards[-1].scope(config):
             agent = create_agent(scripted([ai(call("fetch", q="1")), ai(text="ok")]), priced_tools(runs),
                                  middleware=[child.middleware()])
@@ -502,7 +498,16 @@ def test_a_subgraph_node_carves_through_guard_scope():
     graph.add_node("node", node)
     graph.add_edge(START, "node")
     graph.add_edge("node", END)
-    graph = graph.compile(checkpointer=InMemorySaver())
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def test_a_subgraph_node_carves_through_guard_scope():
+    # The node's state carries the thread's ledger channel: the sub-agent's spending goes there. Twice on one
+    # thread, the second time by a fresh guard (another process): its scope starts from what the first run
+    # left in state.
+    guards = [BudgetGuard(AcceptAll(), MARKET, 0.07)]
+    runs = Runs()
+    graph = _scope_node_graph(guards, runs)
     config = {"configurable": {"thread_id": "thread-s"}}
     out = graph.invoke({"messages": [HumanMessage("go")]}, config)
     assert guards[0].ledger(out).spent == pytest.approx(0.05) and guards[0].ledger(out).reserved == 0
@@ -518,30 +523,13 @@ def test_a_scope_node_spends_from_state_after_another_process_spent_on_the_threa
     # carves for a sub-agent's 0.05 call from the budget 0.17. Was: g1 kept its episode from its second run
     # and, at the fourth, spent from it as it was (0.10 spent) rather than from state (0.15): 0.20 of 0.17.
     # After a run, the scope keeps nothing: a bare thread id is then the clear error.
-    from langgraph.graph import END, START, StateGraph
-
-    from intent import GuardState
-
     first, second = BudgetGuard(AcceptAll(), MARKET, 0.17), BudgetGuard(AcceptAll(), MARKET, 0.17)
-    child = BudgetGuard(AcceptAll(), MARKET, FromParent(0.2))
     runs, current = Runs(), [first]
-
-    def node(state, config):  # noqa: ANN001 - unannotated, for LangGraph to pass the config
-        with current[0].scope(config):
-            agent = create_agent(scripted([ai(call("fetch", q="1")), ai(text="ok")]), priced_tools(runs),
-                                 middleware=[child.middleware()])
-            agent.invoke({"messages": [HumanMessage("q")]})
-        return {}
-
-    graph = StateGraph(GuardState)
-    graph.add_node("node", node)
-    graph.add_edge(START, "node")
-    graph.add_edge("node", END)
-    graph = graph.compile(checkpointer=InMemorySaver())
+    graph = _scope_node_graph(current, runs)
     config = {"configurable": {"thread_id": "thread-p"}}
     spent = []
     for guard in (first, first, second, first):
-        current[0] = guard
+        current[-1] = guard
         out = graph.invoke({"messages": [HumanMessage("go")]}, config)
         spent.append(round(guard.ledger(out).spent, 2))
         assert guard.ledger(out).reserved == 0
