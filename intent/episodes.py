@@ -232,10 +232,12 @@ class EpisodeRegistry:
         """A visitor that took up ``episode`` outside the guard's steps (``guard.scope``) has finished. With
         no branch running it and no other visitor, the episode is not kept here: a later run reads its
         spending from graph state (a copy kept here would go stale while another process spends). One
-        taken up in a fan-out step (``stamp``) is kept aside again for a sibling of that step."""
+        taken up in a fan-out step (``stamp``) is kept aside again for a sibling of that step. One with a
+        market of its own (``update_episode_market``) or top-ups not in state yet is kept."""
         with self._lock:  # (not the episode's lock: code holding it may ask the registry for episodes)
-            if episode.branches or episode.visitors or self._episodes.get(episode.episode_id) is not episode:
-                return
+            if (episode.branches or episode.visitors or episode.market is not None or episode.pending_top_ups
+                    or self._episodes.get(episode.episode_id) is not episode):
+                return  # still running, or holding what only this process knows (a market set for the episode)
             del self._episodes[episode.episode_id]
             if stamp is not None:
                 self._ended[episode.episode_id] = (stamp, episode)

@@ -433,11 +433,21 @@ class BudgetGuard:
             self.episodes.done_visiting(episode, stamp)
             # What the node's state has not seen, in the node's writes (the thread's channel): its sub-agents'
             # carves, a metered model called in the scope, a sibling branch's charges as this process has them
-            # (statuses only move forward when the branches' writes meet).
+            # (statuses only move forward when the branches' writes meet), a top-up made without a graph.
             entries = {e.call_id: e.to_dict() for e in episode.ledger.entries()
                        if e.call_id not in known or known[e.call_id]["status"] != e.status}
-            if entries:
-                write_ledger_update(cfg, self._channel_base(episode) | {"entries": entries})
+            with episode.lock:
+                top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
+            if entries or top_ups:
+                update = self._channel_base(episode) | {"entries": entries}
+                if top_ups:
+                    by = episode.ledger.approved_by
+                    update |= {"top_ups": top_ups, "top_up_by": {k: by[k] for k in top_ups if k in by}}
+                if cfg is not None:
+                    write_ledger_update(cfg, update)
+                else:
+                    with episode.lock:  # no node to write from: the thread's next step writes them
+                        episode.pending_top_ups = top_ups | episode.pending_top_ups
 
     def _apply_top_up(self, episode: Episode, top_up_id: str, amount: float, *, approved_by: str,
                       reason: str) -> float:
@@ -549,14 +559,22 @@ class BudgetGuard:
         # What is held, read before who is running: a branch or visitor joins before it reserves, so one
         # whose reservation is in `held` is in `others` unless it has finished with that reservation since.
         held = ledger.held()
-        others = ([b for b in (*episode.branches.copy(), *episode.visitors.copy()) if b != branch]
-                  if branch is not None else ())
+        others: list[str] = []
+        own_task = False  # a visitor in the very task this branch runs in (a model called beside the agent there)
+        if branch is not None:
+            others = [b for b in episode.branches.copy() if b != branch]
+            for task in episode.visitors.copy():
+                if task != branch:
+                    others.append(task)
+                else:
+                    own_task = True
         for entry in held:
-            if others and _owned_by(ledger.owner_of(entry.call_id), others):
-                continue  # a parallel branch's call, still running (or a sub-agent's carve inside it)
-            released = ledger.release(entry.call_id)
-            if released is None or released.status != "released":
-                continue  # committed by its branch or visitor, which finished with it after `held` was read
+            owner = ledger.owner_of(entry.call_id)
+            if (others and _owned_by(owner, others)) or (own_task and owner == branch):
+                continue  # a parallel branch's call, still running (or a sub-agent's carve inside it), a visitor's
+            released = ledger.release_held(entry.call_id)
+            if released is None:
+                continue  # committed or released by its branch or visitor, or another settle, since `held` was read
             self.records.release(ledger, released, episode_id=episode.episode_id,
                                  meta=decisions.get(entry.call_key, {}), reason=reason)
         # Every charge state has not seen, a running sibling branch's included: a fresh guard resuming this

@@ -539,6 +539,15 @@ class BudgetLedger:
             self._put(entry)
             return entry
 
+    def release_held(self, call_id: str) -> LedgerEntry | None:
+        """:meth:`release` a reservation still held; ``None`` when it is not (committed, or released
+        already: by another settle that got there first, whose release is the one to log)."""
+        with self._lock:
+            entry = self._entries.get(call_id)
+            if entry is None or entry.status != "reserved":
+                return None
+            return self.release(call_id)
+
     def top_up(self, top_up_id: str, amount: float, *, approved_by: str = "") -> float:
         """Raise the budget by ``amount`` (idempotent by id). Returns the new budget."""
         amount = check_amount(amount, "top-up amount", allow_zero=False)

@@ -47,7 +47,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -77,6 +78,10 @@ if TYPE_CHECKING:
 __all__ = ["METERED_MODEL", "MeteredModelCallback", "MeteredModelRefused", "Placement", "episode_of_run",
            "metered_copy"]
 
+
+
+# The runs an agenerate call of a metered copy has started (MeteredModelCallback.watch_agenerate).
+_STARTED: ContextVar[list[Any] | None] = ContextVar("intent_metered_runs_started", default=None)
 
 
 class MeteredModelRefused(ModelCallRefused, ModelError):
@@ -127,7 +132,12 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> Plac
     branch = branch_of(config)
     revive: dict[str, Any] = {"stamp": branch_stamp(config, branch)} if branch else {}
     if channel and channel.get("episode_id"):
-        return Placement(guard.episodes.get(str(channel["episode_id"]), channel, **revive), channel, True)
+        episode = guard.episodes.get(str(channel["episode_id"]), channel, **revive)
+        known = channel.get("entries") or {}
+        if known and episode.ledger.behind(known):
+            # Kept here from an earlier run while another process spent on the thread: state is ahead.
+            episode.ledger.take_in_state(channel)
+        return Placement(episode, channel, True)
     if readable and thread_id is not None:
         # No ledger in state yet: a new episode, named as the guard's first model step will name it
         # (a sub-agent's after the call that started it), so that step continues it.
@@ -163,8 +173,6 @@ class MeteredModelCallback(BaseCallbackHandler):
         # By the execution's run id: its meter, the task's config when the charge goes into its state, and the
         # graph task visiting the episode while it runs.
         self._meters: dict[Any, tuple[ModelCallMeter, Mapping[str, Any] | None, str]] = {}
-        # By run id, for an async call: the asyncio task that made it, and the done-callback put on it.
-        self._callers: dict[Any, tuple[asyncio.Task[Any], Any]] = {}
         self._lock = threading.Lock()
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
@@ -201,25 +209,9 @@ class MeteredModelCallback(BaseCallbackHandler):
             raise
         with self._lock:
             self._meters[run_id] = (meter, config if in_state else None, task)
-        try:
-            caller = asyncio.current_task()
-        except RuntimeError:  # no event loop in this thread: a sync call, which ends or errs in its callbacks
-            caller = None
-        if caller is not None:
-            # A cancelled ainvoke (a timeout around it) gets neither on_llm_end nor on_llm_error from
-            # LangChain: when the task that made the call is done, a run still open was cancelled.
-            done = functools.partial(self._caller_done, run_id)
-            caller.add_done_callback(done)
-            with self._lock:
-                self._callers[run_id] = (caller, done)
-
-    def _forget_caller(self, run_id: Any) -> None:
-        """The run ended in its callbacks: its caller's done-callback goes (a long-lived task calling the
-        model many times does not collect one per call)."""
-        with self._lock:
-            caller, done = self._callers.pop(run_id, (None, None))
-        if caller is not None:
-            caller.remove_done_callback(done)
+        started = _STARTED.get()
+        if started is not None:
+            started.append(run_id)  # for agenerate's cancellation (watch_agenerate)
 
     def _release_batch(self, batch: Any) -> None:
         """The runs of a multi-prompt ``generate()`` started before one of its prompts was refused: not sent."""
@@ -229,23 +221,48 @@ class MeteredModelCallback(BaseCallbackHandler):
             if meter.release_batch(batch):
                 with self._lock:
                     self._meters.pop(rid, None)
-                self._forget_caller(rid)
                 if task:
                     meter.episode.unvisit(task)
 
-    def _caller_done(self, run_id: Any, _caller: Any) -> None:
+    def watch_agenerate(self, agenerate: Callable[..., Any]) -> Callable[..., Any]:
+        """``agenerate`` (which ``ainvoke`` calls), for a cancelled call: LangChain then calls neither
+        ``on_llm_end`` nor ``on_llm_error`` (a timeout around ``ainvoke``), so its runs still open are
+        charged here, as a cancelled model call is, while the caller's graph task can still write it."""
+
+        @functools.wraps(agenerate)
+        async def watched(*args: Any, **kwargs: Any) -> Any:
+            token = _STARTED.set([])
+            try:
+                return await agenerate(*args, **kwargs)
+            except asyncio.CancelledError:
+                for run_id in _STARTED.get() or ():
+                    self._cancelled(run_id)
+                raise
+            finally:
+                _STARTED.reset(token)
+
+        return watched
+
+    def _cancelled(self, run_id: Any) -> None:
         with self._lock:
-            self._callers.pop(run_id, None)
-            meter, _, task = self._meters.pop(run_id, (None, None, ""))
+            meter, config, task = self._meters.pop(run_id, (None, None, ""))
         if meter is None:
             return  # ended or failed in its callbacks
         try:
-            # Cancelled: the request reached the provider, which bills what it generated (unknown): the
-            # reserved worst case is charged (intent.model_meter). It reaches state at the guard's next settle.
-            meter.error(run_id, asyncio.CancelledError("the task that called the model ended before the call did"))
+            # The request reached the provider, which bills what it generated (unknown): the reserved worst
+            # case is charged (intent.model_meter).
+            meter.error(run_id, asyncio.CancelledError("the model call was cancelled"))
         finally:
             if task:
                 meter.episode.unvisit(task)
+        self._write(meter, config)
+
+    def _write(self, meter: ModelCallMeter, config: Mapping[str, Any] | None) -> None:
+        """The execution's charge into the running task's writes, when that task's state holds the episode."""
+        charge = meter.entries[-1] if meter.entries else None
+        if config is not None and charge is not None and charge.status == "committed":
+            write_ledger_update(config, {**self.guard._channel_base(meter.episode),
+                                         "entries": {charge.call_id: charge.to_dict()}})
 
     def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
@@ -260,7 +277,6 @@ class MeteredModelCallback(BaseCallbackHandler):
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
             meter, config, task = self._meters.pop(run_id, (None, None, ""))
-        self._forget_caller(run_id)
         if meter is None:
             return
         generations = getattr(response, "generations", None) or []
@@ -269,18 +285,14 @@ class MeteredModelCallback(BaseCallbackHandler):
         finally:
             if task:
                 meter.episode.unvisit(task)
-        if config is not None:
-            # The money is spent: the charge goes into the running task's writes now, so a run that
-            # dies before the guard's next hook still has it in graph state (the task's other writes,
-            # the summary itself, land with it).
-            charge = meter.entries[-1]
-            write_ledger_update(config, {**self.guard._channel_base(meter.episode),
-                                         "entries": {charge.call_id: charge.to_dict()}})
+        # The money is spent: the charge goes into the running task's writes now, so a run that dies before
+        # the guard's next hook still has it in graph state (the task's other writes, the summary itself,
+        # land with it).
+        self._write(meter, config)
 
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
             meter, config, task = self._meters.pop(run_id, (None, None, ""))
-        self._forget_caller(run_id)
         if meter is None:
             return
         try:
@@ -288,12 +300,9 @@ class MeteredModelCallback(BaseCallbackHandler):
         finally:
             if task:
                 meter.episode.unvisit(task)
-        charge = meter.entries[-1] if meter.entries else None
-        if config is not None and charge is not None and charge.status == "committed":
-            # Output generated before the failure (a stream that broke off) is billed: written as a
-            # finished run's charge is. A plain failure is released, never written (state never held it).
-            write_ledger_update(config, {**self.guard._channel_base(meter.episode),
-                                         "entries": {charge.call_id: charge.to_dict()}})
+        # Output generated before the failure (a stream that broke off) is billed: written as a finished
+        # run's charge is. A plain failure is released, never written (state never held it).
+        self._write(meter, config)
 
 
 def metered_copy(guard: BudgetGuard, model: Any) -> Any:
@@ -315,4 +324,32 @@ def metered_copy(guard: BudgetGuard, model: Any) -> Any:
     if bound_keys and not any(getattr(model, k, None) for k in bound_keys):
         update[bound_keys[0]] = guard.max_output_tokens
     update["callbacks"] = [*callback_handlers(model), MeteredModelCallback(guard, model)]
-    return model.model_copy(update=update)
+    copy = model.model_copy(update=update)
+    # Its class's agenerate watched for cancellation (MeteredModelCallback.watch_agenerate), in a subclass of the
+    # same name: copies LangChain makes of it (bind_tools, with_structured_output) keep it.
+    object.__setattr__(copy, "__class__", _watched_class(type(model)))
+    return copy
+
+
+_WATCHED: dict[type, type] = {}
+_WATCHED_CLASSES: set[type] = set()
+_WATCHED_LOCK = threading.Lock()
+
+
+def _watched_class(cls: type) -> type:
+    """``cls`` with an ``agenerate`` that the copy's :class:`MeteredModelCallback` watches (made once per class)."""
+    with _WATCHED_LOCK:
+        if cls in _WATCHED_CLASSES:  # a copy of a metered copy
+            return cls
+        sub = _WATCHED.get(cls)
+        if sub is None:
+            async def agenerate(self: Any, *args: Any, **kwargs: Any) -> Any:
+                handler = next((h for h in callback_handlers(self) if isinstance(h, MeteredModelCallback)), None)
+                run = functools.partial(cls.agenerate, self)
+                return await (run(*args, **kwargs) if handler is None else handler.watch_agenerate(run)(*args, **kwargs))
+
+            sub = _WATCHED[cls] = type(cls)(cls.__name__, (cls,), {
+                "__module__": cls.__module__, "__qualname__": cls.__qualname__, "agenerate": agenerate,
+                "__doc__": cls.__doc__})
+            _WATCHED_CLASSES.add(sub)
+        return sub

@@ -124,23 +124,28 @@ def watched(tool: Any, *, sync: bool = False) -> tuple[Any, WatchedBody] | None:
     return copy, body
 
 
-def _attributes(tool: BaseTool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The tool's fields and private attributes, as they are now (shallow)."""
-    return dict(tool.__dict__), dict(getattr(tool, "__pydantic_private__", None) or {})
+_STORES = ("__pydantic_private__", "__pydantic_extra__")  # besides __dict__: private and extra attributes
 
 
-def _set_back(tool: BaseTool, copy: BaseTool, before: tuple[dict[str, Any], dict[str, Any]]) -> None:
+def _attributes(tool: BaseTool) -> tuple[dict[str, Any], ...]:
+    """The tool's fields, private and extra attributes, as they are now (shallow)."""
+    return (dict(tool.__dict__), *(dict(getattr(tool, store, None) or {}) for store in _STORES))
+
+
+def _set_back(tool: BaseTool, copy: BaseTool, before: tuple[dict[str, Any], ...]) -> None:
     """Set on ``tool`` what its run set on ``copy``: the attributes it changed, and only those (another run
-    of the same tool may have changed others meanwhile)."""
-    fields, private = _attributes(copy)
-    for key, value in fields.items():
+    of the same tool may have changed others meanwhile; two parallel runs that set the same attribute keep
+    the value of the one that ends last)."""
+    after = _attributes(copy)
+    for key, value in after[0].items():
         if key not in ("_run", "_arun") and before[0].get(key, _MISSING) is not value:
             tool.__dict__[key] = value
-    own_private = getattr(tool, "__pydantic_private__", None)
-    if own_private is not None:
-        for key, value in private.items():
-            if before[1].get(key, _MISSING) is not value:
-                own_private[key] = value
+    for store, was, now in zip(_STORES, before[1:], after[1:]):
+        own = getattr(tool, store, None)
+        if own is not None:
+            for key, value in now.items():
+                if was.get(key, _MISSING) is not value:
+                    own[key] = value
 
 
 _MISSING = object()

@@ -7,6 +7,7 @@ from typing import Any
 import asyncio
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.tools import StructuredTool
@@ -802,10 +803,13 @@ def test_a_metered_model_in_a_plain_node_beside_the_agent_keeps_its_reservation_
     assert ledger.spent == 4.0 and ledger.reserved == 0.0
 
 
-def test_a_cancelled_async_metered_call_is_charged_and_leaves_no_visitor_or_reservation():
-    # asyncio.wait_for gives up on a metered model's ainvoke in a fan-out branch. LangChain calls neither
-    # on_llm_end nor on_llm_error for it (was: a visitor forever, its 1 reserved after the run, which no
-    # settle could release). Cancelled, it is charged its reserved worst case, as a cancelled model call is.
+@pytest.mark.parametrize("give_up", ["wait_for", "timeout"])
+def test_a_cancelled_async_metered_call_is_charged_and_leaves_no_visitor_or_reservation(give_up):
+    # asyncio.wait_for (a task of its own on 3.11) or asyncio.timeout (the node's own task) gives up on a
+    # metered model's ainvoke in a fan-out branch. LangChain calls neither on_llm_end nor on_llm_error for it
+    # (was: a visitor forever, its 1 reserved after the run, which no settle could release; then, charged only
+    # when the task that called it was done: with asyncio.timeout, after the node had returned). Cancelled, it
+    # is charged its reserved worst case, as a cancelled model call is, at once.
     import threading
 
     from intent.testing import BilledChatModel
@@ -825,7 +829,11 @@ def test_a_cancelled_async_metered_call_is_charged_and_leaves_no_visitor_or_rese
 
     async def classify(state: Any) -> dict[str, Any]:
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(selector.ainvoke("classify"), 0.2)
+            if give_up == "wait_for":
+                await asyncio.wait_for(selector.ainvoke("classify"), 0.2)
+            else:
+                async with asyncio.timeout(0.2):
+                    await selector.ainvoke("classify")
         episode = guard.episodes.peek("cancelled")
         seen.update(visitors=dict(episode.visitors), reserved=episode.ledger.reserved)
         timed_out.set()
@@ -866,3 +874,105 @@ def test_a_refused_prompt_of_a_batch_releases_the_prompts_started_before_it():
     ledger = guard.ledger(out)
     assert seen == {"visitors": {}, "reserved": 0.0}
     assert billed.runs.log == [] and ledger.spent == 0.0 and ledger.reserved == 0.0
+
+
+def test_a_metered_call_beside_the_agent_in_the_same_node_keeps_its_reservation():
+    # One async node awaits the guarded agent and a metered classifier together (asyncio.gather): both run in
+    # the node's task, so the classifier's task is the agent's branch. Was: the agent's settle took the
+    # classifier's running reservation for its own and released it (LedgerError after the model ran).
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from intent.testing import BilledChatModel
+
+    guard, billed = _selector_guard({"a": 3.0}, 12.0)
+    events: dict[str, asyncio.Event] = {}
+
+    class Slow(BilledChatModel):
+        async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+            events["in_flight"].set()
+            await events["settled"].wait()
+            return await super()._agenerate(*args, **kwargs)
+
+    class Cue(AgentMiddleware):
+        async def abefore_model(self, state: Any, runtime: Any) -> None:
+            if not any(m.type == "ai" for m in state["messages"]):
+                await events["in_flight"].wait()
+
+        async def aafter_model(self, state: Any, runtime: Any) -> None:
+            if sum(1 for m in state["messages"] if m.type == "ai") == 2:
+                events["settled"].set()  # the agent's second model step has settled
+
+    selector = guard.metered_model(Slow(model_name="sel", runs=billed.runs, tokens=(0, 100)))
+    runs: list[str] = []
+    agent = create_agent(scripted([ai(call("a", x=1)), AIMessage("done")]), _priced_tools({"a": 3.0}, runs),
+                         middleware=[Cue(), guard.middleware()])
+
+    async def node(state: Any) -> dict[str, Any]:
+        out, _ = await asyncio.gather(agent.ainvoke({"messages": state["messages"]}), selector.ainvoke("classify"))
+        return {"intent_ledger": out.get("intent_ledger")}
+
+    graph = StateGraph(GuardState)
+    graph.add_node("sub", node)
+    graph.add_node("other", lambda s: {})  # a sibling task: "sub" runs as a branch of the top graph's step
+    graph.add_edge(START, "sub")
+    graph.add_edge(START, "other")
+    graph.add_edge("sub", END)
+    graph.add_edge("other", END)
+    compiled = graph.compile(checkpointer=InMemorySaver())
+
+    async def main() -> Any:
+        events.update(in_flight=asyncio.Event(), settled=asyncio.Event())
+        return await compiled.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "same"}})
+
+    ledger = guard.ledger(asyncio.run(main()))
+    assert runs == ["a"] and len(billed.runs.log) == 1
+    assert ledger.spent == 4.0 and ledger.reserved == 0.0
+
+
+def test_a_metered_call_after_the_agent_spends_from_state_after_another_process_spent():
+    # Runs of one thread by two guards sharing a checkpointer (two processes): g1, g2, g1; each run's nodes
+    # before and after the agent call a metered model (1.0 each) with a budget of 4.5. Was: g1 kept its
+    # episode from run 1 and spent from that copy at run 3 (5.0 of 4.5).
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from intent.ledger import BudgetLedger
+
+    first, billed = _selector_guard({"a": 3.0}, 4.5)
+    second, _ = _selector_guard({"a": 3.0}, 4.5)
+    current = [first]
+    selectors = {id(g): g.metered_model(billed) for g in (first, second)}
+    agents = {id(g): create_agent(scripted([AIMessage("done")] * 5), [], middleware=[g.middleware()])
+              for g in (first, second)}
+
+    def pre(state: Any) -> dict[str, Any]:
+        selectors[id(current[0])].invoke("pre")
+        return {}
+
+    def post(state: Any) -> dict[str, Any]:
+        selectors[id(current[0])].invoke("post")
+        return {}
+
+    def agent(state, config):  # noqa: ANN001 - unannotated, for LangGraph to pass the config
+        agents[id(current[0])].invoke(state, config)
+        return {}
+
+    graph = StateGraph(GuardState)
+    for name, fn in (("pre", pre), ("agent", agent), ("post", post)):
+        graph.add_node(name, fn)
+    graph.add_edge(START, "pre")
+    graph.add_edge("pre", "agent")
+    graph.add_edge("agent", "post")
+    graph.add_edge("post", END)
+    compiled = graph.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "stale"}}
+    for guard in (first, second):
+        current[0] = guard
+        compiled.invoke({"messages": [HumanMessage("go")]}, config)
+    current[0] = first
+    with pytest.raises(MeteredModelRefused):  # 0.5 left: run 3's first call does not fit
+        compiled.invoke({"messages": [HumanMessage("go")]}, config)
+    ledger = BudgetLedger.from_state(compiled.get_state(config).values["intent_ledger"])
+    assert ledger.spent == 4.0 and len(billed.runs.log) == 4

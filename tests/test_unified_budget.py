@@ -34,6 +34,7 @@ from intent import (
     ModelPrices,
     PricedTool,
 )
+from intent.ledger import BudgetLedger
 from intent.market import MarketError, UnpricedToolError
 from intent.testing import ScriptedToolModel, ai, assert_each_call_answered_once, call, scripted
 
@@ -538,6 +539,22 @@ def test_a_scope_node_spends_from_state_after_another_process_spent_on_the_threa
     with pytest.raises(GuardConfigError, match="thread 'thread-p'"):
         with first.scope("thread-p"):
             pass
+
+
+def test_a_top_up_made_between_runs_reaches_state_through_a_scope_node():
+    # guard.top_up(config, ...) without a graph waits on the episode for the thread's next step. When that
+    # step is a scope node, the scope writes it (was: the scope dropped the episode with the top-up: state
+    # said 0.10 spent of 0.07).
+    guards = [BudgetGuard(AcceptAll(), MARKET, 0.07)]
+    runs = Runs()
+    graph = _scope_node_graph(guards, runs)
+    config = {"configurable": {"thread_id": "thread-t"}}
+    graph.invoke({"messages": [HumanMessage("go")]}, config)
+    assert guards[0].top_up(config, 0.10, approved_by="test") == pytest.approx(0.17)
+    graph.invoke({"messages": [HumanMessage("again")]}, config)
+    ledger = BudgetLedger.from_state(graph.get_state(config).values["intent_ledger"])  # what another process reads
+    assert ledger.budget == pytest.approx(0.17) and ledger.spent == pytest.approx(0.10) and runs["fetch"] == 2
+    assert list(ledger.top_ups.values()) == [pytest.approx(0.10)]
 
 
 def test_guard_scope_with_a_bare_thread_id_and_no_run_going_is_a_clear_error():
