@@ -429,8 +429,6 @@ class BudgetGuard:
             close_carves(episode, key)
             if task:
                 episode.unvisit(task)
-            # No run of the thread going here: not kept (a later scope or run reads the thread's state).
-            self.episodes.done_visiting(episode, stamp)
             # What the node's state has not seen, in the node's writes (the thread's channel): its sub-agents'
             # carves, a metered model called in the scope, a sibling branch's charges as this process has them
             # (statuses only move forward when the branches' writes meet), a top-up made without a graph.
@@ -448,6 +446,8 @@ class BudgetGuard:
                 else:
                     with episode.lock:  # no node to write from: the thread's next step writes them
                         episode.pending_top_ups = top_ups | episode.pending_top_ups
+            # No run of the thread going here: not kept (a later scope or run reads the thread's state).
+            self.episodes.done_visiting(episode, stamp)
 
     def _apply_top_up(self, episode: Episode, top_up_id: str, amount: float, *, approved_by: str,
                       reason: str) -> float:

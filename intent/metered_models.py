@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -80,7 +80,7 @@ __all__ = ["METERED_MODEL", "MeteredModelCallback", "MeteredModelRefused", "Plac
 
 
 
-# The runs an agenerate call of a metered copy has started (MeteredModelCallback.watch_agenerate).
+# The runs an agenerate call of a metered copy has started (see _watched_class).
 _STARTED: ContextVar[list[Any] | None] = ContextVar("intent_metered_runs_started", default=None)
 
 
@@ -173,6 +173,8 @@ class MeteredModelCallback(BaseCallbackHandler):
         # By the execution's run id: its meter, the task's config when the charge goes into its state, and the
         # graph task visiting the episode while it runs.
         self._meters: dict[Any, tuple[ModelCallMeter, Mapping[str, Any] | None, str]] = {}
+        # By run id, for an async call: the asyncio task that made it, and the done-callback put on it.
+        self._callers: dict[Any, tuple[asyncio.Task[Any], Any]] = {}
         self._lock = threading.Lock()
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
@@ -211,7 +213,39 @@ class MeteredModelCallback(BaseCallbackHandler):
             self._meters[run_id] = (meter, config if in_state else None, task)
         started = _STARTED.get()
         if started is not None:
-            started.append(run_id)  # for agenerate's cancellation (watch_agenerate)
+            started.append(run_id)  # for agenerate's cancellation (_watched_class)
+        try:
+            caller = asyncio.current_task()
+        except RuntimeError:  # no event loop in this thread: a sync call, which ends or errs in its callbacks
+            caller = None
+        if caller is not None:
+            # The fallback for a cancellation agenerate does not see (astream cancelled before LangChain's
+            # try, waiting on a rate limiter): a run still open when the task that made it is done.
+            done = functools.partial(self._caller_done, run_id)
+            caller.add_done_callback(done)
+            with self._lock:
+                self._callers[run_id] = (caller, done)
+
+    def _forget_caller(self, run_id: Any) -> None:
+        """The run is over: its caller's done-callback goes (a long-lived task calling the model many times
+        does not collect one per call)."""
+        with self._lock:
+            caller, done = self._callers.pop(run_id, (None, None))
+        if caller is not None:
+            caller.remove_done_callback(done)
+
+    def _caller_done(self, run_id: Any, _caller: Any) -> None:
+        with self._lock:
+            self._callers.pop(run_id, None)
+            meter, _, task = self._meters.pop(run_id, (None, None, ""))
+        if meter is None:
+            return  # ended, failed or cancelled in its callbacks
+        try:
+            # Charged as a cancelled call is (below); the guard's next settle writes it to state.
+            meter.error(run_id, asyncio.CancelledError("the task that called the model ended before the call did"))
+        finally:
+            if task:
+                meter.episode.unvisit(task)
 
     def _release_batch(self, batch: Any) -> None:
         """The runs of a multi-prompt ``generate()`` started before one of its prompts was refused: not sent."""
@@ -221,31 +255,14 @@ class MeteredModelCallback(BaseCallbackHandler):
             if meter.release_batch(batch):
                 with self._lock:
                     self._meters.pop(rid, None)
+                self._forget_caller(rid)
                 if task:
                     meter.episode.unvisit(task)
-
-    def watch_agenerate(self, agenerate: Callable[..., Any]) -> Callable[..., Any]:
-        """``agenerate`` (which ``ainvoke`` calls), for a cancelled call: LangChain then calls neither
-        ``on_llm_end`` nor ``on_llm_error`` (a timeout around ``ainvoke``), so its runs still open are
-        charged here, as a cancelled model call is, while the caller's graph task can still write it."""
-
-        @functools.wraps(agenerate)
-        async def watched(*args: Any, **kwargs: Any) -> Any:
-            token = _STARTED.set([])
-            try:
-                return await agenerate(*args, **kwargs)
-            except asyncio.CancelledError:
-                for run_id in _STARTED.get() or ():
-                    self._cancelled(run_id)
-                raise
-            finally:
-                _STARTED.reset(token)
-
-        return watched
 
     def _cancelled(self, run_id: Any) -> None:
         with self._lock:
             meter, config, task = self._meters.pop(run_id, (None, None, ""))
+        self._forget_caller(run_id)
         if meter is None:
             return  # ended or failed in its callbacks
         try:
@@ -277,6 +294,7 @@ class MeteredModelCallback(BaseCallbackHandler):
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
             meter, config, task = self._meters.pop(run_id, (None, None, ""))
+        self._forget_caller(run_id)
         if meter is None:
             return
         generations = getattr(response, "generations", None) or []
@@ -293,6 +311,7 @@ class MeteredModelCallback(BaseCallbackHandler):
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:
             meter, config, task = self._meters.pop(run_id, (None, None, ""))
+        self._forget_caller(run_id)
         if meter is None:
             return
         try:
@@ -325,7 +344,7 @@ def metered_copy(guard: BudgetGuard, model: Any) -> Any:
         update[bound_keys[0]] = guard.max_output_tokens
     update["callbacks"] = [*callback_handlers(model), MeteredModelCallback(guard, model)]
     copy = model.model_copy(update=update)
-    # Its class's agenerate watched for cancellation (MeteredModelCallback.watch_agenerate), in a subclass of the
+    # Its class's agenerate watched for cancellation (_watched_class), in a subclass of the
     # same name: copies LangChain makes of it (bind_tools, with_structured_output) keep it.
     object.__setattr__(copy, "__class__", _watched_class(type(model)))
     return copy
@@ -344,12 +363,30 @@ def _watched_class(cls: type) -> type:
         sub = _WATCHED.get(cls)
         if sub is None:
             async def agenerate(self: Any, *args: Any, **kwargs: Any) -> Any:
-                handler = next((h for h in callback_handlers(self) if isinstance(h, MeteredModelCallback)), None)
-                run = functools.partial(cls.agenerate, self)
-                return await (run(*args, **kwargs) if handler is None else handler.watch_agenerate(run)(*args, **kwargs))
+                # A cancelled call (a timeout around ainvoke) gets neither on_llm_end nor on_llm_error from
+                # LangChain: the runs it started and no callback finished are charged here, as a cancelled
+                # model call is, while the caller's graph task can still write it. Every guard's handler (a
+                # copy of another guard's copy has two) sees the runs it metered.
+                token = _STARTED.set([])
+                try:
+                    return await cls.agenerate(self, *args, **kwargs)
+                except asyncio.CancelledError:
+                    for handler in callback_handlers(self):
+                        if isinstance(handler, MeteredModelCallback):
+                            for run_id in _STARTED.get() or ():
+                                handler._cancelled(run_id)
+                    raise
+                finally:
+                    _STARTED.reset(token)
 
-            sub = _WATCHED[cls] = type(cls)(cls.__name__, (cls,), {
-                "__module__": cls.__module__, "__qualname__": cls.__qualname__, "agenerate": agenerate,
-                "__doc__": cls.__doc__})
+            try:
+                sub = type(cls)(cls.__name__, (cls,), {
+                    "__module__": cls.__module__, "__qualname__": cls.__qualname__, "agenerate": agenerate,
+                    "__doc__": cls.__doc__})
+            except TypeError:
+                # A class that cannot be subclassed so (an __init_subclass__ with required keywords): unwatched;
+                # a cancelled call is then charged when the task that made it is done (_caller_done).
+                sub = cls
+            _WATCHED[cls] = sub
             _WATCHED_CLASSES.add(sub)
         return sub

@@ -976,3 +976,48 @@ def test_a_metered_call_after_the_agent_spends_from_state_after_another_process_
         compiled.invoke({"messages": [HumanMessage("go")]}, config)
     ledger = BudgetLedger.from_state(compiled.get_state(config).values["intent_ledger"])
     assert ledger.spent == 4.0 and len(billed.runs.log) == 4
+
+
+@pytest.mark.parametrize("how", ["copy-of-a-copy", "astream-rate-limited"])
+def test_every_cancelled_metered_call_is_charged_once_and_leaves_nothing_held(how):
+    # A metered copy of another guard's metered copy, cancelled: each guard charges its own run (was: only the
+    # first, the second held 1.0 forever). An astream cancelled while its rate limiter waits (before LangChain's
+    # try, so no end or error, and not through agenerate): charged when the calling task is done (was: held).
+    from langchain_core.rate_limiters import InMemoryRateLimiter
+
+    from intent.testing import BilledChatModel
+
+    class Slow(BilledChatModel):
+        async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(30)
+            raise AssertionError("not reached")
+
+    guards = [_selector_guard({"a": 3.0}, 12.0)[0] for _ in range(2)]
+    billed = _selector_guard({"a": 3.0}, 12.0)[1]
+    if how == "copy-of-a-copy":
+        model = guards[1].metered_model(guards[0].metered_model(Slow(model_name="sel", runs=billed.runs,
+                                                                     tokens=(0, 100))))
+    else:
+        guards = guards[:1]
+        limiter = InMemoryRateLimiter(requests_per_second=0.01, check_every_n_seconds=0.05, max_bucket_size=1)
+        limiter.available_tokens = 0.0  # the first request waits
+        model = guards[0].metered_model(Slow(model_name="sel", runs=billed.runs, tokens=(0, 100),
+                                             rate_limiter=limiter))
+
+    async def node(state: Any) -> dict[str, Any]:
+        with pytest.raises(asyncio.TimeoutError):
+            if how == "copy-of-a-copy":
+                await asyncio.wait_for(model.ainvoke("classify"), 0.2)
+            else:
+                async def drain() -> None:
+                    async for _ in model.astream("classify"):
+                        pass
+                await asyncio.wait_for(drain(), 0.2)
+        return {}
+
+    compiled = _one_node_subgraph(node)
+    asyncio.run(compiled.ainvoke({"messages": []}, {"configurable": {"thread_id": f"twice-{how}"}}))
+    for guard in guards:
+        episode = guard.episodes.peek(f"twice-{how}")
+        assert episode is not None and episode.visitors == {}
+        assert [(e.status, e.amount) for e in episode.ledger.entries()] == [("committed", 1.0)]
