@@ -506,3 +506,27 @@ def test_the_task_local_reader_and_writer_keys_are_langgraphs():
     import intent.state as state
 
     assert (state._CONFIG_KEY_READ, state._CONFIG_KEY_SEND) == (CONFIG_KEY_READ, CONFIG_KEY_SEND)
+
+
+def test_a_model_class_that_cannot_be_subclassed_plainly_is_still_metered():
+    # The metered copy's class is a same-named subclass of the model's class (to see a cancelled agenerate);
+    # a class whose __init_subclass__ needs a keyword cannot be subclassed so: its copy stays of its class
+    # (was: TypeError from guard.metered_model).
+    from intent.testing import BilledChatModel, ModelRuns
+
+    class Base(BilledChatModel):
+        def __init_subclass__(cls, *, provider: str, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            cls.provider_name = provider
+
+    class Mine(Base, provider="acme"):
+        pass
+
+    guard = BudgetGuard(AcceptAll(), Market([]), 5.0, model_prices={"sel": ModelPrice(0.0, 10000.0)},
+                        charge_models=False, max_output_tokens=100)
+    runs = ModelRuns()
+    model = guard.metered_model(Mine(model_name="sel", runs=runs, tokens=(0, 100)))
+    assert type(model) is Mine
+    plain = guard.metered_model(BilledChatModel(model_name="sel", runs=runs, tokens=(0, 100)))
+    assert type(plain) is not BilledChatModel and isinstance(plain, BilledChatModel)
+    assert type(plain).__name__ == "BilledChatModel" and plain.get_name() == "BilledChatModel"
