@@ -663,8 +663,6 @@ def test_a_scope_node_fanned_out_beside_the_guarded_agent_spends_from_the_same_b
     import threading
 
     from langchain_core.messages import HumanMessage
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.types import Send
 
     from intent import FromParent
 
@@ -691,11 +689,6 @@ def test_a_scope_node_fanned_out_beside_the_guarded_agent_spends_from_the_same_b
     child = _readme_graph(child_guard, _Cued(on_turn=child_cue, branch_calls={-1: "c"}),
                           _priced_tools({"c": 4.0}, runs)).compile()
 
-    def run_agent(state: Any) -> dict[str, Any]:
-        out = agent.invoke(state)
-        agent_done.set()
-        return {"messages": out["messages"][1:], "intent_ledger": out.get("intent_ledger")}
-
     def helper(state, config):  # noqa: ANN001 - unannotated, for LangGraph to pass the config
         if late:
             assert agent_done.wait(timeout=30)
@@ -703,16 +696,7 @@ def test_a_scope_node_fanned_out_beside_the_guarded_agent_spends_from_the_same_b
             child.invoke({"messages": [HumanMessage("child task")]})
         return {}
 
-    parent = StateGraph(GuardState)
-    parent.add_node("sub", run_agent)
-    parent.add_node("helper", helper)
-    parent.add_conditional_edges(START, lambda s: [Send("sub", {"messages": [HumanMessage("task 0")]}),
-                                                   Send("helper", {"messages": [HumanMessage("task 1")]})],
-                                 ["sub", "helper"])
-    parent.add_edge("sub", END)
-    parent.add_edge("helper", END)
-    out = parent.compile(checkpointer=InMemorySaver()).invoke({"messages": [("user", "fan out")]},
-                                                               {"configurable": {"thread_id": f"scope-{late}"}})
+    out = _beside_the_agent(guard, agent, helper, f"scope-{late}", agent_done=agent_done)
     ledger = guard.ledger(out)
     prices = {"a": 3.0, "c": 4.0}
     assert sorted(runs) == (["a"] if late else ["a", "c"])
