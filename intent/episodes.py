@@ -78,7 +78,7 @@ class Episode:
     def visit(self, task: str) -> None:
         """``task`` (a checkpoint namespace) spends from the episode outside its model steps until
         :meth:`unvisit`: a metered model's execution, a node's ``guard.scope``. Its reservations are
-        tagged with their branch (as a joined branch's are), so that no branch settling releases them."""
+        tagged with the task that made them (as a joined branch's are), so that no branch settling releases them."""
         with self.lock:
             self.visitors[task] = self.visitors.get(task, 0) + 1
             if self.ledger.owner is None:

@@ -415,10 +415,7 @@ class BudgetGuard:
                 + ": call scope(config) with the config of a graph node whose state carries the guard's channel "
                   "(intent_ledger: extend intent.GuardState or intent.BudgetState), or while the run goes on")
         episode = self.episodes.get(episode_id, channel, stamp=stamp)
-        known = (channel or {}).get("entries") or {}
-        if known and episode.ledger.behind(known):
-            # Kept here from an earlier run while another process spent: state is ahead of this copy.
-            episode.ledger.take_in_state(channel)
+        episode.ledger.catch_up(channel)  # kept here from an earlier run while another process spent
         if task:
             episode.visit(task)
         key = f"scope-{uuid.uuid4().hex[:12]}"
@@ -432,20 +429,13 @@ class BudgetGuard:
             # What the node's state has not seen, in the node's writes (the thread's channel): its sub-agents'
             # carves, a metered model called in the scope, a sibling branch's charges as this process has them
             # (statuses only move forward when the branches' writes meet), a top-up made without a graph.
-            entries = {e.call_id: e.to_dict() for e in episode.ledger.entries()
-                       if e.call_id not in known or known[e.call_id]["status"] != e.status}
-            with episode.lock:
-                top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
-            if entries or top_ups:
-                update = self._channel_base(episode) | {"entries": entries}
-                if top_ups:
-                    by = episode.ledger.approved_by
-                    update |= {"top_ups": top_ups, "top_up_by": {k: by[k] for k in top_ups if k in by}}
+            update = self._unseen_by(episode, channel)
+            if update is not None:
                 if cfg is not None:
                     write_ledger_update(cfg, update)
-                else:
+                elif update.get("top_ups"):
                     with episode.lock:  # no node to write from: the thread's next step writes them
-                        episode.pending_top_ups = top_ups | episode.pending_top_ups
+                        episode.pending_top_ups = update["top_ups"] | episode.pending_top_ups
             # No run of the thread going here: not kept (a later scope or run reads the thread's state).
             self.episodes.done_visiting(episode, stamp)
 
@@ -549,13 +539,11 @@ class BudgetGuard:
         channel = channel_of(state) or {}
         ledger = episode.ledger
         decisions = channel.get("decisions") or {}
-        known = channel.get("entries") or {}
-        if known and ledger.behind(known):
-            # State holds charges this process has not seen: a thread resumed here whose paused
-            # step had a sibling call finish in another process (LangGraph applies that task's
-            # writes when the resumed step completes, after this episode was loaded from the
-            # resumed task's older state). Taken in before anything held is judged unused.
-            ledger.take_in_state(channel)
+        # State may hold charges this process has not seen: a thread resumed here whose paused step had a
+        # sibling call finish in another process (LangGraph applies that task's writes when the resumed step
+        # completes, after this episode was loaded from the resumed task's older state). Taken in before
+        # anything held is judged unused.
+        ledger.catch_up(channel)
         # What is held, read before who is running: a branch or visitor joins before it reserves, so one
         # whose reservation is in `held` is in `others` unless it has finished with that reservation since.
         held = ledger.held()
@@ -579,23 +567,33 @@ class BudgetGuard:
                                  meta=decisions.get(entry.call_key, {}), reason=reason)
         # Every charge state has not seen, a running sibling branch's included: a fresh guard resuming this
         # branch from its own checkpoint then knows what the siblings had spent by its last step.
-        changed = {e.call_id: e.to_dict() for e in ledger.entries()
-                   if e.call_id not in known or known[e.call_id]["status"] != e.status}
-        with episode.lock:
-            top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
+        unseen = self._unseen_by(episode, channel)
         new_run = episode.run > channel.get("runs_started", 0)
-        if not changed and not top_ups and channel and not new_run:
+        if unseen is None and channel and not new_run:
             return None
-        update = self._channel_base(episode) | {"entries": changed}
+        update = unseen or self._channel_base(episode) | {"entries": {}}
         if new_run:
             update["runs_started"] = episode.run
         if "query" not in channel:
             update["query"] = query_of(channel, messages_of(state))
-        if top_ups:
-            update["top_ups"] = top_ups
-            by = ledger.approved_by
-            update["top_up_by"] = {k: by[k] for k in top_ups if k in by}
         return {LEDGER_KEY: update}
+
+    def _unseen_by(self, episode: Episode, channel: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The channel update with what ``channel`` (a task's state) has not seen: charges it lacks or holds
+        at an earlier status, and top-ups made without a graph (taken from the episode: written once).
+        ``None`` when there is nothing."""
+        known = (channel or {}).get("entries") or {}
+        changed = {e.call_id: e.to_dict() for e in episode.ledger.entries()
+                   if e.call_id not in known or known[e.call_id]["status"] != e.status}
+        with episode.lock:
+            top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
+        if not changed and not top_ups:
+            return None
+        update = self._channel_base(episode) | {"entries": changed}
+        if top_ups:
+            by = episode.ledger.approved_by
+            update |= {"top_ups": top_ups, "top_up_by": {k: by[k] for k in top_ups if k in by}}
+        return update
 
     def prepare(self, state: Any, config: Mapping[str, Any] | None = None, *,
                 offered: Sequence[Any] | None = None) -> dict[str, Any] | None:

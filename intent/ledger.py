@@ -574,6 +574,15 @@ class BudgetLedger:
                     return True
             return False
 
+    def catch_up(self, state: Mapping[str, Any] | None) -> None:
+        """Take in ``state`` (this ledger's channel) when it holds charges this ledger has not seen, or
+        statuses further on: another process spent on the thread since this copy was made."""
+        if not state:
+            return
+        known = state.get("entries")
+        if known and self.behind(known):
+            self.take_in_state(state)
+
     def take_in_state(self, state: Mapping[str, Any]) -> None:
         """Take in what ``state`` (this ledger's channel) has and this ledger lacks: charges made by
         another process, statuses moved on (:meth:`absorb`)."""

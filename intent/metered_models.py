@@ -133,10 +133,7 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> Plac
     revive: dict[str, Any] = {"stamp": branch_stamp(config, branch)} if branch else {}
     if channel and channel.get("episode_id"):
         episode = guard.episodes.get(str(channel["episode_id"]), channel, **revive)
-        known = channel.get("entries") or {}
-        if known and episode.ledger.behind(known):
-            # Kept here from an earlier run while another process spent on the thread: state is ahead.
-            episode.ledger.take_in_state(channel)
+        episode.ledger.catch_up(channel)  # kept here from an earlier run while another process spent
         return Placement(episode, channel, True)
     if readable and thread_id is not None:
         # No ledger in state yet: a new episode, named as the guard's first model step will name it
@@ -235,17 +232,8 @@ class MeteredModelCallback(BaseCallbackHandler):
             caller.remove_done_callback(done)
 
     def _caller_done(self, run_id: Any, _caller: Any) -> None:
-        with self._lock:
-            self._callers.pop(run_id, None)
-            meter, _, task = self._meters.pop(run_id, (None, None, ""))
-        if meter is None:
-            return  # ended, failed or cancelled in its callbacks
-        try:
-            # Charged as a cancelled call is (below); the guard's next settle writes it to state.
-            meter.error(run_id, asyncio.CancelledError("the task that called the model ended before the call did"))
-        finally:
-            if task:
-                meter.episode.unvisit(task)
+        # Charged as a cancelled call is; the task's writes are over: the guard's next settle writes it to state.
+        self._cancelled(run_id, write=False)
 
     def _release_batch(self, batch: Any) -> None:
         """The runs of a multi-prompt ``generate()`` started before one of its prompts was refused: not sent."""
@@ -253,16 +241,19 @@ class MeteredModelCallback(BaseCallbackHandler):
             runs = [(rid, m, t) for rid, (m, _, t) in self._meters.items()]
         for rid, meter, task in runs:
             if meter.release_batch(batch):
-                with self._lock:
-                    self._meters.pop(rid, None)
-                self._forget_caller(rid)
+                self._take(rid)
                 if task:
                     meter.episode.unvisit(task)
 
-    def _cancelled(self, run_id: Any) -> None:
+    def _take(self, run_id: Any) -> tuple[ModelCallMeter | None, Mapping[str, Any] | None, str]:
+        """The run's meter, config and visiting task, no longer open (nor watched by its caller's task)."""
         with self._lock:
-            meter, config, task = self._meters.pop(run_id, (None, None, ""))
+            taken = self._meters.pop(run_id, (None, None, ""))
         self._forget_caller(run_id)
+        return taken
+
+    def _cancelled(self, run_id: Any, *, write: bool = True) -> None:
+        meter, config, task = self._take(run_id)
         if meter is None:
             return  # ended or failed in its callbacks
         try:
@@ -272,7 +263,8 @@ class MeteredModelCallback(BaseCallbackHandler):
         finally:
             if task:
                 meter.episode.unvisit(task)
-        self._write(meter, config)
+        if write:
+            self._write(meter, config)
 
     def _write(self, meter: ModelCallMeter, config: Mapping[str, Any] | None) -> None:
         """The execution's charge into the running task's writes, when that task's state holds the episode."""
@@ -292,9 +284,7 @@ class MeteredModelCallback(BaseCallbackHandler):
             self.on_llm_new_token("", run_id=run_id)
 
     def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
-        with self._lock:
-            meter, config, task = self._meters.pop(run_id, (None, None, ""))
-        self._forget_caller(run_id)
+        meter, config, task = self._take(run_id)
         if meter is None:
             return
         generations = getattr(response, "generations", None) or []
@@ -309,9 +299,7 @@ class MeteredModelCallback(BaseCallbackHandler):
         self._write(meter, config)
 
     def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
-        with self._lock:
-            meter, config, task = self._meters.pop(run_id, (None, None, ""))
-        self._forget_caller(run_id)
+        meter, config, task = self._take(run_id)
         if meter is None:
             return
         try:

@@ -289,7 +289,7 @@ class ModelCallMeter:
             if batch is not None:
                 with self._lock:
                     self._refused_batches.append(batch)
-                self._release_batch(batch)  # generate() starts every prompt's run before sending any
+                self.release_batch(batch)  # generate() starts every prompt's run before sending any
             raise
 
     def _reserve_run(self, run_id: Any, messages: Sequence[BaseMessage], tools: Any, max_tokens: int | None,
@@ -324,16 +324,14 @@ class ModelCallMeter:
             self.executions.append(ex)
             self.entries.append(entry)
 
-    def _release_batch(self, batch: Any) -> int:
-        """Release the open runs of one multi-prompt ``generate()`` whose requests were not sent; returns
-        how many."""
+    def release_batch(self, batch: Any) -> int:
+        """Release the open runs of one multi-prompt ``generate()`` whose requests were not sent (started in
+        this meter; :mod:`intent.metered_models` asks each meter of a batch); returns how many."""
         with self._lock:
             runs = [self._open.pop(rid) for rid, ex in list(self._open.items()) if ex.batch is batch]
         for ex in runs:
             self._released(ex, ModelCallRefused("not sent: another prompt of the same batch failed or was refused"))
         return len(runs)
-
-    release_batch = _release_batch  # for a batch whose runs started in other meters (intent.metered_models)
 
     def end(self, run_id: Any, message: BaseMessage | None) -> None:
         with self._lock:
