@@ -18,9 +18,9 @@ from typing import Any
 
 from intent.ledger import BudgetLedger
 from intent.market import Market
-from intent.messages import tool_name
+from intent.messages import query_of, query_run, tool_name
 from intent.nesting import CarvedLedger, current_parent
-from intent.state import current_task
+from intent.state import current_task, run_of
 
 __all__ = ["RUNNING_EPISODE", "Episode", "EpisodeRegistry"]
 
@@ -42,6 +42,9 @@ class Episode:
     # ends, so that the next run, maybe in another process, calls the oracle's start again (0: not known
     # yet).
     run: int = 0
+    # The run's task (intent.messages.query_of), fixed when the guard starts the run; None before.
+    query: str | None = None
+    query_run: int = 0  # the run ``query`` is the task of
     # Top-ups asked for without a graph: written to state at the episode's next hook.
     pending_top_ups: dict[str, float] = field(default_factory=dict)
     # Set when the episode may make no further model call (a response without usage under
@@ -91,6 +94,19 @@ class Episode:
                 self.visitors[task] = left
             else:
                 self.visitors.pop(task, None)
+
+    def task(self, channel: Mapping[str, Any] | None, messages: Any) -> str:
+        """The run's task (intent.messages.query_of): as fixed when the guard started the run, else (code
+        running before that: a metered model on a run's first step) what state and ``messages`` say."""
+        if self.query is not None:
+            return self.query
+        return query_of(channel, messages, self.run or run_of(channel)[0])
+
+    def query_update(self, channel: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The channel fields that keep the run's task in state, when ``channel`` does not have them yet."""
+        if self.query is None or query_run(channel) == self.query_run:
+            return {}
+        return {"query": self.query, "query_run": self.query_run}
 
     def offered_names(self) -> frozenset[str] | None:
         """The names of the tools the model was offered at its last call; ``None`` when the guard

@@ -30,7 +30,6 @@ from intent.messages import (
     last_ai,
     merge_identical,
     messages_of,
-    query_of,
     text_of,
     turns_before,
 )
@@ -99,7 +98,7 @@ def gate_batch(
     settled = guard._settle(episode, state, reason=RELEASED_UNUSED, branch=branch_of(config)) if settle else None
     ledger = episode.ledger
     market = guard.market_for(episode_id, channel)
-    query = query_of(channel, messages)
+    query = episode.task(channel, messages)
     turns = (channel or {}).get("turns")
     step = turns_before(messages, index, turns, gate=True)
     answered = answered_after(messages, index)
@@ -322,8 +321,7 @@ def gate_batch(
         channel_update["top_up_by"] = {**channel_update.get("top_up_by", {}),
                                        **{k: by[k] for k in top_ups if k in by}}
     channel_update["market_version"] = market.version
-    if "query" not in (channel or {}):
-        channel_update["query"] = query  # the task, as the first turn had it (intent.messages.query_of)
+    channel_update |= episode.query_update(channel)  # the run's task, as its first step had it
     if episode.market is not None:
         channel_update["market"] = market.to_dict()
         channel_update["market_scope"] = "episode"

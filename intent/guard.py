@@ -67,8 +67,8 @@ from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
-from intent.state import (LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, read_ledger_channel, runs_of,
-                          write_ledger_update)
+from intent.state import (LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, read_ledger_channel, run_of,
+                          runs_of, write_ledger_update)
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -512,19 +512,18 @@ class BudgetGuard:
         # the episode comes before its start has finished.
         with episode.start_lock:
             with episode.lock:
-                started, ended = runs_of(channel)
-                # Which run of the thread this is, by state: the next one when the last run ended (a new thread,
-                # the next turn), else the one under way (a run resumed after an interrupt or a crash, maybe in
-                # another process: never started again). Sibling fan-out branches of one step read the same.
-                new_run = not channel or ended >= started
-                run = ended + 1 if new_run else max(started, 1)
+                # Which run of the thread this is, by state (sibling fan-out branches of one step read the same).
+                run, new_run = run_of(channel)
                 # Started again: a run this episode has not started yet, or a fan-out branch's revived episode
                 # whose end the oracle was told (intent.guard.BudgetGuard.prepared).
                 first_time = (new_run and run > episode.run) or (not episode.started and episode.revived)
                 episode.run = max(episode.run, run)
                 episode.started, episode.revived = True, False
+                if episode.query is None or episode.query_run != episode.run:
+                    # The run's task, fixed here at its first step (or taken from state for a resumed run).
+                    episode.query, episode.query_run = query_of(channel, messages, episode.run), episode.run
             if first_time:
-                self._call_hook("start", EpisodeInfo(episode.episode_id, query_of(channel, messages),
+                self._call_hook("start", EpisodeInfo(episode.episode_id, episode.query,
                                                      episode.ledger.budget, self.market_for(episode.episode_id)))
 
     def _settle(self, episode: Episode, state: Any, *, reason: str, branch: str | None = None) -> dict[str, Any] | None:
@@ -574,8 +573,7 @@ class BudgetGuard:
         update = unseen or self._channel_base(episode) | {"entries": {}}
         if new_run:
             update["runs_started"] = episode.run
-        if "query" not in channel:
-            update["query"] = query_of(channel, messages_of(state))
+        update |= episode.query_update(channel)
         return {LEDGER_KEY: update}
 
     def _unseen_by(self, episode: Episode, channel: Mapping[str, Any] | None) -> dict[str, Any] | None:

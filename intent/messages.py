@@ -28,12 +28,13 @@ __all__ = [
     "call_signature",
     "checked_bill",
     "find_call",
-    "first_human_text",
+    "last_human_text",
     "json_artifact",
     "last_ai",
     "merge_identical",
     "messages_of",
     "query_of",
+    "query_run",
     "model_args",
     "tool_schema",
     "raised_bill",
@@ -66,19 +67,30 @@ def tool_name(tool: Any) -> str | None:
     return getattr(tool, "name", None)
 
 
-def first_human_text(messages: Sequence[AnyMessage]) -> str:
-    for m in messages:
+def last_human_text(messages: Sequence[AnyMessage]) -> str:
+    for m in reversed(messages):
         if isinstance(m, HumanMessage):
             return text_of(m)
     return ""
 
 
-def query_of(channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> str:
-    """An episode's task: what graph state's ledger channel kept from its first turn, else the
-    state's first human message. A summariser replaces that message with its summary; the kept
-    task is what the oracle and the log records see."""
-    stored = (channel or {}).get("query")
-    return stored if isinstance(stored, str) else first_human_text(messages)
+def query_run(channel: Mapping[str, Any] | None) -> int | None:
+    """The run of the thread whose task the ledger channel keeps (``None``: none kept). A channel
+    written before runs had tasks of their own kept its first run's."""
+    if not channel or not isinstance(channel.get("query"), str):
+        return None
+    return int(channel.get("query_run") or 1)
+
+
+def query_of(channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage], run: int) -> str:
+    """The task of the thread's run ``run`` (1: its first; each later turn on the thread is the next run):
+    what graph state's ledger channel kept for that run, else the last human message of ``messages`` (at
+    a run's first step, the message the user started the run with). Each run's task is fixed at its first
+    step and kept in state: a summariser that later replaces the history does not change it, and the
+    user's next turn on the thread is a task of its own."""
+    if query_run(channel) == run:
+        return channel["query"]  # type: ignore[index]
+    return last_human_text(messages)
 
 
 def last_ai(messages: Sequence[AnyMessage]) -> tuple[int, AIMessage | None]:

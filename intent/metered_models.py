@@ -56,7 +56,6 @@ from langchain_core.exceptions import ModelError
 from langchain_core.messages import BaseMessage
 
 from intent.episodes import RUNNING_EPISODE
-from intent.messages import query_of
 from intent.model_meter import (
     MAX_TOKEN_KEYS,
     METERED_MODEL,
@@ -187,7 +186,7 @@ class MeteredModelCallback(BaseCallbackHandler):
         turns = (channel or {}).get("turns") or {}
         flat = [m for batch in messages for m in batch]
         meter = ModelCallMeter(self.guard, episode, step=int(turns.get("total") or 0),
-                               query=query_of(channel, flat), model=self.model,
+                               query=episode.task(channel, flat), model=self.model,
                                charge_reason=f"{METERED_MODEL}:{source}" if source else METERED_MODEL)
         # The graph task calling the model visits the episode while the execution runs (before the reservation,
         # which is then tagged with the task), so that no branch's settling releases what it holds.

@@ -40,7 +40,6 @@ from intent.messages import (
     find_call,
     json_artifact,
     model_args,
-    query_of,
     raised_bill,
     result_message,
     text_of,
@@ -282,7 +281,7 @@ class CallRun:
     # Read only for a log record or an edited call's re-gate, so not computed on every run.
     @functools.cached_property
     def query(self) -> str:
-        return query_of(channel_of(self.request.state), self.messages)
+        return self.episode.task(channel_of(self.request.state), self.messages)
 
     @functools.cached_property
     def reasoning(self) -> str:

@@ -17,7 +17,7 @@ from langgraph.types import Command
 
 from intent import feedback as fb
 from intent.human import HumanTopUps
-from intent.messages import query_of, turns_before
+from intent.messages import turns_before
 from intent.model_meter import MODEL_OVER_BUDGET, MODEL_UNPRICED, ModelCallMeter, ModelCallRefused
 from intent.pricing import UnpricedModelError
 from intent.state import LEDGER_KEY, channel_of, current_config
@@ -43,7 +43,7 @@ class ModelGate:
         episode = self.guard.episodes.get(self.guard.episode_id(state, config), channel)
         messages = list(request.messages)
         step = turns_before(messages, len(messages), (channel or {}).get("turns"))  # the turn this call makes
-        meter = ModelCallMeter(self.guard, episode, step=step, query=query_of(channel, messages),
+        meter = ModelCallMeter(self.guard, episode, step=step, query=episode.task(channel, messages),
                                model=request.model, request_tail=messages[-1] if messages else None)
         settings = meter.request_settings(request.model_settings or {})
         prompt = [request.system_message, *messages] if request.system_message is not None else messages

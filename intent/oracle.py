@@ -200,7 +200,8 @@ class Oracle:
         """Called before the first decision of each run of the episode's thread: its first turn, and each
         later turn after the last one ended (``end``, an optional hook with the episode id, is called after
         each run). A run resumed after an interrupt or a crash is the same run: not started again. The
-        episode's id, budget and ledger go on from turn to turn."""
+        episode's id, budget and ledger go on from turn to turn; ``episode.query`` is the run's own task
+        (the human message that started it)."""
 
     def observe(self, outcome: Outcome) -> None:
         """Called after each accepted call ran (and was charged)."""

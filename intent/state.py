@@ -78,7 +78,8 @@ class LedgerChannel(TypedDict, total=False):
     market_version: int
     market: dict[str, Any]
     market_scope: str
-    query: str  # the episode's task, fixed at its first turn (a summarised history keeps it)
+    query: str  # the task of run ``query_run``: its starting human message, fixed at its first step (intent.messages.query_of)
+    query_run: int  # the thread's run ``query`` belongs to (absent: 1, a channel written before runs had tasks)
     turns: TurnCount  # how the gate numbers the next model turn (intent.messages.turns_before)
     carved_by: str  # a sub-agent's: the carve (its id in the parent's ledger) holding its charges (intent.nesting)
     runs_started: int  # the thread's runs the guard has started (its turns); runs_of
@@ -193,6 +194,15 @@ def runs_of(channel: Mapping[str, Any] | None) -> tuple[int, int]:
     if not channel:
         return 0, 0
     return channel.get("runs_started", 1), channel.get("runs_ended", 0)
+
+
+def run_of(channel: Mapping[str, Any] | None) -> tuple[int, bool]:
+    """Which run of the thread a step with this state belongs to, and whether it is a new one: the next
+    run when the last one ended (a new thread, the user's next turn), else the one under way (a run
+    resumed after an interrupt or a crash, maybe in another process: never started again)."""
+    started, ended = runs_of(channel)
+    new_run = not channel or ended >= started
+    return (ended + 1 if new_run else max(started, 1)), new_run
 
 
 def channel_of(state: Any) -> LedgerChannel | None:

@@ -1067,7 +1067,58 @@ def test_turns_stay_unique_when_a_summariser_removes_replies_without_calls_over_
         agent.invoke({"messages": [HumanMessage(f"user {i}")]}, config)
     assert [r.step for r in sink.records if r.kind == "model" and r.execution == 1] == list(range(10))
     assert [r.step for r in sink.records if r.kind == "tool"] == [0, 8]
-    assert {r.query for r in sink.records} == {"user 0"}  # the thread's task, as its first turn had it
+    # Each run's task is the message that started it, kept while the summariser rewrites the history.
+    runs_of_model_turns = [0, 0, 1, 2, 3, 4, 5, 6, 7, 7]
+    assert [r.query for r in sink.records if r.kind == "model" and r.execution == 1] == [
+        f"user {i}" for i in runs_of_model_turns]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+def test_each_run_of_a_chat_thread_is_its_own_task_across_processes(gate_at, use_async):
+    # A chat thread: every user turn is a run with a task of its own. The oracle's start hook, its
+    # decisions and the log records see the turn's question, not the thread's first one; a run paused
+    # by a reviewer and resumed by another process (a fresh guard on the same checkpointer) keeps it.
+    from langchain_core.messages import HumanMessage
+
+    started: list[str] = []
+    decided: list[str] = []
+
+    class Recording(Oracle):
+        def start(self, episode: Any) -> None:
+            started.append(episode.query)
+
+        def decide(self, ctx: Any) -> Decision:
+            decided.append(ctx.query)
+            return Decision.accepted()
+
+    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    replies = [ai(call("a", x=1)), AIMessage("weather done"), ai(call("b", x=2)), AIMessage("stocks done")]
+
+    def agent(model: Any) -> Any:
+        guard = BudgetGuard(Recording(), market(a=1.0, b=2.0), 10, log_sink=sink, gate_at=gate_at)
+        return guard, create_agent(model, [make_tool("a", runs), make_tool("b", runs)],
+                                   middleware=[HumanInTheLoopMiddleware(interrupt_on={"b": True}), guard.middleware()],
+                                   checkpointer=saver)
+
+    def invoke(graph: Any, value: Any) -> Any:
+        return asyncio.run(graph.ainvoke(value, config)) if use_async else graph.invoke(value, config)
+
+    config = {"configurable": {"thread_id": f"chat-{gate_at}-{use_async}"}}
+    model = scripted(replies)
+    _, first = agent(model)
+    invoke(first, {"messages": [HumanMessage("what is the weather")]})
+    paused = invoke(first, {"messages": [HumanMessage("and the stock price?")]})
+    assert "__interrupt__" in paused
+    guard, resumed = agent(model)  # another process picks the thread up
+    out = invoke(resumed, Command(resume={"decisions": [{"type": "approve"}]}))
+    assert runs.counts == Counter({"a": 1, "b": 1})
+    assert started == ["what is the weather", "and the stock price?"]
+    assert decided == ["what is the weather", "and the stock price?"]
+    by_tool = {r.tool: r.query for r in sink.records if r.kind == "tool"}
+    assert by_tool == {"a": "what is the weather", "b": "and the stock price?"}
+    ledger = guard.ledger(out)
+    assert ledger.spent == 3.0 and ledger.reserved == 0
 
 
 def test_a_later_message_reusing_a_rebuilt_calls_id_is_not_run_on_its_reservation():
