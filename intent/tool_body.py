@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool, Tool
 from langgraph.types import Command
+from pydantic import BaseModel
 
 __all__ = ["WatchedBody", "watched"]
 
@@ -113,6 +115,12 @@ def watched(tool: Any, *, sync: bool = False) -> tuple[Any, WatchedBody] | None:
     in_thread = sync or _body_in_a_thread(tool)
     body = WatchedBody(in_thread)
     copy = tool.model_copy()
+    slots = _slots(type(tool))
+    for slot in slots:  # model_copy copies fields, private and extra attributes, not a class's __slots__
+        try:
+            slot.__set__(copy, slot.__get__(tool))
+        except AttributeError:
+            pass  # not set on the tool: not on the copy either
     before = _attributes(copy)
     # An instance attribute over the class's method (pydantic leaves object.__setattr__ alone): only
     # this copy, for this run, is watched.
@@ -127,9 +135,25 @@ def watched(tool: Any, *, sync: bool = False) -> tuple[Any, WatchedBody] | None:
 _STORES = ("__pydantic_private__", "__pydantic_extra__")  # besides __dict__: private and extra attributes
 
 
+_PYDANTIC_SLOTS = frozenset(BaseModel.__slots__)
+
+
+@functools.cache
+def _slots(cls: type) -> tuple[types.MemberDescriptorType, ...]:
+    """The slot descriptors a tool class (or a base of it) declares with ``__slots__``, pydantic's own left out."""
+    return tuple(d for klass in cls.__mro__ for name, d in vars(klass).items()
+                 if isinstance(d, types.MemberDescriptorType) and name not in _PYDANTIC_SLOTS)
+
+
 def _attributes(tool: BaseTool) -> tuple[dict[str, Any], ...]:
-    """The tool's fields, private and extra attributes, as they are now (shallow)."""
-    return (dict(tool.__dict__), *(dict(getattr(tool, store, None) or {}) for store in _STORES))
+    """The tool's fields, private and extra attributes, and its slots, as they are now (shallow)."""
+    slots: dict[Any, Any] = {}
+    for slot in _slots(type(tool)):
+        try:
+            slots[slot] = slot.__get__(tool)
+        except AttributeError:
+            pass
+    return (dict(tool.__dict__), *(dict(getattr(tool, store, None) or {}) for store in _STORES), slots)
 
 
 def _set_back(tool: BaseTool, copy: BaseTool, before: tuple[dict[str, Any], ...]) -> None:
@@ -146,6 +170,9 @@ def _set_back(tool: BaseTool, copy: BaseTool, before: tuple[dict[str, Any], ...]
             for key, value in now.items():
                 if was.get(key, _MISSING) is not value:
                     own[key] = value
+    for slot, value in after[-1].items():
+        if before[-1].get(slot, _MISSING) is not value:
+            slot.__set__(tool, value)
 
 
 _MISSING = object()

@@ -601,6 +601,35 @@ def test_a_tool_that_keeps_state_on_itself_keeps_it_when_the_guard_watches_its_b
     assert guard.ledger(out).spent == 2.0
 
 
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_tool_class_with_slots_runs_watched_and_keeps_what_it_sets_in_them(use_async):
+    # A tool class may keep state in __slots__ of its own, which the watched copy's model_copy does not copy
+    # (was: AttributeError on the copy, the call never answered).
+    from langchain_core.tools import BaseTool
+
+    class Counter(BaseTool):
+        __slots__ = ("calls", "_Counter__unset")
+        name: str = "count"
+        description: str = "Counts its calls."
+        handle_tool_error: bool = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            object.__setattr__(self, "calls", 0)
+
+        def _run(self, x: int = 0) -> str:
+            object.__setattr__(self, "calls", self.calls + 1)
+            return f"call {self.calls}"
+
+    tool = Counter()
+    guard = BudgetGuard(AcceptAll(), market(count=1.0), 100)
+    agent = create_agent(scripted([ai(call("count", x=1)), ai(call("count", x=2)), AIMessage("done")]), [tool],
+                         middleware=[guard.middleware()])
+    out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
+    assert [m.content for m in msgs_of(out) if m.type == "tool"] == ["call 1", "call 2"] and tool.calls == 2
+    assert guard.ledger(out).spent == 2.0 and guard.ledger(out).reserved == 0
+
+
 @pytest.mark.parametrize("tool_errors", ["raise", "message"])
 @pytest.mark.parametrize("bad", ["free", -1.0, True])
 def test_a_malformed_bill_on_an_exception_is_charged_at_the_quote_and_fails_loudly(bad: Any, tool_errors: str):
