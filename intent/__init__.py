@@ -56,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "PlannedStep": "intent.oracle",
     "Proposal": "intent.oracle",
     "guard_react_agent": "intent.react",
+    "BudgetState": "intent.middleware",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
     from intent.pricing import ModelPrice, ModelPrices, UnpricedModelError
     from intent.report import budget_report
     from intent.react import guard_react_agent
+    from intent.middleware import BudgetState
     from intent.guard import BudgetGuard
     from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry, LedgerError
     from intent.logs import SCHEMA_VERSION, JsonlLogSink, MemoryLogSink, StepRecord, read_log

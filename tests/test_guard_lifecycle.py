@@ -329,3 +329,21 @@ def test_turns_are_numbered_on_from_the_last_counted_one_never_again_after_a_rew
     assert turns_before(trimmed, 3, {"total": 8, "count": 5, "last_id": "m4"}) == 8  # found, but below the total
     assert turns_before(trimmed, 3, {"total": 6, "count": 5, "last_id": "m4"}) == 6
     assert turns_before(rewritten, 2, {"total": 6}) == 6  # no message decided yet: the total
+
+
+def test_every_intent_name_the_readme_uses_exists():
+    # The README is where users copy names from: each `intent.Name` it shows must resolve (was:
+    # intent.BudgetState, the create_agent state schema, missing from the package's exports).
+    import re
+    from pathlib import Path
+
+    import intent
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    names = set(re.findall(r"\bintent\.([A-Za-z_][A-Za-z0-9_]*)\b(?![./])", readme))
+    names = {n for n in names if n[0].isupper() or n in intent.__all__ or n == "budget_report"}
+    assert "BudgetState" in names
+    missing = sorted(n for n in names if not hasattr(intent, n) and not (Path(intent.__file__).parent / f"{n}.py").exists()
+                     and not (Path(intent.__file__).parent / n).is_dir())
+    assert missing == []
+    assert all(hasattr(intent, n) for n in intent.__all__)
