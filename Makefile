@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test test-slow bench-stores loop bench-v2 predictor-report bench-guard bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
+.PHONY: install demo demo-guard study test test-slow bench-stores loop bench-v2 predictor-report bench-guard bench-instructions bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,9 @@ test-slow: install
 
 bench-guard: install
 	$(PY) -m eval.bench_guard --repeats 9
+
+bench-instructions: install
+	$(PY) -m eval.bench_instructions
 
 bench-plumbing: install
 	$(PY) -m eval.bench_plumbing

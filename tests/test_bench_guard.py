@@ -93,3 +93,21 @@ def test_langsmith_spans_around_the_guards_hooks_do_not_recompute_their_signatur
         assert guard.ledger(state).spent == 3.0  # the hooks ran
         assert len(computed) > start  # the counter sees LangChain's own introspection
         assert not [q for q in computed[start:] if q.startswith("BudgetGuardMiddleware.")], run
+
+
+def test_bench_instructions_reads_the_counted_dump_and_refuses_bad_counts(tmp_path, capsys):
+    # callgrind writes one file per dump; the counted one is named by its trigger, and its "summary" line
+    # (0 with instrumentation toggled) comes before the "totals" line that holds the count.
+    import pytest
+
+    from eval import bench_instructions
+
+    (tmp_path / "cg.1").write_text("desc: Trigger: Program termination\nsummary: 0\ntotals: 0\n")
+    (tmp_path / "cg.1.1").write_text("desc: Trigger: dump counted\nsummary: 0\ntotals: 30125773\n")
+    assert bench_instructions._counted(tmp_path) == 30125773
+    (tmp_path / "cg.1.1").unlink()
+    with pytest.raises(RuntimeError, match="no dump named 'counted'"):
+        bench_instructions._counted(tmp_path)
+    with pytest.raises(SystemExit):
+        bench_instructions.main(["--episodes", "0"])
+    assert "--episodes must be at least 1" in capsys.readouterr().err

@@ -1,0 +1,137 @@
+"""The guard's cost per tool call in machine instructions: a figure a busy machine cannot move.
+
+``python -m eval.bench_instructions [--calls 20] [--episodes 3] [--json PATH]`` (``make bench-instructions``;
+needs valgrind: ``apt-get install valgrind``)
+
+``make bench-guard`` measures milliseconds, which drift by tens of percent between runs on a shared
+machine. This runs the same three arms (:mod:`eval.bench_guard`: ``create_agent`` with no middleware, a
+no-op middleware with the guard's hooks, ``BudgetGuard(AcceptAll(), ...).middleware()``; a scripted
+model and an instant tool, simulated) under callgrind, each in a process of its own, and counts the
+instructions executed inside ``agent.invoke`` only (after warm-up episodes, with the garbage collector
+paused, as in bench-guard). The count is the same on an idle or a loaded machine, so two commits can be
+compared by it; it does not say how long an instruction takes (cache misses, the CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ARMS = ("plain", "noop_hooks", "guarded")
+WARM_UP = 2  # episodes per arm before counting: imports, caches, LangGraph's compiled graph
+
+
+def _child(arm: str, calls: int, episodes: int) -> None:
+    """Run in valgrind: ``episodes`` counted episodes of ``arm``, instrumentation on only inside invoke."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+
+    from eval import bench_guard as bg
+    from intent import AcceptAll, BudgetGuard, Market, PricedTool
+    from intent.testing import scripted
+
+    def agent() -> object:
+        middleware = {"plain": [], "noop_hooks": [bg._NoopHooks()],
+                      "guarded": [BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), float(calls)).middleware()],
+                      }[arm]
+        return create_agent(scripted(bg._script(calls)), [bg._ECHO],
+                            middleware=middleware).with_config(recursion_limit=4 * calls + 10)
+
+    pid = str(os.getpid())
+
+    def control(*args: str) -> None:
+        subprocess.run(["callgrind_control", *args, pid], check=True, capture_output=True)
+
+    for _ in range(WARM_UP):
+        agent().invoke({"messages": [HumanMessage("go")]})
+    control("-z")
+    for _ in range(episodes):
+        graph = agent()
+        gc.collect()
+        gc.disable()
+        control("-i", "on")
+        graph.invoke({"messages": [HumanMessage("go")]})  # type: ignore[attr-defined]
+        control("-i", "off")
+        gc.enable()
+    control("-d", "counted")
+
+
+def _counted(out_dir: Path) -> int:
+    """The instructions of the dump named ``counted`` (the files callgrind wrote in ``out_dir``)."""
+    for path in out_dir.iterdir():
+        text = path.read_text(errors="replace")
+        if re.search(r"^desc: Trigger: .*counted", text, re.M):
+            match = re.search(r"^totals: (\d+)", text, re.M)
+            if match:
+                return int(match.group(1))
+    raise RuntimeError(f"callgrind wrote no dump named 'counted' in {out_dir}")
+
+
+def run(calls: int = 20, episodes: int = 3) -> dict[str, float]:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("bench-instructions needs valgrind (callgrind): apt-get install valgrind")
+    root = Path(__file__).resolve().parents[1]
+    per_call: dict[str, float] = {}
+    started = time.monotonic()
+    for i, arm in enumerate(ARMS):
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={tmp}/cg.%p",
+                   sys.executable, "-m", "eval.bench_instructions", "--child", arm,
+                   "--calls", str(calls), "--episodes", str(episodes)]
+            print(f"bench-instructions arm {i + 1}/{len(ARMS)} ({arm}) under valgrind, "
+                  f"{time.monotonic() - started:.0f} s elapsed", flush=True)
+            # PYTHONHASHSEED: the same string hashes, so the same dict probes, in every run.
+            done = subprocess.run(cmd, cwd=root, env={**os.environ, "PYTHONHASHSEED": "0"},
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"the {arm} arm failed under valgrind:\n{done.stderr[-3000:]}")
+            per_call[arm] = _counted(Path(tmp)) / (episodes * calls) / 1e6
+    plain, noop, guarded = (per_call[a] for a in ARMS)
+    return {
+        "calls_per_episode": calls,
+        "episodes": episodes,
+        "plain_minstr_per_call": plain,
+        "noop_hooks_minstr_per_call": noop,
+        "guarded_minstr_per_call": guarded,
+        "added_minstr_per_call": guarded - plain,
+        "noop_hooks_added_minstr_per_call": noop - plain,
+        "guard_over_noop_minstr_per_call": guarded - noop,
+        "ratio_guarded_to_plain": guarded / plain,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20, help="tool calls per episode")
+    parser.add_argument("--episodes", type=int, default=3, help="counted episodes per arm")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)  # the process valgrind runs
+    args = parser.parse_args(argv)
+    for name in ("calls", "episodes"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.child:
+        _child(args.child, args.calls, args.episodes)
+        return 0
+    result = run(args.calls, args.episodes)
+    print("Instructions per tool call, millions (AcceptAll oracle, scripted model: simulated; callgrind, "
+          "inside agent.invoke only)")
+    for k, v in result.items():
+        print(f"  {k:34s} {v:.4f}" if isinstance(v, float) else f"  {k:34s} {v}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
