@@ -66,7 +66,7 @@ loop: install
 # Issue 13's predictor targets, on logs big enough to measure them: the Prompt agent (pre-registered
 # simulated agent, market v2) on 3,000 tasks, then `intent train report` (split by task; ~2,000 held-out
 # calls; AUROC/NLL/Brier/ECE beside the counting baselines; reliability.png, p_histogram.png). ~4 minutes.
-PRED_OUT ?= runs/predictor
+PRED_OUT ?= runs/predictor-report
 predictor-report: install
 	$(VENV)/bin/intent bench --market synthetic-v2 --agent sim-llm --methods prompt --tasks 3000 --workers 2 \
 	  --seed 7 --out $(PRED_OUT)/logs

@@ -183,7 +183,8 @@ def _bench(cfg: LoopConfig, bench_dir: Path, labelled: Path, pred_dir: Path, pre
         options["predictor_dir"] = str(pred_dir / "encoder")
     if cfg.world_model_url:
         options["trained_world_model_url"] = cfg.world_model_url
-        options["trained_world_model_name"] = cfg.world_model_name or str(wm_dir)
+        # `intent serve worldmodel DIR` serves it under the directory's name (training.serve)
+        options["trained_world_model_name"] = cfg.world_model_name or wm_dir.name
     else:
         options["trained_world_model_dir"] = str(wm_dir)
     # A fresh task set: another seed than any the logs may have come from.

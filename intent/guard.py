@@ -826,7 +826,8 @@ class BudgetGuard:
             return
         self._warned_unpriced.add(name)
         warnings.warn(
-            f"the model is offered the tool {name!r} (a middleware's own tool?) but the market has no price "
+            f"the model is offered the tool {name!r} (a middleware's own tool, or one a market update removed?) but "
+            "the market has no price "
             f"for it, so the guard refuses its calls; add PricedTool({name!r}, 0.0) to the market if it is "
             "free, or its price", UnpricedToolWarning, stacklevel=2)
 

@@ -329,3 +329,30 @@ def test_loop_benches_its_world_model_served_by_vllm(logs, tmp_path):
     assert f"127.0.0.1:{port}" in notes  # intent-trained-wm used the served model, not an in-process one
     served = (tmp_path / "vllm.log").read_text()
     assert served.count("POST /v1/chat/completions") > 0  # ... and its rollouts reached the server
+
+
+def test_the_loop_asks_a_served_world_model_by_the_name_intent_serve_gives_it(tmp_path, monkeypatch):
+    # `intent serve worldmodel DIR` serves the model under DIR's name; the loop's bench must ask for that
+    # name by default (was: the whole path, which the endpoint check refused).
+    import eval.runner
+    from eval import loop
+    from training.serve import vllm_command
+
+    seen: dict = {}
+    monkeypatch.setattr(eval.runner, "run_benchmark", lambda bc, progress=None: seen.setdefault("options", bc.options))
+    wm_dir = tmp_path / "runs" / "loop" / "worldmodel"
+    cfg = loop.LoopConfig(logs=[], out=str(tmp_path), world_model_url="http://127.0.0.1:9/v1")
+    loop._bench(cfg, tmp_path / "bench", tmp_path / "labelled.jsonl", tmp_path / "pred", {"chosen": "counting"}, wm_dir)
+    served = vllm_command(wm_dir, port=8000, python="python")
+    assert seen["options"]["trained_world_model_name"] == served[served.index("--served-model-name") + 1]
+
+
+def test_annotate_by_llm_without_its_endpoint_is_a_one_line_error(tmp_path, capsys):
+    # Was: AttributeError from deep inside the judge's client ('NoneType' object has no attribute 'rstrip').
+    from intent.cli import main
+
+    logs = tmp_path / "logs.jsonl"
+    logs.write_text("")
+    assert main(["train", "annotate", "--logs", str(logs), "--out", str(tmp_path / "l.jsonl"), "--method", "llm"]) == 2
+    err = capsys.readouterr().err
+    assert "--judge-url" in err and "--judge-model" in err and "Traceback" not in err
