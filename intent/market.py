@@ -290,7 +290,8 @@ def payment_required(artifact: Any, tool: str) -> tuple[float, str | None] | Non
     """The price in a tool's x402-style "payment required" answer (its ToolMessage artifact
     ``{"x402": {"accepts": [{"maxAmountRequired": "30000", "decimals": 6, "asset": "USDC"}]}}``,
     or ``"payment_required"``), or ``None`` for an ordinary answer."""
-    return _x402_price(artifact, tool) if isinstance(artifact, Mapping) else None
+    # (``artifact`` is usually None: no ABC check for it)
+    return _x402_price(artifact, tool) if artifact is not None and isinstance(artifact, Mapping) else None
 
 
 def _x402_price(holder: Mapping[str, Any], tool: str) -> tuple[float, str | None] | None:

@@ -142,7 +142,7 @@ def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[st
 
 def messages_of(state: Any) -> Sequence[AnyMessage]:
     """The messages of a state (a dict, or an object with the attribute); empty when none."""
-    if isinstance(state, Mapping):
+    if type(state) is dict or isinstance(state, Mapping):  # a plain dict skips the ABC check
         return state.get("messages") or []
     return getattr(state, "messages", None) or []
 
@@ -273,7 +273,7 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
     validate = getattr(found.schema, "model_validate", None)
     if validate is None:
         return None  # a JSON-schema dict tool: the tool validates its own input
-    given = model_args(tool, args) if isinstance(args, Mapping) else args
+    given = model_args(tool, args) if type(args) is dict or isinstance(args, Mapping) else args
     try:
         validate(given)
     except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
@@ -314,7 +314,7 @@ def result_message(result: Any, tool_call_id: str) -> ToolMessage | None:
     """The ToolMessage that answers ``tool_call_id`` in a tool's result (message or Command)."""
     if isinstance(result, ToolMessage):
         return result
-    if isinstance(result, Command) and isinstance(result.update, Mapping):
+    if isinstance(result, Command) and (type(result.update) is dict or isinstance(result.update, Mapping)):
         for m in result.update.get("messages") or []:
             if isinstance(m, ToolMessage) and m.tool_call_id == tool_call_id:
                 return m
@@ -336,7 +336,8 @@ def billed_amount(result: Any, tool_call_id: str) -> float | None:
     """What the tool says its provider billed (``artifact["intent_billed"]``), if it says."""
     message = result_message(result, tool_call_id)
     artifact = getattr(message, "artifact", None)
-    if isinstance(artifact, Mapping) and BILLED_KEY in artifact:
+    # (``artifact`` is usually None: no ABC check for it)
+    if artifact is not None and isinstance(artifact, Mapping) and BILLED_KEY in artifact:
         return checked_bill(artifact[BILLED_KEY], f"artifact[{BILLED_KEY!r}] of the tool's result")
     return None
 
@@ -358,7 +359,7 @@ def with_update(result: Any, tool_call_id: str, message: ToolMessage | None, upd
         if result.graph == Command.PARENT:
             # The update goes to the parent graph, whose state has no ledger channel of ours.
             return result
-        old = dict(result.update) if isinstance(result.update, Mapping) else {}
+        old = dict(result.update) if type(result.update) is dict or isinstance(result.update, Mapping) else {}
         msgs = list(old.get("messages") or [])
         if message is not None:
             msgs = [message if isinstance(m, ToolMessage) and m.tool_call_id == tool_call_id else m for m in msgs]

@@ -119,7 +119,8 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     cid, name = call["id"], call["name"]
     state = request.state
     channel = channel_of(state)
-    messages: Sequence[AnyMessage] = (state.get("messages") if isinstance(state, Mapping) else None) or []
+    messages: Sequence[AnyMessage] = (state.get("messages") if type(state) is dict or isinstance(state, Mapping)
+                                      else None) or []
     index, ai = find_call(messages, cid)
     if not channel or ai is None or not channel.get("episode_id"):
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
@@ -256,9 +257,11 @@ class _MeteredTools(list):  # type: ignore[type-arg]
 def _args_of(tool: Any, tool_input: Any) -> Any:
     """The model's arguments of a run: what LangGraph injected (a ToolRuntime, the state) left out, so
     that records, re-gates and oracles see what the model proposed."""
-    if isinstance(tool_input, Mapping) and tool_input.get("type") == "tool_call":
+    # ``type(...) is dict`` first: the usual input, without an ABC isinstance check.
+    mapping = type(tool_input) is dict or isinstance(tool_input, Mapping)
+    if mapping and tool_input.get("type") == "tool_call":
         return model_args(tool, tool_input.get("args") or {})
-    return model_args(tool, tool_input) if isinstance(tool_input, Mapping) else {"input": tool_input}
+    return model_args(tool, tool_input) if mapping else {"input": tool_input}
 
 
 class CallRun:

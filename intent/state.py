@@ -207,7 +207,9 @@ def run_of(channel: Mapping[str, Any] | None) -> tuple[int, bool]:
 
 def channel_of(state: Any) -> LedgerChannel | None:
     """The ledger channel of a state (a dict, or an object with the attribute)."""
-    if isinstance(state, Mapping):
+    # ``type(...) is dict`` first: graph state is a plain dict, and an ABC isinstance check runs
+    # Python code (ABCMeta.__instancecheck__) on every call.
+    if type(state) is dict or isinstance(state, Mapping):
         return state.get(LEDGER_KEY)
     return getattr(state, LEDGER_KEY, None)
 
