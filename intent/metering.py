@@ -84,13 +84,23 @@ def _copy_with(obj: Any, **changes: Any) -> Any:
     ``hasattr`` twice), about 5 us per call. Falls back to ``replace`` for a class with a
     ``__post_init__`` or without a ``__dict__``, where a copy would skip what ``__init__`` does."""
     cls = type(obj)
-    fields = getattr(cls, "__dataclass_fields__", None)
-    if fields is None or hasattr(cls, "__post_init__") or not hasattr(obj, "__dict__") or not changes.keys() <= fields.keys():
+    fields = _copyable_fields(cls)
+    if fields is None or not hasattr(obj, "__dict__") or not changes.keys() <= fields.keys():
         return dataclasses.replace(obj, **changes)
     new = object.__new__(cls)
     new.__dict__.update(obj.__dict__)
     new.__dict__.update(changes)
     return new
+
+
+@functools.lru_cache(maxsize=64)
+def _copyable_fields(cls: type) -> Any:
+    """The dataclass fields of ``cls`` when :func:`_copy_with` may copy its instances (a dataclass
+    without a ``__post_init__``), else ``None``. Read once per class (two tool-call classes, in
+    practice): looking for a missing ``__post_init__`` on a class raises and clears an
+    AttributeError inside ``hasattr`` on every call."""
+    fields = getattr(cls, "__dataclass_fields__", None)
+    return None if fields is None or hasattr(cls, "__post_init__") else fields
 
 
 def _lease(ledger: Any, charge_id: str) -> Any:
