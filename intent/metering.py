@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langgraph.errors import GraphBubbleUp
@@ -274,6 +274,14 @@ def _args_of(tool: Any, tool_input: Any) -> Any:
     return model_args(tool, tool_input) if mapping else {"input": tool_input}
 
 
+class _Regate(NamedTuple):
+    """An edited call's run waiting for the oracle (:meth:`CallRun._admit`): the context it is asked
+    with (its ``price`` the run's) and the market version the run was priced at."""
+
+    ctx: DecisionContext
+    version: int
+
+
 class CallRun:
     """The runs of one proposed call within one ``wrap_tool_call`` of the guard."""
 
@@ -412,31 +420,37 @@ class CallRun:
         return self._refuse(ctx.tool, ctx.args, ctx.price, "reject", checked.reason,
                             checked.feedback or fb.generic_rejection(ctx.tool), checked)
 
-    def _admit(self, tool: Any, args: Any) -> Generator[DecisionContext, Decision | BaseException, str | ToolMessage]:
-        """Price, re-gate an edited call (yields the context for the oracle), reserve.
+    def _admit(self, tool: Any, args: Any) -> str | ToolMessage | _Regate:
+        """Price, then reserve: the charge id or the refusal. An edited call is re-gated first: then
+        the context for the oracle is returned (a :class:`_Regate`), and :meth:`_admit_decided` goes on
+        with the oracle's decision.
 
-        Written once as a generator, like the gate, and driven by :meth:`execute` (sync
-        oracle) and :meth:`aexecute` (async oracle). Returns the charge id or the refusal.
+        Written once and driven by :meth:`execute` (sync oracle) and :meth:`aexecute` (async oracle).
+        (Not a generator: the run of an unedited call, every run but a reviewer's edit, then
+        needs no generator nor the StopIteration that ends it.)
         """
         priced = self._price(tool, args)
         if isinstance(priced, ToolMessage):
             return priced
         price, version = priced
         if self._edited(tool.name, args, tool):
-            ctx = self._context(tool.name, model_args(tool, args), price)
-            refusal = self._regate((yield ctx), ctx)
-            if refusal is not None:
-                return refusal
+            return _Regate(self._context(tool.name, model_args(tool, args), price), version)
         return self._reserve(tool.name, args, price, version)
+
+    def _admit_decided(self, tool: Any, args: Any, regate: _Regate, decision: Decision | BaseException
+                       ) -> str | ToolMessage:
+        """:meth:`_admit` of an edited call, once the oracle has decided it again."""
+        ctx = regate.ctx
+        refusal = self._regate(decision, ctx)
+        if refusal is not None:
+            return refusal
+        return self._reserve(tool.name, args, ctx.price, regate.version)
 
     def execute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
         args = _args_of(tool, tool_input)
-        admit = self._admit(tool, args)
-        try:
-            ctx = next(admit)
-            admit.send(self.guard.decide(ctx))
-        except StopIteration as stop:
-            charge_id = stop.value
+        charge_id = self._admit(tool, args)
+        if type(charge_id) is _Regate:
+            charge_id = self._admit_decided(tool, args, charge_id, self.guard.decide(charge_id.ctx))
         if isinstance(charge_id, ToolMessage):
             return charge_id
         started = self.guard._clock()
@@ -463,12 +477,9 @@ class CallRun:
 
     async def aexecute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
         args = _args_of(tool, tool_input)
-        admit = self._admit(tool, args)
-        try:
-            ctx = next(admit)
-            admit.send(await self.guard.adecide(ctx))
-        except StopIteration as stop:
-            charge_id = stop.value
+        charge_id = self._admit(tool, args)
+        if type(charge_id) is _Regate:
+            charge_id = self._admit_decided(tool, args, charge_id, await self.guard.adecide(charge_id.ctx))
         if isinstance(charge_id, ToolMessage):
             return charge_id
         started = self.guard._clock()
