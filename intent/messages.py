@@ -195,8 +195,10 @@ def find_call(messages: Sequence[AnyMessage], tool_call_id: str) -> tuple[int, A
     """The latest AIMessage that proposed ``tool_call_id`` (the one whose call is running)."""
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
-        if isinstance(m, AIMessage) and any(c.get("id") == tool_call_id for c in m.tool_calls):
-            return i, m
+        if isinstance(m, AIMessage):
+            for c in m.tool_calls:  # (a loop, not any(<genexpr>): no generator made on every tool call)
+                if c.get("id") == tool_call_id:
+                    return i, m
     return -1, None
 
 

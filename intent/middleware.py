@@ -90,7 +90,11 @@ class _Step:
         else:
             response = result
         self.response = response
-        ai = next((m for m in reversed(response.result) if isinstance(m, AIMessage)), None)
+        ai = None  # the last AIMessage of the reply (a loop, not next(<genexpr>): no generator per model call)
+        for m in reversed(response.result):
+            if isinstance(m, AIMessage):
+                ai = m
+                break
         self.ai = None
         if ai is None:
             return None

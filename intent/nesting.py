@@ -57,7 +57,11 @@ class spending_scope:  # noqa: N801 - used as a function: ``with spending_scope(
     __slots__ = ("_parent", "_token")
 
     def __init__(self, guard: BudgetGuard, episode: Episode, key: str) -> None:
-        self._parent = ParentCall(guard, episode, key)
+        # ParentCall(guard, episode, key) without the frozen dataclass __init__'s object.__setattr__ per
+        # field (a scope is opened around every tool run): its fields set in its __dict__ at once, the same object.
+        parent = object.__new__(ParentCall)
+        parent.__dict__.update(guard=guard, episode=episode, key=key)
+        self._parent = parent
         self._token: Any = None
 
     def __enter__(self) -> ParentCall:
