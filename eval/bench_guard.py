@@ -267,13 +267,20 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     result = run(args.calls, args.episodes, args.repeats)
-    print("Guard overhead per tool call (AcceptAll oracle, scripted model: simulated; same run, fastest of repeats)")
-    for k, v in result.items():
-        print(f"  {k:28s} {v:.4f}" if isinstance(v, float) else f"  {k:28s} {v}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+    show_figures("Guard overhead per tool call (AcceptAll oracle, scripted model: simulated; same run, fastest of "
+                 "repeats)", result, args.json)
     return 0
+
+
+def show_figures(title: str, result: dict[str, Any], json_path: str | None) -> None:
+    """Print a bench's figures under ``title``, one per line, and write them to ``json_path`` if given."""
+    print(title)
+    width = max(28, *(len(k) for k in result))
+    for k, v in result.items():
+        print(f"  {k:{width}s} {v:.4f}" if isinstance(v, float) else f"  {k:{width}s} {v}")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(result, fh, indent=2)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import re
 import shutil
@@ -122,14 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child, args.calls, args.episodes)
         return 0
-    result = run(args.calls, args.episodes)
-    print("Instructions per tool call, millions (AcceptAll oracle, scripted model: simulated; callgrind, "
-          "inside agent.invoke only)")
-    for k, v in result.items():
-        print(f"  {k:34s} {v:.4f}" if isinstance(v, float) else f"  {k:34s} {v}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+    from eval.bench_guard import show_figures
+
+    show_figures("Instructions per tool call, millions (AcceptAll oracle, scripted model: simulated; callgrind, "
+                 "inside agent.invoke only)", run(args.calls, args.episodes), args.json)
     return 0
 
 
