@@ -42,9 +42,6 @@ class Episode:
     # ends, so that the next run, maybe in another process, calls the oracle's start again (0: not known
     # yet).
     run: int = 0
-    # The run's task (intent.messages.query_of), fixed when the guard starts the run; None before.
-    query: str | None = None
-    query_run: int = 0  # the run ``query`` is the task of
     # Top-ups asked for without a graph: written to state at the episode's next hook.
     pending_top_ups: dict[str, float] = field(default_factory=dict)
     # Set when the episode may make no further model call (a response without usage under
@@ -96,17 +93,17 @@ class Episode:
                 self.visitors.pop(task, None)
 
     def task(self, channel: Mapping[str, Any] | None, messages: Any) -> str:
-        """The run's task (intent.messages.query_of): as fixed when the guard started the run, else (code
-        running before that: a metered model on a run's first step) what state and ``messages`` say."""
-        if self.query is not None:
-            return self.query
+        """The task of the run under way (intent.messages.query_of): what the step's state kept for it, else
+        the last human message of ``messages`` (the state's: read from the step's own state, since parallel
+        fan-out branches of one episode each have a task of their own)."""
         return query_of(channel, messages, self.run or run_of(channel)[0])
 
-    def query_update(self, channel: Mapping[str, Any] | None) -> dict[str, Any]:
+    def query_update(self, channel: Mapping[str, Any] | None, messages: Any) -> dict[str, Any]:
         """The channel fields that keep the run's task in state, when ``channel`` does not have them yet."""
-        if self.query is None or query_run(channel) == self.query_run:
+        run = self.run or run_of(channel)[0]
+        if query_run(channel) == run:
             return {}
-        return {"query": self.query, "query_run": self.query_run}
+        return {"query": query_of(channel, messages, run), "query_run": run}
 
     def offered_names(self) -> frozenset[str] | None:
         """The names of the tools the model was offered at its last call; ``None`` when the guard

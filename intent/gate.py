@@ -321,7 +321,7 @@ def gate_batch(
         channel_update["top_up_by"] = {**channel_update.get("top_up_by", {}),
                                        **{k: by[k] for k in top_ups if k in by}}
     channel_update["market_version"] = market.version
-    channel_update |= episode.query_update(channel)  # the run's task, as its first step had it
+    channel_update |= episode.query_update(channel, messages)  # the run's task, as its first step had it
     if episode.market is not None:
         channel_update["market"] = market.to_dict()
         channel_update["market_scope"] = "episode"

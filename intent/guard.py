@@ -52,7 +52,7 @@ from intent.ledger import BudgetLedger
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
 from intent.gate import RELEASED_UNUSED, gate_batch
-from intent.messages import messages_of, query_of, tool_name
+from intent.messages import messages_of, tool_name
 from intent.oracle import (
     ORACLE_ERROR,
     Decision,
@@ -519,11 +519,8 @@ class BudgetGuard:
                 first_time = (new_run and run > episode.run) or (not episode.started and episode.revived)
                 episode.run = max(episode.run, run)
                 episode.started, episode.revived = True, False
-                if episode.query is None or episode.query_run != episode.run:
-                    # The run's task, fixed here at its first step (or taken from state for a resumed run).
-                    episode.query, episode.query_run = query_of(channel, messages, episode.run), episode.run
             if first_time:
-                self._call_hook("start", EpisodeInfo(episode.episode_id, episode.query,
+                self._call_hook("start", EpisodeInfo(episode.episode_id, episode.task(channel, messages),
                                                      episode.ledger.budget, self.market_for(episode.episode_id)))
 
     def _settle(self, episode: Episode, state: Any, *, reason: str, branch: str | None = None) -> dict[str, Any] | None:
@@ -573,7 +570,7 @@ class BudgetGuard:
         update = unseen or self._channel_base(episode) | {"entries": {}}
         if new_run:
             update["runs_started"] = episode.run
-        update |= episode.query_update(channel)
+        update |= episode.query_update(channel, messages_of(state))
         return {LEDGER_KEY: update}
 
     def _unseen_by(self, episode: Episode, channel: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -695,11 +695,16 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
             # Top-ups and the gate's decisions are keyed by id and never change once written.
             known = left.get(key)
             merged[key] = {**known, **(value or {})} if known else dict(value or {})
+        elif key in _RUN_TASK:
+            # A run's task (intent.messages.query_of) and its run, written together: a later run's replaces
+            # an earlier one's; within one run the first written stays (a run's task is fixed at its first step).
+            if right.get("query_run", 1) > (left.get("query_run", 1) if "query" in left else 0):
+                merged[key] = value
         elif key in _HIGHEST_WINS:
             # Run counters (intent.state.runs_of): parallel branches may write them in any order.
             merged[key] = max(value, left.get(key) or 0)
         elif key in _LATEST_WINS or key not in merged:
-            # Everything else (budget, episode id, overspend flag, the episode's query) is fixed by
+            # Everything else (budget, episode id, overspend flag) is fixed by
             # the first state that sets it; the market snapshot and the turn count are the latest
             # the gate wrote.
             merged[key] = value
@@ -709,6 +714,7 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
 # Model calls are reserved at an estimate of their prompt: a bill above it is not a broken quote.
 _ESTIMATED_KINDS = frozenset({"model", "oracle"})
 _LATEST_WINS = frozenset({"market", "market_version", "market_scope", "turns", "carved_by"})
+_RUN_TASK = frozenset({"query", "query_run"})
 _UNION = frozenset({"top_ups", "top_up_by", "decisions", "caps"})
 _HIGHEST_WINS = frozenset({"runs_started", "runs_ended"})
 _EVOLVABLE = frozenset({"call_id", "tool", "amount", "status", "market_version", "execution", "overrun", "store_id"})

@@ -68,7 +68,8 @@ from intent.model_meter import (
     step_meter,
 )
 from intent.nesting import current_parent
-from intent.state import branch_of, branch_stamp, current_config, read_ledger_channel, task_of, write_ledger_update
+from intent.state import (branch_of, branch_stamp, current_config, read_ledger_channel, read_state_messages, task_of,
+                          write_ledger_update)
 
 if TYPE_CHECKING:
     from intent.episodes import Episode
@@ -186,7 +187,8 @@ class MeteredModelCallback(BaseCallbackHandler):
         turns = (channel or {}).get("turns") or {}
         flat = [m for batch in messages for m in batch]
         meter = ModelCallMeter(self.guard, episode, step=int(turns.get("total") or 0),
-                               query=episode.task(channel, flat), model=self.model,
+                               query=episode.task(channel, (read_state_messages(config) if in_state else None) or flat),
+                               model=self.model,
                                charge_reason=f"{METERED_MODEL}:{source}" if source else METERED_MODEL)
         # The graph task calling the model visits the episode while the execution runs (before the reservation,
         # which is then tagged with the task), so that no branch's settling releases what it holds.

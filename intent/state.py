@@ -161,14 +161,26 @@ def read_ledger_channel(config: Mapping[str, Any] | None) -> tuple[bool, LedgerC
     with): not a public API, so a LangGraph that drops it makes this ``(False, None)`` and the
     caller falls back to what it can see without state.
     """
+    readable, value = _read_channel(config, LEDGER_KEY)
+    return readable, (value if isinstance(value, Mapping) and value else None)
+
+
+def read_state_messages(config: Mapping[str, Any] | None) -> list[AnyMessage] | None:
+    """The running graph task's ``messages``, as :func:`read_ledger_channel` reads the ledger (``None``
+    outside a task or without such a channel): for code inside the task that sees other messages (a
+    model another middleware calls sees its own prompt)."""
+    readable, value = _read_channel(config, "messages")
+    return list(value) if readable and isinstance(value, list) else None
+
+
+def _read_channel(config: Mapping[str, Any] | None, key: str) -> tuple[bool, Any]:
     read = ((config or {}).get("configurable") or {}).get(_CONFIG_KEY_READ)
     if not callable(read):
         return False, None
     try:
-        value = read(LEDGER_KEY, False)  # fresh=False: the task's input, what every hook of the step sees
+        return True, read(key, False)  # fresh=False: the task's input, what every hook of the step sees
     except KeyError:  # the graph has no such channel: its state schema is not the guard's
         return False, None
-    return True, (value if isinstance(value, Mapping) and value else None)
 
 
 def write_ledger_update(config: Mapping[str, Any] | None, update: Mapping[str, Any]) -> bool:

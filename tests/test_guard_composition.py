@@ -1094,9 +1094,13 @@ def test_turns_stay_unique_when_a_summariser_removes_replies_without_calls_over_
 @pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
 def test_each_run_of_a_chat_thread_is_its_own_task_across_processes(gate_at, use_async):
     # A chat thread: every user turn is a run with a task of its own. The oracle's start hook, its
-    # decisions and the log records see the turn's question, not the thread's first one; a run paused
-    # by a reviewer and resumed by another process (a fresh guard on the same checkpointer) keeps it.
+    # decisions and the log records (a metered summariser's included) see the turn's question, not the
+    # thread's first one; kept in state, so a run whose question the summariser replaced, paused by a
+    # reviewer and resumed by another process (a fresh guard on the same checkpointer), keeps it.
+    from langchain.agents.middleware import SummarizationMiddleware
     from langchain_core.messages import HumanMessage
+
+    from intent import LEDGER_KEY, ModelPrice
 
     started: list[str] = []
     decided: list[str] = []
@@ -1110,32 +1114,93 @@ def test_each_run_of_a_chat_thread_is_its_own_task_across_processes(gate_at, use
             return Decision.accepted()
 
     saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
-    replies = [ai(call("a", x=1)), AIMessage("weather done"), ai(call("b", x=2)), AIMessage("stocks done")]
+    prices = {"scripted-model": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0),
+              "summariser": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0)}
+    replies = [ai(call("a", x=1), usage=(10, 5)), ai(text="weather done", usage=(10, 5)),
+               ai(call("a", x=2), usage=(10, 5)), ai(call("b", x=3), usage=(10, 5)), ai(text="stocks done", usage=(10, 5))]
+    model = scripted(replies)
+    summaries = scripted([ai(text="an earlier turn called a", usage=(10, 5), model_name="summariser")
+                          for _ in range(6)], model_name="summariser")
 
-    def agent(model: Any) -> Any:
-        guard = BudgetGuard(Recording(), market(a=1.0, b=2.0), 10, log_sink=sink, gate_at=gate_at)
+    def agent() -> Any:
+        guard = BudgetGuard(Recording(), market(a=1.0, b=2.0), 10, log_sink=sink, gate_at=gate_at,
+                            model_prices=prices)
+        summariser = SummarizationMiddleware(guard.metered_model(summaries), trigger=("messages", 4),
+                                             keep=("messages", 1))
         return guard, create_agent(model, [make_tool("a", runs), make_tool("b", runs)],
-                                   middleware=[HumanInTheLoopMiddleware(interrupt_on={"b": True}), guard.middleware()],
-                                   checkpointer=saver)
+                                   middleware=[summariser, HumanInTheLoopMiddleware(interrupt_on={"b": True}),
+                                               guard.middleware()], checkpointer=saver)
 
     def invoke(graph: Any, value: Any) -> Any:
         return asyncio.run(graph.ainvoke(value, config)) if use_async else graph.invoke(value, config)
 
     config = {"configurable": {"thread_id": f"chat-{gate_at}-{use_async}"}}
-    model = scripted(replies)
-    _, first = agent(model)
+    _, first = agent()
     invoke(first, {"messages": [HumanMessage("what is the weather")]})
     paused = invoke(first, {"messages": [HumanMessage("and the stock price?")]})
     assert "__interrupt__" in paused
-    guard, resumed = agent(model)  # another process picks the thread up
+    state = first.get_state(config).values
+    assert "and the stock price?" not in [m.content for m in state["messages"]]  # summarised away
+    assert (state[LEDGER_KEY]["query"], state[LEDGER_KEY]["query_run"]) == ("and the stock price?", 2)
+    guard, resumed = agent()  # another process picks the thread up
     out = invoke(resumed, Command(resume={"decisions": [{"type": "approve"}]}))
-    assert runs.counts == Counter({"a": 1, "b": 1})
-    assert started == ["what is the weather", "and the stock price?"]
-    assert decided == ["what is the weather", "and the stock price?"]
-    by_tool = {r.tool: r.query for r in sink.records if r.kind == "tool"}
-    assert by_tool == {"a": "what is the weather", "b": "and the stock price?"}
+    assert runs.counts == Counter({"a": 2, "b": 1})
+    weather, stocks = "what is the weather", "and the stock price?"
+    assert started == [weather, stocks]
+    assert decided == [weather, stocks, stocks]
+    assert [(r.tool, r.query) for r in sink.records if r.kind == "tool"] == [("a", weather), ("a", stocks), ("b", stocks)]
+    summarised = [r.query for r in sink.records if r.kind == "model" and r.tool == "summariser"]
+    assert summarised and set(summarised) == {stocks}  # the metered summariser runs on run 2's first step
     ledger = guard.ledger(out)
-    assert ledger.spent == 3.0 and ledger.reserved == 0
+    assert ledger.spent_by_kind()["tool"] == 4.0 and ledger.reserved == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_each_fan_out_branch_of_one_run_keeps_its_own_task(use_async):
+    # A parent graph sends three tasks to a guarded agent in one thread: the branches share the run's
+    # episode and budget, but each decides and logs its own task.
+    from langchain_core.messages import HumanMessage
+    from langgraph.types import Send
+
+    from intent import GuardState
+
+    decided: list[tuple[str, int]] = []
+
+    class Recording(Oracle):
+        def decide(self, ctx: Any) -> Decision:
+            decided.append((ctx.query, ctx.args["x"]))
+            return Decision.accepted()
+
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    class PerBranch(GenericFakeChatModel):
+        """Branch k calls a(x=k) once, then answers."""
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            from langchain_core.outputs import ChatGeneration, ChatResult
+
+            k = int(str(next(m for m in messages if isinstance(m, HumanMessage)).content).split()[-1])
+            done = any(isinstance(m, AIMessage) for m in messages)
+            msg = AIMessage("done") if done else ai(call("a", x=k))
+            return ChatResult(generations=[ChatGeneration(message=msg)])
+
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(Recording(), market(a=1.0), 10, log_sink=sink)
+    sub = create_agent(PerBranch(messages=iter(())), [make_tool("a", runs)], middleware=[guard.middleware()])
+    parent = StateGraph(GuardState)
+    parent.add_node("sub", sub)
+    parent.add_conditional_edges(
+        START, lambda state: [Send("sub", {"messages": [HumanMessage(f"task {k}")]}) for k in range(3)], ["sub"])
+    parent.add_edge("sub", END)
+    graph = parent.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"fan-tasks-{use_async}"}}
+    out = asyncio.run(graph.ainvoke({"messages": []}, config)) if use_async else graph.invoke({"messages": []}, config)
+    assert sorted(decided) == [(f"task {k}", k) for k in range(3)]
+    assert sorted((r.args["x"], r.query) for r in sink.records if r.kind == "tool") == [(k, f"task {k}") for k in range(3)]
+    assert guard.ledger(out).spent == 3.0 and guard.ledger(out).reserved == 0
 
 
 def test_a_later_message_reusing_a_rebuilt_calls_id_is_not_run_on_its_reservation():
