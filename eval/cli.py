@@ -56,8 +56,20 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# The flags `intent bench study` reads; the others shape one comparison (`intent bench run`).
+_STUDY_FLAGS = frozenset({"what", "quick", "agent", "base_url", "max_tokens", "workers", "seed", "out", "no_progress",
+                          "feedback_chars", "rollout_max_tokens", "max_turns", "max_depth", "oracle_tasks"})
+
+
 def _study(args: argparse.Namespace) -> int:
     from eval.study import StudyConfig, run_study
+
+    parser = args.bench_parser
+    unused = [f"--{a.dest.replace('_', '-')}" for a in parser._actions
+              if a.dest not in _STUDY_FLAGS and a.dest != "help" and getattr(args, a.dest, None) != a.default]
+    if unused:
+        raise ValueError(f"{', '.join(unused)} shape one comparison (intent bench run), not the study, which runs "
+                         "its own markets, methods and task counts: drop them (--quick runs the reduced study)")
 
     kw: dict[str, Any] = {"out": args.out, "seed": args.seed, "workers": args.workers, "agent": args.agent,
                           "progress": not args.no_progress}
@@ -104,7 +116,8 @@ def register(sub: Any) -> None:
     lp.add_argument("--workers", type=_positive_int, default=2)
     lp.add_argument("--world-model-url", help="use the generator behind this OpenAI-compatible server (vLLM: "
                                               "`intent serve worldmodel OUT/worldmodel`) instead of in process")
-    lp.add_argument("--world-model-name", help="the served model's name (default: OUT/worldmodel)")
+    lp.add_argument("--world-model-name", help="the served model's name (default: worldmodel, the name "
+                                               "`intent serve worldmodel OUT/worldmodel` gives it)")
     lp.add_argument("--no-progress", action="store_true")
     lp.set_defaults(func=_loop)
     p = sub.add_parser("bench", help="compare methods on the synthetic market or cost-augmented StableToolBench")
@@ -178,7 +191,7 @@ def register(sub: Any) -> None:
     p.add_argument("--judge-model", help="model name of the SoPR judge (the paper: gpt-4.1-mini)")
     p.add_argument("--judge-runs", type=int, help="SoPR runs per answer (default 3)")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_bench)
+    p.set_defaults(func=_bench, bench_parser=p)
 
     probe = sub.add_parser("probe", help="does a served chat model produce well-formed tool calls? (a few prompts)")
     probe.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")

@@ -361,3 +361,12 @@ def test_a_reply_cap_the_served_context_cannot_hold_is_a_one_line_error(stub, tm
     # 4095 leaves room for a one-token prompt: the check passes it on to the server
     assert main(["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "raw", "--tasks", "1",
                  "--max-tokens", "4095", "--out", str(tmp_path / "p"), "--no-progress"]) == 0
+
+
+def test_the_study_refuses_the_flags_of_one_comparison(tmp_path, capsys, monkeypatch):
+    # `intent bench study --tasks 5` used to run the whole study, the flag silently ignored.
+    import eval.study
+
+    monkeypatch.setattr(eval.study, "run_study", lambda cfg: pytest.fail("the study ran"))
+    assert main(["bench", "study", "--quick", "--tasks", "5", "--methods", "raw", "--out", str(tmp_path / "s")]) == 2
+    _one_line_error(capsys, "--tasks", "--methods", "not the study")
