@@ -154,7 +154,8 @@ class _HookClock:
 HOOKS = _HookClock()
 
 
-def _episode(calls: int, arm: str) -> float:
+def build_agent(calls: int, arm: str) -> Any:
+    """The agent of one episode of ``arm`` (shared with eval.bench_instructions)."""
     market = Market([PricedTool("echo", 1.0)])
     middleware: list[Any] = {
         "plain": [],
@@ -165,7 +166,11 @@ def _episode(calls: int, arm: str) -> float:
     # One tool object for every episode, as an application defines its tools once.
     tool = _TIMED_ECHO if arm == "guarded_timed" else _ECHO
     agent = create_agent(scripted(_script(calls)), [tool], middleware=middleware)
-    agent = agent.with_config(recursion_limit=4 * calls + 10)
+    return agent.with_config(recursion_limit=4 * calls + 10)
+
+
+def _episode(calls: int, arm: str) -> float:
+    agent = build_agent(calls, arm)
     # A collection in the middle of one arm's episode is noise the other arm does not pay.
     gc.collect()
     gc.disable()

@@ -31,19 +31,9 @@ WARM_UP = 2  # episodes per arm before counting: imports, caches, LangGraph's co
 
 def _child(arm: str, calls: int, episodes: int) -> None:
     """Run in valgrind: ``episodes`` counted episodes of ``arm``, instrumentation on only inside invoke."""
-    from langchain.agents import create_agent
     from langchain_core.messages import HumanMessage
 
-    from eval import bench_guard as bg
-    from intent import AcceptAll, BudgetGuard, Market, PricedTool
-    from intent.testing import scripted
-
-    def agent() -> object:
-        middleware = {"plain": [], "noop_hooks": [bg._NoopHooks()],
-                      "guarded": [BudgetGuard(AcceptAll(), Market([PricedTool("echo", 1.0)]), float(calls)).middleware()],
-                      }[arm]
-        return create_agent(scripted(bg._script(calls)), [bg._ECHO],
-                            middleware=middleware).with_config(recursion_limit=4 * calls + 10)
+    from eval.bench_guard import build_agent
 
     pid = str(os.getpid())
 
@@ -51,14 +41,14 @@ def _child(arm: str, calls: int, episodes: int) -> None:
         subprocess.run(["callgrind_control", *args, pid], check=True, capture_output=True)
 
     for _ in range(WARM_UP):
-        agent().invoke({"messages": [HumanMessage("go")]})
+        build_agent(calls, arm).invoke({"messages": [HumanMessage("go")]})
     control("-z")
     for _ in range(episodes):
-        graph = agent()
+        graph = build_agent(calls, arm)
         gc.collect()
         gc.disable()
         control("-i", "on")
-        graph.invoke({"messages": [HumanMessage("go")]})  # type: ignore[attr-defined]
+        graph.invoke({"messages": [HumanMessage("go")]})
         control("-i", "off")
         gc.enable()
     control("-d", "counted")

@@ -115,12 +115,8 @@ def watched(tool: Any, *, sync: bool = False) -> tuple[Any, WatchedBody] | None:
     in_thread = sync or _body_in_a_thread(tool)
     body = WatchedBody(in_thread)
     copy = tool.model_copy()
-    slots = _slots(type(tool))
-    for slot in slots:  # model_copy copies fields, private and extra attributes, not a class's __slots__
-        try:
-            slot.__set__(copy, slot.__get__(tool))
-        except AttributeError:
-            pass  # not set on the tool: not on the copy either
+    for slot, value in _slot_values(tool).items():  # model_copy copies fields, private and extra attributes,
+        slot.__set__(copy, value)                     # not a class's __slots__
     before = _attributes(copy)
     # An instance attribute over the class's method (pydantic leaves object.__setattr__ alone): only
     # this copy, for this run, is watched.
@@ -145,15 +141,20 @@ def _slots(cls: type) -> tuple[types.MemberDescriptorType, ...]:
                  if isinstance(d, types.MemberDescriptorType) and name not in _PYDANTIC_SLOTS)
 
 
-def _attributes(tool: BaseTool) -> tuple[dict[str, Any], ...]:
-    """The tool's fields, private and extra attributes, and its slots, as they are now (shallow)."""
-    slots: dict[Any, Any] = {}
+def _slot_values(tool: BaseTool) -> dict[types.MemberDescriptorType, Any]:
+    """The values of the tool's own slots (:func:`_slots`) that are set, by slot descriptor."""
+    values: dict[types.MemberDescriptorType, Any] = {}
     for slot in _slots(type(tool)):
         try:
-            slots[slot] = slot.__get__(tool)
+            values[slot] = slot.__get__(tool)
         except AttributeError:
-            pass
-    return (dict(tool.__dict__), *(dict(getattr(tool, store, None) or {}) for store in _STORES), slots)
+            pass  # not set
+    return values
+
+
+def _attributes(tool: BaseTool) -> tuple[dict[str, Any], ...]:
+    """The tool's fields, private and extra attributes, and its slots, as they are now (shallow)."""
+    return (dict(tool.__dict__), *(dict(getattr(tool, store, None) or {}) for store in _STORES), _slot_values(tool))
 
 
 def _set_back(tool: BaseTool, copy: BaseTool, before: tuple[dict[str, Any], ...]) -> None:

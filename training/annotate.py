@@ -16,7 +16,11 @@ from typing import Any
 from intent.logs import StepRecord, label_of
 from worldmodel.formats import JUDGE_SYSTEM, judge_prompt, parse_judge
 
-__all__ = ["LLMJudge", "annotate"]
+__all__ = ["LLM_NEEDS_JUDGE", "LLMJudge", "annotate"]
+
+
+LLM_NEEDS_JUDGE = ("--method llm needs --judge-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1) "
+                   "and --judge-model (the model it serves)")
 
 
 class LLMJudge:
@@ -55,7 +59,7 @@ def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "
     if method not in ("ground_truth", "llm"):
         raise ValueError(f"annotation method must be ground_truth or llm, got {method!r}")
     if method == "llm" and judge is None:
-        raise ValueError("--method llm needs --judge-url and --judge-model")
+        raise ValueError(LLM_NEEDS_JUDGE)
     counts: Counter[str] = Counter()
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)

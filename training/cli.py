@@ -8,12 +8,11 @@ from typing import Any
 
 
 def _annotate(args: argparse.Namespace) -> int:
-    from training.annotate import LLMJudge, annotate
+    from training.annotate import LLM_NEEDS_JUDGE, LLMJudge, annotate
     from training.data import load_records
 
     if args.method == "llm" and not (args.judge_url and args.judge_model):
-        raise ValueError("--method llm needs --judge-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1) "
-                         "and --judge-model (the model it serves)")
+        raise ValueError(LLM_NEEDS_JUDGE)  # before the logs are read or the endpoint is tried
     judge = LLMJudge(args.judge_url, args.judge_model, votes=args.votes) if args.method == "llm" else None
     print(json.dumps(annotate(load_records(args.logs), args.out, method=args.method, judge=judge)))
     return 0
