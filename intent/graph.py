@@ -16,7 +16,7 @@ from langgraph.graph import END
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Send
 
-from intent.messages import answered_after, last_ai
+from intent.messages import answered_after, last_ai, messages_of
 
 if TYPE_CHECKING:
     from intent.guard import BudgetGuard
@@ -39,7 +39,7 @@ def guarded_tool_node(guard: BudgetGuard, tools: Sequence[Any], **kwargs: Any) -
 
 
 def route_after_guard(state: Mapping[str, Any], *, tools: str = "tools", agent: str = "agent", end: str = END) -> Any:
-    messages = state.get("messages", [])
+    messages = messages_of(state)  # a dict, or a Pydantic model / dataclass state
     index, ai = last_ai(messages)
     if ai is None:
         return end

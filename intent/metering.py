@@ -38,6 +38,7 @@ from intent.messages import (
     billed_amount,
     call_key,
     find_call,
+    messages_of,
     json_artifact,
     model_args,
     raised_bill,
@@ -129,8 +130,7 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     cid, name = call["id"], call["name"]
     state = request.state
     channel = channel_of(state)
-    messages: Sequence[AnyMessage] = (state.get("messages") if type(state) is dict or isinstance(state, Mapping)
-                                      else None) or []
+    messages = messages_of(state)  # a dict, or a Pydantic model / dataclass state
     index, ai = find_call(messages, cid)
     if not channel or ai is None or not channel.get("episode_id"):
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
