@@ -65,6 +65,7 @@ from intent.model_meter import (
     callback_handlers,
     is_output_event,
     partial_output,
+    signalling_limiter,
     step_meter,
 )
 from intent.nesting import current_parent
@@ -332,6 +333,7 @@ def metered_copy(guard: BudgetGuard, model: Any) -> Any:
     if bound_keys and not any(getattr(model, k, None) for k in bound_keys):
         update[bound_keys[0]] = guard.max_output_tokens
     update["callbacks"] = [*callback_handlers(model), MeteredModelCallback(guard, model)]
+    update |= signalling_limiter(model)  # a run cancelled while its rate limiter holds it was never sent
     copy = model.model_copy(update=update)
     # Its class's agenerate watched for cancellation (_watched_class), in a subclass of the
     # same name: copies LangChain makes of it (bind_tools, with_structured_output) keep it.

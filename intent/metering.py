@@ -208,6 +208,36 @@ class MeteredTool:
         return f"MeteredTool({self._tool!r})"
 
 
+@functools.cache
+def _tool_call_request() -> type:
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    return ToolCallRequest
+
+
+@functools.cache
+def _metered_request_class() -> type:
+    """``ToolCallRequest`` whose ``override(tool=...)`` meters the tool it is given (made once, on first use:
+    langgraph.prebuilt is not imported with intent)."""
+    base = _tool_call_request()
+
+    class MeteredToolCallRequest(base):  # type: ignore[misc, valid-type]
+        """The request the guard hands the rest of the chain: a tool put in with ``override`` runs metered
+        (priced, re-gated if it is not the approved tool, reserved and charged), like ``request.tool``."""
+
+        def override(self, **overrides: Any) -> Any:
+            run = self.__dict__.get("_intent_run")
+            tool = overrides.get("tool")
+            if run is not None and tool is not None and not isinstance(tool, MeteredTool):
+                overrides["tool"] = MeteredTool(tool, run)
+            new = super().override(**overrides)
+            if run is not None:
+                new.__dict__["_intent_run"] = run
+            return new
+
+    return MeteredToolCallRequest
+
+
 class _MeteredTools(list):  # type: ignore[type-arg]
     """``runtime.tools`` as a middleware inside the guard sees it (HumanInTheLoopMiddleware
     picks a reviewer's redirected tool from there): each tool metered, wrapped when read, so
@@ -319,7 +349,13 @@ class CallRun:
         if tools and dataclasses.is_dataclass(runtime):
             overrides["runtime"] = _copy_with(runtime, tools=_MeteredTools(tools, self))
         # request.override(**overrides), which is dataclasses.replace for these keys (not "state")
-        return _copy_with(request, **overrides) if overrides else request
+        metered = _copy_with(request, **overrides)  # a copy even without overrides: its class changes below
+        if type(metered) is _tool_call_request():
+            # A middleware inside the guard that hands the tool step a tool of its own (LangChain's
+            # dynamic-tool pattern: request.override(tool=added_tool)) gets it metered as well.
+            object.__setattr__(metered, "__class__", _metered_request_class())
+            metered.__dict__["_intent_run"] = self
+        return metered
 
     # --------------------------------------------------------------- one run
     def _context(self, name: str, args: Mapping[str, Any], price: float) -> DecisionContext:

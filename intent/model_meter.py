@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import ModelError
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.rate_limiters import BaseRateLimiter
 from langchain_core.tracers.context import register_configure_hook
 
 from intent.ledger import BudgetExceededError, LedgerEntry
@@ -64,6 +65,7 @@ MODEL_NO_USAGE = "missing_usage"
 MODEL_ERROR = "model_error"
 AGENT_MODEL_RUN = "intent_agent_model"  # metadata key on the guard's copy of the agent's model
 MODEL_CANCELLED = "cancelled"  # a stream stopped early or a cancelled call: charged at its reservation
+MODEL_NOT_SENT = "not_sent"  # cancelled while waiting on the model's rate limiter: never sent, released
 CACHE_HIT = "cache_hit"  # a response LangChain served from its cache: charged 0
 # A request that failed after the model had generated output (a stream that broke off): charged at its
 # partial usage when the chunks carried one, else at its reservation (never free).
@@ -158,6 +160,9 @@ class _Execution:
     # Its answer may be the step's response: a run of the agent's model, or one given the request's own
     # prompt (a fallback, a routed model), not a side call on a prompt of its own.
     answers: bool = False
+    # Where it is with its model's rate limiter (a guard's copy of the model signals it, see
+    # SentSignal): "waiting" while blocked in acquire, "passed" once through; None: no signal.
+    limiter: str | None = None
 
 
 class ModelCallMeter:
@@ -238,7 +243,8 @@ class ModelCallMeter:
         # Its runs say they are the agent's model's (LangChain passes a model's metadata to its run's
         # callbacks, not to runs started inside it): its attributes give their name and output bound.
         return model.model_copy(update={"callbacks": [*handlers, handler],
-                                        "metadata": {**(model.metadata or {}), AGENT_MODEL_RUN: True}})
+                                        "metadata": {**(model.metadata or {}), AGENT_MODEL_RUN: True},
+                                        **signalling_limiter(model)})
 
     @contextlib.contextmanager
     def metering(self) -> Iterator[_MeterCallback]:
@@ -323,6 +329,11 @@ class ModelCallMeter:
             self._open[run_id] = ex
             self.executions.append(ex)
             self.entries.append(entry)
+        if batch is None:
+            # LangChain acquires the model's rate limiter right after this callback, in the same context:
+            # a SentSignal there tells this run's cancellation while it waits from one after it was sent.
+            # (A batch's prompts acquire in tasks of their own, in no known order: not signalled, charged.)
+            AWAITING_LIMITER.set(ex)
 
     def release_batch(self, batch: Any) -> int:
         """Release the open runs of one multi-prompt ``generate()`` whose requests were not sent (started in
@@ -397,6 +408,10 @@ class ModelCallMeter:
                 if seen is None and not any(b is ex.batch for b, _, _ in self._failed_batches):
                     self._failed_batches.append((ex.batch, ex.position, exc))
         if not isinstance(exc, Exception):
+            if ex.limiter == "waiting":
+                # Cancelled while the model's rate limiter held it: the request never left the process.
+                self._released(ex, exc, reason=MODEL_NOT_SENT)
+                return
             # Not a failure of the request but its caller stopping: a stream its reader stopped early, a
             # call cancelled by a timeout, Ctrl-C. The request reached the provider, which bills what it
             # generated; how much is unknown, so the reserved worst case is charged (never free).
@@ -431,7 +446,7 @@ class ModelCallMeter:
         self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
                                         query=self.query, model=ex.model, tokens={}, reason=reason)
 
-    def _released(self, ex: _Execution, exc: BaseException) -> None:
+    def _released(self, ex: _Execution, exc: BaseException, reason: str = MODEL_ERROR) -> None:
         ledger = self.episode.ledger
         entry = ledger.release(ex.charge_id)
         if entry is not None:
@@ -439,7 +454,7 @@ class ModelCallMeter:
                 self.entries.append(entry)
             self.guard.records.model_refusal(ledger, episode_id=self.episode.episode_id, step=self.step,
                                              query=self.query, model=ex.model, price=entry.amount,
-                                             reason=MODEL_ERROR, text=f"{type(exc).__name__}: {exc}", status="error",
+                                             reason=reason, text=f"{type(exc).__name__}: {exc}", status="error",
                                              decision="accept")
 
     # ------------------------------------------------------ after the chain
@@ -508,6 +523,9 @@ class ModelCallMeter:
             if stop is not None and ex.position >= stop:
                 # A batch that failed at ``stop``: a prompt after it never was sent.
                 self._released(ex, ModelCallRefused("not sent: an earlier prompt of its batch failed"))
+            elif ex.limiter == "waiting":
+                self._released(ex, ModelCallRefused("not sent: still waiting on the model's rate limiter"),
+                               reason=MODEL_NOT_SENT)
             else:
                 self._charged(ex, MODEL_CANCELLED)
 
@@ -589,6 +607,56 @@ def partial_output(response: Any) -> BaseMessage | None:
 # is metered, whatever model a middleware inside the guard calls. Not inheritable: each run's own
 # configure adds it (once per run: LangChain skips a handler already there).
 STEP_METER: ContextVar[_MeterCallback | None] = ContextVar("intent_model_step_meter", default=None)
+# The run this context started last, whose request LangChain sends once the model's rate limiter lets it.
+AWAITING_LIMITER: ContextVar[_Execution | None] = ContextVar("intent_awaiting_limiter", default=None)
+
+
+class SentSignal(BaseRateLimiter):
+    """A model's rate limiter, as the guard's copies of the model carry it: the same limiter (the same
+    bucket, shared with every other user of it), which also tells the run being metered whether its
+    request got through. LangChain calls ``acquire`` after a run's start callback and before sending: a
+    run cancelled while it waits there was never sent, and is released instead of charged."""
+
+    def __init__(self, limiter: BaseRateLimiter) -> None:
+        self.limiter = limiter
+
+    def acquire(self, *, blocking: bool = True) -> bool:
+        ex = _waiting()
+        got = self.limiter.acquire(blocking=blocking)
+        _passed(ex, got)
+        return got
+
+    async def aacquire(self, *, blocking: bool = True) -> bool:
+        ex = _waiting()
+        got = await self.limiter.aacquire(blocking=blocking)
+        _passed(ex, got)
+        return got
+
+
+def _waiting() -> _Execution | None:
+    ex = AWAITING_LIMITER.get()
+    if ex is None or ex.limiter is not None:
+        return None  # no run of this context is before its limiter (each run is signalled once)
+    AWAITING_LIMITER.set(None)
+    ex.limiter = "waiting"
+    return ex
+
+
+def _passed(ex: _Execution | None, got: bool) -> None:
+    if ex is not None:
+        # Not let through (a non-blocking acquire): the caller does not send it; on its next try it is sent.
+        ex.limiter = "passed" if got else None
+        if not got:
+            AWAITING_LIMITER.set(ex)
+
+
+def signalling_limiter(model: Any) -> dict[str, Any]:
+    """The ``model_copy`` update that gives a copy of ``model`` a :class:`SentSignal` (none without a
+    rate limiter, or with one already)."""
+    limiter = getattr(model, "rate_limiter", None)
+    if limiter is None or isinstance(limiter, SentSignal):
+        return {}
+    return {"rate_limiter": SentSignal(limiter)}
 register_configure_hook(STEP_METER, inheritable=False)
 
 

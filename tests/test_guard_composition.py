@@ -1521,3 +1521,49 @@ def test_a_providers_server_side_tool_is_not_warned_of():
                                {"name": "lookup", "description": "d", "input_schema": {"type": "object"}}])
     unpriced = [str(w.message) for w in caught if issubclass(w.category, UnpricedToolWarning)]
     assert len(unpriced) == 1 and "'lookup'" in unpriced[0]
+
+
+# =========================================== a tool a middleware adds at runtime
+class AddsTool(AgentMiddleware):
+    """LangChain's dynamic-tool pattern: offers ``tool`` to the model in ``wrap_model_call`` and hands it
+    to the tool step with ``request.override(tool=...)`` (it is not registered with the ToolNode)."""
+
+    def __init__(self, tool: Any) -> None:
+        super().__init__()
+        self.tool = tool
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        return handler(request.override(tools=[*request.tools, self.tool]))
+
+    async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+        return await handler(request.override(tools=[*request.tools, self.tool]))
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        if request.tool_call["name"] == self.tool.name:
+            return handler(request.override(tool=self.tool))
+        return handler(request)
+
+    async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+        if request.tool_call["name"] == self.tool.name:
+            return await handler(request.override(tool=self.tool))
+        return await handler(request)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_tool_a_middleware_adds_at_runtime_is_paid_on_either_side_of_the_guard(order: str, use_async: bool) -> None:
+    # Listed after the guard, the added tool ran unpaid and was logged as never run: 50 spent of 35.
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=10.0, extra=20.0), 35.0, log_sink=sink)
+    model = scripted([ai(call("extra", x=1), call("a", x=1)), ai(call("extra", x=2)), AIMessage("done")])
+    agent = create_agent(model, [make_tool("a", runs)],
+                         middleware=with_guard(guard, AddsTool(make_tool("extra", runs)), order))
+    inp = {"messages": [("user", "go")]}
+    out = asyncio.run(agent.ainvoke(inp)) if use_async else agent.invoke(inp)
+    ledger = guard.ledger(out)
+    assert (runs["extra"], runs["a"]) == (1, 1)  # the second extra (20 more of the 5 left) is refused
+    assert ledger.spent == pytest.approx(runs["extra"] * 20.0 + runs["a"] * 10.0) and ledger.reserved == 0
+    assert_each_call_answered_once(msgs_of(out))
+    assert_one_record_per_call(msgs_of(out), sink.records)
+    extra = [(r.decision, r.execution, r.charged) for r in sink.records if r.tool == "extra" and r.execution]
+    assert extra == [("accept", 1, 20.0)]

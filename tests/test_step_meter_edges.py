@@ -715,3 +715,74 @@ def test_parts_that_are_not_media_are_counted_by_their_bytes_only():
     import json
 
     assert count_prompt_tokens([message]) == len(json.dumps(parts).encode()) + 16
+
+
+def _waiting_limiter() -> Any:
+    from langchain_core.rate_limiters import InMemoryRateLimiter
+
+    # An empty bucket that refills once in 1000 s: the first acquire waits (cancelled long before).
+    return InMemoryRateLimiter(requests_per_second=0.001, check_every_n_seconds=0.01)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_metered_model_cancelled_while_waiting_on_its_rate_limiter_is_not_charged(stream: bool) -> None:
+    # Its request never left the process: nothing to bill (was: its worst case, 0.585, charged).
+    runs, guard = ModelRuns(), _guard()
+    side = guard.metered_model(BilledChatModel(model_name="side", runs=runs, rate_limiter=_waiting_limiter()))
+
+    async def call_side() -> None:
+        if stream:
+            async for _chunk in side.astream("q"):
+                pass
+        else:
+            await side.ainvoke("q")
+
+    async def with_timeout(request: Any) -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(call_side(), 0.2)
+
+    out = _run(guard, runs, [Side(afn=with_timeout)], use_async=True)
+    ledger = guard.ledger(out)
+    assert runs.names() == ["primary"]
+    assert ledger.spent == pytest.approx(0.11) and ledger.reserved == 0
+    side_records = [r for r in guard.log_sink.records if r.kind == "model" and r.tool == "side"]
+    assert [(r.charged, r.reason) for r in side_records] == [(0.0, "not_sent")]
+
+
+def test_an_agent_run_cancelled_while_its_model_waits_on_a_rate_limiter_pays_nothing() -> None:
+    runs, guard = ModelRuns(), _guard()
+    model = BilledChatModel(model_name="primary", runs=runs, rate_limiter=_waiting_limiter())
+    agent = create_agent(model, [], middleware=[guard.middleware()])
+
+    async def main() -> None:
+        with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+            await asyncio.wait_for(agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "t"}}),
+                                   0.2)
+
+    asyncio.run(main())
+    ledger = guard.episodes.peek("t").ledger
+    assert runs.names() == []
+    assert ledger.spent == 0.0 and ledger.reserved == 0
+
+
+def test_a_model_that_passed_its_rate_limiter_and_is_then_cancelled_is_still_charged() -> None:
+    # The other side of the rule: once the limiter let it through, the request is sent.
+    from langchain_core.rate_limiters import InMemoryRateLimiter
+
+    class Slow(BilledChatModel):
+        async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            self.runs.hit(self.model_name, *self.tokens)
+            await asyncio.sleep(10)
+
+    runs, guard = ModelRuns(), _guard()
+    open_limiter = InMemoryRateLimiter(requests_per_second=1000, check_every_n_seconds=0.001, max_bucket_size=10)
+    side = guard.metered_model(Slow(model_name="side", runs=runs, rate_limiter=open_limiter))
+
+    async def with_timeout(request: Any) -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(side.ainvoke("q"), 0.2)
+
+    out = _run(guard, runs, [Side(afn=with_timeout)], use_async=True)
+    ledger = guard.ledger(out)
+    assert runs.names() == ["side", "primary"]
+    assert ledger.spent == pytest.approx(0.11 + 0.585) and ledger.reserved == 0
