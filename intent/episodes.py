@@ -17,6 +17,7 @@ from typing import Any
 
 
 from intent.ledger import BudgetLedger
+from intent.lineage import Lineage
 from intent.market import Market
 from intent.messages import query_of, query_run, tool_name
 from intent.nesting import CarvedLedger, current_parent
@@ -74,6 +75,9 @@ class Episode:
     # Whether graph state was merged in. After that the working copy is ahead of state by
     # construction (every money move of the episode goes through it), so it is merged once.
     synced: bool = False
+    # The checkpoints this process's steps of the episode ran from, to tell a resume of the same branch
+    # from a fork or a replay of an older checkpoint (intent.lineage).
+    lineage: Lineage = field(default_factory=Lineage)
 
     def visit(self, task: str) -> None:
         """``task`` (a checkpoint namespace) spends from the episode outside its model steps until
@@ -207,6 +211,23 @@ class EpisodeRegistry:
                 late = self._late.pop(episode_id, None) if self._episodes.get(episode_id) is episode else None
             if late:
                 episode.ledger.absorb({"entries": late})  # entries only move forward: a copy already in state is a no-op
+        return episode
+
+    def reload(self, episode_id: str, channel: Mapping[str, Any], **get: Any) -> Episode:
+        """The episode made again from ``channel`` alone, as a guard in another process makes it: a fork or
+        replay of the thread runs on its checkpoint's ledger, not on the working copy of the branch it left
+        (:mod:`intent.lineage`). What this process knows of the thread beyond state is kept: top-ups asked
+        for without a graph, an episode-scoped market. ``get``: :meth:`get`'s keywords (the step's branch)."""
+        with self._lock:
+            old = self._episodes.pop(episode_id, None)
+        episode = self.get(episode_id, channel, **get)
+        if old is not None:
+            with old.lock:
+                pending, market, by = dict(old.pending_top_ups), old.market, old.ledger.approved_by
+            for top_up_id, amount in pending.items():
+                episode.ledger.top_up(top_up_id, amount, approved_by=by.get(top_up_id, ""))
+            episode.pending_top_ups.update(pending)
+            episode.market = market
         return episode
 
     def can_revive(self, episode_id: str, stamp: str | None) -> bool:

@@ -67,6 +67,7 @@ from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
+from intent.lineage import checkpoint_here, forked, parent_reader
 from intent.state import (LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, read_ledger_channel, run_of,
                           runs_of, write_ledger_update)
 
@@ -347,8 +348,15 @@ class BudgetGuard:
         episode = self.episodes.peek(str(channel.get("episode_id", "")))
         if episode is None:
             return BudgetLedger.from_state(channel)
-        episode.ledger.absorb(channel)
-        return episode.ledger
+        live = episode.ledger
+        known = channel.get("entries")
+        if not (known and live.behind(known)) and set(channel.get("top_ups") or ()) <= live.top_ups.keys():
+            return live
+        # State holds what the working copy lacks (another branch's state, another process's charges): a
+        # merged copy. Reading a ledger never changes the live episode's working copy.
+        merged = BudgetLedger.from_state(live.to_state())
+        merged.absorb(channel)
+        return merged
 
     def top_up(self, config: Mapping[str, Any] | str, amount: float, *, graph: Any = None, reason: str = "",
                approved_by: str = "") -> float:
@@ -377,9 +385,12 @@ class BudgetGuard:
             # The charges as the thread's state shows them are written back with the top-up: on a paused
             # thread, LangGraph's update_state drops the paused step's saved writes (a call that finished
             # in it runs again on resume), and the charge of that finished call was only there.
-            graph.update_state(cfg, {LEDGER_KEY: self._channel_base(episode) | {
+            written = graph.update_state(cfg, {LEDGER_KEY: self._channel_base(episode) | {
                 "entries": dict((channel or {}).get("entries") or {}),
                 "top_ups": {top_up_id: amount}, "top_up_by": {top_up_id: approved_by} if approved_by else {}}})
+            landed = ((written or {}).get("configurable") or {})
+            if landed.get("checkpoint_id") and not landed.get("checkpoint_ns"):
+                episode.lineage.landed(str(landed["checkpoint_id"]))  # a fork from before it goes without it
         else:
             with episode.lock:
                 episode.pending_top_ups[top_up_id] = amount
@@ -606,8 +617,9 @@ class BudgetGuard:
         branch = branch_of(config)
         # Found (or revived, or made) and this branch registered in one step, so that a sibling finishing
         # meanwhile never ends the episode under it (EpisodeRegistry.get, .leave).
-        episode = self.episodes.get(self.episode_id(state, config), channel, branch=branch,
-                                    stamp=branch_stamp(config, branch))
+        stamp = branch_stamp(config, branch)
+        episode = self.follow(self.episodes.get(self.episode_id(state, config), channel, branch=branch, stamp=stamp),
+                              channel, config, branch=branch, stamp=stamp)
         if episode.revived:
             # Revived for a fan-out branch that started after its siblings ended. An oracle with an end hook
             # was told it ended, so it is told it starts again (_start); one without keeps what it knows of
@@ -622,6 +634,29 @@ class BudgetGuard:
             episode.offered = offered
         self._start(episode, channel, messages_of(state))
         return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
+
+    def follow(self, episode: Episode, channel: Mapping[str, Any] | None, config: Mapping[str, Any] | None,
+               **get: Any) -> Episode:
+        """``episode`` for a step running with ``config``: made again from ``channel`` when the step runs on
+        another branch of the thread than the one its working copy followed (a fork, a replay of an older
+        checkpoint: :mod:`intent.lineage`), as a guard in another process would make it; the step's
+        checkpoint noted. ``get``: :meth:`EpisodeRegistry.get`'s keywords for the step's branch."""
+        here = checkpoint_here(config)
+        if here is None:  # no checkpointer (no time travel), or a subgraph's step
+            return episode
+        ledger = episode.ledger
+        if (channel and episode.lineage and not any(episode.branches) and ledger.shared is None
+                and not isinstance(ledger, CarvedLedger) and ledger.ahead_of(channel, episode.pending_top_ups)
+                and forked(episode.lineage, here, parent_reader(config or {}))):
+            episode = self.episodes.reload(episode.episode_id, channel, **get)
+        episode.lineage.ran(here)
+        return episode
+
+    def step_done(self, episode: Episode, config: Mapping[str, Any] | None) -> None:
+        """A step of ``episode`` returned: its writes go into the checkpoint LangGraph saves next."""
+        here = checkpoint_here(config)
+        if here is not None:
+            episode.lineage.done(here)
 
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
         """Warn (once per guard and tool) of each offered tool the market cannot price: the agent is
@@ -642,7 +677,7 @@ class BudgetGuard:
         episode_id = self.episode_id(state, config)
         if episode_id not in self.episodes and not channel:
             return None
-        episode = self.episodes.get(episode_id, channel)
+        episode = self.follow(self.episodes.get(episode_id, channel), channel, config)
         branch = branch_of(config)
         update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
         # Held from leaving to the oracle's end: a fan-out sibling that revives the episode meanwhile starts it
@@ -789,7 +824,9 @@ class BudgetGuard:
                 run.finish(None)
                 raise
             result = run.failed(exc)
-        return run.finish(result)
+        answer = run.finish(result)
+        self.step_done(run.episode, run.config)
+        return answer
 
     async def awrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]]
@@ -805,7 +842,9 @@ class BudgetGuard:
                 run.finish(None)
                 raise
             result = run.failed(exc)
-        return run.finish(result)
+        answer = run.finish(result)
+        self.step_done(run.episode, run.config)
+        return answer
 
     # ================================================= what the model is shown
     def _visible_names(self, state: Any, config: Mapping[str, Any] | None, market: Market,

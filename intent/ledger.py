@@ -574,6 +574,20 @@ class BudgetLedger:
                     return True
             return False
 
+    def ahead_of(self, state: Mapping[str, Any], pending: Mapping[str, Any] = {}) -> bool:  # noqa: B006 - read only
+        """Whether this ledger holds what ``state`` (its channel) lacks: a charge it has not got, or has at
+        an earlier status, or a top-up (other than the ``pending`` ones, written at the next step)."""
+        with self._lock:
+            known = state.get("entries") or {}
+            for cid, entry in self._entries.items():
+                raw = known.get(cid)
+                if raw is None or (raw["status"] != entry.status and _RANK[entry.status] > _RANK[raw["status"]]):
+                    return True
+            if self._top_ups:
+                written = state.get("top_ups") or {}
+                return any(k not in written and k not in pending for k in self._top_ups)
+            return False
+
     def catch_up(self, state: Mapping[str, Any] | None) -> None:
         """Take in ``state`` (this ledger's channel) when it holds charges this ledger has not seen, or
         statuses further on: another process spent on the thread since this copy was made."""

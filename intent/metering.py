@@ -134,7 +134,9 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     index, ai = find_call(messages, cid)
     if not channel or ai is None or not channel.get("episode_id"):
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
-    episode = guard.episodes.get(str(channel["episode_id"]), channel)
+    # (A fork or replay of the thread runs on its checkpoint's ledger: intent.lineage.)
+    episode = guard.follow(guard.episodes.get(str(channel["episode_id"]), channel), channel,
+                           getattr(request.runtime, "config", None))
     key = call_key(ai, index, cid)
     decisions = channel.get("decisions") or {}
     if key not in decisions and key not in episode.ledger:
@@ -328,6 +330,11 @@ class CallRun:
         self.regated = False
         self.refused = False  # a run was refused: its record already says why the reservation went unused
         self.raised: list[BaseException] = []  # what the tool's own runs raised (tool_errors="message" answers those)
+
+    @property
+    def config(self) -> Any:
+        """The tool step's config (its checkpoint: :meth:`BudgetGuard.step_done`)."""
+        return getattr(self.request.runtime, "config", None)
 
     # Read only for a log record or an edited call's re-gate, so not computed on every run.
     @functools.cached_property

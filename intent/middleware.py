@@ -310,7 +310,9 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 step.updates.append((yield "gate", (gated_state, episode)))
             shown = step.ask_again()
             if shown is None:
-                return step.close()
+                response = step.close()
+                self.guard.step_done(episode, config)
+                return response
             # The next reply's charge and turn go on from what this step wrote (the turn counted).
             request = request.override(messages=[*request.messages, *shown],
                                        state={**request.state, LEDGER_KEY: step.channel()})

@@ -966,7 +966,8 @@ def test_a_metered_call_after_the_agent_spends_from_state_after_another_process_
 def test_every_cancelled_metered_call_is_charged_once_and_leaves_nothing_held(how):
     # A metered copy of another guard's metered copy, cancelled: each guard charges its own run (was: only the
     # first, the second held 1.0 forever). An astream cancelled while its rate limiter waits (before LangChain's
-    # try, so no end or error, and not through agenerate): charged when the calling task is done (was: held).
+    # try, so no end or error, and not through agenerate): settled when the calling task is done (was: held),
+    # and released, not charged: the limiter never let the request out (intent.model_meter.SentSignal).
     from langchain_core.rate_limiters import InMemoryRateLimiter
 
     from intent.testing import BilledChatModel
@@ -1004,4 +1005,5 @@ def test_every_cancelled_metered_call_is_charged_once_and_leaves_nothing_held(ho
     for guard in guards:
         episode = guard.episodes.peek(f"twice-{how}")
         assert episode is not None and episode.visitors == {}
-        assert [(e.status, e.amount) for e in episode.ledger.entries()] == [("committed", 1.0)]
+        settled = "released" if how == "astream-rate-limited" else "committed"
+        assert [(e.status, e.amount) for e in episode.ledger.entries()] == [(settled, 1.0)]

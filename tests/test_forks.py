@@ -1,0 +1,210 @@
+"""Time travel on a thread whose episode is still live in this process (paused, or crashed): a fork or
+a replay from an older checkpoint runs on that checkpoint's ledger ("the ledger in state wins"), not
+on the working copy of the branch it abandoned; a resume of the same branch (after an interrupt or a
+crash) keeps what the working copy knows that state does not (money spent is spent).
+
+Executions are counted inside the tools; each branch's ledger must equal what that branch ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import StructuredTool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command, interrupt
+
+from intent import AcceptAll, BudgetGuard, Market, PricedTool
+from intent.testing import ai, assert_each_call_answered_once, call, scripted
+
+PRICES = {"a": 10.0, "b": 7.0, "h": 5.0}
+
+
+class Tools:
+    """``a``, ``b`` (plain), ``h`` (asks a human inside, with ``interrupt``) and ``boom`` (raises while
+    ``fail`` is set: an exception out of the graph), each counting its runs."""
+
+    def __init__(self) -> None:
+        self.runs: Counter[str] = Counter()
+        self.fail = False
+
+    def all(self) -> list[Any]:
+        def a(x: int = 0) -> str:
+            self.runs["a"] += 1
+            return f"RAN a {x}"
+
+        def b(x: int = 0) -> str:
+            self.runs["b"] += 1
+            return f"RAN b {x}"
+
+        def h(x: int = 0) -> str:
+            answer = interrupt({"confirm": x})
+            self.runs["h"] += 1
+            return f"RAN h {x} {answer}"
+
+        def boom(x: int = 0) -> str:
+            self.runs["boom"] += 1
+            if self.fail:
+                raise RuntimeError("the process died here")
+            return f"RAN boom {x}"
+
+        return [StructuredTool.from_function(f, name=f.__name__, description=f.__name__) for f in (a, b, h, boom)]
+
+
+def _guard(budget: float) -> BudgetGuard:
+    return BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in {**PRICES, "boom": 4.0}.items()]), budget)
+
+
+def _ran(messages: list[Any]) -> float:
+    """What the branch's own history ran, by its tools' answers."""
+    prices = {**PRICES, "boom": 4.0}
+    return sum(prices[str(m.content).split()[1]] for m in messages
+               if isinstance(m, ToolMessage) and str(m.content).startswith("RAN "))
+
+
+def _go(agent: Any, inp: Any, cfg: Any, use_async: bool) -> Any:
+    return asyncio.run(agent.ainvoke(inp, cfg)) if use_async else agent.invoke(inp, cfg)
+
+
+CFG = {"configurable": {"thread_id": "t1"}}
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_fork_that_never_runs_a_call_of_the_abandoned_branch_is_not_charged_for_it(use_async: bool) -> None:
+    # Paused before a's tool step; a ran (10); paused again. A fork from before a's tool step replaces the
+    # model's message by a final answer: that branch ran nothing (was: spent 10 with no run).
+    tools, guard, saver = Tools(), _guard(100.0), InMemorySaver()
+    agent = create_agent(scripted([ai(call("a", x=1)), ai(call("b", x=2)), AIMessage("d")]), tools.all(),
+                         middleware=[guard.middleware()], checkpointer=saver, interrupt_before=["tools"])
+    _go(agent, {"messages": [HumanMessage("go")]}, CFG, use_async)
+    before_a = agent.get_state(CFG)
+    _go(agent, None, CFG, use_async)
+    assert tools.runs["a"] == 1
+    old = before_a.values["messages"][-1]
+    fork = agent.update_state(before_a.config, {"messages": [AIMessage("never mind", id=old.id)]}, as_node="model")
+    out = _go(agent, None, fork, use_async)
+    ledger = guard.ledger(out)
+    assert _ran(out["messages"]) == 0.0
+    assert (ledger.spent, ledger.reserved) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_fork_from_before_a_top_up_keeps_its_own_budget(use_async: bool) -> None:
+    # a ran (10), b reserved (7), paused; a top-up of 50 is written to the latest checkpoint. A fork from
+    # before the top-up proposes a again: 27 > 20 on that branch (was: accepted on the abandoned top-up).
+    tools, guard, saver = Tools(), _guard(20.0), InMemorySaver()
+    script = [ai(call("a", x=1)), ai(call("b", x=2)), ai(call("a", x=3)), AIMessage("d")]
+    agent = create_agent(scripted(script), tools.all(), middleware=[guard.middleware()], checkpointer=saver,
+                         interrupt_before=["tools"])
+    _go(agent, {"messages": [HumanMessage("go")]}, CFG, use_async)
+    _go(agent, None, CFG, use_async)
+    before_top_up = agent.get_state(CFG)
+    assert guard.top_up(CFG, 50.0, graph=agent) == 70.0
+    _go(agent, None, before_top_up.config, use_async)  # b runs; a is proposed, refused: 10 more than 3 left
+    while agent.get_state(CFG).next:  # the fork is the thread's latest branch now
+        _go(agent, None, CFG, use_async)
+    out = agent.get_state(CFG).values
+    ledger = guard.ledger(out)
+    assert ledger.budget == 20.0
+    assert ledger.spent == _ran(out["messages"]) == 17.0 and ledger.reserved == 0.0
+    assert_each_call_answered_once(out["messages"])
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_replay_of_the_last_tool_step_charges_the_branch_once(use_async: bool) -> None:
+    # b's tool step ran; the thread paused before the next model step. A replay from before b's tool step
+    # runs b once on that branch (was: charged twice, as a retry of the abandoned branch's run).
+    tools, guard, saver = Tools(), _guard(17.0), InMemorySaver()
+    agent = create_agent(scripted([ai(call("a", x=1)), ai(call("b", x=2)), AIMessage("d"), AIMessage("d2")]),
+                         tools.all(), middleware=[guard.middleware()], checkpointer=saver,
+                         interrupt_before=["tools", "model"])
+    _go(agent, {"messages": [HumanMessage("go")]}, CFG, use_async)  # paused before the model
+    for expected in [("tools",), ("model",), ("tools",)]:  # a proposed; a ran; b proposed
+        _go(agent, None, CFG, use_async)
+        assert agent.get_state(CFG).next == expected
+    before_b = agent.get_state(CFG)
+    _go(agent, None, CFG, use_async)  # b ran; paused before the model
+    assert tools.runs["b"] == 1
+    _go(agent, None, before_b.config, use_async)  # the replay: b's tool step again, on a branch of its own
+    assert agent.get_state(CFG).next == ("model",)
+    _go(agent, None, CFG, use_async)
+    out = agent.get_state(CFG).values
+    ledger = guard.ledger(out)
+    assert tools.runs["b"] == 2  # once on each branch
+    assert ledger.spent == _ran(out["messages"]) == 17.0 and ledger.reserved == 0.0
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_resuming_an_older_interrupt_again_charges_the_branch_once(use_async: bool) -> None:
+    # h asks a human inside. Resumed, h ran and the next h paused; then the first pause is resumed again
+    # (time travel): that branch ran h once (was: counted twice).
+    tools, guard, saver = Tools(), _guard(100.0), InMemorySaver()
+    agent = create_agent(scripted([ai(call("h", x=1)), ai(call("h", x=2)), AIMessage("d1"), AIMessage("d2")]),
+                         tools.all(), middleware=[guard.middleware()], checkpointer=saver)
+    _go(agent, {"messages": [HumanMessage("go")]}, CFG, use_async)
+    first_pause = agent.get_state(CFG)
+    _go(agent, Command(resume="yes"), CFG, use_async)
+    assert tools.runs["h"] == 1
+    _go(agent, Command(resume="again"), first_pause.config, use_async)  # h runs again, on this branch
+    while agent.get_state(CFG).next:
+        _go(agent, Command(resume="ok"), CFG, use_async)
+    values = agent.get_state(CFG).values
+    ledger = guard.ledger(values)
+    assert tools.runs["h"] >= 2
+    assert ledger.spent == _ran(values["messages"]) == 5.0 * (tools.runs["h"] - 1) and ledger.reserved == 0.0
+
+
+# ------------------------------------------------------- the same branch resumed: nothing forgotten
+@pytest.mark.parametrize("then", ["resume", "top_up_then_resume", "new_message"])
+def test_a_crashed_tool_run_is_still_paid_when_its_thread_goes_on_in_the_same_process(then: str) -> None:
+    # boom ran (4) and raised out of the graph: the step's writes are lost, the working copy keeps the run.
+    tools, guard, saver = Tools(), _guard(30.0), InMemorySaver()
+    agent = create_agent(scripted([ai(call("boom", x=1)), AIMessage("done"), AIMessage("done again")]),
+                         tools.all(), middleware=[guard.middleware()], checkpointer=saver)
+    tools.fail = True
+    with pytest.raises(RuntimeError):
+        agent.invoke({"messages": [HumanMessage("go")]}, CFG)
+    tools.fail = False
+    if then == "top_up_then_resume":
+        guard.top_up(CFG, 5.0, graph=agent)
+    if then == "new_message":
+        out = agent.invoke({"messages": [HumanMessage("next")]}, CFG)
+        runs_paid = tools.runs["boom"]  # the crashed run: the new turn does not run boom again
+    else:
+        out = agent.invoke(None, CFG)
+        runs_paid = tools.runs["boom"]  # the crashed run and its re-run
+    ledger = guard.ledger(out)
+    assert ledger.spent == pytest.approx(runs_paid * 4.0) and ledger.reserved == 0.0
+
+
+def test_reading_another_branchs_ledger_leaves_the_live_episode_alone() -> None:
+    # guard.ledger(state) of a state holding a charge this branch never made (another branch's checkpoint)
+    # merged it into the live working copy, and the paused branch then wrote it into its own state.
+    tools, guard, saver = Tools(), _guard(100.0), InMemorySaver()
+    agent = create_agent(scripted([ai(call("a", x=1)), ai(call("b", x=2)), AIMessage("d")]), tools.all(),
+                         middleware=[guard.middleware()], checkpointer=saver, interrupt_before=["tools"])
+    agent.invoke({"messages": [HumanMessage("go")]}, CFG)
+    agent.invoke(None, CFG)  # a ran; paused before b's tool step
+    channel = agent.get_state(CFG).values["intent_ledger"]
+    other = {**channel, "entries": {**channel["entries"], "elsewhere": {
+        "call_id": "elsewhere", "tool": "b", "amount": 7.0, "status": "committed", "seq": 99, "market_version": 0,
+        "tool_call_id": "x", "execution": 1, "overrun": 0.0, "kind": "tool"}}}
+    assert guard.ledger({"intent_ledger": other}).spent == 17.0  # that state's own spending, read
+    out = agent.invoke(None, CFG)
+    ledger = guard.ledger(out)
+    assert ledger.spent == _ran(out["messages"]) == 17.0 and ledger.reserved == 0.0
+
+
+def test_the_checkpointer_key_is_langgraphs() -> None:
+    # intent.lineage reads the running step's checkpointer with a LangGraph-internal config key: a LangGraph
+    # that renames it would silently turn fork detection off. Fail here instead.
+    from langgraph._internal._constants import CONFIG_KEY_CHECKPOINTER
+
+    import intent.lineage as lineage
+
+    assert lineage._CHECKPOINTER == CONFIG_KEY_CHECKPOINTER
