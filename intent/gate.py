@@ -92,7 +92,7 @@ def gate_batch(
     channel = channel_of(state)
     if episode is None:
         episode = guard.follow(guard.episodes.get(guard.episode_id(state, config), channel), channel, config)
-        guard._start(episode, channel, messages)
+        guard._start(episode, channel, messages, config)
     episode_id = episode.episode_id
     # A graph whose agent node did not call prepare() (a hand-built one) is settled here.
     settled = guard._settle(episode, state, reason=RELEASED_UNUSED, branch=branch_of(config)) if settle else None
@@ -334,7 +334,6 @@ def gate_batch(
     if (settled or not channel or decisions or top_ups or channel.get("market_version") != market.version
             or counted != turns):
         update[LEDGER_KEY] = channel_update
-    guard.step_done(episode, config)
     return update or None
 
 

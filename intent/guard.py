@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import AnyMessage, ToolMessage
+from langchain_core.messages import AnyMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 
 from intent import feedback as fb
@@ -67,7 +67,7 @@ from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
-from intent.lineage import checkpoint_here, forked, parent_reader
+from intent.lineage import Reader, checkpoint_here, forked, new_input
 from intent.state import (LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, read_ledger_channel, run_of,
                           runs_of, write_ledger_update)
 
@@ -518,13 +518,16 @@ class BudgetGuard:
                 "BudgetGuard(oracle, market, FromParent(limit=...)), so that it spends from the call's budget")
         return True
 
-    def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage]) -> None:
+    def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage],
+               config: Mapping[str, Any] | None = None) -> None:
         # Held while the oracle's start hook runs: a sibling branch's step waits for it, so no decision of
         # the episode comes before its start has finished.
         with episode.start_lock:
             with episode.lock:
                 # Which run of the thread this is, by state (sibling fan-out branches of one step read the same).
                 run, new_run = run_of(channel)
+                if not new_run and self._run_left_behind(episode, messages, config):
+                    run, new_run = run + 1, True
                 # Started again: a run this episode has not started yet, or a fan-out branch's revived episode
                 # whose end the oracle was told (intent.guard.BudgetGuard.prepared).
                 first_time = (new_run and run > episode.run) or (not episode.started and episode.revived)
@@ -533,6 +536,18 @@ class BudgetGuard:
             if first_time:
                 self._call_hook("start", EpisodeInfo(episode.episode_id, episode.task(channel, messages),
                                                      episode.ledger.budget, self.market_for(episode.episode_id)))
+
+    @staticmethod
+    def _run_left_behind(episode: Episode, messages: Sequence[AnyMessage], config: Mapping[str, Any] | None) -> bool:
+        """Whether a step that state places inside a run under way starts the thread's next run instead: the
+        last run never ended (it stopped at GraphRecursionError, or was left at an interrupt) and the user
+        sent a new message. Told by the new message (the last one, after the run's replies) and the
+        checkpoint LangGraph made for it (``source="input"``): a resume adds no input, and a middleware that
+        adds a human message inside a run makes none."""
+        if not messages or not isinstance(messages[-1], HumanMessage):
+            return False
+        here = checkpoint_here(config)
+        return here is not None and new_input(episode.lineage, here, Reader(config or {}))
 
     def _settle(self, episode: Episode, state: Any, *, reason: str, branch: str | None = None) -> dict[str, Any] | None:
         """Release reservations nothing will use and write what state has not seen yet.
@@ -632,7 +647,7 @@ class BudgetGuard:
             if episode.offered is None:  # the episode's first model step here: tell the developer now
                 self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)
             episode.offered = offered
-        self._start(episode, channel, messages_of(state))
+        self._start(episode, channel, messages_of(state), config)
         return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
 
     def follow(self, episode: Episode, channel: Mapping[str, Any] | None, config: Mapping[str, Any] | None,
@@ -647,16 +662,10 @@ class BudgetGuard:
         ledger = episode.ledger
         if (channel and episode.lineage and not any(episode.branches) and ledger.shared is None
                 and not isinstance(ledger, CarvedLedger) and ledger.ahead_of(channel, episode.pending_top_ups)
-                and forked(episode.lineage, here, parent_reader(config or {}))):
+                and forked(episode.lineage, here, Reader(config or {}))):
             episode = self.episodes.reload(episode.episode_id, channel, **get)
         episode.lineage.ran(here)
         return episode
-
-    def step_done(self, episode: Episode, config: Mapping[str, Any] | None) -> None:
-        """A step of ``episode`` returned: its writes go into the checkpoint LangGraph saves next."""
-        here = checkpoint_here(config)
-        if here is not None:
-            episode.lineage.done(here)
 
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
         """Warn (once per guard and tool) of each offered tool the market cannot price: the agent is
@@ -824,9 +833,7 @@ class BudgetGuard:
                 run.finish(None)
                 raise
             result = run.failed(exc)
-        answer = run.finish(result)
-        self.step_done(run.episode, run.config)
-        return answer
+        return run.finish(result)
 
     async def awrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]]
@@ -842,9 +849,7 @@ class BudgetGuard:
                 run.finish(None)
                 raise
             result = run.failed(exc)
-        answer = run.finish(result)
-        self.step_done(run.episode, run.config)
-        return answer
+        return run.finish(result)
 
     # ================================================= what the model is shown
     def _visible_names(self, state: Any, config: Mapping[str, Any] | None, market: Market,

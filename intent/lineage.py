@@ -1,106 +1,191 @@
 """Whether a step runs on the branch of a thread that an episode's working copy followed.
 
 The guard keeps a working copy of a live episode's ledger in process (:mod:`intent.episodes`), ahead of
-graph state when a step's writes were lost: a crash drops them, and a resume in the same process still
-pays what that step spent. Time travel makes state "behind" for another reason: a replay or a fork from
-an older checkpoint (``invoke(None, older_config)``, ``update_state(older_config, ...)``, a resume of an
+graph state when a step's writes were lost: a crash drops them (a tool that raised out of the graph, a
+sibling call's crash, a middleware raising after the guard), and a resume in the same process still
+pays what that step spent. Time travel makes state "behind" for another reason: a replay or a fork of an
+older checkpoint (``invoke(None, older_config)``, ``update_state(older_config, ...)``, a resume of an
 earlier interrupt) runs on that checkpoint's ledger, and what the working copy holds beyond it was spent
 on the branch it left. There "the ledger in state wins": the branch starts from its checkpoint's ledger,
 as a guard in another process would.
 
 Which of the two it is, the checkpoints tell. Each step of the episode notes the checkpoint it ran from
-(:meth:`Lineage.ran`) and whether it returned (:meth:`Lineage.done`: its writes went into the checkpoint
-LangGraph saves after it); a top-up written with ``update_state`` notes the checkpoint it made
+(:meth:`Lineage.ran`); a top-up written with ``update_state`` notes the checkpoint it made
 (:meth:`Lineage.landed`). When state lacks what the working copy holds, the step walks up from its own
-checkpoint to the nearest one noted (:func:`forked`): the working copy is on this branch unless a write
-noted after that one landed (its checkpoint is not above this step), or the nearest is a step that
-returned and this branch left it by a replay (``source="fork"``) or an edit (``source="update"``) instead
-of its own result (``source="loop"``). A step that runs again from the checkpoint it ran from (after a
-crash or an interrupt) or from a new input after a crash is the same branch: nothing is dropped.
+checkpoint to the nearest one noted (:func:`forked`). The working copy belongs to another branch only on
+evidence: something noted after that checkpoint is not above this step, or a step ran from it, its
+result was saved (a child with ``source="loop"``), and this branch left it another way (a replay,
+``"fork"``; an edit, ``"update"``). A step whose result was never saved (it crashed, or was
+interrupted) leaves nothing behind on another branch: whatever way the thread goes on from it (a resume,
+``update_state`` on it, a new message, a replay of it), the working copy is kept. Whatever cannot be
+read (a checkpoint not saved yet: ``durability="exit"``, an async saver that is still writing on the
+event loop the step runs on) keeps the working copy too: the guard never forgets a charge on a guess.
 
-Only the top graph's checkpoints are walked (a guarded agent run as a subgraph, and fan-out branches,
-keep the working copy, as before), with a checkpointer that can be read from the step (an async-only
-saver cannot be read synchronously from its event loop: the working copy is kept then).
+Only the top graph's checkpoints are walked: a guarded agent run as a subgraph, and fan-out branches,
+keep the working copy, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["Lineage", "checkpoint_here", "forked", "parent_reader"]
+__all__ = ["Lineage", "Reader", "checkpoint_here", "forked", "new_input"]
 
 _CHECKPOINTER = "__pregel_checkpointer"  # LangGraph's CONFIG_KEY_CHECKPOINTER (a test pins it)
-MAX_MARKS = 256  # an episode's noted checkpoints kept (the oldest go: a fork further back reloads too)
-MAX_HOPS = 2000  # checkpoints walked up before giving up (then the working copy is kept)
+_DURABILITY = "__pregel_durability"  # LangGraph's CONFIG_KEY_DURABILITY
+MAX_MARKS = 256  # an episode's noted checkpoints kept (the oldest go)
+MAX_HOPS = 2000  # checkpoints walked up, or listed, before giving up (then the working copy is kept)
+SAVE_WAIT_S = 2.0  # how long a step waits for its own checkpoint's background save (durability="async")
 
-Mark = Literal["ran", "done", "landed"]
+_RAN, _LANDED = 1, 2
 
 
 class Lineage:
-    """The checkpoints an episode's steps ran from and the top-ups it wrote landed in, in order."""
+    """The checkpoints an episode's steps ran from and its top-ups landed in, in the order first noted."""
 
     __slots__ = ("_marks",)
 
     def __init__(self) -> None:
-        self._marks: OrderedDict[str, Mark] = OrderedDict()
+        self._marks: OrderedDict[str, int] = OrderedDict()
+
+    def _note(self, checkpoint_id: str, flag: int) -> None:
+        self._marks[checkpoint_id] = self._marks.get(checkpoint_id, 0) | flag
+        while len(self._marks) > MAX_MARKS:
+            self._marks.popitem(last=False)
 
     def ran(self, checkpoint_id: str) -> None:
-        """A step of the episode starts from ``checkpoint_id`` (kept in its first place when it runs again)."""
-        if checkpoint_id not in self._marks:
-            self._marks[checkpoint_id] = "ran"
-            while len(self._marks) > MAX_MARKS:
-                self._marks.popitem(last=False)
-
-    def done(self, checkpoint_id: str) -> None:
-        """The step that ran from ``checkpoint_id`` returned: its writes are in the checkpoint after it."""
-        if self._marks.get(checkpoint_id) == "ran":
-            self._marks[checkpoint_id] = "done"
+        """A step of the episode runs from ``checkpoint_id``."""
+        if self._marks.get(checkpoint_id, 0) & _RAN == 0:
+            self._note(checkpoint_id, _RAN)
 
     def landed(self, checkpoint_id: str) -> None:
         """A write of the episode's (a top-up) is in ``checkpoint_id`` itself."""
-        self._marks[checkpoint_id] = "landed"
-        while len(self._marks) > MAX_MARKS:
-            self._marks.popitem(last=False)
+        self._note(checkpoint_id, _LANDED)
 
     def __bool__(self) -> bool:
         return bool(self._marks)
 
-    def _written_after(self, checkpoint_id: str) -> bool:
+    def _noted_after(self, checkpoint_id: str) -> bool:
         after = False
-        for cid, mark in self._marks.items():
-            if after and mark != "ran":
+        for cid in self._marks:
+            if after:
                 return True
-            after = after or cid == checkpoint_id
+            after = cid == checkpoint_id
         return False
 
 
-def forked(lineage: Lineage, here: str, parent_of: Callable[[str], tuple[str | None, str | None] | None]) -> bool:
+class Reader:
+    """Reads the top graph's checkpoints of a step's thread from the step's own checkpointer."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        configurable = config.get("configurable") or {}
+        self.saver = configurable.get(_CHECKPOINTER)
+        self.thread = configurable.get("thread_id")
+        self.durability = configurable.get(_DURABILITY)
+
+    def _config(self, checkpoint_id: str | None = None) -> dict[str, Any]:
+        configurable: dict[str, Any] = {"thread_id": self.thread, "checkpoint_ns": ""}
+        if checkpoint_id is not None:
+            configurable["checkpoint_id"] = checkpoint_id
+        return {"configurable": configurable}
+
+    def _tuple(self, checkpoint_id: str, wait: bool = False) -> Any:
+        try:
+            found = self.saver.get_tuple(self._config(checkpoint_id))
+            if found is None and wait and self.durability != "exit" and not _on_running_loop():
+                # The step's own checkpoint, saved in the background (durability="async"): wait for it.
+                deadline = time.monotonic() + SAVE_WAIT_S
+                while found is None and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                    found = self.saver.get_tuple(self._config(checkpoint_id))
+            return found
+        except (NotImplementedError, asyncio.InvalidStateError):
+            return None  # a saver with no sync reads, or an async one called from its own event loop
+
+    def parent(self, checkpoint_id: str, *, wait: bool = False) -> tuple[str | None, str | None] | None:
+        """``(the checkpoint's source, its parent's id)``, the parent ``None`` for the thread's first
+        checkpoint; ``None`` when it cannot be read."""
+        found = self._tuple(checkpoint_id, wait)
+        if found is None:
+            return None
+        parent = ((found.parent_config or {}).get("configurable") or {}).get("checkpoint_id")
+        return (found.metadata or {}).get("source"), (str(parent) if parent else None)
+
+    def result_saved(self, checkpoint_id: str) -> bool | None:
+        """Whether the step run from ``checkpoint_id`` has its result saved (a child with ``source="loop"``);
+        ``None`` when that cannot be read."""
+        try:
+            for n, found in enumerate(self.saver.list(self._config())):  # newest first
+                cid = (found.config.get("configurable") or {}).get("checkpoint_id")
+                if cid == checkpoint_id or n >= MAX_HOPS:
+                    return False if cid == checkpoint_id else None  # older ones are not its children
+                parent = ((found.parent_config or {}).get("configurable") or {}).get("checkpoint_id")
+                if parent == checkpoint_id and (found.metadata or {}).get("source") == "loop":
+                    return True
+        except (NotImplementedError, asyncio.InvalidStateError):
+            return None
+        return False
+
+
+def _on_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def forked(lineage: Lineage, here: str, reader: Reader) -> bool:
     """Whether the step running from checkpoint ``here`` is on another branch than the one ``lineage``
-    followed (see the module's doc). ``parent_of(checkpoint_id)``: ``(its source, its parent's id)``, the
-    parent ``None`` for the thread's first checkpoint, or ``None`` when it cannot be read (then: not forked,
-    the working copy is kept)."""
+    followed (see the module's doc): only on evidence; anything unreadable says no."""
     marks = lineage._marks
-    if here in marks:  # this step's own checkpoint again: a crash's or an interrupt's resume, a parallel task
-        return lineage._written_after(here)
-    current = here
-    for _ in range(MAX_HOPS):
-        read = parent_of(current)
+    if not marks:
+        return False
+    nearest, via = here, None  # the nearest noted checkpoint on this branch, and the source of its child here
+    if here not in marks:
+        current = here
+        for hop in range(MAX_HOPS):
+            read = reader.parent(current, wait=hop == 0)
+            if read is None:
+                return False
+            source, parent = read
+            if parent is None:  # the thread's first checkpoint: nothing the episode noted is on this branch
+                return True
+            if parent in marks:
+                nearest, via = parent, source
+                break
+            current = parent
+        else:
+            return False
+    if lineage._noted_after(nearest):
+        return True  # the episode went on past it, not on this branch
+    if marks[nearest] & _RAN and via != "loop":
+        # A step ran from it; this branch did not go on through that step's result: if the result was
+        # saved, what the step wrote is on another branch.
+        return bool(reader.result_saved(nearest))
+    return False
+
+
+def new_input(lineage: Lineage, here: str, reader: Reader, hops: int = 4) -> bool:
+    """Whether a user's new input (a checkpoint with ``source="input"``) lies between the checkpoint ``here``
+    and the nearest one the episode's steps ran from (looked for within ``hops``: LangGraph makes the
+    input's checkpoint one or two steps before the model's)."""
+    current = here  # (noted already by the step asking, or by its crashed first attempt: looked above)
+    for hop in range(hops):
+        if current != here and current in lineage._marks:
+            return False  # a step of the episode ran here: no new input after it
+        read = reader.parent(current, wait=hop == 0)
         if read is None:
             return False
         source, parent = read
-        if parent is None:  # the thread's first checkpoint: nothing the episode wrote is on this branch
-            return any(mark != "ran" for mark in marks.values())
-        mark = marks.get(parent)
-        if mark is not None:
-            if lineage._written_after(parent):
-                return True
-            # A step's writes land in its result (source "loop"); a replay ("fork") or an edit ("update") of the
-            # checkpoint it ran from leaves them behind. (A new input after a crash, "input", does not: that
-            # step never returned, its writes were lost, and the working copy still has what it spent.)
-            return mark == "done" and source in ("fork", "update")
+        if source == "input":
+            return True
+        if parent is None:
+            return False
         current = parent
     return False
 
@@ -114,22 +199,3 @@ def checkpoint_here(config: Mapping[str, Any] | None) -> str | None:
         return None
     here = stamps.get("")
     return str(here) if here else None
-
-
-def parent_reader(config: Mapping[str, Any]) -> Callable[[str], tuple[str | None, str | None] | None]:
-    """``parent_of`` for :func:`forked`, reading the step's own checkpointer (top graph, its thread)."""
-    configurable = config.get("configurable") or {}
-    saver, thread = configurable.get(_CHECKPOINTER), configurable.get("thread_id")
-
-    def parent_of(checkpoint_id: str) -> tuple[str | None, str | None] | None:
-        try:
-            found = saver.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": "",
-                                                      "checkpoint_id": checkpoint_id}})
-        except (NotImplementedError, asyncio.InvalidStateError):
-            return None  # a saver with no sync reads, or an async one called from its own event loop
-        if found is None:
-            return None
-        parent = ((found.parent_config or {}).get("configurable") or {}).get("checkpoint_id")
-        return (found.metadata or {}).get("source"), (str(parent) if parent else None)
-
-    return parent_of

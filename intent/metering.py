@@ -331,11 +331,6 @@ class CallRun:
         self.refused = False  # a run was refused: its record already says why the reservation went unused
         self.raised: list[BaseException] = []  # what the tool's own runs raised (tool_errors="message" answers those)
 
-    @property
-    def config(self) -> Any:
-        """The tool step's config (its checkpoint: :meth:`BudgetGuard.step_done`)."""
-        return getattr(self.request.runtime, "config", None)
-
     # Read only for a log record or an edited call's re-gate, so not computed on every run.
     @functools.cached_property
     def query(self) -> str:

@@ -310,9 +310,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 step.updates.append((yield "gate", (gated_state, episode)))
             shown = step.ask_again()
             if shown is None:
-                response = step.close()
-                self.guard.step_done(episode, config)
-                return response
+                return step.close()
             # The next reply's charge and turn go on from what this step wrote (the turn counted).
             request = request.override(messages=[*request.messages, *shown],
                                        state={**request.state, LEDGER_KEY: step.channel()})

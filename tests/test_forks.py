@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -208,3 +209,123 @@ def test_the_checkpointer_key_is_langgraphs() -> None:
     import intent.lineage as lineage
 
     assert lineage._CHECKPOINTER == CONFIG_KEY_CHECKPOINTER
+
+
+# ------------------------------------------- a new message after a run that never ended
+class Recording(AcceptAll):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def start(self, episode: Any) -> None:
+        self.seen.append(("start", episode.query))
+
+    def decide(self, ctx: Any) -> Any:
+        self.seen.append(("decide", ctx.query))
+        return super().decide(ctx)
+
+
+class Reminder(AgentMiddleware):
+    """Adds a human message inside the run before each model call after a tool step (no new input)."""
+
+    def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        if isinstance(state["messages"][-1], ToolMessage):
+            return {"messages": [HumanMessage("reminder: be brief")]}
+        return None
+
+
+@pytest.mark.parametrize("then", ["new_message", "resume", "reminder_middleware"])
+def test_a_new_message_after_a_run_stopped_by_the_recursion_limit_starts_the_next_run(then: str) -> None:
+    # The run stopped at GraphRecursionError (it never ended); the user's next message is the next run: the
+    # oracle starts it with its own task (was: decided under the first run's task, never started). Resuming
+    # the stopped run with invoke(None), or a middleware adding a human message inside the run, is no new run.
+    from langgraph.errors import GraphRecursionError
+
+    oracle, tools, saver = Recording(), Tools(), InMemorySaver()
+    guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in PRICES.items()]), 100.0)
+    script = [ai(call("a", x=1)), ai(call("a", x=2)), ai(call("b", x=3)), AIMessage("done")]
+    middleware = [guard.middleware(), *([Reminder()] if then == "reminder_middleware" else [])]
+    agent = create_agent(scripted(script), tools.all(), middleware=middleware, checkpointer=saver)
+    with pytest.raises(GraphRecursionError):
+        agent.invoke({"messages": [HumanMessage("task ONE")]}, {**CFG, "recursion_limit": 4})
+    assert oracle.seen == [("start", "task ONE"), ("decide", "task ONE")] or oracle.seen[:2] == [
+        ("start", "task ONE"), ("decide", "task ONE")]
+    before = len(oracle.seen)
+    out = agent.invoke({"messages": [HumanMessage("task TWO")]} if then == "new_message" else None, CFG)
+    later = oracle.seen[before:]
+    if then == "new_message":
+        assert later[0] == ("start", "task TWO") and all(q == "task TWO" for _, q in later)
+        assert (out["intent_ledger"]["query"], out["intent_ledger"]["query_run"]) == ("task TWO", 2)
+    else:
+        assert later and all(seen == ("decide", "task ONE") for seen in later)
+        assert out["intent_ledger"]["query_run"] == 1
+    assert guard.ledger(out).reserved == 0.0
+
+
+# ------------------------- the same branch going on by a checkpoint of its own: never a fork
+class RaisesAfterTheGuard(AgentMiddleware):
+    """Listed before the guard: the guard's tool step returns (the tool ran), then this raises out of the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = True
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        answer = handler(request)
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("the process died after the tool ran")
+        return answer
+
+
+@pytest.mark.parametrize("then", ["update_state", "head_config", "top_up"])
+@pytest.mark.parametrize("crash", ["sibling_call", "outer_middleware"])
+def test_a_crashed_step_whose_thread_goes_on_by_an_edit_or_an_addressed_resume_is_still_paid(
+        crash: str, then: str) -> None:
+    # A step whose result was never saved (a sibling call raised out of the graph; a middleware raised after the
+    # guard's tool step returned) left nothing on another branch: update_state on it, invoke(None, with its own
+    # checkpoint's config) (LangGraph saves a "fork" checkpoint for it) or a top-up go on with the same branch,
+    # and what the crashed step ran is still paid (a first version of fork detection forgot it: 14 of 28).
+    tools, guard, saver = Tools(), _guard(100.0), InMemorySaver()
+    first = ai(call("a", x=1), call("boom", x=2)) if crash == "sibling_call" else ai(call("a", x=1))
+    middleware = [guard.middleware()] if crash == "sibling_call" else [RaisesAfterTheGuard(), guard.middleware()]
+    agent = create_agent(scripted([first, AIMessage("done"), AIMessage("done again")]), tools.all(),
+                         middleware=middleware, checkpointer=saver)
+    tools.fail = True
+    with pytest.raises(RuntimeError):
+        agent.invoke({"messages": [HumanMessage("go")]}, CFG)
+    tools.fail = False
+    if then == "update_state":
+        agent.update_state(CFG, {"messages": [HumanMessage("note: fixed now")]})
+        agent.invoke(None, CFG)
+    elif then == "top_up":
+        guard.top_up(CFG, 5.0, graph=agent)
+        agent.invoke(None, CFG)
+    else:
+        agent.invoke(None, agent.get_state(CFG).config)
+    while agent.get_state(CFG).next:
+        agent.invoke(None, CFG)
+    ledger = guard.ledger(agent.get_state(CFG).values)
+    really_ran = tools.runs["a"] * 10.0 + tools.runs["boom"] * 4.0
+    assert ledger.spent == pytest.approx(really_ran) and ledger.reserved == 0.0
+
+
+def test_a_replay_of_the_checkpoint_a_top_up_landed_in_charges_the_branch_once() -> None:
+    # Paused before b's tool step, topped up (with graph=: a checkpoint of its own), b ran from it; a replay of
+    # that checkpoint runs b once on its branch (a first version of fork detection charged it twice: 24).
+    tools, guard, saver = Tools(), _guard(30.0), InMemorySaver()
+    agent = create_agent(scripted([ai(call("a", x=1)), ai(call("b", x=2)), AIMessage("d"), AIMessage("d2")]),
+                         tools.all(), middleware=[guard.middleware()], checkpointer=saver,
+                         interrupt_before=["tools", "model"])
+    agent.invoke({"messages": [HumanMessage("go")]}, CFG)
+    for _ in range(3):  # a proposed; a ran; b proposed
+        agent.invoke(None, CFG)
+    guard.top_up(CFG, 10.0, graph=agent)
+    before_b = agent.get_state(CFG)
+    agent.invoke(None, CFG)  # b ran; paused before the model
+    agent.invoke(None, before_b.config)  # the replay
+    while agent.get_state(CFG).next:
+        agent.invoke(None, CFG)
+    out = agent.get_state(CFG).values
+    ledger = guard.ledger(out)
+    assert tools.runs["b"] == 2
+    assert ledger.spent == _ran(out["messages"]) == 17.0 and ledger.reserved == 0.0
