@@ -608,6 +608,13 @@ class BudgetGuard:
                    if e.call_id not in known or known[e.call_id]["status"] != e.status}
         with episode.lock:
             top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
+        held_top_ups = episode.ledger.top_ups
+        if held_top_ups:
+            # A top-up the working copy counts and this state lacks (written to another branch's checkpoint,
+            # kept here because this branch also carries what that one's crashed step spent: intent.lineage):
+            # written to this branch too, so that its state and the working copy agree on its budget.
+            written = (channel or {}).get("top_ups") or {}
+            top_ups = {**{k: v for k, v in held_top_ups.items() if k not in written}, **top_ups}
         if not changed and not top_ups:
             return None
         update = self._channel_base(episode) | {"entries": changed}

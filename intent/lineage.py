@@ -13,11 +13,12 @@ Which of the two it is, the checkpoints tell. Each step of the episode notes the
 (:meth:`Lineage.ran`); a top-up written with ``update_state`` notes the checkpoint it made
 (:meth:`Lineage.landed`). When state lacks what the working copy holds, the step walks up from its own
 checkpoint to the nearest one noted (:func:`forked`). The working copy belongs to another branch only on
-evidence: something noted after that checkpoint is not above this step, or a step ran from it, its
-result was saved (a child with ``source="loop"``), and this branch left it another way (a replay,
-``"fork"``; an edit, ``"update"``). A step whose result was never saved (it crashed, or was
-interrupted) leaves nothing behind on another branch: whatever way the thread goes on from it (a resume,
-``update_state`` on it, a new message, a replay of it), the working copy is kept. Whatever cannot be
+evidence: a step ran from that checkpoint, its result was saved (a child with ``source="loop"``), and
+this branch left it another way (a replay, ``"fork"``; an edit, ``"update"``), or went on through its
+result while the episode noted something after it elsewhere. A step whose result was never saved (it
+crashed, or was interrupted) is this branch's whatever way the thread goes on from it (a resume,
+``update_state`` on it, a new message, a replay of it): the working copy is kept, and with it whatever
+the thread ran elsewhere since (never less than was spent). Whatever cannot be
 read (a checkpoint not saved yet: ``durability="exit"``, an async saver that is still writing on the
 event loop the step runs on) keeps the working copy too: the guard never forgets a charge on a guess.
 
@@ -69,12 +70,14 @@ class Lineage:
     def __bool__(self) -> bool:
         return bool(self._marks)
 
-    def _noted_after(self, checkpoint_id: str) -> bool:
+    def _noted_after(self, checkpoint_id: str, here: str) -> bool:
+        """Whether anything was noted after ``checkpoint_id`` but ``here`` (which a parallel task of the
+        asking step may have noted meanwhile: no evidence of another branch)."""
         after = False
         for cid in self._marks:
-            if after:
+            if after and cid != here:
                 return True
-            after = cid == checkpoint_id
+            after = after or cid == checkpoint_id
         return False
 
 
@@ -161,19 +164,27 @@ def forked(lineage: Lineage, here: str, reader: Reader) -> bool:
             current = parent
         else:
             return False
-    if lineage._noted_after(nearest):
-        return True  # the episode went on past it, not on this branch
-    if marks[nearest] & _RAN and via != "loop":
-        # A step ran from it; this branch did not go on through that step's result: if the result was
-        # saved, what the step wrote is on another branch.
-        return bool(reader.result_saved(nearest))
-    return False
+    if marks[nearest] & _RAN and nearest != here and via != "loop":
+        # A step ran from it and this branch did not go on through that step's result. If the result was
+        # never saved (the step crashed, or was interrupted), what it spent belongs here too (a replay runs
+        # it again): the working copy is kept, even if the thread went on elsewhere since (then this branch
+        # is also charged what the other one ran: never less than was spent).
+        saved = reader.result_saved(nearest)
+        if not saved:
+            return False
+        return True  # its result went on elsewhere: what it wrote is on another branch
+    if marks[nearest] & _RAN and nearest == here:
+        # This step's own checkpoint again (a crash's or an interrupt's resume, a parallel task): another
+        # branch only if the episode went on past it and the step's result was saved.
+        return lineage._noted_after(nearest, here) and bool(reader.result_saved(nearest))
+    return lineage._noted_after(nearest, here)  # the episode went on past it, not on this branch
 
 
-def new_input(lineage: Lineage, here: str, reader: Reader, hops: int = 4) -> bool:
+def new_input(lineage: Lineage, here: str, reader: Reader, hops: int = 32) -> bool:
     """Whether a user's new input (a checkpoint with ``source="input"``) lies between the checkpoint ``here``
     and the nearest one the episode's steps ran from (looked for within ``hops``: LangGraph makes the
-    input's checkpoint one or two steps before the model's)."""
+    input's checkpoint a step before the agent's first node, and each ``before_agent`` / ``before_model``
+    hook is a step of its own)."""
     current = here  # (noted already by the step asking, or by its crashed first attempt: looked above)
     for hop in range(hops):
         if current != here and current in lineage._marks:

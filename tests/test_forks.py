@@ -329,3 +329,71 @@ def test_a_replay_of_the_checkpoint_a_top_up_landed_in_charges_the_branch_once()
     ledger = guard.ledger(out)
     assert tools.runs["b"] == 2
     assert ledger.spent == _ran(out["messages"]) == 17.0 and ledger.reserved == 0.0
+
+
+def test_a_crashed_step_resumed_by_its_own_config_after_a_top_up_keeps_what_it_spent_and_the_top_up() -> None:
+    # boom ran (4) and raised; a top-up (graph=) makes a checkpoint after the crashed one; the thread goes on with
+    # the crashed checkpoint's own config saved before the top-up. The crashed run is this branch's (a first
+    # version rebuilt the episode from state: 21 counted of 25 run, over a budget of 22).
+    tools, guard, saver = Tools(), _guard(22.0), InMemorySaver()
+    agent = create_agent(scripted([ai(call("a", x=0)), ai(call("boom", x=2)), ai(call("a", x=3)), AIMessage("d")]),
+                         tools.all(), middleware=[guard.middleware()], checkpointer=saver)
+    tools.fail = True
+    with pytest.raises(RuntimeError):
+        agent.invoke({"messages": [HumanMessage("go")]}, CFG)
+    tools.fail = False
+    crashed = agent.get_state(CFG)
+    guard.top_up(CFG, 5.0, graph=agent)
+    agent.invoke(None, crashed.config)
+    while agent.get_state(CFG).next:
+        agent.invoke(None, CFG)
+    ledger = guard.ledger(agent.get_state(CFG).values)
+    really_ran = tools.runs["a"] * 10.0 + tools.runs["boom"] * 4.0
+    assert ledger.spent == pytest.approx(really_ran) and ledger.reserved == 0.0
+    assert ledger.spent <= ledger.budget == 27.0
+
+
+def test_a_parallel_task_noting_its_checkpoint_meanwhile_is_no_evidence_of_a_fork() -> None:
+    # Two calls of one message resumed from a new checkpoint F run as parallel tasks: the first notes F while the
+    # second is still walking up from it; the second must not take F for a step of another branch (it did, at
+    # random: 1 run in 25 of this file forgot what a crashed sibling spent).
+    from intent.lineage import Lineage, forked
+
+    lineage = Lineage()
+    lineage.ran("X")  # the crashed step's checkpoint
+
+    class Reader:
+        def parent(self, checkpoint_id: str, *, wait: bool = False) -> tuple[str | None, str | None]:
+            lineage.ran("F")  # the sibling task, meanwhile
+            return {"F": ("fork", "X")}[checkpoint_id]
+
+        def result_saved(self, checkpoint_id: str) -> bool:
+            return False  # X's step crashed: no result
+
+    assert forked(lineage, "F", Reader()) is False  # type: ignore[arg-type]
+
+
+def _hooks(n: int) -> list[Any]:
+    """``n`` middlewares with a before_model hook each: a graph step each between the input and the model."""
+    def before_model(self: Any, state: Any, runtime: Any) -> None:
+        return None
+
+    return [type(f"Hook{i}", (AgentMiddleware,), {"before_model": before_model})() for i in range(n)]
+
+
+def test_a_new_message_after_a_stopped_run_starts_the_next_run_behind_several_hooks() -> None:
+    # Each before_model hook is a step between the user's input and the model step (looked for within 4 steps
+    # at first: with 3 hooks the next run was decided under the stopped run's task).
+    from langgraph.errors import GraphRecursionError
+
+    oracle, tools, saver = Recording(), Tools(), InMemorySaver()
+    guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in PRICES.items()]), 100.0)
+    script = [ai(call("a", x=1)), ai(call("a", x=2)), ai(call("b", x=3)), AIMessage("done")]
+    agent = create_agent(scripted(script), tools.all(), middleware=[*_hooks(3), guard.middleware()],
+                         checkpointer=saver)
+    with pytest.raises(GraphRecursionError):
+        agent.invoke({"messages": [HumanMessage("task ONE")]}, {**CFG, "recursion_limit": 6})
+    before = len(oracle.seen)
+    out = agent.invoke({"messages": [HumanMessage("task TWO")]}, CFG)
+    assert oracle.seen[before] == ("start", "task TWO")
+    assert out["intent_ledger"]["query_run"] == 2 and guard.ledger(out).reserved == 0.0
