@@ -12,7 +12,8 @@ as a guard in another process would.
 Which of the two it is, the checkpoints tell. Each step of the episode notes the checkpoint it ran from
 (:meth:`Lineage.ran`); a top-up written with ``update_state`` notes the checkpoint it made
 (:meth:`Lineage.landed`). When state lacks what the working copy holds, the step walks up from its own
-checkpoint to the nearest one noted (:func:`forked`). The working copy belongs to another branch only on
+checkpoint to the nearest one a step ran from (:func:`forked`; top-ups' checkpoints are walked through). The
+working copy belongs to another branch only on
 evidence: a step ran from that checkpoint, its result was saved (a child with ``source="loop"``), and
 this branch left it another way (a replay, ``"fork"``; an edit, ``"update"``), or went on through its
 result while the episode noted something after it elsewhere. A step whose result was never saved (it
@@ -70,12 +71,12 @@ class Lineage:
     def __bool__(self) -> bool:
         return bool(self._marks)
 
-    def _noted_after(self, checkpoint_id: str, here: str) -> bool:
-        """Whether anything was noted after ``checkpoint_id`` but ``here`` (which a parallel task of the
-        asking step may have noted meanwhile: no evidence of another branch)."""
+    def _noted_after(self, checkpoint_id: str, on_path: set[str]) -> bool:
+        """Whether anything off ``on_path`` was noted after ``checkpoint_id`` (the asking step's own checkpoint,
+        which a parallel task of the step may have noted meanwhile, is on it: no evidence of another branch)."""
         after = False
         for cid in self._marks:
-            if after and cid != here:
+            if after and cid not in on_path:
                 return True
             after = after or cid == checkpoint_id
         return False
@@ -144,40 +145,41 @@ def _on_running_loop() -> bool:
 
 def forked(lineage: Lineage, here: str, reader: Reader) -> bool:
     """Whether the step running from checkpoint ``here`` is on another branch than the one ``lineage``
-    followed (see the module's doc): only on evidence; anything unreadable says no."""
+    followed (see the module's doc): only on evidence; anything unreadable says no. The nearest checkpoint a
+    step of the episode ran from decides; top-ups' checkpoints on the way are walked through (a top-up's own
+    state holds only what state held when it was written, not what a crashed step spent)."""
     marks = lineage._marks
     if not marks:
         return False
-    nearest, via = here, None  # the nearest noted checkpoint on this branch, and the source of its child here
-    if here not in marks:
+    on_path = {here}
+    nearest, via = here, None  # the nearest checkpoint a step ran from, and the source of its child here
+    if not marks.get(here, 0) & _RAN:
         current = here
         for hop in range(MAX_HOPS):
             read = reader.parent(current, wait=hop == 0)
             if read is None:
                 return False
             source, parent = read
-            if parent is None:  # the thread's first checkpoint: nothing the episode noted is on this branch
+            if parent is None:  # the thread's first checkpoint: no step of the episode ran on this branch
                 return True
-            if parent in marks:
+            on_path.add(parent)
+            if marks.get(parent, 0) & _RAN:
                 nearest, via = parent, source
                 break
             current = parent
         else:
             return False
-    if marks[nearest] & _RAN and nearest != here and via != "loop":
-        # A step ran from it and this branch did not go on through that step's result. If the result was
-        # never saved (the step crashed, or was interrupted), what it spent belongs here too (a replay runs
-        # it again): the working copy is kept, even if the thread went on elsewhere since (then this branch
-        # is also charged what the other one ran: never less than was spent).
-        saved = reader.result_saved(nearest)
-        if not saved:
-            return False
-        return True  # its result went on elsewhere: what it wrote is on another branch
-    if marks[nearest] & _RAN and nearest == here:
+    if nearest != here and via != "loop":
+        # This branch did not go on through that step's result. If the result was never saved (the step
+        # crashed, or was interrupted), what it spent belongs here too (a replay runs it again): the working
+        # copy is kept, even if the thread went on elsewhere since (then this branch is also charged what the
+        # other one ran: never less than was spent). If it was saved, what the step wrote is elsewhere.
+        return bool(reader.result_saved(nearest))
+    if nearest == here:
         # This step's own checkpoint again (a crash's or an interrupt's resume, a parallel task): another
-        # branch only if the episode went on past it and the step's result was saved.
-        return lineage._noted_after(nearest, here) and bool(reader.result_saved(nearest))
-    return lineage._noted_after(nearest, here)  # the episode went on past it, not on this branch
+        # branch only if the episode went on past it elsewhere and the step's result was saved.
+        return lineage._noted_after(nearest, on_path) and bool(reader.result_saved(nearest))
+    return lineage._noted_after(nearest, on_path)  # went on through its result, and the episode went on elsewhere
 
 
 def new_input(lineage: Lineage, here: str, reader: Reader, hops: int = 32) -> bool:

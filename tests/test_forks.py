@@ -397,3 +397,25 @@ def test_a_new_message_after_a_stopped_run_starts_the_next_run_behind_several_ho
     out = agent.invoke({"messages": [HumanMessage("task TWO")]}, CFG)
     assert oracle.seen[before] == ("start", "task TWO")
     assert out["intent_ledger"]["query_run"] == 2 and guard.ledger(out).reserved == 0.0
+
+
+def test_a_crashed_step_resumed_from_a_top_ups_checkpoint_after_another_top_up_keeps_what_it_spent() -> None:
+    # boom ran (4) and raised; a top-up makes T1 (its state: the charges state had, not the crashed run); a second
+    # top-up T2 follows; the thread goes on from T1's config. The crashed run is still this branch's (T1 was taken
+    # for the deciding checkpoint and the episode rebuilt from its state: 14 counted of 18 run).
+    tools, guard, saver = Tools(), _guard(100.0), InMemorySaver()
+    agent = create_agent(scripted([ai(call("a", x=0)), ai(call("boom", x=2)), AIMessage("d")]), tools.all(),
+                         middleware=[guard.middleware()], checkpointer=saver)
+    tools.fail = True
+    with pytest.raises(RuntimeError):
+        agent.invoke({"messages": [HumanMessage("go")]}, CFG)
+    tools.fail = False
+    guard.top_up(CFG, 5.0, graph=agent)
+    t1 = agent.get_state(CFG)
+    guard.top_up(CFG, 5.0, graph=agent)
+    agent.invoke(None, t1.config)
+    while agent.get_state(CFG).next:
+        agent.invoke(None, CFG)
+    ledger = guard.ledger(agent.get_state(CFG).values)
+    assert ledger.spent == pytest.approx(tools.runs["a"] * 10.0 + tools.runs["boom"] * 4.0) == 18.0
+    assert ledger.reserved == 0.0
