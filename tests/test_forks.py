@@ -75,6 +75,21 @@ def _go(agent: Any, inp: Any, cfg: Any, use_async: bool) -> Any:
 CFG = {"configurable": {"thread_id": "t1"}}
 
 
+def _crash(agent: Any, tools: Tools) -> None:
+    """The first run on the thread, with ``boom`` raising out of the graph (its step's writes are lost)."""
+    tools.fail = True
+    with pytest.raises(RuntimeError):
+        agent.invoke({"messages": [HumanMessage("go")]}, CFG)
+    tools.fail = False
+
+
+def _to_the_end(agent: Any) -> dict[str, Any]:
+    """The thread's state once every pause of its latest branch is resumed."""
+    while agent.get_state(CFG).next:
+        agent.invoke(None, CFG)
+    return agent.get_state(CFG).values
+
+
 @pytest.mark.parametrize("use_async", [False, True])
 def test_a_fork_that_never_runs_a_call_of_the_abandoned_branch_is_not_charged_for_it(use_async: bool) -> None:
     # Paused before a's tool step; a ran (10); paused again. A fork from before a's tool step replaces the
@@ -167,10 +182,7 @@ def test_a_crashed_tool_run_is_still_paid_when_its_thread_goes_on_in_the_same_pr
     tools, guard, saver = Tools(), _guard(30.0), InMemorySaver()
     agent = create_agent(scripted([ai(call("boom", x=1)), AIMessage("done"), AIMessage("done again")]),
                          tools.all(), middleware=[guard.middleware()], checkpointer=saver)
-    tools.fail = True
-    with pytest.raises(RuntimeError):
-        agent.invoke({"messages": [HumanMessage("go")]}, CFG)
-    tools.fail = False
+    _crash(agent, tools)
     if then == "top_up_then_resume":
         guard.top_up(CFG, 5.0, graph=agent)
     if then == "new_message":
@@ -290,10 +302,7 @@ def test_a_crashed_step_whose_thread_goes_on_by_an_edit_or_an_addressed_resume_i
     middleware = [guard.middleware()] if crash == "sibling_call" else [RaisesAfterTheGuard(), guard.middleware()]
     agent = create_agent(scripted([first, AIMessage("done"), AIMessage("done again")]), tools.all(),
                          middleware=middleware, checkpointer=saver)
-    tools.fail = True
-    with pytest.raises(RuntimeError):
-        agent.invoke({"messages": [HumanMessage("go")]}, CFG)
-    tools.fail = False
+    _crash(agent, tools)
     if then == "update_state":
         agent.update_state(CFG, {"messages": [HumanMessage("note: fixed now")]})
         agent.invoke(None, CFG)
@@ -302,9 +311,7 @@ def test_a_crashed_step_whose_thread_goes_on_by_an_edit_or_an_addressed_resume_i
         agent.invoke(None, CFG)
     else:
         agent.invoke(None, agent.get_state(CFG).config)
-    while agent.get_state(CFG).next:
-        agent.invoke(None, CFG)
-    ledger = guard.ledger(agent.get_state(CFG).values)
+    ledger = guard.ledger(_to_the_end(agent))
     really_ran = tools.runs["a"] * 10.0 + tools.runs["boom"] * 4.0
     assert ledger.spent == pytest.approx(really_ran) and ledger.reserved == 0.0
 
@@ -338,16 +345,11 @@ def test_a_crashed_step_resumed_by_its_own_config_after_a_top_up_keeps_what_it_s
     tools, guard, saver = Tools(), _guard(22.0), InMemorySaver()
     agent = create_agent(scripted([ai(call("a", x=0)), ai(call("boom", x=2)), ai(call("a", x=3)), AIMessage("d")]),
                          tools.all(), middleware=[guard.middleware()], checkpointer=saver)
-    tools.fail = True
-    with pytest.raises(RuntimeError):
-        agent.invoke({"messages": [HumanMessage("go")]}, CFG)
-    tools.fail = False
+    _crash(agent, tools)
     crashed = agent.get_state(CFG)
     guard.top_up(CFG, 5.0, graph=agent)
     agent.invoke(None, crashed.config)
-    while agent.get_state(CFG).next:
-        agent.invoke(None, CFG)
-    ledger = guard.ledger(agent.get_state(CFG).values)
+    ledger = guard.ledger(_to_the_end(agent))
     really_ran = tools.runs["a"] * 10.0 + tools.runs["boom"] * 4.0
     assert ledger.spent == pytest.approx(really_ran) and ledger.reserved == 0.0
     assert ledger.spent <= ledger.budget == 27.0
@@ -406,16 +408,11 @@ def test_a_crashed_step_resumed_from_a_top_ups_checkpoint_after_another_top_up_k
     tools, guard, saver = Tools(), _guard(100.0), InMemorySaver()
     agent = create_agent(scripted([ai(call("a", x=0)), ai(call("boom", x=2)), AIMessage("d")]), tools.all(),
                          middleware=[guard.middleware()], checkpointer=saver)
-    tools.fail = True
-    with pytest.raises(RuntimeError):
-        agent.invoke({"messages": [HumanMessage("go")]}, CFG)
-    tools.fail = False
+    _crash(agent, tools)
     guard.top_up(CFG, 5.0, graph=agent)
     t1 = agent.get_state(CFG)
     guard.top_up(CFG, 5.0, graph=agent)
     agent.invoke(None, t1.config)
-    while agent.get_state(CFG).next:
-        agent.invoke(None, CFG)
-    ledger = guard.ledger(agent.get_state(CFG).values)
+    ledger = guard.ledger(_to_the_end(agent))
     assert ledger.spent == pytest.approx(tools.runs["a"] * 10.0 + tools.runs["boom"] * 4.0) == 18.0
     assert ledger.reserved == 0.0
