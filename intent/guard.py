@@ -52,6 +52,7 @@ from intent.ledger import BudgetLedger
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
 from intent.gate import RELEASED_UNUSED, gate_batch
+from intent.lineage import Reader, checkpoint_here, forked, new_input
 from intent.messages import messages_of, tool_name
 from intent.oracle import (
     ORACLE_ERROR,
@@ -67,7 +68,6 @@ from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
 from intent.pricing import ModelPrice, ModelPrices
-from intent.lineage import Reader, checkpoint_here, forked, new_input
 from intent.state import (LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, read_ledger_channel, run_of,
                           runs_of, write_ledger_update)
 
