@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, 
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AnyMessage, HumanMessage, ToolMessage
+from langgraph.errors import ParentCommand
 from langgraph.types import Command
 
 from intent import feedback as fb
@@ -833,6 +834,8 @@ class BudgetGuard:
             return run  # type: ignore[return-value]  # refused before anything ran
         try:
             result = handler(run.metered_request())
+        except ParentCommand as handoff:
+            raise run.handed_off(handoff) from None
         except Exception as exc:
             if _is_oracle_bug(exc) or isinstance(exc, InvalidBillError):
                 # The re-gate crashed before the run (its reservation is given back), or a tool
@@ -851,6 +854,8 @@ class BudgetGuard:
             return run  # type: ignore[return-value]
         try:
             result = await handler(run.metered_request())
+        except ParentCommand as handoff:
+            raise run.handed_off(handoff) from None
         except Exception as exc:
             if _is_oracle_bug(exc) or isinstance(exc, InvalidBillError):
                 run.finish(None)

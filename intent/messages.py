@@ -38,6 +38,7 @@ __all__ = [
     "model_args",
     "tool_schema",
     "raised_bill",
+    "is_result_list",
     "result_message",
     "text_of",
     "tool_name",
@@ -313,14 +314,26 @@ def json_artifact(message: Any) -> dict[str, Any] | None:
 
 
 def result_message(result: Any, tool_call_id: str) -> ToolMessage | None:
-    """The ToolMessage that answers ``tool_call_id`` in a tool's result (message or Command)."""
+    """The ToolMessage that answers ``tool_call_id`` in a tool's result (a message, a Command, or a list of
+    them: ToolNode takes a list with one message answering the call)."""
     if isinstance(result, ToolMessage):
         return result
     if isinstance(result, Command) and (type(result.update) is dict or isinstance(result.update, Mapping)):
         for m in result.update.get("messages") or []:
             if isinstance(m, ToolMessage) and m.tool_call_id == tool_call_id:
                 return m
+    if is_result_list(result):
+        for item in result:
+            found = item if isinstance(item, ToolMessage) and item.tool_call_id == tool_call_id else (
+                result_message(item, tool_call_id) if isinstance(item, Command) else None)
+            if found is not None:
+                return found
     return None
+
+
+def is_result_list(result: Any) -> bool:
+    """Whether a tool's result is a list of Commands and ToolMessages (which ToolNode applies in order)."""
+    return type(result) is list and bool(result) and all(isinstance(r, (Command, ToolMessage)) for r in result)
 
 
 def checked_bill(value: Any, where: str) -> float:
@@ -368,4 +381,14 @@ def with_update(result: Any, tool_call_id: str, message: ToolMessage | None, upd
         if msgs:
             old["messages"] = msgs
         return Command(graph=result.graph, update={**old, **update}, resume=result.resume, goto=result.goto)
+    if is_result_list(result):
+        # Each item as the tool returned it (its answer with the note), then one more Command with the charges.
+        items = []
+        for item in result:
+            if isinstance(item, Command) and item.graph is None:
+                item = with_update(item, tool_call_id, message, {})
+            elif message is not None and isinstance(item, ToolMessage) and item.tool_call_id == tool_call_id:
+                item = message
+            items.append(item)
+        return [*items, Command(update=update)]
     return Command(update={"messages": [message if message is not None else result], **update})

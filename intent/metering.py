@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
-from langgraph.errors import GraphBubbleUp
+from langgraph.errors import GraphBubbleUp, ParentCommand
 from langgraph.types import Command
 
 from intent import feedback as fb
@@ -38,6 +38,7 @@ from intent.messages import (
     billed_amount,
     call_key,
     find_call,
+    is_result_list,
     json_artifact,
     messages_of,
     model_args,
@@ -57,7 +58,7 @@ from intent.oracle import (
     Outcome,
     Proposal,
 )
-from intent.state import LEDGER_KEY, channel_of
+from intent.state import LEDGER_KEY, channel_of, task_free_ns
 from intent.tool_body import WatchedBody, as_message, watched
 
 if TYPE_CHECKING:
@@ -506,6 +507,11 @@ class CallRun:
             # Sub-agents carve from this call; a shared budget's lease is renewed while it runs.
             with spending_scope(self.guard, self.episode, self.key), _lease(self.episode.ledger, charge_id):
                 out = tool.invoke(tool_input, config, **kwargs)
+        except ParentCommand as handoff:
+            # The body finished and a graph it ran handed control to a graph above (its node returned
+            # Command(graph=Command.PARENT)): the run happened, unlike an interrupt's, which re-runs.
+            self._charge(charge_id, args, handoff.args[0], started)
+            raise
         except GraphBubbleUp:
             self._abort(charge_id)
             raise
@@ -533,6 +539,9 @@ class CallRun:
         try:
             with spending_scope(self.guard, self.episode, self.key), _lease(self.episode.ledger, charge_id):
                 out = await tool.ainvoke(tool_input, config, **kwargs)
+        except ParentCommand as handoff:
+            self._charge(charge_id, args, handoff.args[0], started)  # a handoff: the run happened (execute)
+            raise
         except GraphBubbleUp:
             self._abort(charge_id)
             raise
@@ -687,6 +696,20 @@ class CallRun:
         return ToolMessage(fb.tool_raised(self.name, exc, charged), tool_call_id=self.tool_call_id, name=self.name,
                            status="error")
 
+    def handed_off(self, handoff: ParentCommand) -> ParentCommand:
+        """The handoff a run raised (:meth:`execute`), once the call is closed as :meth:`finish` closes it.
+        When its command is for the graph this tool step runs in (LangGraph then applies it as the step's
+        output), it carries the call's charges, and its answer gets the oracle's note, as a returned
+        ``Command`` would; a command for a graph further up goes on unchanged (that graph's state has no
+        ledger channel of this episode): its charges stay in the working ledger and the log."""
+        command = handoff.args[0]
+        config = getattr(self.request.runtime, "config", None) or {}
+        here = str((config.get("configurable") or {}).get("checkpoint_ns") or "")
+        if isinstance(command, Command) and command.graph and command.graph in (here, task_free_ns(here)):
+            return ParentCommand(self.finish(command))
+        self.finish(None)
+        return handoff
+
     def finish(self, result: Any) -> Any:
         """The call's answer with every charge of the call, and its unused reservation released."""
         episode, ledger = self.episode, self.episode.ledger
@@ -701,7 +724,7 @@ class CallRun:
                                                reason=ANSWERED_WITHOUT_RUN)
             entries = ledger.charges_of(self.key)
         message = result_message(result, self.tool_call_id)
-        if message is None and not isinstance(result, Command):
+        if message is None and not isinstance(result, Command) and not is_result_list(result):
             message = ToolMessage(text_of(result), tool_call_id=self.tool_call_id, name=self.name)
         if message is not None and self.last_outcome is not None:
             note = self.guard._call_hook("result_note", self.last_outcome)

@@ -128,6 +128,12 @@ def task_of(config: Mapping[str, Any] | None) -> str:
     return str(((config or {}).get("configurable") or {}).get("checkpoint_ns") or "")
 
 
+def task_free_ns(ns: str) -> str:
+    """A checkpoint namespace without its task ids (``"sub|tools"`` for ``"sub:<task>|tools:<task>"``), as
+    LangGraph names a graph a ``Command`` is for once it is sent to a parent (``recast_checkpoint_ns``)."""
+    return "|".join(part.split(":")[0] for part in ns.split("|") if not part.isdigit())
+
+
 def current_task() -> str:
     """:func:`task_of` the running graph step (``""`` outside a graph)."""
     return task_of(current_config())

@@ -32,6 +32,8 @@ from langchain_core.tools import BaseTool, StructuredTool, Tool
 from langgraph.types import Command
 from pydantic import BaseModel
 
+from intent.messages import is_result_list
+
 __all__ = ["WatchedBody", "watched"]
 
 
@@ -189,7 +191,7 @@ def as_message(tool: Any, output: Any, tool_call_id: str) -> Any:
             and len(output) == 2):
         return ToolMessage(content=output[0], artifact=output[1], tool_call_id=tool_call_id,
                            name=getattr(tool, "name", None))
-    if isinstance(output, (ToolMessage, Command)):
+    if isinstance(output, (ToolMessage, Command)) or is_result_list(output):
         return output
     return ToolMessage(content=output if isinstance(output, (str, list)) else str(output), tool_call_id=tool_call_id,
                        name=getattr(tool, "name", None))

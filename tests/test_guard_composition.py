@@ -21,6 +21,7 @@ from fakes import ai, call, scripted
 from langchain.agents import create_agent
 from langchain.agents.middleware import (
     AgentMiddleware,
+    AgentState,
     HumanInTheLoopMiddleware,
     ModelCallLimitMiddleware,
     ModelRetryMiddleware,
@@ -34,11 +35,13 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.memory import InMemoryStore
 from langgraph.types import Command
+from typing_extensions import NotRequired, TypedDict
 
 from intent import (  # noqa: F401
     AcceptAll,
     BudgetGuard,
     Decision,
+    FromParent,
     GuardState,
     InvalidBillError,
     Market,
@@ -459,6 +462,124 @@ def test_handoff_command_to_parent_graph_reaches_the_target_and_is_charged():
     assert runs["handoff"] == 1
     charged = [r for r in sink.records if r.charged]
     assert len(charged) == 1 and charged[0].charged == 5.0 and charged[0].tool == "handoff"
+
+
+def _handing_off_graph() -> Any:
+    """A graph a tool's body runs, whose node hands control to the graph above it (the guarded agent's
+    tool step) with ``Command(graph=Command.PARENT)``: LangGraph raises it out of the tool as a
+    ``ParentCommand``, which the agent's tool step then applies as its own output."""
+
+    class Inner(TypedDict):
+        tool_call_id: str
+
+    inner = StateGraph(Inner)
+    inner.add_node("n", lambda s: Command(graph=Command.PARENT, goto="model", update={
+        "messages": [ToolMessage("handed back", tool_call_id=s["tool_call_id"])]}))
+    inner.add_edge(START, "n")
+    return inner.compile()
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_handoff_raised_out_of_the_tool_body_is_charged_and_keeps_the_budget(sync):
+    # The body did its (paid) work, then a graph it ran handed control back: the run happened. It was
+    # taken for an interrupt (the run would re-run on resume) and released: 2 runs of 5 on a budget of 6,
+    # ledger spent 0.
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(handoff=5.0), 6.0, log_sink=sink)
+    inner = _handing_off_graph()
+
+    def handoff(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        runs.hit("handoff")
+        inner.invoke({"tool_call_id": tool_call_id})
+        return "never reached"
+
+    async def ahandoff(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        runs.hit("handoff")
+        await inner.ainvoke({"tool_call_id": tool_call_id})
+        return "never reached"
+
+    tool_ = (StructuredTool.from_function(handoff, name="handoff", description="hand off") if sync else
+             StructuredTool.from_function(coroutine=ahandoff, name="handoff", description="hand off"))
+    agent = create_agent(scripted([ai(tc("handoff", "h1", x=1)), ai(tc("handoff", "h2", x=2)), AIMessage("done")]),
+                         [tool_], middleware=[guard.middleware()])
+    out = agent.invoke(USER) if sync else asyncio.run(agent.ainvoke(USER))
+    assert runs["handoff"] == 1, "the second handoff (5 more on a budget of 6 with 5 spent) must not run"
+    assert tool_message(out, "h1").content.startswith("handed back")
+    assert tool_message(out, "h2").status == "error"
+    assert [r.charged for r in executions(sink)] == [5.0]
+    assert_invariants(guard, out, runs, {"handoff": 5.0}, 6.0, sink)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_sub_agent_that_hands_off_out_of_a_guarded_call_keeps_what_it_spent(sync):
+    # A FromParent sub-agent inside the call spends (b: 3), then its transfer tool (0.5) hands control to
+    # the outer agent's tool step: the sub-agent never ends its episode. Its carve was released as
+    # unused and the call itself was not charged: 8.5 run, 0 spent.
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"handoff": 5.0, "b": 3.0, "transfer": 0.5}
+    outer_call: dict[str, str] = {}
+
+    def transfer(tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        """Hand back."""
+        runs.hit("transfer")
+        return Command(graph=Command.PARENT, goto="model", update={
+            "messages": [ToolMessage("back", tool_call_id=outer_call["id"], name="handoff")]})
+
+    child_guard = BudgetGuard(AcceptAll(), market(**prices), FromParent(limit=10.0))
+    child = create_agent(scripted([ai(tc("b", "b1")), ai(tc("transfer", "x1")), AIMessage("never reached")]),
+                         [make_tool("b", runs), StructuredTool.from_function(transfer, name="transfer",
+                                                                             description="hand back")],
+                         middleware=[child_guard.middleware()])
+
+    def handoff(q: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        runs.hit("handoff")
+        outer_call["id"] = tool_call_id
+        child.invoke({"messages": [("user", q)]})
+        return "never reached"
+
+    async def ahandoff(q: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        runs.hit("handoff")
+        outer_call["id"] = tool_call_id
+        await child.ainvoke({"messages": [("user", q)]})
+        return "never reached"
+
+    guard = BudgetGuard(AcceptAll(), market(**prices), 100.0, log_sink=sink)
+    tool_ = (StructuredTool.from_function(handoff, name="handoff", description="delegate") if sync else
+             StructuredTool.from_function(coroutine=ahandoff, name="handoff", description="delegate"))
+    agent = create_agent(scripted([ai(tc("handoff", "d1", q="x")), AIMessage("done")]), [tool_],
+                         middleware=[guard.middleware()])
+    out = agent.invoke(USER) if sync else asyncio.run(agent.ainvoke(USER))
+    assert dict(runs.counts) == {"handoff": 1, "b": 1, "transfer": 1}
+    assert tool_message(out, "d1").content.startswith("back")
+    assert_invariants(guard, out, runs, prices, 100.0)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_tool_returning_a_list_of_command_and_message_keeps_both_and_its_bill(sync):
+    # ToolNode takes a list of Commands and ToolMessages with one message answering the call. The guard
+    # answered with str(list): the Command's update was lost and the reported bill (0.5) ignored.
+    class NoteState(AgentState):
+        note: NotRequired[str]
+
+    def multi(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> list[Any]:
+        return [Command(update={"note": "set by the tool"}),
+                ToolMessage("multi ok", tool_call_id=tool_call_id, name="multi", artifact={"intent_billed": 0.5})]
+
+    async def amulti(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> list[Any]:
+        return multi(x, tool_call_id)
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(multi=2.0), 10.0, log_sink=sink)
+    tool_ = (StructuredTool.from_function(multi, name="multi", description="m") if sync else
+             StructuredTool.from_function(coroutine=amulti, name="multi", description="m"))
+    agent = create_agent(scripted([ai(tc("multi", "m1", x=1)), AIMessage("done")]), [tool_],
+                         middleware=[guard.middleware()], state_schema=NoteState)
+    out = agent.invoke(USER) if sync else asyncio.run(agent.ainvoke(USER))
+    assert out.get("note") == "set by the tool"
+    assert tool_message(out, "m1").content == "multi ok"
+    ledger = guard.ledger(out)
+    assert (ledger.spent, ledger.reserved) == (0.5, 0.0)
+    assert [r.charged for r in executions(sink)] == [0.5]
 
 
 # ======================================================== row 8: re-pricing
