@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test test-slow bench-stores loop bench-v2 predictor-report bench-guard bench-instructions bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
+.PHONY: install demo demo-guard study test test-slow bench-stores loop bench-v2 predictor-report bench-guard bench-instructions profile-opcodes bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,9 @@ bench-guard: install
 
 bench-instructions: install
 	$(PY) -m eval.bench_instructions
+
+profile-opcodes: install
+	$(PY) -m eval.profile_opcodes
 
 bench-plumbing: install
 	$(PY) -m eval.bench_plumbing

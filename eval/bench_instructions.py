@@ -1,6 +1,6 @@
 """The guard's cost per tool call in machine instructions: a figure a busy machine cannot move.
 
-``python -m eval.bench_instructions [--calls 20] [--episodes 3] [--json PATH]`` (``make bench-instructions``;
+``python -m eval.bench_instructions [--calls 20] [--episodes 3] [--arms plain,noop_hooks,guarded] [--json PATH]`` (``make bench-instructions``;
 needs valgrind: ``apt-get install valgrind``)
 
 ``make bench-guard`` measures milliseconds, which drift by tens of percent between runs on a shared
@@ -65,18 +65,18 @@ def _counted(out_dir: Path) -> int:
     raise RuntimeError(f"callgrind wrote no dump named 'counted' in {out_dir}")
 
 
-def run(calls: int = 20, episodes: int = 3) -> dict[str, float]:
+def run(calls: int = 20, episodes: int = 3, arms: tuple[str, ...] = ARMS) -> dict[str, float]:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("bench-instructions needs valgrind (callgrind): apt-get install valgrind")
     root = Path(__file__).resolve().parents[1]
     per_call: dict[str, float] = {}
     started = time.monotonic()
-    for i, arm in enumerate(ARMS):
+    for i, arm in enumerate(arms):
         with tempfile.TemporaryDirectory() as tmp:
             cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={tmp}/cg.%p",
                    sys.executable, "-m", "eval.bench_instructions", "--child", arm,
                    "--calls", str(calls), "--episodes", str(episodes)]
-            print(f"bench-instructions arm {i + 1}/{len(ARMS)} ({arm}) under valgrind, "
+            print(f"bench-instructions arm {i + 1}/{len(arms)} ({arm}) under valgrind, "
                   f"{time.monotonic() - started:.0f} s elapsed", flush=True)
             # PYTHONHASHSEED: the same string hashes, so the same dict probes, in every run.
             done = subprocess.run(cmd, cwd=root, env={**os.environ, "PYTHONHASHSEED": "0"},
@@ -84,6 +84,9 @@ def run(calls: int = 20, episodes: int = 3) -> dict[str, float]:
             if done.returncode != 0:
                 raise RuntimeError(f"the {arm} arm failed under valgrind:\n{done.stderr[-3000:]}")
             per_call[arm] = _counted(Path(tmp)) / (episodes * calls) / 1e6
+    if set(arms) != set(ARMS):  # some arms only: their counts, no differences
+        return {"calls_per_episode": calls, "episodes": episodes,
+                **{f"{arm}_minstr_per_call": per_call[arm] for arm in arms}}
     plain, noop, guarded = (per_call[a] for a in ARMS)
     return {
         "calls_per_episode": calls,
@@ -102,19 +105,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20, help="tool calls per episode")
     parser.add_argument("--episodes", type=int, default=3, help="counted episodes per arm")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms to count (default: all three, {','.join(ARMS)})")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)  # the process valgrind runs
     args = parser.parse_args(argv)
     for name in ("calls", "episodes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        parser.error(f"--arms: unknown arm(s) {unknown or args.arms!r}; choose from {', '.join(ARMS)}")
     if args.child:
         _child(args.child, args.calls, args.episodes)
         return 0
     from eval.bench_guard import show_figures
 
     show_figures("Instructions per tool call, millions (AcceptAll oracle, scripted model: simulated; callgrind, "
-                 "inside agent.invoke only)", run(args.calls, args.episodes), args.json)
+                 "inside agent.invoke only)", run(args.calls, args.episodes, arms), args.json)
     return 0
 
 

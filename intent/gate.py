@@ -312,7 +312,7 @@ def gate_batch(
         update["messages"] = out_messages
     channel_update = dict((settled or {}).get(LEDGER_KEY) or guard._channel_base(episode))
     channel_update["entries"] = {**channel_update.get("entries", {}),
-                                 **{k: e.to_dict() for k, e in new_entries.items()}}
+                                 **{k: ledger.serialized(e) for k, e in new_entries.items()}}
     if decisions:
         channel_update["decisions"] = decisions
     if top_ups:

@@ -605,8 +605,7 @@ class BudgetGuard:
         at an earlier status, and top-ups made without a graph (taken from the episode: written once).
         ``None`` when there is nothing."""
         known = (channel or {}).get("entries") or {}
-        changed = {e.call_id: e.to_dict() for e in episode.ledger.entries()
-                   if e.call_id not in known or known[e.call_id]["status"] != e.status}
+        changed = episode.ledger.unseen_in(known)
         with episode.lock:
             top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
         held_top_ups = episode.ledger.top_ups

@@ -156,6 +156,10 @@ class BudgetLedger:
         # a branch settles only what is not a running sibling's or a visitor's).
         self.owner: Callable[[], str] | None = None
         self._owners: dict[str, str] = {}
+        # Each entry's serialised form, made once per version of the entry and written to graph state as is
+        # (serialized): while state holds what this ledger holds, "what does state lack?" (behind, ahead_of,
+        # unseen_in, at every model step) is one dict comparison in C, not a Python loop over the episode.
+        self._dicts: dict[str, dict[str, Any]] = {}
         for entry in (entries or {}).values():
             self._put(entry)
 
@@ -164,6 +168,7 @@ class BudgetLedger:
         if (old is not None and old.status == entry.status and old.amount == entry.amount
                 and old.overrun == entry.overrun and old.kind == entry.kind):
             self._entries[entry.call_id] = entry  # no total moves (a run number, a store id): every tool call
+            self._dicts.pop(entry.call_id, None)
             return
         if old is not None:
             self._totals[old.status] -= old.amount
@@ -175,6 +180,7 @@ class BudgetLedger:
         else:
             self._by_call.setdefault(entry.call_key, []).append(entry.call_id)
         self._entries[entry.call_id] = entry
+        self._dicts.pop(entry.call_id, None)
         if entry.status == "reserved":
             self._held_ids[entry.call_id] = None
         else:
@@ -330,6 +336,41 @@ class BudgetLedger:
         """Every entry, in the order made (cheaper than iterating, which sorts by ``seq``)."""
         with self._lock:
             return list(self._entries.values())
+
+    def serialized(self, entry: LedgerEntry) -> dict[str, Any]:
+        """``entry.to_dict()``: while ``entry`` is this ledger's current version of its charge, the same dict
+        each time. Written to graph state as is; never change it."""
+        with self._lock:
+            cid = entry.call_id
+            if self._entries.get(cid) is not entry:
+                return entry.to_dict()
+            d = self._dicts.get(cid)
+            if d is None:
+                d = self._dicts[cid] = entry.to_dict()
+            return d
+
+    def _same_as(self, known: Mapping[str, Any]) -> bool:
+        """Whether serialised entries ``known`` (a channel's) are exactly this ledger's, every field of
+        every entry; the caller holds the lock. One comparison in C (the values are mostly the very dicts
+        :meth:`serialized` gave), after serialising the entries never serialised yet."""
+        dicts = self._dicts
+        if len(dicts) != len(self._entries):
+            for cid, entry in self._entries.items():
+                if cid not in dicts:
+                    dicts[cid] = entry.to_dict()
+        return dicts == known
+
+    def unseen_in(self, known: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """The serialised entries that ``known`` (a channel's entries) lacks or holds at another status."""
+        with self._lock:
+            if self._same_as(known):
+                return {}
+            changed = {}
+            for cid, entry in self._entries.items():
+                raw = known.get(cid)
+                if raw is None or raw["status"] != entry.status:
+                    changed[cid] = self.serialized(entry)
+            return changed
 
     def held(self) -> list[LedgerEntry]:
         """Reservations not yet committed or released."""
@@ -567,6 +608,8 @@ class BudgetLedger:
     def behind(self, entries: Mapping[str, Mapping[str, Any]]) -> bool:
         """Whether serialised ``entries`` hold a charge this ledger has not seen, or a status further on."""
         with self._lock:
+            if self._same_as(entries):
+                return False
             mine = self._entries
             for cid, raw in entries.items():
                 old = mine.get(cid)
@@ -579,10 +622,11 @@ class BudgetLedger:
         an earlier status, or a top-up (other than the ``pending`` ones, written at the next step)."""
         with self._lock:
             known = state.get("entries") or {}
-            for cid, entry in self._entries.items():
-                raw = known.get(cid)
-                if raw is None or (raw["status"] != entry.status and _RANK[entry.status] > _RANK[raw["status"]]):
-                    return True
+            if not self._same_as(known):
+                for cid, entry in self._entries.items():
+                    raw = known.get(cid)
+                    if raw is None or (raw["status"] != entry.status and _RANK[entry.status] > _RANK[raw["status"]]):
+                        return True
             if self._top_ups:
                 written = state.get("top_ups") or {}
                 return any(k not in written and k not in pending for k in self._top_ups)

@@ -731,5 +731,5 @@ class CallRun:
             if note:
                 message = message.model_copy(update={"content": f"{text_of(message)}\n{note}"})
         update = {LEDGER_KEY: self.guard._channel_base(episode) | {
-            "entries": {e.call_id: e.to_dict() for e in entries}}}
+            "entries": {e.call_id: ledger.serialized(e) for e in entries}}}
         return with_update(result, self.tool_call_id, message, update)

@@ -111,3 +111,23 @@ def test_bench_instructions_reads_the_counted_dump_and_refuses_bad_counts(tmp_pa
     with pytest.raises(SystemExit):
         bench_instructions.main(["--episodes", "0"])
     assert "--episodes must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_instructions.main(["--arms", "guarded,nope"])
+    assert "--arms: unknown arm(s) ['nope']" in capsys.readouterr().err
+
+
+def test_the_opcode_profile_counts_the_guards_own_functions_and_refuses_bad_counts(capsys):
+    import pytest
+
+    from eval import profile_opcodes
+
+    result = profile_opcodes.profile(calls=2)
+    per_call = result["bytecodes_per_call"]
+    assert per_call["guarded"] > per_call["noop_hooks"] > 0
+    guard_fns = {name: n for name, (n, _) in result["functions"].items() if "/intent/" in name}
+    assert any(name.endswith(":gate_batch") for name in guard_fns), "the gate runs in the guarded arm"
+    # the guard's functions run in the model step and in the tool step's thread: both are counted
+    assert any(name.endswith("CallRun.execute") for name in guard_fns)
+    with pytest.raises(SystemExit):
+        profile_opcodes.main(["--top", "0"])
+    assert "--top must be at least 1" in capsys.readouterr().err

@@ -49,3 +49,34 @@ def test_a_spending_scope_names_the_parent_call_only_inside():
     with spending_scope("guard", "episode", "key") as parent:  # type: ignore[arg-type]
         assert current_parent() is parent and parent.key == "key"
     assert current_parent() is None
+
+
+def test_what_state_lacks_is_told_the_same_with_or_without_the_serialised_entries_it_shares():
+    # At each model step the guard asks what graph state lacks of its ledger (and the reverse). While
+    # state holds the very dicts the ledger wrote, one comparison answers; any difference (a later
+    # status, a field changed since, an entry state never got, a copy made by a checkpointer) must give
+    # the same answer as comparing entry by entry.
+    ledger = BudgetLedger(10.0)
+    first = ledger.reserve("k1", "a", 3.0)
+    written = {"k1": ledger.serialized(first)}
+    assert ledger.serialized(first) is written["k1"], "the same dict while the entry is unchanged"
+    assert ledger.unseen_in(written) == {} and not ledger.behind(written)
+    assert not ledger.ahead_of({"entries": written})
+    copied = {"k1": dict(written["k1"])}  # as read back from a checkpoint
+    assert ledger.unseen_in(copied) == {} and not ledger.behind(copied)
+
+    ledger.mark_run("k1", 1)  # a field moves, the status does not: nothing for state to learn
+    assert ledger.unseen_in(written) == {} and not ledger.behind(written)
+    ledger.commit("k1")
+    ledger.reserve("k2", "b", 2.0)
+    unseen = ledger.unseen_in(written)
+    assert set(unseen) == {"k1", "k2"} and unseen["k1"]["status"] == "committed"
+    assert ledger.ahead_of({"entries": written}) and not ledger.behind(written)
+    assert unseen["k1"] is ledger.serialized(ledger.get("k1")), "state is given the dict later compared"
+    assert ledger.unseen_in(unseen) == {} and not ledger.ahead_of({"entries": unseen})
+
+    # State ahead of this ledger (another process committed k2, and made k3): behind, whatever is shared.
+    further = {**unseen, "k2": {**unseen["k2"], "status": "committed"}}
+    assert ledger.behind(further) and ledger.behind({**unseen, "k3": {**unseen["k2"], "call_id": "k3"}})
+    assert not ledger.behind({"k1": unseen["k1"]}), "state lacking an entry is not ahead of the ledger"
+    assert set(ledger.unseen_in({"k1": unseen["k1"]})) == {"k2"}
