@@ -341,23 +341,30 @@ class BudgetGuard:
 
     # ================================================================== ledger
     def ledger(self, state: Any) -> BudgetLedger:
-        """The episode's ledger as recorded in ``state`` (merged with a live episode's charges)."""
+        """The episode's ledger as recorded in ``state``, merged with a live episode's charges: a snapshot
+        (the run goes on without it, and changing it changes nothing of the guard's)."""
+        read, live = self._read_ledger(state)
+        return BudgetLedger.from_state(read.to_state()) if live else read
+
+    def _read_ledger(self, state: Any) -> tuple[BudgetLedger, bool]:
+        """:meth:`ledger`, but a live episode's working copy itself (then ``True``: read it, never change it)
+        when state has nothing the working copy lacks."""
         channel = channel_of(state)
         if not channel:
             spec = self.budget_spec if isinstance(self.budget_spec, Budget) else Budget(self.budget)
-            return BudgetLedger(spec, allow_overspend=not self.enforce)
+            return BudgetLedger(spec, allow_overspend=not self.enforce), False
         episode = self.episodes.peek(str(channel.get("episode_id", "")))
         if episode is None:
-            return BudgetLedger.from_state(channel)
+            return BudgetLedger.from_state(channel), False
         live = episode.ledger
         known = channel.get("entries")
         if not (known and live.behind(known)) and set(channel.get("top_ups") or ()) <= live.top_ups.keys():
-            return live
+            return live, True
         # State holds what the working copy lacks (another branch's state, another process's charges): a
         # merged copy. Reading a ledger never changes the live episode's working copy.
         merged = BudgetLedger.from_state(live.to_state())
         merged.absorb(channel)
-        return merged
+        return merged, False
 
     def top_up(self, config: Mapping[str, Any] | str, amount: float, *, graph: Any = None, reason: str = "",
                approved_by: str = "") -> float:
@@ -897,7 +904,7 @@ class BudgetGuard:
         if not self._has_hook("prompt_notes"):
             return None  # the no-op default: skip reading the ledger on every model call
         episode_id = self.episode_id(state, config)
-        ledger = self.ledger(state)
+        ledger = self._read_ledger(state)[0]
         return self._call_hook(
             "prompt_notes", self.market_for(episode_id, channel_of(state)), episode_id, ledger.spent,
             ledger.remaining, ledger.budget,

@@ -213,6 +213,24 @@ def test_reading_another_branchs_ledger_leaves_the_live_episode_alone() -> None:
     assert ledger.spent == _ran(out["messages"]) == 17.0 and ledger.reserved == 0.0
 
 
+def test_a_ledger_read_is_a_snapshot_the_run_goes_on_without() -> None:
+    # guard.ledger(state) returned the live working copy when state agreed with it: a ledger read at a pause
+    # showed the resumed run's spending later, and a reservation made on it was the guard's own.
+    tools, guard, saver = Tools(), _guard(100.0), InMemorySaver()
+    agent = create_agent(scripted([ai(call("a", x=1)), ai(call("b", x=2)), AIMessage("d")]), tools.all(),
+                         middleware=[guard.middleware()], checkpointer=saver, interrupt_before=["tools"])
+    paused = agent.invoke({"messages": [HumanMessage("go")]}, CFG)
+    at_pause = guard.ledger(paused)
+    assert (at_pause.spent, at_pause.reserved) == (0.0, 10.0)
+    at_pause.commit(next(iter(at_pause)).call_id)  # changing the copy read changes nothing of the guard's
+    assert guard.ledger(paused).spent == 0.0
+    out = agent.invoke(None, CFG)
+    out = agent.invoke(None, CFG)
+    assert (at_pause.spent, at_pause.reserved) == (10.0, 0.0), "what was read at the pause, as changed by hand"
+    ledger = guard.ledger(out)
+    assert ledger.spent == _ran(out["messages"]) == 17.0 and ledger.reserved == 0.0
+
+
 def test_the_checkpointer_key_is_langgraphs() -> None:
     # intent.lineage reads the running step's checkpointer with a LangGraph-internal config key: a LangGraph
     # that renames it would silently turn fork detection off. Fail here instead.
