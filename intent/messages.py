@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage, convert_to_messages
 from langgraph.types import Command
 from pydantic import ValidationError
 
@@ -217,9 +217,19 @@ class ToolSchema(NamedTuple):
 _SCHEMAS: dict[int, tuple[weakref.ref[Any], ToolSchema]] = {}
 
 
-def _has_validators(schema: Any) -> bool:
+def _validates_more(schema: Any) -> bool:
+    """Whether a tool's ``args_schema`` rejects input its ``tool_call_schema`` (the schema the model sees,
+    which LangChain derives without them) accepts: validators of its own, ``extra="forbid"``,
+    ``strict=True``, or fields the tool reads under another name (an alias)."""
     decorators = getattr(schema, "__pydantic_decorators__", None)
-    return bool(decorators is not None and (decorators.field_validators or decorators.model_validators))
+    if decorators is not None and (decorators.field_validators or decorators.model_validators):
+        return True
+    config = getattr(schema, "model_config", None) or {}
+    if config.get("extra") == "forbid" or config.get("strict"):
+        return True
+    return any(f.alias not in (None, name) or f.validation_alias not in (None, name)
+               or any(getattr(m, "strict", False) for m in f.metadata)  # Field(strict=True)
+               for name, f in (getattr(schema, "model_fields", None) or {}).items())
 
 
 def tool_schema(tool: Any) -> ToolSchema:
@@ -232,7 +242,7 @@ def tool_schema(tool: Any) -> ToolSchema:
     full = getattr(tool, "args_schema", None)
     found = ToolSchema(schema, frozenset(fields) if isinstance(fields, Mapping) else None,
                        frozenset(getattr(tool, "_injected_args_keys", None) or ()),
-                       full if isinstance(full, type) and full is not schema and _has_validators(full) else None)
+                       full if isinstance(full, type) and full is not schema and _validates_more(full) else None)
     try:
         ref = weakref.ref(tool)
     except TypeError:
@@ -245,12 +255,11 @@ def tool_schema(tool: Any) -> ToolSchema:
 
 
 def model_args(tool: Any, args: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments the model controls: injected ones (state, runtime, store...) left out, also
-    when the tool's schema declares them (LangChain's shell tool has ``runtime: Any`` in it)."""
-    found = tool_schema(tool)
-    if found.fields is None:
-        return {k: v for k, v in args.items() if k not in found.injected}
-    return {k: v for k, v in args.items() if k in found.fields and k not in found.injected}
+    """The arguments the model gave: injected ones (state, runtime, store...) left out, also when the tool's
+    schema declares them (LangChain's shell tool has ``runtime: Any`` in it). A key the schema does not
+    know stays (the tool parses it too: a key under its alias, an extra one ``extra="forbid"`` rejects)."""
+    injected = tool_schema(tool).injected
+    return {k: v for k, v in args.items() if k not in injected}
 
 
 def _problem(exc: Exception, ignore: Callable[[Any], bool] = lambda field: False) -> str | None:
@@ -264,9 +273,10 @@ def _problem(exc: Exception, ignore: Callable[[Any], bool] = lambda field: False
 
 
 def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
-    """Validate the model's arguments before money moves: against the schema the model sees, then
-    against the tool's own ``args_schema`` when it has validators (a field or model validator the
-    tool would reject the input with before running, after the guard had charged the call).
+    """Validate the model's arguments before money moves, as the tool will parse them: against the tool's own
+    ``args_schema`` when it rejects what the schema the model sees accepts (validators of its own,
+    ``extra="forbid"``, ``strict``, aliases: :func:`_validates_more`), otherwise against the schema the model
+    sees. A call the tool would reject before running is refused free.
 
     Injected arguments (``ToolRuntime``, ``InjectedState``, ``InjectedStore``,
     ``InjectedToolCallId``) are not the model's: LangGraph fills them in, so they are left out and
@@ -277,19 +287,22 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
     if validate is None:
         return None  # a JSON-schema dict tool: the tool validates its own input
     given = model_args(tool, args) if type(args) is dict or isinstance(args, Mapping) else args
-    try:
-        validate(given)
-    except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
-        return _problem(exc)
-    if found.full is not None and isinstance(given, Mapping):
+    if found.full is None or not isinstance(given, Mapping):
+        try:
+            validate(given)
+        except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
+            return _problem(exc)
+    else:
         full_fields = found.full.model_fields
         by_alias = {f.alias or name: name for name, f in full_fields.items()}
 
         def not_the_models(field: Any) -> bool:
             # Fields the model does not fill (injected ones, also those declared only in args_schema, as
-            # InjectedState): LangGraph fills them in. Errors name a field by its alias.
+            # InjectedState): LangGraph fills them in. Errors name a field by its alias. A key args_schema does
+            # not know at all is the model's (the tool's extra="forbid" rejects it).
             name = by_alias.get(field, field)
-            return name in found.injected or (found.fields is not None and name not in found.fields)
+            return name in found.injected or (name in full_fields and found.fields is not None
+                                              and name not in found.fields)
 
         try:
             found.full.model_validate(given)
@@ -315,13 +328,16 @@ def json_artifact(message: Any) -> dict[str, Any] | None:
 
 def result_message(result: Any, tool_call_id: str) -> ToolMessage | None:
     """The ToolMessage that answers ``tool_call_id`` in a tool's result (a message, a Command, or a list of
-    them: ToolNode takes a list with one message answering the call)."""
+    them: ToolNode takes a list with one message answering the call). In a Command's update, whatever its
+    form (a dict, ``(key, value)`` pairs, an annotated object), a message may be given as a dict."""
     if isinstance(result, ToolMessage):
         return result
-    if isinstance(result, Command) and (type(result.update) is dict or isinstance(result.update, Mapping)):
-        for m in result.update.get("messages") or []:
-            if isinstance(m, ToolMessage) and m.tool_call_id == tool_call_id:
-                return m
+    if isinstance(result, Command):
+        for _, messages in _messages_of(result):
+            for m in messages:
+                if _answers(m, tool_call_id):
+                    return m if isinstance(m, ToolMessage) else convert_to_messages([m])[0]  # type: ignore[return-value]
+        return None
     if is_result_list(result):
         for item in result:
             found = item if isinstance(item, ToolMessage) and item.tool_call_id == tool_call_id else (
@@ -329,6 +345,31 @@ def result_message(result: Any, tool_call_id: str) -> ToolMessage | None:
             if found is not None:
                 return found
     return None
+
+
+def _answers(message: Any, tool_call_id: str) -> bool:
+    """Whether ``message`` (a message, or one in dict form) is a ToolMessage answering ``tool_call_id``."""
+    if isinstance(message, ToolMessage):
+        return message.tool_call_id == tool_call_id
+    return (type(message) is dict and message.get("tool_call_id") == tool_call_id
+            and (message.get("role") or message.get("type")) == "tool")
+
+
+def _messages_of(command: Command) -> list[tuple[int, list[Any]]]:
+    """The messages a Command's update writes, by the index of their pair in ``_update_as_tuples()`` (LangGraph's
+    reading of an update in any of its forms)."""
+    found = []
+    for i, (key, value) in enumerate(_update_pairs(command)):
+        if key == "messages" and value is not None:
+            found.append((i, list(value) if isinstance(value, (list, tuple)) else [value]))
+    return found
+
+
+def _update_pairs(command: Command) -> list[tuple[str, Any]]:
+    update = command.update
+    if type(update) is dict or isinstance(update, Mapping):
+        return list(update.items())
+    return list(command._update_as_tuples())
 
 
 def is_result_list(result: Any) -> bool:
@@ -367,20 +408,28 @@ def raised_bill(exc: BaseException) -> float | None:
 def with_update(result: Any, tool_call_id: str, message: ToolMessage | None, update: dict[str, Any]) -> Any:
     """Return the tool's result with ``update`` merged into its state update.
 
-    A ``Command`` keeps its ``goto``, ``graph`` and ``resume``; its answering ToolMessage is
-    replaced by ``message`` (the same message with a note appended, say).
+    A ``Command`` keeps its ``goto``, ``graph`` and ``resume``, and its update in the form it has (a dict
+    stays a dict; ``(key, value)`` pairs or an annotated object become pairs, as LangGraph reads them); its
+    answering ToolMessage (the first, in any form) is replaced by ``message`` (the same message with a note
+    appended, say).
     """
     if isinstance(result, Command):
         if result.graph == Command.PARENT:
             # The update goes to the parent graph, whose state has no ledger channel of ours.
             return result
-        old = dict(result.update) if type(result.update) is dict or isinstance(result.update, Mapping) else {}
-        msgs = list(old.get("messages") or [])
+        pairs = _update_pairs(result)
         if message is not None:
-            msgs = [message if isinstance(m, ToolMessage) and m.tool_call_id == tool_call_id else m for m in msgs]
-        if msgs:
-            old["messages"] = msgs
-        return Command(graph=result.graph, update={**old, **update}, resume=result.resume, goto=result.goto)
+            for i, messages in _messages_of(result):
+                at = next((j for j, m in enumerate(messages) if _answers(m, tool_call_id)), None)
+                if at is not None:
+                    messages[at] = message
+                    pairs[i] = ("messages", messages)
+                    break
+        if type(result.update) is dict or isinstance(result.update, Mapping) or result.update is None:
+            new_update: Any = {**dict(pairs), **update}
+        else:
+            new_update = [*pairs, *update.items()]
+        return Command(graph=result.graph, update=new_update, resume=result.resume, goto=result.goto)
     if is_result_list(result):
         # Each item as the tool returned it (its answer with the note), then one more Command with the charges.
         items = []

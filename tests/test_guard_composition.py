@@ -12,6 +12,7 @@ the guard's own bookkeeping.
 """
 
 import asyncio
+import dataclasses
 import threading
 from collections import Counter
 from typing import Annotated, Any
@@ -580,6 +581,85 @@ def test_a_tool_returning_a_list_of_command_and_message_keeps_both_and_its_bill(
     ledger = guard.ledger(out)
     assert (ledger.spent, ledger.reserved) == (0.5, 0.0)
     assert [r.charged for r in executions(sink)] == [0.5]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_bill_in_a_message_given_as_a_dict_is_what_the_run_costs(sync):
+    # LangGraph takes a message in dict form in a Command's update; its bill (0: the provider did not bill the
+    # failed call) was not read, and the quote was charged.
+    def billed(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        return Command(update={"messages": [{"role": "tool", "content": "failed, not billed",
+                                             "tool_call_id": tool_call_id, "artifact": {"intent_billed": 0.0}}]})
+
+    async def abilled(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        return billed(x, tool_call_id)
+
+    guard = BudgetGuard(AcceptAll(), market(t=5.0), 10.0)
+    tool_ = (StructuredTool.from_function(billed, name="t", description="t") if sync else
+             StructuredTool.from_function(coroutine=abilled, name="t", description="t"))
+    agent = create_agent(scripted([ai(tc("t", "c1", x=1)), AIMessage("done")]), [tool_],
+                         middleware=[guard.middleware()])
+    out = agent.invoke(USER) if sync else asyncio.run(agent.ainvoke(USER))
+    assert tool_message(out, "c1").content.startswith("failed, not billed")
+    ledger = guard.ledger(out)
+    assert (ledger.spent, ledger.reserved) == (0.0, 0.0)
+
+
+@dataclasses.dataclass
+class _MessagesUpdate:
+    messages: list[Any]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+@pytest.mark.parametrize("shape", ["returned_object", "raised_pairs"])
+def test_a_command_whose_update_is_not_a_dict_keeps_its_update_and_answer(shape, sync):
+    # LangGraph applies an update given as an annotated object or as (key, value) pairs. The guard rebuilt
+    # the command with a dict of its own charges only: the answer was lost, the call left unanswered.
+    runs = Runs()
+
+    class Inner(TypedDict):
+        tool_call_id: str
+
+    inner = StateGraph(Inner)
+    inner.add_node("n", lambda s: Command(graph=Command.PARENT, goto="model", update=[
+        ("messages", [ToolMessage("handed back", tool_call_id=s["tool_call_id"])])]))
+    inner.add_edge(START, "n")
+    handing_back = inner.compile()
+
+    def t(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> Any:
+        runs.hit("t")
+        if shape == "returned_object":
+            return Command(update=_MessagesUpdate([ToolMessage("answered", tool_call_id=tool_call_id)]))
+        handing_back.invoke({"tool_call_id": tool_call_id})
+        return "never reached"
+
+    async def at(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> Any:
+        return t(x, tool_call_id)
+
+    guard = BudgetGuard(AcceptAll(), market(t=5.0), 10.0)
+    tool_ = (StructuredTool.from_function(t, name="t", description="t") if sync else
+             StructuredTool.from_function(coroutine=at, name="t", description="t"))
+    agent = create_agent(scripted([ai(tc("t", "c1", x=1)), AIMessage("done")]), [tool_],
+                         middleware=[guard.middleware()])
+    out = agent.invoke(USER) if sync else asyncio.run(agent.ainvoke(USER))
+    expected = "answered" if shape == "returned_object" else "handed back"
+    assert tool_message(out, "c1").content.startswith(expected)
+    assert_invariants(guard, out, runs, {"t": 5.0}, 10.0)
+
+
+def test_two_messages_a_command_gives_for_its_call_both_reach_the_history():
+    # Only the first answers the call (and gets the oracle's note); the second was replaced by the first.
+    def t(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
+        return Command(update={"messages": [ToolMessage("one", tool_call_id=tool_call_id),
+                                            ToolMessage("two", tool_call_id=tool_call_id)]})
+
+    guard = BudgetGuard(AcceptAll(), market(t=5.0), 10.0)
+    agent = create_agent(scripted([ai(tc("t", "c1", x=1)), AIMessage("done")]),
+                         [StructuredTool.from_function(t, name="t", description="t")], middleware=[guard.middleware()])
+    out = agent.invoke(USER)
+    answers = [m.content for m in msgs_of(out) if isinstance(m, ToolMessage)]
+    assert answers == ["one", "two"]
+    assert guard.ledger(out).spent == 5.0
 
 
 # ======================================================== row 8: re-pricing

@@ -15,7 +15,7 @@ from langchain.tools import ToolRuntime
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.prebuilt import InjectedState
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from intent import AcceptAll, BudgetGuard, Decision, JsonlLogSink, Market, MemoryLogSink, PricedTool
 from intent.testing import ai, assert_each_call_answered_once, call, scripted
@@ -67,6 +67,44 @@ def test_arguments_the_tools_own_validators_reject_are_refused_before_any_money_
     guard, out = _run(tool, [ai(call("f", **bad), call("f", **good)), AIMessage("done")])
     ledger = guard.ledger(out)
     assert len(runs) == 1  # only the good call ran
+    assert ledger.spent == 5.0 and ledger.reserved == 0
+    assert_each_call_answered_once(out["messages"])
+    refusal = next(m for m in out["messages"] if isinstance(m, ToolMessage) and m.status == "error")
+    assert why in str(refusal.content) and "no charge" in str(refusal.content)
+
+
+class _Forbid(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    x: int
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True)
+    x: int
+
+
+class _Aliased(BaseModel):
+    x: int = Field(alias="X")
+
+
+@pytest.mark.parametrize(("schema", "bad", "good", "why"), [
+    (_Forbid, {"x": 1, "y": 2}, {"x": 1}, "y: Extra inputs are not permitted"),
+    (_Strict, {"x": "1"}, {"x": 1}, "x: Input should be a valid integer"),
+    (_Aliased, {"x": 1}, {"X": 1}, "X: Field required"),
+], ids=["extra_forbid", "strict", "alias"])
+def test_arguments_the_tools_schema_settings_reject_are_refused_before_any_money_moves(schema, bad, good, why):
+    # The schema the model sees (tool_call_schema) drops args_schema's extra="forbid", strict=True and aliases:
+    # LangChain then rejected the call while parsing its input, the body never ran, and the run was charged.
+    runs: list[dict[str, Any]] = []
+
+    def f(**kwargs: Any) -> str:
+        runs.append(kwargs)
+        return "ok"
+
+    tool = StructuredTool.from_function(f, name="f", description="f", args_schema=schema)
+    guard, out = _run(tool, [ai(call("f", **bad)), ai(call("f", **good)), AIMessage("done")])
+    ledger = guard.ledger(out)
+    assert len(runs) == 1, "only the good call runs"
     assert ledger.spent == 5.0 and ledger.reserved == 0
     assert_each_call_answered_once(out["messages"])
     refusal = next(m for m in out["messages"] if isinstance(m, ToolMessage) and m.status == "error")
