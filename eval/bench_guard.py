@@ -31,6 +31,7 @@ import functools
 import gc
 import json
 import time
+import types
 from typing import Any
 
 from langchain.agents import create_agent
@@ -40,6 +41,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
 
 from intent import AcceptAll, BudgetGuard, Market, PricedTool
+from intent.middleware import _presign
 from intent.testing import scripted
 
 
@@ -76,6 +78,18 @@ class _NoopHooks(AgentMiddleware):
 
     def wrap_tool_call(self, request: Any, handler: Any) -> Any:
         return Command(update={"messages": [handler(request)]})
+
+
+class _PresignedNoopHooks(_NoopHooks):
+    """:class:`_NoopHooks` with each ``wrap_*`` hook carrying its ``__signature__``, as the guard's do
+    (``intent.middleware._presign``): LangChain's plumbing for the guard's shape, as the guard pays it."""
+
+
+for _name in ("wrap_model_call", "wrap_tool_call"):  # copies of its own: _presign signs a class's own hooks
+    _hook = _NoopHooks.__dict__[_name]
+    setattr(_PresignedNoopHooks, _name, types.FunctionType(_hook.__code__, _hook.__globals__, _name,
+                                                           _hook.__defaults__, _hook.__closure__))
+_presign(_PresignedNoopHooks)
 
 
 class _HookClock:
@@ -160,6 +174,7 @@ def build_agent(calls: int, arm: str) -> Any:
     middleware: list[Any] = {
         "plain": [],
         "noop_hooks": [_NoopHooks()],
+        "noop_presigned": [_PresignedNoopHooks()],
         "guarded": [BudgetGuard(AcceptAll(), market, float(calls)).middleware()],
         "guarded_timed": [HOOKS.wrap(BudgetGuard(AcceptAll(), market, float(calls)).middleware())],
     }[arm]

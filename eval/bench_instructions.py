@@ -1,11 +1,12 @@
 """The guard's cost per tool call in machine instructions: a figure a busy machine cannot move.
 
-``python -m eval.bench_instructions [--calls 20] [--episodes 3] [--arms plain,noop_hooks,guarded] [--json PATH]`` (``make bench-instructions``;
+``python -m eval.bench_instructions [--calls 20] [--episodes 3] [--arms plain,noop_hooks,noop_presigned,guarded] [--json PATH]`` (``make bench-instructions``;
 needs valgrind: ``apt-get install valgrind``)
 
 ``make bench-guard`` measures milliseconds, which drift by tens of percent between runs on a shared
-machine. This runs the same three arms (:mod:`eval.bench_guard`: ``create_agent`` with no middleware, a
-no-op middleware with the guard's hooks, ``BudgetGuard(AcceptAll(), ...).middleware()``; a scripted
+machine. This runs the same arms (:mod:`eval.bench_guard`: ``create_agent`` with no middleware, a
+no-op middleware with the guard's hooks, the same with its hooks presigned as the guard's are,
+``BudgetGuard(AcceptAll(), ...).middleware()``; a scripted
 model and an instant tool, simulated) under callgrind, each in a process of its own, and counts the
 instructions executed inside ``agent.invoke`` only (after warm-up episodes, with the garbage collector
 paused, as in bench-guard). The count is the same on an idle or a loaded machine, so two commits can be
@@ -25,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ARMS = ("plain", "noop_hooks", "guarded")
+ARMS = ("plain", "noop_hooks", "noop_presigned", "guarded")
 WARM_UP = 2  # episodes per arm before counting: imports, caches, LangGraph's compiled graph
 
 
@@ -87,16 +88,20 @@ def run(calls: int = 20, episodes: int = 3, arms: tuple[str, ...] = ARMS) -> dic
     if set(arms) != set(ARMS):  # some arms only: their counts, no differences
         return {"calls_per_episode": calls, "episodes": episodes,
                 **{f"{arm}_minstr_per_call": per_call[arm] for arm in arms}}
-    plain, noop, guarded = (per_call[a] for a in ARMS)
+    plain, noop, signed, guarded = (per_call[a] for a in ARMS)
     return {
         "calls_per_episode": calls,
         "episodes": episodes,
         "plain_minstr_per_call": plain,
         "noop_hooks_minstr_per_call": noop,
+        "noop_presigned_minstr_per_call": signed,
         "guarded_minstr_per_call": guarded,
         "added_minstr_per_call": guarded - plain,
         "noop_hooks_added_minstr_per_call": noop - plain,
         "guard_over_noop_minstr_per_call": guarded - noop,
+        # LangChain's plumbing for the guard's shape as the guard pays it (its hooks presigned), and the rest:
+        "noop_presigned_added_minstr_per_call": signed - plain,
+        "guard_over_presigned_noop_minstr_per_call": guarded - signed,
         "ratio_guarded_to_plain": guarded / plain,
     }
 

@@ -2,7 +2,8 @@
 
 ``python -m eval.profile_opcodes [--calls 20] [--top 25] [--path intent/]`` (``make profile-opcodes``)
 
-Runs bench-guard's ``noop_hooks`` and ``guarded`` arms (:mod:`eval.bench_guard`: a scripted model and an
+Runs bench-guard's ``noop_presigned`` (a no-op middleware with the guard's hooks, presigned as the guard's
+are) and ``guarded`` arms (:mod:`eval.bench_guard`: a scripted model and an
 instant tool, simulated; AcceptAll) for one episode each after warm-up ones, with every Python bytecode
 counted per function (``sys.settrace`` with opcode events, in every thread: LangGraph runs tool calls in a
 pool). Prints, per tool call, the bytecodes the guarded arm runs beyond the no-op one, and the functions
@@ -22,7 +23,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-ARMS = ("noop_hooks", "guarded")
+ARMS = ("noop_presigned", "guarded")
 WARM_UP = 2
 
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Python bytecodes per tool call ({args.calls} calls, one episode; AcceptAll, scripted model: simulated)")
     for arm, n in per_call.items():
         print(f"  {arm:<12} {n:10.0f}")
-    print(f"  guarded - noop_hooks {per_call['guarded'] - per_call['noop_hooks']:.0f}")
+    print(f"  guarded - noop_presigned {per_call['guarded'] - per_call['noop_presigned']:.0f}")
     shown = sorted(((n, c, name) for name, (n, c) in result["functions"].items() if args.path in name), reverse=True)
     print(f"Functions under {args.path!r} by their own bytecodes per tool call (calls per tool call):")
     for n, c, name in shown[: args.top]:

@@ -123,7 +123,7 @@ def test_the_opcode_profile_counts_the_guards_own_functions_and_refuses_bad_coun
 
     result = profile_opcodes.profile(calls=2)
     per_call = result["bytecodes_per_call"]
-    assert per_call["guarded"] > per_call["noop_hooks"] > 0
+    assert per_call["guarded"] > per_call["noop_presigned"] > 0
     guard_fns = {name: n for name, (n, _) in result["functions"].items() if "/intent/" in name}
     assert any(name.endswith(":gate_batch") for name in guard_fns), "the gate runs in the guarded arm"
     # the guard's functions run in the model step and in the tool step's thread: both are counted
