@@ -105,7 +105,8 @@ class StepRecord(BaseModel):
     enforce: bool = True
     kind: Literal["tool", "model", "oracle", "sub_agent"] = Field(
         "tool", description="what was paid: a tool run, a model call, the oracle's model, a sub-agent")
-    tokens: dict[str, int] = Field(default_factory=dict, description="a model call's usage: input/output/cached")
+    tokens: dict[str, int] = Field(default_factory=dict, description=(
+        "a model call's usage: input/output/cached, and cache_write when the prompt was written to a cache"))
     approved_by: str = Field("", description="who approved a top-up")
     artifact: dict[str, Any] | None = Field(
         None, description="the tool's JSON artifact, e.g. a simulated environment's ground-truth label z")

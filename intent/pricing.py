@@ -8,8 +8,12 @@
   (:meth:`ModelPrices.from_genai_prices`). The project ships no hand-written price list.
 
 The cost of a response is read from its ``usage_metadata`` (``input_tokens``,
-``output_tokens``, ``input_token_details["cache_read"]``): cached input tokens are billed
-at ``cached_input_per_mtok`` (the input price when not given), the rest at the input price.
+``output_tokens``, ``input_token_details["cache_read"]`` and ``["cache_creation"]``): input tokens read
+from a prompt cache are billed at ``cached_input_per_mtok``, input tokens written to it at
+``cache_write_per_mtok`` (each the input price when not given), the rest at the input price. A call's
+worst case prices its whole prompt at the dearest of these, so a prompt the provider writes to its cache
+(Anthropic bills that at 1.25x the input price, 2x for a one-hour cache) never costs more than was
+reserved when the write price is given.
 """
 
 from __future__ import annotations
@@ -37,46 +41,61 @@ class UnpricedModelError(GuardConfigError, KeyError):
 
 @dataclass(frozen=True, slots=True)
 class ModelPrice:
-    """A model's price per million tokens: input, output, and cached input (default: input)."""
+    """A model's price per million tokens: input, output, input read from a prompt cache and input written
+    to it (those two default to the input price)."""
 
     input_per_mtok: float
     output_per_mtok: float
     cached_input_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_per_mtok", check_amount(self.input_per_mtok, "ModelPrice.input_per_mtok"))
         object.__setattr__(self, "output_per_mtok", check_amount(self.output_per_mtok, "ModelPrice.output_per_mtok"))
-        if self.cached_input_per_mtok is not None:
-            object.__setattr__(self, "cached_input_per_mtok",
-                               check_amount(self.cached_input_per_mtok, "ModelPrice.cached_input_per_mtok"))
+        for name in ("cached_input_per_mtok", "cache_write_per_mtok"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_amount(getattr(self, name), f"ModelPrice.{name}"))
 
-    def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> float:
-        """The cost of one call. ``input_tokens`` includes the cached ones (as providers report it)."""
-        cached = max(0, min(int(cached_input_tokens), int(input_tokens)))
+    def cost(self, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0,
+             cache_write_tokens: int = 0) -> float:
+        """The cost of one call. ``input_tokens`` includes the tokens read from and written to a prompt cache
+        (as LangChain reports them)."""
+        total_in = int(input_tokens)
+        cached = max(0, min(int(cached_input_tokens), total_in))
+        written = max(0, min(int(cache_write_tokens), total_in - cached))
         cached_price = self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
-        return ((int(input_tokens) - cached) * self.input_per_mtok + cached * cached_price
+        write_price = self.input_per_mtok if self.cache_write_per_mtok is None else self.cache_write_per_mtok
+        return ((total_in - cached - written) * self.input_per_mtok + cached * cached_price + written * write_price
                 + int(output_tokens) * self.output_per_mtok) / _MTOK
 
     def worst_case(self, prompt_tokens: int, max_output_tokens: int) -> float:
-        """The most a call can cost: the whole prompt uncached, every allowed output token."""
+        """The most a call can cost: every allowed output token, and the whole prompt at the dearest input price
+        (written to the cache, where that costs more than plain input)."""
+        if self.cache_write_per_mtok is not None and self.cache_write_per_mtok > self.input_per_mtok:
+            return self.cost(prompt_tokens, max_output_tokens, 0, prompt_tokens)
         return self.cost(prompt_tokens, max_output_tokens, 0)
 
     def to_dict(self) -> dict[str, float | None]:
         return {"input_per_mtok": self.input_per_mtok, "output_per_mtok": self.output_per_mtok,
-                "cached_input_per_mtok": self.cached_input_per_mtok}
+                "cached_input_per_mtok": self.cached_input_per_mtok, "cache_write_per_mtok": self.cache_write_per_mtok}
 
 
 def tokens_of(usage: Mapping[str, Any]) -> dict[str, int]:
-    """A LangChain ``usage_metadata`` dict as ``{"input", "output", "cached"}`` token counts."""
+    """A LangChain ``usage_metadata`` dict as ``{"input", "output", "cached"}`` token counts, and
+    ``"cache_write"`` when the prompt was written to a cache."""
     details = usage.get("input_token_details") or {}
-    return {"input": int(usage.get("input_tokens", 0) or 0), "output": int(usage.get("output_tokens", 0) or 0),
-            "cached": int(details.get("cache_read", 0) or 0)}
+    tokens = {"input": int(usage.get("input_tokens", 0) or 0), "output": int(usage.get("output_tokens", 0) or 0),
+              "cached": int(details.get("cache_read", 0) or 0)}
+    written = int(details.get("cache_creation", 0) or 0)
+    if written:
+        tokens["cache_write"] = written
+    return tokens
 
 
 def cost_of_usage(price: ModelPrice, usage: Mapping[str, Any]) -> float:
     """The cost of a LangChain ``usage_metadata`` dict under ``price``."""
     t = tokens_of(usage)
-    return price.cost(t["input"], t["output"], t["cached"])
+    return price.cost(t["input"], t["output"], t["cached"], t.get("cache_write", 0))
 
 
 class ModelPrices:
@@ -94,7 +113,7 @@ class ModelPrices:
                 except TypeError as exc:
                     raise GuardConfigError(
                         f"model_prices[{name!r}] = {dict(price)!r} is not a price: give input_per_mtok, "
-                        "output_per_mtok and optionally cached_input_per_mtok") from exc
+                        "output_per_mtok and optionally cached_input_per_mtok and cache_write_per_mtok") from exc
             if not isinstance(price, ModelPrice):
                 raise GuardConfigError(
                     f"model_prices[{name!r}] must be an intent.ModelPrice, got {type(price).__name__}; "
@@ -131,6 +150,8 @@ class ModelPrices:
         prices = list(self._table.values())
         return ModelPrice(max(p.input_per_mtok for p in prices), max(p.output_per_mtok for p in prices),
                           max(p.input_per_mtok if p.cached_input_per_mtok is None else p.cached_input_per_mtok
+                              for p in prices),
+                          max(p.input_per_mtok if p.cache_write_per_mtok is None else p.cache_write_per_mtok
                               for p in prices))
 
     def to_dict(self) -> dict[str, Any]:
@@ -174,5 +195,6 @@ class ModelPrices:
 
             n = int(_MTOK)
             table[model] = ModelPrice(price_of(input_tokens=n), price_of(output_tokens=n),
-                                      price_of(input_tokens=n, cache_read_tokens=n))
+                                      price_of(input_tokens=n, cache_read_tokens=n),
+                                      price_of(input_tokens=n, cache_write_tokens=n))
         return cls(table, currency="USD")

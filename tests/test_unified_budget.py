@@ -117,6 +117,30 @@ def test_cached_input_tokens_are_billed_at_the_cached_price():
     assert guard.ledger(out).spent == pytest.approx(model_cost(1000, 10, cached=800), abs=1e-15)
 
 
+def test_input_written_to_the_prompt_cache_is_billed_at_the_cache_write_price_and_fits_the_worst_case():
+    # A provider that writes the prompt to its cache bills those input tokens above the input price (Anthropic:
+    # 1.25x, 2x for a one-hour cache). They were charged at the input price, and the worst case reserved
+    # (whole prompt x input price) was below the bill: 4000 written tokens at 6/M billed 0.02415, charged 0.01215.
+    price = ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0, cached_input_per_mtok=0.3, cache_write_per_mtok=6.0)
+    assert price.cost(4000, 10, cached_input_tokens=0, cache_write_tokens=4000) == pytest.approx(0.02415)
+    assert price.cost(5000, 10, 1000, 4000) == pytest.approx((1000 * 0.3 + 4000 * 6.0 + 10 * 15.0) / 1e6)
+    assert price.worst_case(4000, 10) == pytest.approx(price.cost(4000, 10, 0, 4000))
+    assert ModelPrice(3.0, 15.0).worst_case(4000, 10) == pytest.approx((4000 * 3.0 + 10 * 15.0) / 1e6)
+
+    sink = MemoryLogSink()
+    msg = AIMessage("done", usage_metadata={"input_tokens": 4000, "output_tokens": 10, "total_tokens": 4010,
+                                            "input_token_details": {"cache_creation": 4000, "cache_read": 0}})
+    guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices={"scripted-model": price}, max_output_tokens=10,
+                        log_sink=sink)
+    out = create_agent(scripted([msg]), [], middleware=[guard.middleware()]).invoke(
+        {"messages": [HumanMessage("x" * 4000)]})
+    ledger = guard.ledger(out)
+    assert ledger.spent == pytest.approx(0.02415, abs=1e-12) and ledger.overrun == 0.0, (
+        "billed within what was reserved: the reservation prices the prompt as a cache write")
+    charged = [r for r in sink.records if r.kind == "model" and r.charged]
+    assert len(charged) == 1 and charged[0].reason != "overrun"
+
+
 def test_a_model_call_that_does_not_fit_is_not_made_and_the_agent_ends_with_the_reason():
     runs, sink = Runs(), MemoryLogSink()
     played: list[int] = []
@@ -618,6 +642,8 @@ def test_prices_from_the_genai_prices_library():
     price = table.find("gpt-4o-mini")[1]
     assert price.input_per_mtok == pytest.approx(0.15) and price.output_per_mtok == pytest.approx(0.60)
     assert price.cached_input_per_mtok == pytest.approx(0.075) and table.currency == "USD"
+    claude = ModelPrices.from_genai_prices(["claude-sonnet-4-0"]).find("claude-sonnet-4-0")[1]
+    assert claude.cache_write_per_mtok == pytest.approx(1.25 * claude.input_per_mtok)  # a five-minute cache write
     with pytest.raises(GuardConfigError, match="genai-prices does not know"):
         ModelPrices.from_genai_prices(["surely-not-a-model-xyz"])
 
