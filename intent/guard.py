@@ -32,7 +32,7 @@ import contextlib
 import time
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AnyMessage, HumanMessage, ToolMessage
@@ -376,7 +376,33 @@ class BudgetGuard:
         new budget. On a thread paused inside a tool step, ``update_state`` makes LangGraph run
         that step's calls again on resume, a call that had finished included (it is paid again:
         it runs again); top up such a thread without ``graph`` (same process), or once it ends.
+        :meth:`atop_up` is the same for an async checkpointer (``graph.aget_state`` / ``aupdate_state``).
         """
+        steps = self._top_up(config, amount, graph=graph, reason=reason, approved_by=approved_by)
+        try:
+            step = next(steps)
+            while True:
+                step = steps.send(graph.get_state(*step[1]) if step[0] == "get" else graph.update_state(*step[1]))
+        except StopIteration as done:
+            return float(done.value)
+
+    async def atop_up(self, config: Mapping[str, Any] | str, amount: float, *, graph: Any = None,
+                      reason: str = "", approved_by: str = "") -> float:
+        """:meth:`top_up`, reading and writing the thread's state with the graph's async methods (an
+        ``AsyncSqliteSaver`` or ``AsyncPostgresSaver`` has no sync ones)."""
+        steps = self._top_up(config, amount, graph=graph, reason=reason, approved_by=approved_by)
+        try:
+            step = next(steps)
+            while True:
+                step = steps.send(await graph.aget_state(*step[1]) if step[0] == "get"
+                                  else await graph.aupdate_state(*step[1]))
+        except StopIteration as done:
+            return float(done.value)
+
+    def _top_up(self, config: Mapping[str, Any] | str, amount: float, *, graph: Any, reason: str,
+                approved_by: str) -> Generator[tuple[str, tuple[Any, ...]], Any, float]:
+        """A top-up, one graph call at a time (``("get", args)``: the state; ``("update", args)``: write it),
+        driven by :meth:`top_up` and :meth:`atop_up`. Returns the new budget."""
         amount = check_amount(amount, "top-up amount", allow_zero=False)
         thread_id = config if isinstance(config, str) else ((config.get("configurable") or {}).get("thread_id"))
         if thread_id is None:
@@ -384,7 +410,7 @@ class BudgetGuard:
         cfg = {"configurable": {"thread_id": thread_id}} if isinstance(config, str) else config
         channel = None
         if graph is not None:
-            channel = channel_of(graph.get_state(cfg).values)
+            channel = channel_of((yield ("get", (cfg,))).values)
         episode_id = str((channel or {}).get("episode_id") or thread_id)
         episode = self.episodes.get(episode_id, channel)
         top_up_id = f"top-up-{uuid.uuid4().hex[:12]}"
@@ -393,9 +419,9 @@ class BudgetGuard:
             # The charges as the thread's state shows them are written back with the top-up: on a paused
             # thread, LangGraph's update_state drops the paused step's saved writes (a call that finished
             # in it runs again on resume), and the charge of that finished call was only there.
-            written = graph.update_state(cfg, {LEDGER_KEY: self._channel_base(episode) | {
+            written = yield ("update", (cfg, {LEDGER_KEY: self._channel_base(episode) | {
                 "entries": dict((channel or {}).get("entries") or {}),
-                "top_ups": {top_up_id: amount}, "top_up_by": {top_up_id: approved_by} if approved_by else {}}})
+                "top_ups": {top_up_id: amount}, "top_up_by": {top_up_id: approved_by} if approved_by else {}}}))
             landed = ((written or {}).get("configurable") or {})
             if landed.get("checkpoint_id") and not landed.get("checkpoint_ns"):
                 episode.lineage.landed(str(landed["checkpoint_id"]))  # a fork from before it goes without it

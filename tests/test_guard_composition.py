@@ -931,6 +931,29 @@ def test_top_up_raises_the_budget_in_state_and_is_logged(with_graph):
     assert_invariants(guard2, out, runs, {"a": 20.0, "b": 40.0}, 75, sink=None)
 
 
+@pytest.mark.asyncio
+async def test_an_async_top_up_writes_through_an_async_only_checkpointer(tmp_path):
+    # AsyncSqliteSaver (as AsyncPostgresSaver) has no sync methods: top_up(graph=) could not write to it.
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    runs, sink = Runs(), MemoryLogSink()
+    config = {"configurable": {"thread_id": "async-top-up"}}
+    tools = [make_tool("a", runs), make_tool("b", runs)]
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "threads.db")) as saver:
+        guard = BudgetGuard(AcceptAll(), market(a=20.0, b=40.0), 50, log_sink=sink)
+        b = call("b")
+        agent = create_agent(scripted([ai(call("a")), AIMessage("done"), ai(b), AIMessage("done again")]), tools,
+                             middleware=[guard.middleware()], checkpointer=saver)
+        await agent.ainvoke(USER, config)
+        assert await guard.atop_up(config, 25, graph=agent, reason="grant") == 75
+        ledger = guard.ledger((await agent.aget_state(config)).values)
+        assert (ledger.budget, ledger.spent, ledger.remaining) == (75, 20, 55)
+        out = await agent.ainvoke({"messages": [("user", "more")]}, config)
+    assert runs["b"] == 1, "20 + 40 fits the budget topped up to 75"
+    assert [r.reason for r in sink.records if r.decision == "top_up"] == ["grant"]
+    assert_invariants(guard, out, runs, {"a": 20.0, "b": 40.0}, 75, sink=None)
+
+
 # ================================================================ row 10: async
 @pytest.mark.asyncio
 @pytest.mark.parametrize("order", ORDERS)
