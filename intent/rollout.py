@@ -66,11 +66,15 @@ def _price(market: Market, tool: str) -> float | None:
 def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any, *, satisfied: bool | None,
                      max_depth: int, visible: Sequence[str] | None = None, notes: str | None = None,
                      on_turn: Callable[[list[SimStep]], Iterable[str]] | None = None,
-                     merge_identical_calls: bool = True) -> Rollout:
+                     merge_identical_calls: bool = True,
+                     shown: Callable[[float], tuple[str | None, str | None]] | None = None) -> Rollout:
     """Roll the agent's policy out against ``world_model`` from the proposal, to an answer or ``max_depth`` turns.
 
     ``on_turn`` sees each turn's new priced steps and returns tools to hide from the policy for the
     rest of the rollout (INTENT's blacklist, updated step by step as in the paper's Algorithm 3).
+    ``shown`` (:meth:`intent.oracles.base.PlanningOracle.shown_in_rollout`): given what the rollout has
+    spent, the system notes and the note after a tool result that the agent would be shown, so that the
+    simulated agent sees its budget go down as the real one does (``notes`` is then only the first turn's).
     """
     from worldmodel.protocols import simulate_counted
 
@@ -86,6 +90,7 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
     ])
     turn_calls: list[tuple[AIMessage, list[dict[str, Any]]]] = [(first, first.tool_calls)]
     depth = 0
+    spent_here = 0.0  # what the simulated calls cost so far (every run is charged, whatever it returns)
     while True:
         ai, calls = turn_calls[-1]
         messages.append(ai)
@@ -95,9 +100,14 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
             with model_call(f"world model {type(world_model).__name__}"):
                 text, tokens = simulate_counted(world_model, call["name"], call["args"], satisfied=satisfied)
             out.world_model_tokens += tokens
+            seen = text
             if price is not None:
                 new_steps.append(SimStep(call["name"], dict(call["args"]), str(ai.content), price, text, depth))
-            messages.append(ToolMessage(text, tool_call_id=call["id"], name=call["name"]))
+                spent_here += price
+                note = shown(spent_here)[1] if shown is not None else None
+                if note:
+                    seen = f"{text}\n{note}"  # as the guard appends the oracle's result note to a real result
+            messages.append(ToolMessage(seen, tool_call_id=call["id"], name=call["name"]))
         out.steps.extend(new_steps)
         if on_turn is not None and new_steps:
             hidden = set(on_turn(new_steps))
@@ -108,6 +118,8 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
         if depth >= max_depth:
             out.truncated = True
             return out
+        if shown is not None:
+            notes = shown(spent_here)[0]
         try:
             reply, tokens = policy.next_action(messages, visible=visible, notes=notes)
         except ContextOverflowError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from fakes import ScriptedToolModel
@@ -99,6 +100,70 @@ def test_rollout_cache_hit_pop_and_miss_clear():
     with pytest.raises(AssertionError, match="must not be called"):
         oracle.decide(ctx("a", remaining=20))
     assert oracle.memory.rollout("e1") == []
+
+
+@pytest.mark.parametrize("kind", ["intent", "mco"])
+def test_a_cached_plan_whose_next_call_no_longer_fits_is_dropped_not_followed(kind):
+    # The plan a -> b -> c is cached when a is accepted. When b (30) no longer fits, that is a miss: the whole
+    # plan goes. Only its head was popped, so the rest (c) stayed cached, and a later c was accepted from it
+    # unchecked, though c simulated alone is over what is left.
+    def make(steps: list[AIMessage]) -> IntentOracle | MCOOracle:
+        if kind == "intent":
+            return IntentOracle(policy(*steps), RecordingWM(), TablePredictor({"c": 0.05}), gamma=1.0,
+                                blacklist=False, last_call_cache=False)
+        return MCOOracle(policy(*steps), RecordingWM())
+
+    market = Market([PricedTool("a", 5.0), PricedTool("b", 30.0), PricedTool("c", 4.0)])
+
+    def at(tool: str, remaining: float) -> DecisionContext:
+        prop = Proposal(f"e1-{tool}", tool, {}, f"I need {tool}")
+        return DecisionContext("e1", "q", prop, market.price(tool), 100.0, 100.0 - remaining, remaining, market,
+                               step=0, history=[HumanMessage("q"), AIMessage(prop.reasoning, tool_calls=[
+                                   tc(tool, prop.call_id)])], batch=(prop,))
+
+    oracle = make([AIMessage("", tool_calls=[tc("b", "x1")]), AIMessage("", tool_calls=[tc("c", "x2")]),
+                   AIMessage("done")])
+    assert oracle.decide(at("a", 200.0)).accept
+    assert [s.tool for s in oracle.memory.rollout("e1")] == ["b", "c"]
+    oracle._policy = AgentPolicy(ScriptedToolModel(messages=iter([AIMessage("done")]), bound=[]))
+    assert not oracle.decide(at("b", 20.0)).accept  # 30 > 20 left
+    assert oracle.memory.rollout("e1") == [], "a miss empties the cache"
+    oracle._policy = AgentPolicy(ScriptedToolModel(messages=iter([AIMessage("done")] * 2), bound=[]))
+    decided = oracle.decide(at("c", 20.0))
+    assert decided.reason != "cache_hit"
+    if kind == "intent":  # gamma * 4 / 0.05 = 80 > 20: the simulation refuses what the stale plan let through
+        assert not decided.accept
+
+
+class _Seeing(AgentPolicy):
+    """A policy that records what it is shown at each simulated turn, then plays ``replies``."""
+
+    def __init__(self, *replies: AIMessage) -> None:
+        super().__init__(ScriptedToolModel(messages=iter(list(replies)), bound=[]))
+        self.seen: list[tuple[list[str], str | None]] = []
+
+    def next_action(self, history: Any, *, visible: Any = None, notes: str | None = None) -> Any:
+        self.seen.append(([str(m.content) for m in history if m.type == "tool"], notes))
+        return super().next_action(history, visible=visible, notes=notes)
+
+
+@pytest.mark.parametrize("kind", ["intent", "mco"])
+def test_a_rollout_shows_the_simulated_agent_its_budget_going_down(kind):
+    # The real agent sees, after each tool result and in its system notes, what it has spent (the oracle's
+    # result note and prompt notes). The simulated agent saw neither move: it never ran out of money.
+    seeing = _Seeing(AIMessage("", tool_calls=[tc("b", "x1", q=2)]), AIMessage("done"))
+    oracle = (IntentOracle(seeing, RecordingWM(), TablePredictor({}), gamma=0.1) if kind == "intent"
+              else MCOOracle(seeing, RecordingWM()))
+    oracle.decide(ctx("a", remaining=45.0))  # budget 50, 5 spent: a (10) then b (20)
+    (first_results, first_notes), (second_results, second_notes) = seeing.seen
+    assert first_results[-1].endswith("[Budget status] spent 15 of 50; 35 left.")
+    assert "[Budget status] spent 15 of 50; 35 left." in (first_notes or "")
+    assert second_results[-1].endswith("[Budget status] spent 35 of 50; 15 left.")
+    assert "[Budget status] spent 35 of 50; 15 left." in (second_notes or "")
+    quiet = _Seeing(AIMessage("done"))
+    (IntentOracle(quiet, RecordingWM(), TablePredictor({}), show_market=False) if kind == "intent"
+     else MCOOracle(quiet, RecordingWM(), show_market=False)).decide(ctx("a", remaining=45.0))
+    assert quiet.seen == [(['{"ok": true}'], None)], "a method that shows no market shows none in its rollouts"
 
 
 def test_last_call_cache_accepts_a_repeated_rejected_call_once():

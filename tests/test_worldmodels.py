@@ -112,6 +112,20 @@ def test_replay_world_model_filters_by_z_and_grounds():
     check_world_model(ReplayWorldModel(RECORDS, temperature=1.0, seed=3))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.5])
+def test_a_replayed_failure_stays_about_the_entity_it_was_about(temperature):
+    # A logged failure that answered about the wrong city, re-targeted at the call's arguments, read as the
+    # right answer: MCO's rollouts then saw cheap unreliable providers succeed far more than they do.
+    logs = [{"decision": "accept", "status": "ok", "tool": "weather_lite", "z": 0,
+             "observation": json.dumps({"city": "Lima", "temp_c": 14})}]
+    wm = ReplayWorldModel(logs, temperature=temperature, seed=0)
+    assert json.loads(wm.simulate("weather_lite", {"city": "Oslo"}))["city"] == "Lima"
+    assert json.loads(wm.simulate("weather_lite", {"city": "Oslo"}, satisfied=False))["city"] == "Lima"
+    ok = ReplayWorldModel([{**logs[0], "z": 1, "observation": json.dumps({"city": "Paris", "temp_c": 21})}],
+                          temperature=temperature)
+    assert json.loads(ok.simulate("weather_lite", {"city": "Oslo"}))["city"] == "Oslo"  # a success is grounded
+
+
 def test_predictors_conform_and_learn():
     check_predictor(OptimisticPredictor())
     emp = EmpiricalMeanPredictor(RECORDS, prior_strength=0.0)

@@ -2,8 +2,8 @@
 
 The fast, model-free option: ``simulate(tool, args, satisfied=z)`` samples an observation this
 tool really returned before, keeping only those whose label z matches when ``satisfied`` is
-given. With ``ground=True`` a JSON payload is re-targeted at the call's arguments, at every
-depth: a key of any nested object that is also an argument takes the argument's value (a
+given. With ``ground=True`` a JSON payload not labelled a failure (z = 0) is re-targeted at the call's
+arguments, at every depth: a key of any nested object that is also an argument takes the argument's value (a
 bundle's ``{"source": ..., "results": {"weather": {"city": ...}, ...}}`` is about the city
 asked for, not the logged one), which is what a conditional generator does.
 
@@ -90,22 +90,24 @@ class ReplayWorldModel:
             payload = {"tool": tool, **dict(args)} if satisfied is not False else {"error": "no result"}
             return json.dumps(payload)
         if t <= 0:
-            text = pool[zlib.crc32(f"{tool}|{canonical_args(args)}".encode()) % len(pool)][0]
+            text, z = pool[zlib.crc32(f"{tool}|{canonical_args(args)}".encode()) % len(pool)]
         elif t == 1:
             # Uniform over the logged entries is sampling by the log's frequencies (one draw).
             with self._lock:
-                text = pool[self._rng.randrange(len(pool))][0]
+                text, z = pool[self._rng.randrange(len(pool))]
         else:
-            counts: dict[str, int] = {}
-            for obs, _ in pool:  # the pool is sorted, so this order is reproducible
-                counts[obs] = counts.get(obs, 0) + 1
+            counts: dict[tuple[str, int | None], int] = {}
+            for entry in pool:  # the pool is sorted, so this order is reproducible
+                counts[entry] = counts.get(entry, 0) + 1
             distinct = list(counts)
             # In log space: count ** (1 / t) overflows for small t.
             logw = [math.log(counts[o]) / t for o in distinct]
             top = max(logw)
             with self._lock:
-                text = self._rng.choices(distinct, weights=[math.exp(w - top) for w in logw])[0]
-        return self._ground(text, args) if self.ground else text
+                text, z = self._rng.choices(distinct, weights=[math.exp(w - top) for w in logw])[0]
+        # A failure stays as it was logged: re-targeted at the call's arguments, a payload about the wrong
+        # entity would read as the right answer (a failure turned into a success).
+        return self._ground(text, args) if self.ground and z != 0 else text
 
     @staticmethod
     def _ground(text: str, args: Mapping[str, Any]) -> str:

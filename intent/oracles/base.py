@@ -125,6 +125,21 @@ class PlanningOracle(Oracle):
             return None
         return fb.budget_status(outcome.spent, max(0.0, outcome.budget - outcome.spent), outcome.budget)
 
+    def shown_in_rollout(self, ctx: DecisionContext) -> Callable[[float], tuple[str | None, str | None]] | None:
+        """What the agent is shown as a rollout from ``ctx`` spends, given what the rollout has spent so far:
+        the system prompt's notes and the note after a tool result, as :meth:`prompt_notes` and
+        :meth:`result_note` show them to the real agent after real spending (the paper rolls out the agent's
+        own policy: it must see its budget go down in the rollout as it would in the run). ``None`` when the
+        method shows the agent no market."""
+        if not self.show_market:
+            return None
+
+        def at(spent_here: float) -> tuple[str | None, str | None]:
+            spent = ctx.spent + spent_here
+            return (fb.market_notes(ctx.market, spent, max(0.0, ctx.remaining - spent_here), ctx.budget),
+                    fb.budget_status(spent, max(0.0, ctx.budget - spent), ctx.budget))
+        return at
+
     def visible(self, ctx: DecisionContext) -> list[str]:
         hidden = self.memory.blacklist(ctx.episode_id) | set(ctx.market.banned)
         return [n for n in ctx.market.names if n not in hidden]

@@ -66,12 +66,14 @@ class EpisodeMemory:
             self._episodes.pop(episode_id, None)
 
     # ------------------------------------------------------------ rollout cache
-    def pop_if_head(self, episode_id: str, tool: str, args: Mapping[str, Any]) -> bool:
-        """Hit: pop the head and return True. Miss: clear the cache and return False."""
+    def pop_if_head(self, episode_id: str, tool: str, args: Mapping[str, Any], *, fits: bool = True) -> bool:
+        """Hit (the call is the cached plan's next one, and ``fits`` what is left): pop the head and return
+        True. Anything else is a miss (the paper's Algorithm 3, lines 8-12): clear the cache and return
+        False, so a plan whose next call no longer fits is simulated again, never followed further."""
         with self._lock:
             ep = self._get(episode_id)
-            if ep.rollout and ep.rollout[0].tool == tool and args_match(ep.rollout[0].args, args,
-                                                                          tolerance=self.args_tolerance):
+            if fits and ep.rollout and ep.rollout[0].tool == tool and args_match(ep.rollout[0].args, args,
+                                                                                   tolerance=self.args_tolerance):
                 ep.rollout.pop(0)
                 return True
             ep.rollout.clear()

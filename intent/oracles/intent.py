@@ -108,7 +108,7 @@ class IntentOracle(PlanningOracle):
                 self.memory.set_last_rejected(eid, None)
                 return Decision.accepted(reason=LAST_CALL_HIT, last_call_hit=1)
         if self.rollout_cache:
-            if self.memory.pop_if_head(eid, tool, args) and fits:
+            if self.memory.pop_if_head(eid, tool, args, fits=fits):
                 return Decision.accepted(reason=CACHE_HIT, cache_hit=1)
 
         predicted: list[float] = []
@@ -136,7 +136,7 @@ class IntentOracle(PlanningOracle):
             rollout = simulate_rollout(
                 ctx, self.policy_for(ctx), self.generator, satisfied=None if self.stochastic else True,
                 max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx), on_turn=on_turn,
-                merge_identical_calls=self.merge_identical_calls)
+                merge_identical_calls=self.merge_identical_calls, shown=self.shown_in_rollout(ctx))
             steps = rollout.steps
         else:  # "No Rollout": the immediate action alone
             rollout = None

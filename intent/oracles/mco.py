@@ -47,11 +47,11 @@ class MCOOracle(PlanningOracle):
         started = time.perf_counter()
         eid, left = ctx.episode_id, ctx.remaining
         fits = ctx.price <= left + 1e-9
-        if self.rollout_cache and self.memory.pop_if_head(eid, ctx.tool, dict(ctx.args)) and fits:
+        if self.rollout_cache and self.memory.pop_if_head(eid, ctx.tool, dict(ctx.args), fits=fits):
             return Decision.accepted(reason=CACHE_HIT, cache_hit=1)
         rollout = simulate_rollout(ctx, self.policy_for(ctx), self.world_model, satisfied=None,
                                    max_depth=self.max_depth, visible=self.visible(ctx), notes=self.notes(ctx),
-                                   merge_identical_calls=self.merge_identical_calls)
+                                   merge_identical_calls=self.merge_identical_calls, shown=self.shown_in_rollout(ctx))
         total = rollout.total_price
         trace = tuple(PlannedStep(s.tool, s.price) for s in rollout.steps)
         info = usage(tokens=rollout.policy_tokens + rollout.world_model_tokens, policy_tokens=rollout.policy_tokens,
