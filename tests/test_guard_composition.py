@@ -13,6 +13,7 @@ the guard's own bookkeeping.
 
 import asyncio
 import dataclasses
+import functools
 import threading
 from collections import Counter
 from typing import Annotated, Any
@@ -583,6 +584,21 @@ def test_a_tool_returning_a_list_of_command_and_message_keeps_both_and_its_bill(
     assert [r.charged for r in executions(sink)] == [0.5]
 
 
+def _one_call(fn: Any, *, sync: bool, price: float = 5.0, budget: float = 10.0, **agent: Any) -> tuple[Any, Any]:
+    """The guard and the final state of an agent that calls tool ``t`` (``fn``, or an async twin of it) once."""
+
+    @functools.wraps(fn)  # the same arguments, so the same schema the model sees
+    async def afn(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    guard = BudgetGuard(AcceptAll(), market(t=price), budget)
+    tool_ = (StructuredTool.from_function(fn, name="t", description="t") if sync else
+             StructuredTool.from_function(coroutine=afn, name="t", description="t"))
+    graph = create_agent(scripted([ai(tc("t", "c1", x=1)), AIMessage("done")]), [tool_],
+                         middleware=[guard.middleware()], **agent)
+    return guard, graph.invoke(USER) if sync else asyncio.run(graph.ainvoke(USER))
+
+
 @pytest.mark.parametrize("sync", [True, False])
 def test_a_bill_in_a_message_given_as_a_dict_is_what_the_run_costs(sync):
     # LangGraph takes a message in dict form in a Command's update; its bill (0: the provider did not bill the
@@ -591,15 +607,7 @@ def test_a_bill_in_a_message_given_as_a_dict_is_what_the_run_costs(sync):
         return Command(update={"messages": [{"role": "tool", "content": "failed, not billed",
                                              "tool_call_id": tool_call_id, "artifact": {"intent_billed": 0.0}}]})
 
-    async def abilled(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
-        return billed(x, tool_call_id)
-
-    guard = BudgetGuard(AcceptAll(), market(t=5.0), 10.0)
-    tool_ = (StructuredTool.from_function(billed, name="t", description="t") if sync else
-             StructuredTool.from_function(coroutine=abilled, name="t", description="t"))
-    agent = create_agent(scripted([ai(tc("t", "c1", x=1)), AIMessage("done")]), [tool_],
-                         middleware=[guard.middleware()])
-    out = agent.invoke(USER) if sync else asyncio.run(agent.ainvoke(USER))
+    guard, out = _one_call(billed, sync=sync)
     assert tool_message(out, "c1").content.startswith("failed, not billed")
     ledger = guard.ledger(out)
     assert (ledger.spent, ledger.reserved) == (0.0, 0.0)
@@ -633,15 +641,7 @@ def test_a_command_whose_update_is_not_a_dict_keeps_its_update_and_answer(shape,
         handing_back.invoke({"tool_call_id": tool_call_id})
         return "never reached"
 
-    async def at(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> Any:
-        return t(x, tool_call_id)
-
-    guard = BudgetGuard(AcceptAll(), market(t=5.0), 10.0)
-    tool_ = (StructuredTool.from_function(t, name="t", description="t") if sync else
-             StructuredTool.from_function(coroutine=at, name="t", description="t"))
-    agent = create_agent(scripted([ai(tc("t", "c1", x=1)), AIMessage("done")]), [tool_],
-                         middleware=[guard.middleware()])
-    out = agent.invoke(USER) if sync else asyncio.run(agent.ainvoke(USER))
+    guard, out = _one_call(t, sync=sync)
     expected = "answered" if shape == "returned_object" else "handed back"
     assert tool_message(out, "c1").content.startswith(expected)
     assert_invariants(guard, out, runs, {"t": 5.0}, 10.0)

@@ -43,36 +43,6 @@ class _OneOf(BaseModel):
         return self
 
 
-def _run(tool: StructuredTool, script: list[AIMessage], *, price: float = 5.0, budget: float = 20.0,
-         oracle: Any = None, log_sink: Any = None) -> tuple[BudgetGuard, dict[str, Any]]:
-    guard = BudgetGuard(oracle or AcceptAll(), Market([PricedTool(tool.name, price)]), budget,
-                        log_sink=log_sink or MemoryLogSink())
-    out = create_agent(scripted(script), [tool], middleware=[guard.middleware()]).invoke(
-        {"messages": [("user", "go")]})
-    return guard, out
-
-
-@pytest.mark.parametrize(("schema", "bad", "good", "why"), [
-    (_Positive, {"n": -1}, {"n": 2}, "n must be at least 0"),
-    (_OneOf, {"a": "x", "b": "y"}, {"a": "x"}, "give exactly one of a or b"),
-], ids=["field_validator", "model_validator"])
-def test_arguments_the_tools_own_validators_reject_are_refused_before_any_money_moves(schema, bad, good, why):
-    runs: list[dict[str, Any]] = []
-
-    def f(**kwargs: Any) -> str:
-        runs.append(kwargs)
-        return "ok"
-
-    tool = StructuredTool.from_function(f, name="f", description="f", args_schema=schema)
-    guard, out = _run(tool, [ai(call("f", **bad), call("f", **good)), AIMessage("done")])
-    ledger = guard.ledger(out)
-    assert len(runs) == 1  # only the good call ran
-    assert ledger.spent == 5.0 and ledger.reserved == 0
-    assert_each_call_answered_once(out["messages"])
-    refusal = next(m for m in out["messages"] if isinstance(m, ToolMessage) and m.status == "error")
-    assert why in str(refusal.content) and "no charge" in str(refusal.content)
-
-
 class _Forbid(BaseModel):
     model_config = ConfigDict(extra="forbid")
     x: int
@@ -87,14 +57,25 @@ class _Aliased(BaseModel):
     x: int = Field(alias="X")
 
 
+def _run(tool: StructuredTool, script: list[AIMessage], *, price: float = 5.0, budget: float = 20.0,
+         oracle: Any = None, log_sink: Any = None) -> tuple[BudgetGuard, dict[str, Any]]:
+    guard = BudgetGuard(oracle or AcceptAll(), Market([PricedTool(tool.name, price)]), budget,
+                        log_sink=log_sink or MemoryLogSink())
+    out = create_agent(scripted(script), [tool], middleware=[guard.middleware()]).invoke(
+        {"messages": [("user", "go")]})
+    return guard, out
+
+
 @pytest.mark.parametrize(("schema", "bad", "good", "why"), [
+    (_Positive, {"n": -1}, {"n": 2}, "n must be at least 0"),
+    (_OneOf, {"a": "x", "b": "y"}, {"a": "x"}, "give exactly one of a or b"),
+    # The schema the model sees (tool_call_schema) drops args_schema's extra="forbid", strict=True and aliases:
+    # LangChain rejected such a call while parsing its input, the body never ran, and the run was charged.
     (_Forbid, {"x": 1, "y": 2}, {"x": 1}, "y: Extra inputs are not permitted"),
     (_Strict, {"x": "1"}, {"x": 1}, "x: Input should be a valid integer"),
     (_Aliased, {"x": 1}, {"X": 1}, "X: Field required"),
-], ids=["extra_forbid", "strict", "alias"])
-def test_arguments_the_tools_schema_settings_reject_are_refused_before_any_money_moves(schema, bad, good, why):
-    # The schema the model sees (tool_call_schema) drops args_schema's extra="forbid", strict=True and aliases:
-    # LangChain then rejected the call while parsing its input, the body never ran, and the run was charged.
+], ids=["field_validator", "model_validator", "extra_forbid", "strict", "alias"])
+def test_arguments_the_tools_own_schema_rejects_are_refused_before_any_money_moves(schema, bad, good, why):
     runs: list[dict[str, Any]] = []
 
     def f(**kwargs: Any) -> str:
@@ -102,9 +83,9 @@ def test_arguments_the_tools_schema_settings_reject_are_refused_before_any_money
         return "ok"
 
     tool = StructuredTool.from_function(f, name="f", description="f", args_schema=schema)
-    guard, out = _run(tool, [ai(call("f", **bad)), ai(call("f", **good)), AIMessage("done")])
+    guard, out = _run(tool, [ai(call("f", **bad), call("f", **good)), AIMessage("done")])
     ledger = guard.ledger(out)
-    assert len(runs) == 1, "only the good call runs"
+    assert len(runs) == 1  # only the good call ran
     assert ledger.spent == 5.0 and ledger.reserved == 0
     assert_each_call_answered_once(out["messages"])
     refusal = next(m for m in out["messages"] if isinstance(m, ToolMessage) and m.status == "error")
