@@ -40,6 +40,7 @@ from langgraph.types import Command
 from typing_extensions import NotRequired, TypedDict
 
 from intent import (  # noqa: F401
+    LEDGER_KEY,
     AcceptAll,
     BudgetGuard,
     Decision,
@@ -51,6 +52,7 @@ from intent import (  # noqa: F401
     Oracle,
     PricedTool,
 )
+from intent.ledger import BudgetLedger
 from intent.testing import assert_each_call_answered_once, assert_one_record_per_call
 
 # ====================================================================== helpers
@@ -948,6 +950,8 @@ async def test_an_async_top_up_writes_through_an_async_only_checkpointer(tmp_pat
         assert await guard.atop_up(config, 25, graph=agent, reason="grant") == 75
         ledger = guard.ledger((await agent.aget_state(config)).values)
         assert (ledger.budget, ledger.spent, ledger.remaining) == (75, 20, 55)
+        saved = BudgetLedger.from_state((await agent.aget_state(config)).values[LEDGER_KEY])
+        assert saved.budget == 75, "the top-up is in the checkpoint, not only in this process's working copy"
         out = await agent.ainvoke({"messages": [("user", "more")]}, config)
     assert runs["b"] == 1, "20 + 40 fits the budget topped up to 75"
     assert [r.reason for r in sink.records if r.decision == "top_up"] == ["grant"]
