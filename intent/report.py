@@ -41,7 +41,7 @@ KINDS = ("tool", "model", "oracle", "sub_agent")
 _COLORS = dict(zip(KINDS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))  # one colour per kind, every report
 MAX_PLOTTED_EPISODES = 40
 MAX_PLOTTED_ITEMS = 20
-_TOKEN_KEYS = ("input", "output", "cached")
+_TOKEN_KEYS = ("input", "output", "cached", "cache_write")  # intent.pricing.tokens_of
 _NOISE = 1e-12  # float sums of money leave residues like -1e-17 where the ledger holds 0
 
 
@@ -83,7 +83,7 @@ class EpisodeBudget:
     spent: float = 0.0  # Σ charged
     left: float = 0.0  # the last record's remaining
     overrun: float = 0.0  # billed above the reservations
-    # (kind, name) -> spent, runs (charged executions), failed, input/output/cached tokens
+    # (kind, name) -> spent, runs (charged executions), failed, input/output/cached/cache-write tokens
     by_item: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     # reason -> count, price (what the refused calls would have cost, where the price was known)
     refusals: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -227,8 +227,8 @@ class BudgetReport:
         ]
         items = sorted(self.by_item.items(), key=lambda kv: (-kv[1]["spent"], kv[0]))
         if items:
-            lines += ["| kind | name | spent | runs | failed | input tokens | output tokens | cached tokens |",
-                      "|---|---|---:|---:|---:|---:|---:|---:|"]
+            lines += ["| kind | name | spent | runs | failed | input tokens | output tokens | cached tokens "
+                      "| cache-write tokens |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
             for (kind, name), row in items:
                 tokens = [str(int(row[k])) if kind in ("model", "oracle") else "" for k in _TOKEN_KEYS]
                 lines.append(f"| {kind} | {_cell(name)} | {_money(row['spent'])} | {int(row['runs'])} | "

@@ -50,7 +50,8 @@ def write_log(path: Path) -> None:
             budget=1.25))
     # episode B: the sub-agent's own records (their spend is A's sub_agent charge)
     put(rec("B", tool="search", price=0.08, charged=0.08, execution=1, spent=0.08, remaining=0.02, budget=0.1))
-    put(rec("B", tool="gpt-x", kind="model", charged=0.02, execution=1, tokens={"input": 10, "output": 5},
+    put(rec("B", tool="gpt-x", kind="model", charged=0.02, execution=1,
+            tokens={"input": 10, "output": 5, "cache_write": 8},
             spent=0.1, remaining=0.0, budget=0.1))
     put(rec("B", tool="gpt-x", kind="model", decision="reject", status="rejected", reason="model_over_budget",
             price=0.01, spent=0.1, remaining=0.0, budget=0.1))
@@ -82,7 +83,7 @@ def test_spend_by_tool_and_model_with_runs_and_tokens(log):
     assert items[("tool", "fetch")]["spent"] == pytest.approx(0.5) and items[("tool", "fetch")]["runs"] == 1
     gpt = items[("model", "gpt-x")]
     assert gpt["spent"] == pytest.approx(0.023) and gpt["runs"] == 2
-    assert (gpt["input"], gpt["output"], gpt["cached"]) == (1010, 105, 0)
+    assert (gpt["input"], gpt["output"], gpt["cached"], gpt["cache_write"]) == (1010, 105, 0, 8)
     a = next(e for e in report.episodes if e.episode == "A")  # and per episode
     assert a.by_item[("tool", "search")]["spent"] == pytest.approx(0.2)
     assert a.by_kind == pytest.approx({"tool": 0.7, "model": 0.003, "sub_agent": 0.1})
@@ -108,9 +109,9 @@ def test_each_episodes_charged_adds_up_to_its_last_records_spent(log):
 def test_markdown_has_the_tables_with_the_numbers(log):
     md = budget_report(log).to_markdown()
     assert "| 2 | 1 | 1.25 | 0.803 | 0.447 | 0.25 | 0 | 0.78 | 0.023 | 0 | 0.1 |" in md  # totals
-    assert "| model | gpt-x | 0.023 | 2 | 0 | 1010 | 105 | 0 |" in md
-    assert "| tool | search | 0.28 | 2 | 0 |  |  |  |" in md
-    assert "| sub_agent | sub-agent:B | 0.1 | 1 | 0 |  |  |  |" in md
+    assert "| model | gpt-x | 0.023 | 2 | 0 | 1010 | 105 | 0 | 8 |" in md
+    assert "| tool | search | 0.28 | 2 | 0 |  |  |  |  |" in md
+    assert "| sub_agent | sub-agent:B | 0.1 | 1 | 0 |  |  |  |  |" in md
     assert "| over_budget | 1 | 0.5 |" in md and "| model_over_budget | 1 | 0.01 |" in md
     assert "| A | 0.25 | alice | top_up for fetch |" in md
     assert "| A | - | 1.25 | 0.803 | 0.447 | 0.7 | 0.003 | 0 | 0.1 | 0.25 | 1 |" in md
