@@ -54,7 +54,7 @@ from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
 from intent.gate import RELEASED_UNUSED, gate_batch
 from intent.lineage import Reader, checkpoint_here, forked, new_input
-from intent.messages import messages_of, tool_name
+from intent.messages import messages_of, provider_run, tool_name
 from intent.oracle import (
     ORACLE_ERROR,
     Decision,
@@ -711,8 +711,8 @@ class BudgetGuard:
         """Warn (once per guard and tool) of each offered tool the market cannot price: the agent is
         shown it, but the guard will refuse its calls (a middleware's own tool, deepagents' file tools)."""
         for tool in offered:
-            if isinstance(tool, dict) and tool.get("type") not in (None, "function") and "input_schema" not in tool:
-                continue  # a provider's server-side tool (web search...): the provider runs it, the gate never sees it
+            if provider_run(tool):
+                continue  # the provider runs it, the gate never sees it
             name = tool_name(tool)
             if name and name not in self._warned_unpriced:
                 try:

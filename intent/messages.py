@@ -42,6 +42,7 @@ __all__ = [
     "result_message",
     "text_of",
     "tool_name",
+    "provider_run",
     "turns_before",
     "with_update",
 ]
@@ -66,6 +67,15 @@ def tool_name(tool: Any) -> str | None:
     if isinstance(tool, dict):
         return tool.get("name") or (tool.get("function") or {}).get("name")
     return getattr(tool, "name", None)
+
+
+def provider_run(tool: Any) -> bool:
+    """Whether ``tool`` is a provider's server-side tool: a dict whose ``type`` is neither absent nor
+    ``"function"`` and which has no ``input_schema`` (OpenAI's ``{"type": "web_search"}`` and
+    ``{"type": "tool_search"}``, Anthropic's ``{"type": "web_search_20250305", "name": "web_search"}``).
+    The provider runs it inside the model call: no tool call for it reaches the tool step, so the
+    gate never prices it, and hiding priced tools must leave it bound."""
+    return isinstance(tool, dict) and tool.get("type") not in (None, "function") and "input_schema" not in tool
 
 
 def last_human_text(messages: Sequence[AnyMessage]) -> str:

@@ -38,7 +38,7 @@ from typing_extensions import NotRequired
 from intent import feedback as fb
 from intent.episodes import RUNNING_EPISODE
 from intent.ledger import merge_ledger_states
-from intent.messages import tool_name, turns_before
+from intent.messages import provider_run, tool_name, turns_before
 from intent.state import LEDGER_KEY, LedgerChannel, current_config
 
 if TYPE_CHECKING:
@@ -257,7 +257,9 @@ class BudgetGuardMiddleware(AgentMiddleware):
         visible = self.guard.visible_tool_names(state, config)
         overrides: dict[str, Any] = {}
         if visible is not None:
-            overrides["tools"] = [t for t in request.tools if tool_name(t) in visible]
+            # A provider's server-side tool (web search, tool search) is not priced and never gated: hiding
+            # banned tools must not unbind it (tools deferred behind a tool search would be unreachable).
+            overrides["tools"] = [t for t in request.tools if provider_run(t) or tool_name(t) in visible]
         messages = request.messages
         if self.guard.feedback_chars is not None:
             messages = _older_refusals_shortened(messages)

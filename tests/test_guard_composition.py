@@ -1751,6 +1751,27 @@ def test_a_providers_server_side_tool_is_not_warned_of():
     assert len(unpriced) == 1 and "'lookup'" in unpriced[0]
 
 
+@pytest.mark.parametrize("hidden_by", ["market_ban", "oracle"])
+def test_hiding_priced_tools_keeps_the_providers_server_side_tools_bound(hidden_by):
+    # A provider's own tools (OpenAI's {"type": "tool_search"}, Anthropic's named web search) are run by
+    # the provider and never gated: hiding a banned or unapproved priced tool must leave them bound (a
+    # tool deferred behind a tool search is unreachable without it).
+    from intent.testing import ScriptedToolModel
+
+    class Hides(AcceptAll):
+        def visible_tools(self, market: Any, episode_id: str) -> list[str]:
+            return ["a"]
+
+    prices = market(a=1.0, c=1.0)
+    guard = BudgetGuard(Hides(), prices, 10.0) if hidden_by == "oracle" else BudgetGuard(
+        AcceptAll(), prices.ban("c"), 10.0)
+    server_side = [{"type": "tool_search"}, {"type": "web_search_20250305", "name": "web_search"}]
+    model = ScriptedToolModel(messages=iter([AIMessage("done")]), bound=[], fail_on=set(), executions=[])
+    create_agent(model, [make_tool("a", Runs()), make_tool("c", Runs()), *server_side],
+                 middleware=[guard.middleware()]).invoke(USER)
+    assert model.bound == [sorted(["a", "", "web_search"])]  # c hidden; the unnamed tool_search kept
+
+
 # =========================================== a tool a middleware adds at runtime
 class AddsTool(AgentMiddleware):
     """LangChain's dynamic-tool pattern: offers ``tool`` to the model in ``wrap_model_call`` and hands it
