@@ -219,7 +219,10 @@ def plan_rejection(remaining: float, risk_cost: float, gamma: float, trace: Sequ
         "Budget check failed: the call was not executed and cost nothing.\n"
         f"Remaining budget: {_money(remaining)}; {why}"
     )
-    body = f"\nPredicted tool trace:\n{trace_table(trace)}" if trace else ""
+    # Appendix E's wording: the trace's success probabilities are the point of INTENT's feedback.
+    body = ("\nPay attention to the predicted success probabilities: some tools may have a much lower chance than "
+            f"you expected; try to avoid them in your next attempt.\nPredicted tool trace:\n{trace_table(trace)}"
+            if trace else "")
     return f"{head}{body}\nPlease revise your plan (fewer calls / different tools / answer directly)."
 
 

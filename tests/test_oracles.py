@@ -441,4 +441,6 @@ def test_ideal_plan_must_fit_keeps_the_papers_risk_test_and_its_words():
     paper = _plan_a_then_b(gamma=1.2).decide(ctx(remaining=25))
     assert not paper.accept and paper.feedback.startswith(
         "Budget check failed: the call was not executed and cost nothing.\nRemaining budget: 25; risk-adjusted "
-        "cost of your current plan (gamma=1.2): 36.00, which would exceed it.\nPredicted tool trace:")
+        "cost of your current plan (gamma=1.2): 36.00, which would exceed it.\nPay attention to the predicted success "
+        "probabilities: some tools may have a much lower chance than you expected; try to avoid them in your next "
+        "attempt.\nPredicted tool trace:")
