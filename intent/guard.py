@@ -465,7 +465,7 @@ class BudgetGuard:
             episode.visit(task)
         key = f"scope-{uuid.uuid4().hex[:12]}"
         try:
-            with spending_scope(self, episode, key):
+            with spending_scope(self, episode, key, cfg):
                 yield
         finally:
             close_carves(episode, key)

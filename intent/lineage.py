@@ -110,6 +110,12 @@ class Reader:
         except (NotImplementedError, asyncio.InvalidStateError):
             return None  # a saver with no sync reads, or an async one called from its own event loop
 
+    def pending_writes(self, checkpoint_id: str) -> list[tuple[str, str, Any]]:
+        """The writes saved against ``checkpoint_id`` by tasks of its step that finished (``(task id,
+        channel, value)``): a resumed step's siblings; ``[]`` when none, or when they cannot be read."""
+        found = self._tuple(checkpoint_id)
+        return list(getattr(found, "pending_writes", None) or []) if found is not None else []
+
     def parent(self, checkpoint_id: str, *, wait: bool = False) -> tuple[str | None, str | None] | None:
         """``(the checkpoint's source, its parent's id)``, the parent ``None`` for the thread's first
         checkpoint; ``None`` when it cannot be read."""

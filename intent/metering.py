@@ -505,7 +505,7 @@ class CallRun:
                 tool, body = watch
         try:
             # Sub-agents carve from this call; a shared budget's lease is renewed while it runs.
-            with spending_scope(self.guard, self.episode, self.key), _lease(self.episode.ledger, charge_id):
+            with spending_scope(self.guard, self.episode, self.key, config), _lease(self.episode.ledger, charge_id):
                 out = tool.invoke(tool_input, config, **kwargs)
         except ParentCommand as handoff:
             # The body finished and a graph it ran handed control to a graph above (its node returned
@@ -537,7 +537,7 @@ class CallRun:
         if watch is not None:
             tool, body = watch
         try:
-            with spending_scope(self.guard, self.episode, self.key), _lease(self.episode.ledger, charge_id):
+            with spending_scope(self.guard, self.episode, self.key, config), _lease(self.episode.ledger, charge_id):
                 out = await tool.ainvoke(tool_input, config, **kwargs)
         except ParentCommand as handoff:
             self._charge(charge_id, args, handoff.args[0], started)  # a handoff: the run happened (execute)

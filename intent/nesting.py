@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 from intent.budget import Budget
 from intent.errors import GuardConfigError
 from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry
+from intent.lineage import Reader, checkpoint_here
 from intent.market import check_amount
+from intent.state import LEDGER_KEY
 
 if TYPE_CHECKING:
     from intent.episodes import Episode
@@ -41,6 +43,7 @@ class ParentCall:
     guard: BudgetGuard
     episode: Episode
     key: str
+    config: Mapping[str, Any] | None = None  # the parent step's (its checkpoint, see FromParent.carve)
 
 
 _CURRENT: ContextVar[ParentCall | None] = ContextVar("intent_parent_call", default=None)
@@ -56,11 +59,12 @@ class spending_scope:  # noqa: N801 - used as a function: ``with spending_scope(
 
     __slots__ = ("_parent", "_token")
 
-    def __init__(self, guard: BudgetGuard, episode: Episode, key: str) -> None:
-        # ParentCall(guard, episode, key) without the frozen dataclass __init__'s object.__setattr__ per
+    def __init__(self, guard: BudgetGuard, episode: Episode, key: str,
+                 config: Mapping[str, Any] | None = None) -> None:
+        # ParentCall(guard, episode, key, config) without the frozen dataclass __init__'s object.__setattr__ per
         # field (a scope is opened around every tool run): its fields set in its __dict__ at once, the same object.
         parent = object.__new__(ParentCall)
-        parent.__dict__.update(guard=guard, episode=episode, key=key)
+        parent.__dict__.update(guard=guard, episode=episode, key=key, config=config)
         self._parent = parent
         self._token: Any = None
 
@@ -212,7 +216,10 @@ class FromParent:
                 "start the sub-agent from inside a tool of the guarded agent, or inside "
                 "`with parent_guard.scope(config):`")
         carve_id = f"{parent.key}#sub:{episode_id}"
+        siblings = _siblings_charges(parent)
         with parent.episode.lock:
+            if siblings:
+                parent.episode.ledger.take_in_state({"entries": siblings})
             existing = parent.episode.carves.get(carve_id)
             if existing is not None:
                 return existing
@@ -230,6 +237,23 @@ class FromParent:
                                  allow_overspend=allow_overspend, episode_id=episode_id)
             parent.episode.carves[carve_id] = child
             return child
+
+
+def _siblings_charges(parent: ParentCall) -> dict[str, Any]:
+    """The ledger entries that tasks of the parent's step which finished before it was paused saved with
+    the step's checkpoint: on resume they are pending writes the resumed task's state does not show. A
+    guard in another process would otherwise carve from a parent ledger that lacks a finished sibling's
+    carve (and charges), and let its sub-agent spend it again. Read only when a carve is made (a
+    sub-agent starts), from the parent step's checkpointer; nothing when it cannot be read (no
+    checkpointer, a subgraph's step, an async saver on its own event loop)."""
+    here = checkpoint_here(parent.config)
+    if here is None:
+        return {}
+    entries: dict[str, Any] = {}
+    for _task, channel, value in Reader(parent.config or {}).pending_writes(here):
+        if channel == LEDGER_KEY and isinstance(value, Mapping) and isinstance(value.get("entries"), Mapping):
+            entries.update(value["entries"])  # statuses only move forward when taken in: order does not matter
+    return entries
 
 
 def close_carves(episode: Episode, key_prefix: str) -> list[LedgerEntry]:

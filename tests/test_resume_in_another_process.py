@@ -123,3 +123,57 @@ def test_a_sub_agents_sibling_that_finished_before_a_pause_stays_paid_in_its_car
     ledger = guard.ledger(out)
     # delegate started twice (the interrupt re-runs it on resume) and is paid once, as one run.
     assert ledger.spent == child_real + 1.0 and ledger.reserved == 0
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fresh", [False, True], ids=["same_guards", "fresh_guards"])
+def test_a_sub_agent_resumed_in_another_process_carves_around_a_sibling_that_finished(fresh, use_async):
+    # One parent message delegates x and y (1 each) to sub-agents (FromParent, no limit). x's child runs a
+    # (20) and finishes; y's child runs h (10), which asks a human. On resume y's carve must leave out x's
+    # 20: 45 - 2 - 20 = 23 is left for y, whose second call, a (20), no longer fits. (A guard in another
+    # process carved from the resumed task's state, which lacks the finished sibling's carve: y got 43, a
+    # ran, and 52 was spent against 45.)
+    import threading
+
+    from langchain_core.messages import HumanMessage
+
+    from intent import FromParent
+
+    runs = {"a": 0, "h": 0}
+    x_done = threading.Event()  # in the first run y starts after x's child finished: the carves' order is fixed
+    saver, cfg = InMemorySaver(), {"configurable": {"thread_id": "t"}}
+    child_scripts = {"x": [ai(call("a", x=1)), AIMessage("x done")],
+                     "y": [ai(call("h", x=1)), ai(call("a", x=2)), AIMessage("y done")]}
+
+    def build(scripts: dict[str, list[AIMessage]], parent_msgs: list[AIMessage]):
+        parent = BudgetGuard(AcceptAll(), Market([PricedTool("delegate", 1.0)]), 45.0)
+        children = {}
+        for task, msgs in scripts.items():
+            child_guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in PRICES.items()]),
+                                      FromParent())
+            children[task] = create_agent(scripted(msgs), _tools(runs), middleware=[child_guard.middleware()])
+
+        def delegate(task: str) -> str:
+            if task == "y":
+                assert x_done.wait(10)
+            out = children[task].invoke({"messages": [HumanMessage(task)]})
+            if task == "x":
+                x_done.set()
+            return str(out["messages"][-1].content)
+
+        return parent, create_agent(scripted(parent_msgs), [StructuredTool.from_function(
+            delegate, name="delegate", description="d")], middleware=[parent.middleware()], checkpointer=saver)
+
+    def go(agent, inp):
+        return asyncio.run(agent.ainvoke(inp, cfg)) if use_async else agent.invoke(inp, cfg)
+
+    parent_script = [ai(call("delegate", task="x"), call("delegate", task="y")), AIMessage("done")]
+    guard, agent = build(child_scripts, parent_script)
+    assert "__interrupt__" in go(agent, {"messages": [("user", "go")]})
+    if fresh:  # another process: the paused children go on from their checkpoints
+        guard, agent = build({"x": [], "y": child_scripts["y"][1:]}, parent_script[1:])
+    out = go(agent, Command(resume="yes"))
+    ledger = guard.ledger(out)
+    assert runs == {"a": 1, "h": 1}  # y's a did not fit what x left
+    assert ledger.spent == 2.0 + 20.0 + 10.0 and ledger.reserved == 0 and ledger.spent <= ledger.budget
+    assert_each_call_answered_once(out["messages"])
