@@ -92,6 +92,34 @@ for _name in ("wrap_model_call", "wrap_tool_call"):  # copies of its own: _presi
 _presign(_PresignedNoopHooks)
 
 
+class _WrapModelOnly(AgentMiddleware):
+    wrap_model_call = _PresignedNoopHooks.wrap_model_call
+
+
+class _WrapToolOnly(AgentMiddleware):
+    wrap_tool_call = _PresignedNoopHooks.wrap_tool_call
+
+
+class _WrapToolMessageOnly(AgentMiddleware):
+    """A presigned ``wrap_tool_call`` returning the tool's ``ToolMessage`` as is, not a ``Command``."""
+
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        return handler(request)
+
+
+_presign(_WrapToolMessageOnly)
+
+
+class _AfterAgentOnly(AgentMiddleware):
+    def after_agent(self, state: Any, runtime: Any) -> None:
+        return None
+
+
+# LangChain's plumbing for the guard's shape, one hook at a time (each a no-op, the wrappers presigned):
+# `python -m eval.bench_instructions --arms plain,` + these.
+PLUMBING_ARMS = ("wrap_model_only", "wrap_tool_only", "wrap_tool_message_only", "after_agent_only")
+
+
 class _HookClock:
     """Time spent in the guard's code inside the graph: its hooks, minus the model and tool
     handlers they wrap, plus its metered run of the tool (inside the tool handler), minus the
@@ -175,6 +203,10 @@ def build_agent(calls: int, arm: str) -> Any:
         "plain": [],
         "noop_hooks": [_NoopHooks()],
         "noop_presigned": [_PresignedNoopHooks()],
+        "wrap_model_only": [_WrapModelOnly()],
+        "wrap_tool_only": [_WrapToolOnly()],
+        "wrap_tool_message_only": [_WrapToolMessageOnly()],
+        "after_agent_only": [_AfterAgentOnly()],
         "guarded": [BudgetGuard(AcceptAll(), market, float(calls)).middleware()],
         "guarded_timed": [HOOKS.wrap(BudgetGuard(AcceptAll(), market, float(calls)).middleware())],
     }[arm]

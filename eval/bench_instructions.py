@@ -11,6 +11,10 @@ model and an instant tool, simulated) under callgrind, each in a process of its 
 instructions executed inside ``agent.invoke`` only (after warm-up episodes, with the garbage collector
 paused, as in bench-guard). The count is the same on an idle or a loaded machine, so two commits can be
 compared by it; it does not say how long an instruction takes (cache misses, the CPU).
+
+``--arms plain,wrap_model_only,wrap_tool_only,wrap_tool_message_only,after_agent_only`` splits LangChain's
+plumbing hook by hook (:data:`eval.bench_guard.PLUMBING_ARMS`: one no-op hook each, the wrappers presigned;
+``wrap_tool_message_only`` returns the tool's ToolMessage where the guard's shape returns a Command).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from eval.bench_guard import PLUMBING_ARMS
 
 ARMS = ("plain", "noop_hooks", "noop_presigned", "guarded")
 WARM_UP = 2  # episodes per arm before counting: imports, caches, LangGraph's compiled graph
@@ -113,15 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default=",".join(ARMS),
                         help=f"comma-separated arms to count (default: all three, {','.join(ARMS)})")
     parser.add_argument("--json", help="also write the figures to this JSON file")
-    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)  # the process valgrind runs
+    parser.add_argument("--child", choices=(*ARMS, *PLUMBING_ARMS), help=argparse.SUPPRESS)  # the process valgrind runs
     args = parser.parse_args(argv)
     for name in ("calls", "episodes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in ARMS and a not in PLUMBING_ARMS]
     if unknown or not arms:
-        parser.error(f"--arms: unknown arm(s) {unknown or args.arms!r}; choose from {', '.join(ARMS)}")
+        parser.error(f"--arms: unknown arm(s) {unknown or args.arms!r}; choose from {', '.join((*ARMS, *PLUMBING_ARMS))}")
     if args.child:
         _child(args.child, args.calls, args.episodes)
         return 0
