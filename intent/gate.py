@@ -75,6 +75,15 @@ class _Pending:
     price: float
 
 
+# HumanInTheLoopMiddleware's private state key: {call id: the reviewer's edited action}.
+HITL_EDITS_KEY = "hitl_edited_tool_calls"
+
+
+def _edited_ids(state: Any) -> Any:
+    edits = state.get(HITL_EDITS_KEY) if isinstance(state, Mapping) else getattr(state, HITL_EDITS_KEY, None)
+    return edits if isinstance(edits, Mapping) else ()
+
+
 def gate_batch(
     guard: BudgetGuard, state: Any, config: Mapping[str, Any] | None, settle: bool = True,
     episode: Episode | None = None,
@@ -154,9 +163,13 @@ def gate_batch(
     merged: dict[str, str] = {}
     if guard.merge_identical_calls and ai.id and len(calls) > 1:
         # A call renamed for a reused id, or one another middleware already answered (a call
-        # limit, a reviewer), is left alone: removing it would orphan its answer.
+        # limit, a reviewer), is left alone: removing it would orphan its answer. So is one a
+        # reviewer edited before this gate: HumanInTheLoopMiddleware keeps the edit in state and runs
+        # it at the tool step, so the message's arguments are not what will run.
+        edited = _edited_ids(state)
         calls, merged = merge_identical(
-            calls, keep=lambda c: c.get("id") is None or c["id"] in renamed or c["id"] in answered)
+            calls, keep=lambda c: c.get("id") is None or c["id"] in renamed or c["id"] in answered
+            or c["id"] in edited)
     if (renamed or merged) and ai.id:
         update: dict[str, Any] = {"tool_calls": calls}
         if merged:

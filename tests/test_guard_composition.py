@@ -383,6 +383,36 @@ def test_hitl_edit_is_regated_and_the_oracle_can_refuse_it_for_its_own_reason(or
     assert_invariants(guard, out, runs, {"a": 20.0, "b": 5.0}, 100, sink)
 
 
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_call_a_reviewer_edited_before_the_gate_is_not_merged_with_its_old_twin(use_async):
+    # gate_at="after_model", the guard listed first: the reviewer acts before the gate. The model proposes
+    # a(x=1) twice; the reviewer edits the first to a(x=2) and approves the second. HumanInTheLoopMiddleware
+    # keeps the edit in state and runs it at the tool step, so both calls must run (the gate merged the
+    # approved twin into the edited call by the message's arguments: it never ran).
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(a=5.0), 100, log_sink=sink, gate_at="after_model")
+    first, twin = call("a", x=1), call("a", x=1)
+    agent = create_agent(scripted([ai(first, twin), AIMessage("done")]), [make_tool("a", runs)],
+                         middleware=[guard.middleware(), HumanInTheLoopMiddleware(interrupt_on={"a": True})],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"hitl-edit-twin-{use_async}"}}
+    resume = Command(resume={"decisions": [{"type": "edit", "edited_action": {"name": "a", "args": {"x": 2}}},
+                                           {"type": "approve"}]})
+
+    async def drive() -> Any:
+        await agent.ainvoke(USER, config)
+        return await agent.ainvoke(resume, config)
+
+    if use_async:
+        out = asyncio.run(drive())
+    else:
+        agent.invoke(USER, config)
+        out = agent.invoke(resume, config)
+    assert runs["a"] == 2, "the edited call and its approved twin both run"
+    assert "a ran with 1" in tool_message(out, twin["id"]).content
+    assert_invariants(guard, out, runs, {"a": 5.0}, 100, sink)
+
+
 # ======================================================= row 6: injected args
 def _injected_tools(runs: Runs) -> list[Any]:
     @tool
