@@ -560,13 +560,22 @@ class BudgetGuard:
             with episode.lock:
                 # Which run of the thread this is, by state (sibling fan-out branches of one step read the same).
                 run, new_run = run_of(channel)
+                last_input = messages[-1].id if messages and isinstance(messages[-1], HumanMessage) else None
                 if not new_run and self._run_left_behind(episode, messages, config):
                     run, new_run = run + 1, True
+                elif (new_run and episode.started and run <= episode.run and last_input is not None
+                      and episode.run_input is not None and last_input != episode.run_input):
+                    # State says a run begins, but this working copy started that run already: its first step's
+                    # writes were lost (an async run cancelled in its first model step, a crash), and the user
+                    # has sent a new message since (not the one that started it): the thread's next run.
+                    run = episode.run + 1
                 # Started again: a run this episode has not started yet, or a fan-out branch's revived episode
                 # whose end the oracle was told (intent.guard.BudgetGuard.prepared).
                 first_time = (new_run and run > episode.run) or (not episode.started and episode.revived)
                 episode.run = max(episode.run, run)
                 episode.started, episode.revived = True, False
+                if first_time:
+                    episode.run_input = last_input
             if first_time:
                 self._call_hook("start", EpisodeInfo(episode.episode_id, episode.task(channel, messages),
                                                      episode.ledger.budget, self.market_for(episode.episode_id)))

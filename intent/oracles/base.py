@@ -61,9 +61,16 @@ class PlanningOracle(Oracle):
     def start(self, episode: EpisodeInfo) -> None:
         self.memory.reset(episode.episode_id)
 
+    def end(self, episode_id: str) -> None:
+        """The run ended: its caches and blacklist are dropped (the next run starts afresh)."""
+        self.memory.forget(episode_id)
+
     def decide(self, ctx: DecisionContext) -> Decision:
         try:
-            return self._decide(ctx)
+            # Pinned: a decision that outlives its run (an async run cancelled mid-decision, which goes on in
+            # its thread) writes its plan into that run's memory, never into the next run's.
+            with self.memory.pinned(ctx.episode_id):
+                return self._decide(ctx)
         except Exception as exc:
             if as_oracle_unavailable(exc) is None:
                 raise  # a bug, not an unavailable model: fail loudly

@@ -9,13 +9,18 @@
   rest of the episode.
 
 Everything is keyed by episode id (one graph thread), so one oracle serves concurrent episodes
-without sharing caches.
+without sharing caches. A decision runs :meth:`EpisodeMemory.pinned` to the episode's memory as it
+found it: a decision left running by a cancelled run, which finishes after the thread's next run
+reset the memory (or after the run ended and it was forgotten), writes into its own run's memory,
+not the next run's.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +51,10 @@ class _Episode:
     blacklist: set[str] = field(default_factory=set)
 
 
+# The memory a running decision reads and writes: (the EpisodeMemory, the episode id, its _Episode then).
+_PINNED: ContextVar[tuple[Any, str, Any] | None] = ContextVar("intent_pinned_episode_memory", default=None)
+
+
 class EpisodeMemory:
     """Thread-safe caches and blacklist per episode id."""
 
@@ -55,6 +64,9 @@ class EpisodeMemory:
         self.args_tolerance = args_tolerance
 
     def _get(self, episode_id: str) -> _Episode:
+        pin = _PINNED.get()
+        if pin is not None and pin[0] is self and pin[1] == episode_id:
+            return pin[2]  # the decision's own run's memory, even if a reset or forget replaced it since
         return self._episodes.setdefault(episode_id, _Episode())
 
     def reset(self, episode_id: str) -> None:
@@ -64,6 +76,22 @@ class EpisodeMemory:
     def forget(self, episode_id: str) -> None:
         with self._lock:
             self._episodes.pop(episode_id, None)
+
+    def __len__(self) -> int:
+        """Episodes held (a finished one is forgotten: memory stays flat over many episodes)."""
+        with self._lock:
+            return len(self._episodes)
+
+    @contextmanager
+    def pinned(self, episode_id: str) -> Iterator[None]:
+        """Inside, ``episode_id``'s reads and writes go to its memory as it is now, in this context only."""
+        with self._lock:
+            ep = self._episodes.setdefault(episode_id, _Episode())
+        token = _PINNED.set((self, episode_id, ep))
+        try:
+            yield
+        finally:
+            _PINNED.reset(token)
 
     # ------------------------------------------------------------ rollout cache
     def pop_if_head(self, episode_id: str, tool: str, args: Mapping[str, Any], *, fits: bool = True) -> bool:
