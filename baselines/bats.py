@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -93,6 +94,9 @@ class LLMVerifier:
         return Verification(verdict, text, tokens)
 
 
+ENDED_KEPT = 4096  # ended episodes whose usage BATSOracle keeps for episode_usage
+
+
 class BATSOracle(Oracle):
     name = "bats"
     enforce = True
@@ -107,6 +111,8 @@ class BATSOracle(Oracle):
         self.show_prices = show_prices
         self._lock = threading.Lock()
         self._episodes: dict[str, dict[str, Any]] = {}
+        # The usage of episodes whose run ended (episode_usage is read after the run), the latest kept.
+        self._ended: OrderedDict[str, dict[str, float]] = OrderedDict()
 
     def _ep(self, episode_id: str) -> dict[str, Any]:
         with self._lock:
@@ -147,9 +153,23 @@ class BATSOracle(Oracle):
             ep["llm_calls"] += 1
         return f"{note}\n[Verify] {v.verdict}: {v.reason}".rstrip(": ")
 
+    def end(self, episode_id: str) -> None:
+        """The run ended: its working state is dropped, its usage kept (among the latest ``ENDED_KEPT``)."""
+        with self._lock:
+            ep = self._episodes.pop(episode_id, None)
+            if ep is None:
+                return
+            earlier = self._ended.pop(episode_id, {"tokens": 0.0, "llm_calls": 0.0})  # an earlier run of the thread
+            self._ended[episode_id] = {"tokens": earlier["tokens"] + ep["tokens"],
+                                       "llm_calls": earlier["llm_calls"] + ep["llm_calls"]}
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
+
     def episode_usage(self, episode_id: str) -> Mapping[str, float]:
-        ep = self._ep(episode_id)
-        return {"tokens": float(ep["tokens"]), "llm_calls": float(ep["llm_calls"])}
+        with self._lock:
+            ep, ended = self._episodes.get(episode_id), self._ended.get(episode_id, {"tokens": 0.0, "llm_calls": 0.0})
+            live = (ep["tokens"], ep["llm_calls"]) if ep else (0, 0)
+        return {"tokens": ended["tokens"] + float(live[0]), "llm_calls": ended["llm_calls"] + float(live[1])}
 
 
 class SimulatedVerifier:

@@ -55,6 +55,26 @@ def test_bats_verification_is_capped_at_k_per_iteration_and_counted():
     oracle.decide(DecisionContext("e", "q", Proposal("d", "a", {}), 1, 10, 4, 6, ctx.market, step=1))
     assert "[Verify]" in oracle.result_note(Outcome("e", Proposal("d", "a", {}), 1, "ok", "x", 5, 5))
     assert oracle.episode_usage("e") == {"tokens": 21.0, "llm_calls": 3.0}
+    oracle.end("e")  # the run ended: its working state is dropped, its usage is still read
+    assert oracle._episodes == {} and oracle.episode_usage("e") == {"tokens": 21.0, "llm_calls": 3.0}
+
+
+@pytest.mark.parametrize("name", ["bats", "btp"])
+def test_a_baseline_oracle_forgets_each_episode_when_its_run_ends(name):
+    # Per-episode state is dropped when a run ends (issue 11, bounded memory): it was kept for every
+    # episode a guard ever ran.
+    from langchain.agents import create_agent
+
+    from baselines.btp import BTPOracle
+    from fakes import ai, call, scripted
+
+    oracle = BATSOracle() if name == "bats" else BTPOracle()
+    guard = BudgetGuard(oracle, Market([PricedTool("a", 1)]), 100.0)
+    for i in range(5):
+        agent = create_agent(scripted([ai(call("a", x=i)), AIMessage("done")]), [_tool("a")],
+                             middleware=[guard.middleware()])
+        agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": f"t{i}"}})
+    assert (oracle._episodes if name == "bats" else oracle._plans) == {}
 
 
 def test_prompt_shows_prices_and_status():

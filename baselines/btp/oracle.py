@@ -73,6 +73,11 @@ class BTPOracle(Oracle):
         with self._lock:
             self._plans[episode.episode_id] = plan
 
+    def end(self, episode_id: str) -> None:
+        """The run ended: its plan is dropped (the next run plans afresh at its start)."""
+        with self._lock:
+            self._plans.pop(episode_id, None)
+
     def _plan(self, episode_id: str) -> _Plan | None:
         with self._lock:
             return self._plans.get(episode_id)
