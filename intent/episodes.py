@@ -43,6 +43,10 @@ class Episode:
     # ends, so that the next run, maybe in another process, calls the oracle's start again (0: not known
     # yet).
     run: int = 0
+    # A bug an oracle hook raised at a tool step (observe, result_note, the re-gate of an edited call), kept to
+    # be raised at the episode's next model step or its end: raised inside the tool's run, a retry middleware
+    # would take it for the tool's failure and run (and pay) the tool again.
+    oracle_bug: BaseException | None = None
     # The id of the human message that started the episode's current run (when it had one): a new message
     # after a run whose first step's writes were lost starts the next run (BudgetGuard._start).
     run_input: str | None = None

@@ -113,6 +113,11 @@ def oracle_failed(tool: str, exc: BaseException, *, accepted: bool) -> str:
     return f"Budget guard: the planning oracle failed ({type(exc).__name__}); the call to {tool} was {what}."
 
 
+def oracle_bug(tool: str, exc: BaseException) -> str:
+    return (f"Budget guard: the call to {tool} was not run: the budget oracle crashed checking it "
+            f"({type(exc).__name__}).")
+
+
 SHORT_FEEDBACK_CHARS = 240
 
 

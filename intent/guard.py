@@ -64,7 +64,7 @@ from intent.oracle import (
     Oracle,
 )
 from intent.records import Recorder
-from intent.metering import open_call
+from intent.metering import ORACLE_BUG_MARK, open_call
 from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
@@ -684,6 +684,7 @@ class BudgetGuard:
         stamp = branch_stamp(config, branch)
         episode = self.follow(self.episodes.get(self.episode_id(state, config), channel, branch=branch, stamp=stamp),
                               channel, config, branch=branch, stamp=stamp)
+        _raise_deferred(episode)
         if episode.revived:
             # Revived for a fan-out branch that started after its siblings ended. An oracle with an end hook
             # was told it ended, so it is told it starts again (_start); one without keeps what it knows of
@@ -736,6 +737,7 @@ class BudgetGuard:
         if episode_id not in self.episodes and not channel:
             return None
         episode = self.follow(self.episodes.get(episode_id, channel), channel, config)
+        _raise_deferred(episode)
         branch = branch_of(config)
         update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
         # Held from leaving to the oracle's end: a fan-out sibling that revives the episode meanwhile starts it
@@ -999,7 +1001,7 @@ def _owned_by(owner: str | None, branches: Sequence[str]) -> bool:
 # Set on an exception an oracle raised that is not a recoverable failure, so that the tool
 # step (where an edited call is re-gated) re-raises it even with tool_errors="message": a bug
 # in the oracle is not the tool's error.
-_ORACLE_BUG = "_intent_oracle_bug"
+_ORACLE_BUG = ORACLE_BUG_MARK
 
 
 def _recoverable(exc: Exception, oracle: Any) -> OracleUnavailableError | None:
@@ -1028,6 +1030,14 @@ def _check_currencies(budget: Budget | FromParent, market: Market, prices: Model
         raise GuardConfigError(
             f"currencies disagree: {given}; a budget has one currency, so convert the prices or the budget")
     return next(iter(given.values()), None)
+
+
+def _raise_deferred(episode: Episode) -> None:
+    """Raise the bug an oracle hook raised at one of the episode's tool steps (intent.metering), once."""
+    with episode.lock:
+        bug, episode.oracle_bug = episode.oracle_bug, None
+    if bug is not None:
+        raise bug
 
 
 def _is_oracle_bug(exc: BaseException) -> bool:

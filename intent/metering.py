@@ -55,6 +55,7 @@ from intent.oracle import (
     UNPRICED_TOOL,
     Decision,
     DecisionContext,
+    InvalidDecisionError,
     Outcome,
     Proposal,
 )
@@ -74,6 +75,8 @@ ANSWERED_WITHOUT_RUN = "answered_without_run"
 CANCELLED = "cancelled"
 CANCELLED_BEFORE_RUN = "cancelled_before_run"  # the run was cancelled before the tool's body started
 LATE_BILL = "late_bill"  # what a cancelled sync tool's thread billed above its charge, when it ended
+ORACLE_BUG = "oracle_bug"  # the oracle crashed deciding an edited call again: not run (the bug is raised after)
+ORACLE_BUG_MARK = "_intent_oracle_bug"  # intent.guard marks an oracle's unrecoverable exception with it
 
 
 _NO_LEASE = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -462,6 +465,20 @@ class CallRun:
         return self._refuse(ctx.tool, ctx.args, ctx.price, "reject", checked.reason,
                             checked.feedback or fb.generic_rejection(ctx.tool), checked)
 
+    def _oracle_bug(self, exc: Exception, ctx: DecisionContext) -> ToolMessage:
+        """The oracle crashed re-gating an edited call (a bug, not a recoverable failure): the call does not
+        run, and the bug is raised at the episode's next model step or its end (:meth:`_defer`), not here,
+        inside the tool's run, where a retry middleware would take it for the tool's failure."""
+        if not (getattr(exc, ORACLE_BUG_MARK, False) or isinstance(exc, InvalidDecisionError)):
+            raise exc
+        self._defer(exc)
+        return self._refuse(ctx.tool, ctx.args, ctx.price, "reject", ORACLE_BUG, fb.oracle_bug(ctx.tool, exc))
+
+    def _defer(self, exc: BaseException) -> None:
+        with self.episode.lock:
+            if self.episode.oracle_bug is None:
+                self.episode.oracle_bug = exc
+
     def _admit(self, tool: Any, args: Any) -> str | ToolMessage | _Regate:
         """Price, then reserve: the charge id or the refusal. An edited call is re-gated first: then
         the context for the oracle is returned (a :class:`_Regate`), and :meth:`_admit_decided` goes on
@@ -492,7 +509,10 @@ class CallRun:
         args = _args_of(tool, tool_input)
         charge_id = self._admit(tool, args)
         if type(charge_id) is _Regate:
-            charge_id = self._admit_decided(tool, args, charge_id, self.guard.decide(charge_id.ctx))
+            try:
+                charge_id = self._admit_decided(tool, args, charge_id, self.guard.decide(charge_id.ctx))
+            except Exception as exc:
+                charge_id = self._oracle_bug(exc, charge_id.ctx)
         if isinstance(charge_id, ToolMessage):
             return charge_id
         started = self.guard._clock()
@@ -526,7 +546,10 @@ class CallRun:
         args = _args_of(tool, tool_input)
         charge_id = self._admit(tool, args)
         if type(charge_id) is _Regate:
-            charge_id = self._admit_decided(tool, args, charge_id, await self.guard.adecide(charge_id.ctx))
+            try:
+                charge_id = self._admit_decided(tool, args, charge_id, await self.guard.adecide(charge_id.ctx))
+            except Exception as exc:
+                charge_id = self._oracle_bug(exc, charge_id.ctx)
         if isinstance(charge_id, ToolMessage):
             return charge_id
         started = self.guard._clock()
@@ -667,7 +690,10 @@ class CallRun:
                 outcome = Outcome(self.episode.episode_id, Proposal(self.tool_call_id, entry.tool, dict(args), ""),
                                   entry.amount, status, observation, snap["spent"], snap["remaining"], snap["budget"])
                 self.last_outcome = outcome
-                guard._call_hook("observe", outcome)
+                try:
+                    guard._call_hook("observe", outcome)
+                except Exception as exc:  # the oracle's bug, not the tool's failure: raised at the next model step
+                    self._defer(exc)
         if bad_bill is not None:
             raise bad_bill from (result if isinstance(result, BaseException) else None)
 
@@ -727,7 +753,11 @@ class CallRun:
         if message is None and not isinstance(result, Command) and not is_result_list(result):
             message = ToolMessage(text_of(result), tool_call_id=self.tool_call_id, name=self.name)
         if message is not None and self.last_outcome is not None:
-            note = self.guard._call_hook("result_note", self.last_outcome)
+            try:
+                note = self.guard._call_hook("result_note", self.last_outcome)
+            except Exception as exc:  # raised at the next model step: an outer retry would run the tool again
+                note = None
+                self._defer(exc)
             if note:
                 message = message.model_copy(update={"content": f"{text_of(message)}\n{note}"})
         update = {LEDGER_KEY: self.guard._channel_base(episode) | {

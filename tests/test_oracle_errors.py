@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 
-from intent import BudgetGuard, Decision, DecisionContext, Market, MemoryLogSink, Oracle, PricedTool, Proposal
+from intent import AcceptAll, BudgetGuard, Decision, DecisionContext, Market, MemoryLogSink, Oracle, PricedTool, Proposal
 from intent.errors import (
     ContextOverflowError,
     IntentError,
@@ -241,8 +241,9 @@ def test_the_fallback_never_accepts_what_does_not_fit():
 @pytest.mark.parametrize("tool_errors", ["raise", "message"])
 def test_a_bug_while_re_gating_an_edited_call_fails_and_releases_the_reservation(tool_errors):
     """A reviewer edits the call's arguments inside the guard: the oracle is asked again and
-    crashes. That is not the tool's error, so ``tool_errors="message"`` does not swallow it;
-    the edited call never runs and its reservation is given back."""
+    crashes. The edited call never runs and its reservation is given back; the bug is raised at the
+    episode's next step (here its end), not inside the tool's run, where a retry middleware would take
+    it for the tool's failure. ``tool_errors="message"`` does not swallow it."""
     runs = Runs()
     guard = BudgetGuard(Scripted(lambda: KeyError("args"), {2}), MARKET, 100.0, tool_errors=tool_errors)
     driver = GuardDriver(guard, thread_id=f"regate-{tool_errors}", tools={"a": runs.tool("a")})
@@ -251,11 +252,46 @@ def test_a_bug_while_re_gating_an_edited_call_fails_and_releases_the_reservation
         c = request.tool_call
         return request.tool.invoke({**c, "args": {"x": 99}, "type": "tool_call"})
 
-    with pytest.raises(KeyError, match="args"):
-        driver.step(AIMessage("", tool_calls=[tc("a", "e1", x=1)]), run_tool=edit_then_run)
+    answers = driver.step(AIMessage("", tool_calls=[tc("a", "e1", x=1)]), run_tool=edit_then_run)
+    assert [(m.status, m.artifact["intent_reason"]) for m in answers] == [("error", "oracle_bug")]
     assert runs.counts == {}
     ledger = guard.episodes.get("regate-" + tool_errors).ledger
     assert (ledger.spent, ledger.reserved) == (0.0, 0.0)
+    with pytest.raises(KeyError, match="args"):
+        driver.finish()
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("order", ["no_retry", "guard_first", "retry_first"])
+@pytest.mark.parametrize("hook", ["observe", "result_note"])
+def test_a_bug_in_an_oracle_hook_at_the_tool_step_is_raised_once_and_the_tool_runs_once(hook, order, is_async):
+    """observe (and result_note) run inside the tool step: raised there, a ToolRetryMiddleware took the
+    oracle's bug for the tool's failure, ran (and paid) the tool three times, and answered the call
+    "failed after 3 attempts". The bug is raised at the episode's next model step: the tool ran once,
+    its charge is in the checkpoint."""
+    from langchain.agents.middleware import ToolRetryMiddleware
+
+    class Buggy(AcceptAll):
+        pass
+
+    def bug(self: Any, outcome: Any) -> None:
+        raise KeyError(f"bug in {hook}")
+
+    setattr(Buggy, hook, bug)
+    runs, saver = Runs(), InMemorySaver()
+    guard = BudgetGuard(Buggy(), MARKET, 100.0)
+    retry = ToolRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False)
+    middleware = {"no_retry": [guard.middleware()], "guard_first": [guard.middleware(), retry],
+                  "retry_first": [retry, guard.middleware()]}[order]
+    agent = create_agent(ScriptedToolModel(messages=iter([AIMessage("", tool_calls=[tc("a", "c1", x=1)]),
+                                                         AIMessage("done")]), bound=[]),
+                         [runs.tool("a")], middleware=middleware, checkpointer=saver)
+    config = {"configurable": {"thread_id": f"hook-{hook}-{order}-{is_async}"}}
+    with pytest.raises(KeyError, match=f"bug in {hook}"):
+        run(agent, {"messages": [("user", "go")]}, config, is_async)
+    assert runs.counts == {"a": 1}
+    ledger = guard.ledger(agent.get_state(config).values)
+    assert ledger.spent == runs.money() == 10.0 and ledger.reserved == 0
 
 
 # =========================================================== the planning oracles
@@ -401,16 +437,16 @@ def test_an_edited_call_whose_regate_crashed_never_runs_undecided():
 
     def edit_then_retry(request: Any) -> Any:
         edited = {**request.tool_call, "args": {"symbol": "EDITED"}}
-        try:
-            return request.tool.invoke({**edited, "type": "tool_call"})
-        except KeyError:  # a careless retry middleware swallowing the oracle's crash
-            return request.tool.invoke({**edited, "type": "tool_call"})
+        first = request.tool.invoke({**edited, "type": "tool_call"})
+        assert first.status == "error"  # the crash is not raised inside the tool's run
+        return request.tool.invoke({**edited, "type": "tool_call"})  # a careless handler runs it again
 
-    with pytest.raises(KeyError, match="bug in the oracle"):
-        driver.step(AIMessage("", tool_calls=[{"name": "quote", "args": {"symbol": "A"}, "id": "c1",
-                                               "type": "tool_call"}]), edit_then_retry)
+    driver.step(AIMessage("", tool_calls=[{"name": "quote", "args": {"symbol": "A"}, "id": "c1",
+                                           "type": "tool_call"}]), edit_then_retry)
     assert runs == []  # the edited call never ran undecided
     assert driver.guard.oracle.calls == 3  # the gate, then a re-gate for each attempt
+    with pytest.raises(KeyError, match="bug in the oracle"):
+        driver.finish()  # raised at the episode's next step
 
 
 class ContextFullAfterOneTurn(ScriptedToolModel):
