@@ -802,7 +802,8 @@ class BudgetGuard:
                             {"oracle_error": 1.0})
         if not isinstance(answer, Decision):
             raise InvalidDecisionError(
-                f"{type(self.oracle).__name__}.decide() returned {type(answer).__name__}, not an intent.Decision; "
+                f"{type(self.oracle).__name__}.decide() (or adecide()) returned {type(answer).__name__}, not an "
+                "intent.Decision; "
                 "return Decision.accepted() or Decision.rejected(feedback, reason=...)"
             )
         return answer

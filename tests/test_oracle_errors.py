@@ -486,3 +486,32 @@ def test_openai_compatible_world_model_context_overflow_is_recoverable():
         _wm(handler).simulate("a", {})
     assert isinstance(raised.value, ModelError) and as_oracle_unavailable(raised.value) is raised.value
     assert planners(_wm(handler))["mco"].decide(ctx()).reason == "oracle_error"
+
+
+@pytest.mark.parametrize("value", ["abc", None, object()])
+def test_a_predictor_that_returns_no_number_is_a_bug_named_as_such(value):
+    # A predictor's wrong type is its code's bug: a TypeError naming it (it was a bare float() error for a
+    # string and None), not the recoverable ModelError that NaN or a value outside [0, 1] is.
+    from worldmodel.protocols import predict_many
+
+    class Wrong:
+        def predict(self, reasoning, tool, args):
+            return value
+
+    with pytest.raises(TypeError, match="Wrong returned .*a predictor returns each probability as a float"):
+        predict_many(Wrong(), [("r", "a", {})])
+    with pytest.raises(ModelError, match="p=nan"):
+        predict_many(type("NaN", (), {"predict": lambda self, *a: float("nan")})(), [("r", "a", {})])
+
+
+@pytest.mark.parametrize("value", [None, {"ok": True}, 3])
+def test_a_world_model_that_returns_no_text_is_a_bug_not_an_observation(value):
+    # str() made "None" a plausible simulated observation.
+    from worldmodel.protocols import simulate_counted
+
+    class Wrong:
+        def simulate(self, tool, args, *, satisfied=None):
+            return value
+
+    with pytest.raises(TypeError, match="Wrong.simulate returned"):
+        simulate_counted(Wrong(), "a", {}, satisfied=True)

@@ -77,8 +77,17 @@ def simulate_counted(model: Any, tool: str, args: Mapping[str, Any], *, satisfie
     fn = getattr(model, "simulate_with_usage", None)
     if callable(fn):
         text, tokens = fn(tool, args, **kw)
-        return str(text), int(tokens)
-    return str(model.simulate(tool, args, **kw)), 0
+        return _observation(model, text), int(tokens)
+    return _observation(model, model.simulate(tool, args, **kw)), 0
+
+
+def _observation(model: Any, text: Any) -> str:
+    # A served model's garbage is still text (a ModelError is its adapter's to raise); anything else is a bug
+    # in the adapter, which str() would turn into a plausible observation ("None").
+    if not isinstance(text, str):
+        raise TypeError(f"{type(model).__name__}.simulate returned {type(text).__name__} ({text!r:.80}); a world "
+                        "model returns the simulated observation as a str")
+    return text
 
 
 class AtTemperature:
@@ -120,6 +129,10 @@ def predict_many(predictor: Any, items: Sequence[PredictorInput]) -> list[float]
         raise ModelError(f"{type(predictor).__name__}.predict_batch returned {len(values)} values for {len(items)} inputs")
     out = []
     for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+            # Not a number at all: the predictor's code is wrong (a bug, not a model's bad output).
+            raise TypeError(f"{type(predictor).__name__} returned {type(v).__name__} ({v!r:.80}); a predictor "
+                            "returns each probability as a float in [0, 1]")
         v = float(v)
         if not 0.0 <= v <= 1.0 or v != v:
             raise ModelError(f"{type(predictor).__name__} returned p={v}; a probability in [0, 1] was expected")
