@@ -564,10 +564,12 @@ class BudgetGuard:
                 if not new_run and self._run_left_behind(episode, messages, config):
                     run, new_run = run + 1, True
                 elif (new_run and episode.started and run <= episode.run and last_input is not None
-                      and episode.run_input is not None and last_input != episode.run_input):
+                      and episode.run_input is not None and last_input != episode.run_input
+                      and self._run_left_behind(episode, messages, config)):
                     # State says a run begins, but this working copy started that run already: its first step's
                     # writes were lost (an async run cancelled in its first model step, a crash), and the user
-                    # has sent a new message since (not the one that started it): the thread's next run.
+                    # has sent a new message since (not the one that started it, and with a checkpoint of its
+                    # own: a fan-out branch's own message is not a new run): the thread's next run.
                     run = episode.run + 1
                 # Started again: a run this episode has not started yet, or a fan-out branch's revived episode
                 # whose end the oracle was told (intent.guard.BudgetGuard.prepared).

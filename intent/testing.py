@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langgraph.graph.message import add_messages
 from langgraph.types import Command
 from pydantic import ConfigDict
 
@@ -256,14 +258,19 @@ class GuardDriver:
         if LEDGER_KEY in update:
             self.state[LEDGER_KEY] = merge_ledger_states(self.state[LEDGER_KEY], update[LEDGER_KEY])
         messages = list(update.get("messages", []))
-        self.state["messages"] = [*self.state["messages"], *messages]
+        # As the graph's messages channel does: a message with an id already there replaces it (the gate's
+        # copy of a message it rewrote: merged or renamed calls).
+        self.state["messages"] = add_messages(self.state["messages"], messages)
         return messages
 
     def step(self, message: AIMessage, run_tool: Callable[[Any], Any] | None = None) -> list[ToolMessage]:
         from langgraph.prebuilt.tool_node import ToolCallRequest
 
         self.apply(self.guard.prepare(self.state, self.config))
-        self.state["messages"] = [*self.state["messages"], message]
+        # With an id, as the guard's middleware gives a model's message (the gate keys calls by it, and merges
+        # identical calls and renames reused ids only in a message that has one).
+        self.state["messages"] = add_messages(self.state["messages"], [message if message.id else message.model_copy(
+            update={"id": f"lc_{uuid.uuid4()}"})])
         answered = [m for m in self.apply(self.guard.gate(self.state, self.config)) if isinstance(m, ToolMessage)]
         done = {m.tool_call_id for m in answered}
         last = next(m for m in reversed(self.state["messages"]) if isinstance(m, AIMessage))

@@ -347,3 +347,17 @@ def test_every_intent_name_the_readme_uses_exists():
                      and not (Path(intent.__file__).parent / n).is_dir())
     assert missing == []
     assert all(hasattr(intent, n) for n in intent.__all__)
+
+
+def test_the_guard_driver_keeps_the_state_a_graph_would():
+    # GuardDriver (intent.testing) is what users test oracles with: like create_agent, it gives the model's
+    # message an id, so identical calls are merged (run and charged once), and the gate's rewritten copy of
+    # the message replaces it (it appended it: two versions of the message, the dropped call unanswered).
+    from intent.testing import GuardDriver, ai, assert_each_call_answered_once, call
+
+    driver = GuardDriver(BudgetGuard(AcceptAll(), Market([PricedTool("t", 1.0)]), 10.0))
+    answers = driver.step(ai(call("t", q=1), call("t", q=1)))
+    assert len(answers) == 1 and driver.ledger.spent == 1.0
+    turns = [m for m in driver.state["messages"] if isinstance(m, AIMessage)]
+    assert len(turns) == 1 and len(turns[0].tool_calls) == 1
+    assert_each_call_answered_once(driver.state["messages"])

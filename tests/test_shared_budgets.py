@@ -206,7 +206,7 @@ def test_a_call_must_fit_both_the_episode_and_the_shared_budget():
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("t", 0.4)]), 5.0, store=store, budget_key="team/day")
     other = BudgetGuard(AcceptAll(), Market([PricedTool("t", 0.4)]), 5.0, store=store, budget_key="team/day")
     a, b = GuardDriver(guard, thread_id="a"), GuardDriver(other, thread_id="b")
-    a.step(ai(call("t"), call("t")))  # 0.8 of the shared 1.0
+    a.step(ai(call("t", q=1), call("t", q=2)))  # 0.8 of the shared 1.0 (two calls: identical ones would be merged)
     answers = b.step(ai(call("t")))  # its own budget has 5.0, the team's only 0.2
     assert answers[0].status == "error" and "not executed" in answers[0].content
     a.finish()
