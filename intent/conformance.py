@@ -2,7 +2,9 @@
 
 ``check_oracle(factory)`` takes a zero-argument factory returning a fresh oracle and checks:
 
-1. it returns :class:`~intent.Decision` objects and its hooks accept the documented arguments;
+1. ``decide`` and ``adecide`` return :class:`~intent.Decision` objects, and its hooks accept the documented
+   arguments and return what the guard uses (``visible_tools``: ``None`` or a list of names, not a str;
+   ``prompt_notes`` / ``result_note``: a str or ``None``);
 2. under a :class:`~intent.BudgetGuard`, through the guard's real gate and tool step, with
    adversarial proposals (every turn proposes every tool in parallel, more than the budget):
 

@@ -329,6 +329,29 @@ class CountingTool:
         return ToolMessage(f"{self.name} ran", tool_call_id=call_id, name=self.name)
 
 
+def _run_coroutine(coro: Any) -> Any:
+    """Run ``coro`` to its end, also from inside a running event loop (on a thread of its own)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _check_hook_result(hook: str, value: Any) -> None:
+    """What the guard does with each hook's result, as types: a wrong one crashes a run, or worse, passes."""
+    if hook == "visible_tools":
+        assert value is None or (isinstance(value, (list, tuple, set, frozenset)) and all(
+            isinstance(n, str) for n in value)), (
+            f"visible_tools() returned {value!r:.80}; return None (every tool) or a list of tool names")
+    elif hook in ("prompt_notes", "result_note"):
+        assert value is None or isinstance(value, str), f"{hook}() returned {type(value).__name__}; return a str or None"
+
+
 def check_oracle(factory: Callable[[], Any], *, budget: float = 30.0) -> None:
     market = Market([PricedTool("cheap", 4), PricedTool("mid", 11), PricedTool("pricey", 26)])
     oracle = factory()
@@ -340,12 +363,16 @@ def check_oracle(factory: Callable[[], Any], *, budget: float = 30.0) -> None:
         oracle.start(EpisodeInfo("conf-1", "q", budget, market))
     decision = oracle.decide(ctx)
     assert isinstance(decision, Decision), f"decide() returned {type(decision).__name__}, not Decision"
+    adecide = getattr(oracle, "adecide", None)
+    if callable(adecide):
+        answer = _run_coroutine(adecide(ctx))
+        assert isinstance(answer, Decision), f"adecide() returned {type(answer).__name__}, not Decision"
+    outcome = Outcome("conf-1", ctx.proposal, 4.0, "ok", "{}", 4.0, budget - 4, budget)
     for hook, args in (("visible_tools", (market, "conf-1")), ("prompt_notes", (market, "conf-1", 0.0, budget, budget)),
-                       ("result_note", (Outcome("conf-1", ctx.proposal, 4.0, "ok", "{}", 4.0, budget - 4, budget),)),
-                       ("observe", (Outcome("conf-1", ctx.proposal, 4.0, "ok", "{}", 4.0, budget - 4, budget),))):
+                       ("result_note", (outcome,)), ("observe", (outcome,))):
         fn = getattr(oracle, hook, None)
         if callable(fn):
-            fn(*args)
+            _check_hook_result(hook, fn(*args))
 
     # Adversarial episode: every turn proposes all three tools in parallel (41 > budget when
     # budget = 30), 8 turns, through the guard's real gate and tool step, as the middleware

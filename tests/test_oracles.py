@@ -322,14 +322,37 @@ def test_conformance_fails_a_guard_that_answers_a_call_twice(monkeypatch):
         from langgraph.types import Command
 
         out = wrap(self, request, handler)
+        # A second answer of its own (a message of its own id: the messages channel keeps one per id).
         if not isinstance(out, Command):  # a refusal is a bare ToolMessage
-            return Command(update={"messages": [out, out]})
-        out.update["messages"] = [*out.update["messages"], *out.update["messages"]]
+            return Command(update={"messages": [out, out.model_copy(update={"id": None})]})
+        out.update["messages"] = [*out.update["messages"], *(m.model_copy(update={"id": None})
+                                                             for m in out.update["messages"])]
         return out
 
     monkeypatch.setattr(BudgetGuard, "wrap_tool_call", twice)
     with pytest.raises(AssertionError, match="has 2 ToolMessages"):
         check_oracle(AcceptAll)
+
+
+@pytest.mark.parametrize("wrong", ["adecide", "visible_tools", "prompt_notes", "result_note"])
+def test_conformance_fails_an_oracle_whose_hooks_return_what_the_guard_cannot_use(wrong):
+    # Each passed check_oracle and then misbehaved under create_agent: an adecide returning a str raised
+    # only under ainvoke, visible_tools returning "search" was split into letters, a float prompt note
+    # failed pydantic validation.
+    from intent import AcceptAll
+
+    class Wrong(AcceptAll):
+        pass
+
+    bad = {"adecide": lambda self, ctx: _coro("accept"), "visible_tools": lambda self, market, eid: "cheap",
+           "prompt_notes": lambda self, *a: 1.5, "result_note": lambda self, outcome: ["a note"]}
+    setattr(Wrong, wrong, bad[wrong])
+    with pytest.raises(AssertionError, match=wrong):
+        check_oracle(Wrong)
+
+
+async def _coro(value):
+    return value
 
 
 def test_conformance_of_the_shipped_oracles():
