@@ -116,6 +116,24 @@ class Reader:
         found = self._tuple(checkpoint_id)
         return list(getattr(found, "pending_writes", None) or []) if found is not None else []
 
+    def latest_values(self, namespace: str, channel: str) -> Any:
+        """``channel``'s value in the latest checkpoint of the thread's ``namespace`` (a subgraph's, a call's
+        sub-agent's), with the pending writes its finished tasks saved merged by the channel's reducer
+        when it is the guard's ledger; ``None`` when there is none or it cannot be read."""
+        try:
+            found = self.saver.get_tuple({"configurable": {"thread_id": self.thread, "checkpoint_ns": namespace}})
+        except (NotImplementedError, asyncio.InvalidStateError):
+            return None
+        if found is None:
+            return None
+        value = (found.checkpoint.get("channel_values") or {}).get(channel)
+        from intent.ledger import merge_ledger_states  # (lineage is imported by the ledger's users only)
+
+        for _task, written, update in found.pending_writes or ():
+            if written == channel and isinstance(update, Mapping):
+                value = merge_ledger_states(value, update)
+        return value
+
     def parent(self, checkpoint_id: str, *, wait: bool = False) -> tuple[str | None, str | None] | None:
         """``(the checkpoint's source, its parent's id)``, the parent ``None`` for the thread's first
         checkpoint; ``None`` when it cannot be read."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from intent.budget import Budget
 from intent.errors import GuardConfigError
-from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry
+from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry, merge_ledger_states
 from intent.lineage import Reader, checkpoint_here
 from intent.market import check_amount
 from intent.state import LEDGER_KEY
@@ -32,6 +32,9 @@ from intent.state import LEDGER_KEY
 if TYPE_CHECKING:
     from intent.episodes import Episode
     from intent.guard import BudgetGuard
+
+_TASK_ID = "__pregel_task_id"  # LangGraph's CONFIG_KEY_TASK_ID: the running task's id
+_INTERRUPT = "__interrupt__"  # the channel of a paused task's pending write (LangGraph's INTERRUPT)
 
 __all__ = ["CarvedLedger", "FromParent", "ParentCall", "close_carves", "current_parent", "spending_scope"]
 
@@ -216,10 +219,10 @@ class FromParent:
                 "start the sub-agent from inside a tool of the guarded agent, or inside "
                 "`with parent_guard.scope(config):`")
         carve_id = f"{parent.key}#sub:{episode_id}"
-        siblings = _siblings_charges(parent)
+        finished, paused = _siblings(parent)
         with parent.episode.lock:
-            if siblings:
-                parent.episode.ledger.take_in_state({"entries": siblings})
+            if finished:
+                parent.episode.ledger.take_in_state({"entries": finished})
             existing = parent.episode.carves.get(carve_id)
             if existing is not None:
                 return existing
@@ -230,7 +233,9 @@ class FromParent:
                 # episode ended): a new carve, so that what is spent from here is committed too.
                 n += 1
                 carve_id = f"{parent.key}#sub:{episode_id}~{n}"
-            left = ledger.remaining_for("sub_agent")
+            # A paused sibling's sub-agent that has not carved again here spent money no ledger here holds.
+            hidden = sum(amount for carve, amount in paused.items() if ledger.get(carve) is None and carve != carve_id)
+            left = max(0.0, ledger.remaining_for("sub_agent") - hidden)
             amount = left if self.limit is None else min(self.limit, left)
             ledger.reserve(carve_id, f"sub-agent:{episode_id}", amount, kind="sub_agent")
             child = CarvedLedger(amount, parent=parent, carve_id=carve_id, caps=self.caps() or None,
@@ -239,21 +244,41 @@ class FromParent:
             return child
 
 
-def _siblings_charges(parent: ParentCall) -> dict[str, Any]:
-    """The ledger entries that tasks of the parent's step which finished before it was paused saved with
-    the step's checkpoint: on resume they are pending writes the resumed task's state does not show. A
-    guard in another process would otherwise carve from a parent ledger that lacks a finished sibling's
-    carve (and charges), and let its sub-agent spend it again. Read only when a carve is made (a
-    sub-agent starts), from the parent step's checkpointer; nothing when it cannot be read (no
-    checkpointer, a subgraph's step, an async saver on its own event loop)."""
-    here = checkpoint_here(parent.config)
+def _siblings(parent: ParentCall) -> tuple[dict[str, Any], dict[str, float]]:
+    """What the other calls of the parent's step spent before it was paused, as a resumed task cannot see
+    it in its own state (read only when a carve is made, from the parent step's checkpointer):
+
+    * the ledger entries the calls that **finished** saved with the step's checkpoint (pending writes): a
+      guard in another process would otherwise carve from a parent ledger without a finished sibling's
+      carve and let its sub-agent spend that again;
+    * for each call that was **paused** too, what its sub-agent's own state (its latest checkpoint, in the
+      call's namespace) shows it spent and holds, by the carve it spent under: that carve's writes were lost
+      with the task, so until the sibling carves again in this process, its spending is in no ledger here.
+
+    Nothing when it cannot be read (no checkpointer, a subgraph's step, an async saver on its own event loop)."""
+    config = parent.config or {}
+    here = checkpoint_here(config)
     if here is None:
-        return {}
-    entries: dict[str, Any] = {}
-    for _task, channel, value in Reader(parent.config or {}).pending_writes(here):
+        return {}, {}
+    reader = Reader(config)
+    finished: dict[str, Any] | None = None
+    paused: set[str] = set()
+    configurable = config.get("configurable") or {}
+    own = configurable.get(_TASK_ID)
+    for task, channel, value in reader.pending_writes(here):
         if channel == LEDGER_KEY and isinstance(value, Mapping) and isinstance(value.get("entries"), Mapping):
-            entries.update(value["entries"])  # statuses only move forward when taken in: order does not matter
-    return entries
+            finished = merge_ledger_states(finished, {"entries": value["entries"]})  # statuses move forward only
+        elif channel == _INTERRUPT and task != own:
+            paused.add(str(task))
+    node = str(configurable.get("checkpoint_ns") or "").partition(":")[0]
+    hidden: dict[str, float] = {}
+    for task in sorted(paused) if node else ():
+        child = reader.latest_values(f"{node}:{task}", LEDGER_KEY)
+        if isinstance(child, Mapping) and isinstance(child.get("carved_by"), str):
+            held = sum(float(e["amount"]) for e in (child.get("entries") or {}).values()
+                       if e.get("status") in ("reserved", "committed"))
+            hidden[child["carved_by"]] = hidden.get(child["carved_by"], 0.0) + held
+    return (finished or {}).get("entries") or {}, hidden
 
 
 def close_carves(episode: Episode, key_prefix: str) -> list[LedgerEntry]:

@@ -177,3 +177,83 @@ def test_a_sub_agent_resumed_in_another_process_carves_around_a_sibling_that_fin
     assert runs == {"a": 1, "h": 1}  # y's a did not fit what x left
     assert ledger.spent == 2.0 + 20.0 + 10.0 and ledger.reserved == 0 and ledger.spent <= ledger.budget
     assert_each_call_answered_once(out["messages"])
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fresh", [False, True], ids=["same_guards", "fresh_guards"])
+def test_parallel_sub_agents_all_paused_resumed_in_another_process_stay_within_the_parents_budget(fresh, use_async):
+    # Budget 20; delegate x and y (1 each) run sub-agents (FromParent(limit=12)); c1 4, c2 3, ch 2 (asks a human).
+    # First run: x carves 12, runs c1 + c2 (7) and pauses in ch (2 held); then y carves the 6 left, runs c1 (c2
+    # does not fit) and pauses in ch. On resume y carves again first: x's 9 is in no ledger of a new process
+    # (its carve's writes were lost with its task), only in x's own checkpoint. y must leave room for it: 20 - 2
+    # - 9 = 9 for y, which holds 6, so its next c1 (4) does not fit. (It carved 12, ran c1: 21 against 20.)
+    import threading
+
+    from langchain_core.messages import HumanMessage
+
+    from intent import FromParent
+
+    prices = {"c1": 4.0, "c2": 3.0, "ch": 2.0}
+    runs: dict[str, int] = {"c1": 0, "c2": 0, "ch": 0}
+    x_paused, y_resumed = threading.Event(), threading.Event()
+    entered: dict[str, int] = {"x": 0, "y": 0}
+    saver, cfg = InMemorySaver(), {"configurable": {"thread_id": "t"}}
+
+    def child_tools(task: str) -> list[StructuredTool]:
+        def c1() -> str:
+            runs["c1"] += 1
+            return "c1"
+
+        def c2() -> str:
+            runs["c2"] += 1
+            return "c2"
+
+        def ch() -> str:
+            if task == "x":
+                x_paused.set()
+            elif entered["y"] > 1:
+                y_resumed.set()  # y's run again, on resume: its carve is made
+            interrupt("ok?")
+            runs["ch"] += 1
+            return "ch"
+
+        return [StructuredTool.from_function(f, name=f.__name__, description=f.__name__) for f in (c1, c2, ch)]
+
+    first = {"x": [ai(call("c1"), call("c2")), ai(call("ch")), AIMessage("x done")],
+             "y": [ai(call("c1"), call("c2")), ai(call("ch")), ai(call("c1")), AIMessage("y done")]}
+
+    def build(scripts: dict[str, list[AIMessage]], parent_msgs: list[AIMessage]):
+        parent = BudgetGuard(AcceptAll(), Market([PricedTool("delegate", 1.0)]), 20.0)
+        children = {}
+        for task, msgs in scripts.items():
+            child_guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]),
+                                      FromParent(limit=12.0))
+            children[task] = create_agent(scripted(msgs), child_tools(task), middleware=[child_guard.middleware()])
+
+        def delegate(task: str) -> str:
+            entered[task] += 1
+            if task == "y" and entered["y"] == 1:
+                assert x_paused.wait(10)  # first run: x carves first
+            if task == "x" and entered["x"] > 1:
+                assert y_resumed.wait(10)  # on resume: y carves first
+            return str(children[task].invoke({"messages": [HumanMessage(task)]})["messages"][-1].content)
+
+        return parent, create_agent(scripted(parent_msgs),
+                                    [StructuredTool.from_function(delegate, name="delegate", description="d")],
+                                    middleware=[parent.middleware()], checkpointer=saver)
+
+    def go(agent, inp):
+        return asyncio.run(agent.ainvoke(inp, cfg)) if use_async else agent.invoke(inp, cfg)
+
+    parent_script = [ai(call("delegate", task="x"), call("delegate", task="y")), AIMessage("done")]
+    guard, agent = build(first, parent_script)
+    paused = go(agent, {"messages": [("user", "go")]})
+    assert len(paused["__interrupt__"]) == 2 and runs == {"c1": 2, "c2": 1, "ch": 0}
+    if fresh:  # another process: the paused children go on from their checkpoints
+        guard, agent = build({"x": first["x"][2:], "y": first["y"][2:]}, parent_script[1:])
+    interrupts = [i for t in agent.get_state(cfg).tasks for i in t.interrupts]
+    out = go(agent, Command(resume={i.id: "yes" for i in interrupts}))
+    ledger = guard.ledger(out)
+    real = 2.0 + sum(runs[n] * p for n, p in prices.items())
+    assert runs == {"c1": 2, "c2": 1, "ch": 2}  # y's second c1 did not fit
+    assert ledger.spent == real == 17.0 and ledger.reserved == 0 and ledger.spent <= ledger.budget
