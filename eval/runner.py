@@ -411,12 +411,13 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
             latest[(r.method, r.task_id)] = r
     results = list(latest.values())
     metrics = compute_metrics(results, reference=config.reference, e2e_seconds=timing)
+    world_model, notes = _oracle_context(out, config, specs, resources)
     summary = {
         "config": {**asdict(config), "methods": list(config.methods), "market_label": market.label,
                    "agent_label": _agent_label(config.agent), "judge": _judge_label(config),
-                   "workers": config.workers, "oracle_notes": sorted(set(resources.notes)),
+                   "workers": config.workers, "oracle_notes": notes,
                    "oracle_models": "cross-fitted (2 folds)" if resources.cross_fit else "built from other tasks",
-                   "world_model": getattr(resources, "world_model_label", "replay of the oracle logs"),
+                   "world_model": world_model,
                    "rollout_depth": rollout_depth(config.options),
                    "oracle_data_collection_s": round(timing.get("oracle_data_collection", 0.0), 3),
                    "upper_bounds": [s.name for s in specs if s.upper_bound],
@@ -433,6 +434,26 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     _atomic_write(out / "results.json", json.dumps(summary, indent=2, sort_keys=False))
     write_reports(summary, out)
     return summary
+
+
+def _oracle_context(out: Path, config: BenchConfig, specs: list[Any], resources: Any) -> tuple[str, list[str]]:
+    """The world model's label and the notes building the oracle models left, kept in the run directory
+    (``oracle_context.json``): a resumed run whose oracle episodes are all done builds no model, and must
+    not relabel an upper bound that read the environment's simulator as the replay world model."""
+    path = out / "oracle_context.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    label = getattr(resources, "world_model_label", None) or saved.get("world_model")
+    notes = sorted(set(resources.notes) | set(saved.get("notes") or []))
+    if label or notes:
+        _atomic_write(path, json.dumps({"world_model": label, "notes": notes}, indent=2))
+    if label is None:
+        if not any(getattr(s, "needs_oracle_logs", False) for s in specs):
+            label = "none (no method here uses one)"
+        elif config.options.get("world_model") == "schema":
+            label = "the environment's own simulator (upper bound, leaks)"
+        else:
+            label = "replay of the oracle logs"
+    return label, notes
 
 
 def _paired_bases(config: BenchConfig) -> list[str]:
@@ -471,16 +492,38 @@ _EPISODE_OPTIONS: dict[str, Any] = {"feedback_chars": None, "rollout_max_tokens"
                                     "max_turns": DEFAULT_MAX_TURNS, "max_depth": DEFAULT_MAX_DEPTH}
 
 
+# Every other option shapes some method's results (gamma, the predictor, the world model, the judge, the
+# oracle logs...), so a run directory refuses results made with another value; these do not. An option
+# given at its default counts as not given.
+_NOT_RESULTS = frozenset({"paired_with", "api_key"})
+_OPTION_DEFAULTS: dict[str, Any] = {**_EPISODE_OPTIONS, "gamma": 0.5, "delta": 0.1, "predictor": "hashed",
+                                    "world_model": "replay", "solvability": True, "judge_runs": 3,
+                                    "stb_env": "schema", "retriever": "tfidf", "oracle_fraction": 1.0}
+
+
 def _without_defaults(key: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in key.items() if not (k in _EPISODE_OPTIONS and v == _EPISODE_OPTIONS[k])}
+    return {k: v for k, v in key.items() if not (k in _OPTION_DEFAULTS and v == _OPTION_DEFAULTS[k])}
+
+
+def _option_value(value: Any) -> Any:
+    """An option as run_config.json keeps it: JSON as is, anything else by its type (an agent object)."""
+    try:
+        return json.loads(json.dumps(value, sort_keys=True))
+    except (TypeError, ValueError):
+        return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
 def _check_config(out: Path, config: BenchConfig) -> None:
-    """A run directory holds one task set: refuse to mix results from another config."""
+    """A run directory holds one task set and one configuration: refuse to mix results from another."""
     path = out / "run_config.json"
     key = {k: getattr(config, k) for k in ("market", "agent", "tasks", "seed", "event_rate", "budget", "budget_scale",
                                            "relevant_price_scale")}
-    key = _without_defaults(key | {k: config.options.get(k, default) for k, default in _EPISODE_OPTIONS.items()})
+    options = {k: _option_value(v) for k, v in config.options.items() if k not in _NOT_RESULTS}
+    logs = options.get("oracle_logs")
+    if isinstance(logs, str) and Path(logs).resolve() == (out / "oracle_data" / "logs.jsonl").resolve():
+        del options["oracle_logs"]  # the logs this directory collected itself (a resumed study passes them)
+    key = _without_defaults(key | {k: config.options.get(k, default) for k, default in _EPISODE_OPTIONS.items()}
+                            | options)
     if path.exists():
         old = _without_defaults(json.loads(path.read_text()))
         if old != key:

@@ -169,6 +169,20 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path):
         run_benchmark(BenchConfig(tasks=13, methods=["raw"], out=str(out), reference="raw"), progress=False)
 
 
+@pytest.mark.parametrize("option,value", [("gamma", 5.0), ("delta", 0.9), ("predictor", "encoder"),
+                                          ("world_model", "schema"), ("oracle_logs", "/elsewhere/logs.jsonl")])
+def test_a_run_directory_refuses_results_made_with_another_option(tmp_path, option, value):
+    # A rerun with --gamma 5 into the same --out printed the old INTENT numbers under the new settings.
+    out = tmp_path / "run"
+    run_benchmark(BenchConfig(tasks=2, methods=["raw"], out=str(out), reference="raw"), progress=False)
+    with pytest.raises(ValueError, match=f"another configuration.*{option}"):
+        run_benchmark(BenchConfig(tasks=2, methods=["raw"], out=str(out), reference="raw", options={option: value}),
+                      progress=False)
+    # The same value as the default is the same configuration; an option that only shapes the report is too.
+    run_benchmark(BenchConfig(tasks=2, methods=["raw"], out=str(out), reference="raw",
+                              options={"gamma": 0.5, "paired_with": ["raw"]}), progress=False)
+
+
 @pytest.mark.slow
 def test_same_seed_reproduces_the_table(tmp_path):
     methods = ["raw", "prompt", "tracker", "btp", "bats", "dfsdt", "mco", "intent", "intent-stochastic"]
@@ -262,3 +276,17 @@ def test_http_chat_model_drives_one_guarded_episode():
     assert not result.error, result.error
     assert result.answered and result.n_calls + result.n_rejected + result.n_invalid == 1
     assert result.agent_tokens == 30 and result.cost <= result.budget
+
+
+def test_a_resumed_run_keeps_the_world_models_label(tmp_path):
+    # A rerun whose oracle episodes were all done built no oracle model and relabelled its world model
+    # "replay of the oracle logs" (an upper bound on the environment's simulator would have been published
+    # as the replay model).
+    out = tmp_path / "run"
+    cfg = BenchConfig(tasks=2, methods=["raw", "mco"], out=str(out), reference="raw",
+                      options={"oracle_train_tasks": 6})
+    first = run_benchmark(cfg, progress=False)["config"]["world_model"]
+    assert first.startswith("world model = replay of logged observations")
+    assert run_benchmark(cfg, progress=False)["config"]["world_model"] == first
+    plain = BenchConfig(tasks=2, methods=["raw"], out=str(tmp_path / "plain"), reference="raw")
+    assert run_benchmark(plain, progress=False)["config"]["world_model"] == "none (no method here uses one)"
