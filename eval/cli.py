@@ -49,7 +49,9 @@ def _bench(args: argparse.Namespace) -> int:
     console = Console(width=140)
     cfg = summary["config"]
     console.print(f"[bold]{cfg['market']}[/bold]: {cfg['market_label']}; agent: {cfg['agent_label']}; "
-                  f"judge: {cfg['judge']}")
+                  f"judge: {cfg['judge']}; world model (MCO/INTENT): {cfg['world_model']}")
+    for note in cfg.get("oracle_notes") or ():
+        console.print(f"oracle note: {note}", markup=False)
     console.print(markdown_table(summary), markup=False)
     console.print("\n".join(["", *paired_lines(summary), *paired_regret_lines(summary)]), markup=False)
     console.print(f"results: {args.out}/results.json, {args.out}/results.md; logs: {args.out}/logs.jsonl")

@@ -40,6 +40,7 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
         f"- world model (MCO/INTENT): {cfg.get('world_model')}; oracle models: {cfg.get('oracle_models')}"
         + (f"; rollouts cut at {cfg['rollout_depth']} model turns (the paper's horizon is {DEFAULT_MAX_DEPTH})"
            if cfg.get("rollout_depth", DEFAULT_MAX_DEPTH) != DEFAULT_MAX_DEPTH else ""),
+        *[f"- oracle note: {note}" for note in cfg.get("oracle_notes") or ()],
         *([f"- agent's needs: {cfg['agent_needs']}"] if cfg.get("agent_needs") else []),
         *([f"- upper bounds (read the ground truth; not deployable): {', '.join(cfg['upper_bounds'])}"]
           if cfg.get("upper_bounds") else []),

@@ -290,3 +290,18 @@ def test_a_resumed_run_keeps_the_world_models_label(tmp_path):
     assert run_benchmark(cfg, progress=False)["config"]["world_model"] == first
     plain = BenchConfig(tasks=2, methods=["raw"], out=str(tmp_path / "plain"), reference="raw")
     assert run_benchmark(plain, progress=False)["config"]["world_model"] == "none (no method here uses one)"
+
+
+def test_the_printed_header_and_results_md_name_the_world_model_and_the_oracle_notes(tmp_path, capsys):
+    from intent.cli import main
+
+    out = tmp_path / "run"
+    assert main(["bench", "--tasks", "2", "--methods", "raw,mco", "--oracle-tasks", "6", "--no-progress",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "world model (MCO/INTENT): world model = replay of logged observations" in printed
+    (out / "oracle_context.json").write_text('{"world_model": "wm", "notes": ["a note the models left"]}')
+    assert main(["bench", "--tasks", "2", "--methods", "raw,mco", "--oracle-tasks", "6", "--no-progress",
+                 "--out", str(out)]) == 0  # resumed: every episode done, the saved context is reported
+    assert "oracle note: a note the models left" in capsys.readouterr().out
+    assert "- oracle note: a note the models left" in (out / "results.md").read_text()
