@@ -10,6 +10,7 @@ interaction logs to ``logs.jsonl`` (``intent.logs`` schema, for training), and f
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -292,10 +293,55 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
         raise ValueError(f"--rollout-max-tokens caps a chat model's rollout replies; the {config.agent!r} agent "
                          "writes no tokens. Use it with --agent openai:NAME, or leave it out")
     specs = [get_method(m) for m in config.methods]
+    if any(getattr(s, "needs_oracle_logs", False) for s in specs):
+        _check_oracle_options(config)
     if config.reference and config.reference not in config.methods:
         raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}; "
                          "leave it out to use prompt (when listed) or the first method")
     return specs
+
+
+def _check_oracle_options(config: BenchConfig) -> None:
+    """The oracle methods' options, checked before the oracle logs' collection (hours with a real model)."""
+    opts = config.options
+    gamma, delta = opts.get("gamma", 0.5), opts.get("delta", 0.1)
+    if not (isinstance(gamma, (int, float)) and gamma > 0 and math.isfinite(gamma)):
+        raise ValueError(f"--gamma is {gamma!r}; INTENT's risk factor is a number > 0 (the paper uses 0.5)")
+    if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
+        raise ValueError(f"--delta is {delta!r}; INTENT's blacklist threshold is in [0, 1) (the paper uses 0.1)")
+    directory = opts.get("predictor_dir")
+    if directory and not Path(directory).is_dir():
+        raise ValueError(f"--predictor-dir {directory} is not a directory; give an `intent train predictor` output "
+                         "directory, or leave it out to train the predictor on the oracle logs")
+    logs = opts.get("oracle_logs")
+    if logs:
+        path = Path(logs)
+        if path.is_dir():
+            raise ValueError(f"--oracle-logs {logs} is a directory; give the log file, e.g. {path / 'logs.jsonl'}")
+        if not path.is_file():
+            raise ValueError(f"--oracle-logs {logs} does not exist; leave it out to collect the logs in this run")
+
+
+def _check_oracle_logs(config: BenchConfig, market: BenchMarket, specs: Sequence[MethodSpec]) -> None:
+    """Given oracle logs must hold records, of this market's tools: the replay world model and the
+    predictor of another market's logs know none of the calls they are asked about."""
+    logs = config.options.get("oracle_logs")
+    if not logs or not any(getattr(s, "needs_oracle_logs", False) for s in specs):
+        return
+    from intent.logs import read_log
+
+    logged = {r.tool for r in read_log(logs) if r.tool}
+    if not logged:
+        raise ValueError(f"--oracle-logs {logs} holds no tool calls; collect logs on this market (leave the flag "
+                         "out) or give a guard log of it")
+    tools: set[str] = set()
+    # (The synthetic markets only: a StableToolBench episode may start an environment server.)
+    for task in list(market.tasks())[:20] if config.market.startswith("synthetic") else ():
+        tools |= {getattr(t, "name", "") for t in market.episode(task, config.seed).tools}
+    if tools and not logged & tools:
+        raise ValueError(f"--oracle-logs {logs} logs calls of tools this market does not have ({sorted(logged)[:3]}"
+                         f"...; this market's are {sorted(tools)[:3]}...): logs of another market; collect them on "
+                         f"--market {config.market} (leave --oracle-logs out) or give that market's logs")
 
 
 def default_reference(methods: Sequence[str]) -> str:
@@ -335,7 +381,10 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
         else:
             agent_factory = sim_agent_factory(config.options.get("sim_agent"))
     market = build_market(config)
+    _check_oracle_logs(config, market, specs)
     out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a directory for the run's results")
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, config)
     if config.market == "stabletoolbench" and config.options.get("solvability", True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -305,3 +306,35 @@ def test_the_printed_header_and_results_md_name_the_world_model_and_the_oracle_n
                  "--out", str(out)]) == 0  # resumed: every episode done, the saved context is reported
     assert "oracle note: a note the models left" in capsys.readouterr().out
     assert "- oracle note: a note the models left" in (out / "results.md").read_text()
+
+
+def test_oracle_options_are_checked_before_anything_runs(tmp_path):
+    # Each was refused only after the oracle logs' collection (hours with a real model), or never: an empty
+    # log or one of the other market's tools gave INTENT an empty replay without a word.
+    def bench(**options: Any) -> None:
+        run_benchmark(BenchConfig(tasks=2, methods=["raw", "intent"], out=str(tmp_path / "run"), reference="raw",
+                                  options=options), agent_factory=_never, progress=False)
+
+    with pytest.raises(ValueError, match="--gamma"):
+        bench(gamma=-1.0)
+    with pytest.raises(ValueError, match="--delta"):
+        bench(delta=5.0)
+    with pytest.raises(ValueError, match="--predictor-dir"):
+        bench(predictor_dir=str(tmp_path / "none"))
+    with pytest.raises(ValueError, match="is a directory"):
+        bench(oracle_logs=str(tmp_path))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="holds no tool calls"):
+        bench(oracle_logs=str(empty))
+    other = tmp_path / "other.jsonl"
+    from intent.logs import JsonlLogSink, StepRecord
+
+    JsonlLogSink(other).write(StepRecord(task_id="t", step=0, call_id="c", tool="get_weather_on_mars", decision="accept",
+                                         status="ok", budget=1.0, spent=0.0, remaining=1.0))
+    with pytest.raises(ValueError, match="another market"):
+        bench(oracle_logs=str(other))
+
+
+def _never(env: Any, seed: int) -> Any:
+    raise AssertionError("no episode may run before the options are checked")
