@@ -446,12 +446,19 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
             store.append(run_episode(spec, market.episode(task, config.seed), config.seed, agent_factory,
                                      log_sink=logs, options=config.options, resources=resources))
 
-        with progress_bar(len(todo), f"{spec.name:>8}", enabled=progress) as bar, \
-                ThreadPoolExecutor(max_workers=config.workers) as pool:
-            futures = [pool.submit(job, t) for t in todo]
-            for fut in as_completed(futures):
-                fut.result()
-                bar.update(1)
+        with progress_bar(len(todo), f"{spec.name:>8}", enabled=progress) as bar:
+            pool = ThreadPoolExecutor(max_workers=config.workers)
+            try:
+                futures = [pool.submit(job, t) for t in todo]
+                for fut in as_completed(futures):
+                    fut.result()
+                    bar.update(1)
+            except BaseException:
+                # Ctrl-C (or a crashed episode): the queued episodes are dropped, not run to the end; the
+                # running ones finish and are saved, and the same command resumes from there.
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown(wait=True)
         timing[spec.name] = timing.get(spec.name, 0.0) + (time.perf_counter() - started)
         _atomic_write(timing_path, json.dumps(timing, indent=2))
     latest: dict[tuple[str, str], EpisodeResult] = {}

@@ -73,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, IntentError) as exc:  # errors raised on purpose, with their fix
         print(f"intent {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"intent {args.command}: interrupted; what finished is saved (benchmarks: run the same command to "
+              "resume)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

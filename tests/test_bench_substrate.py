@@ -338,3 +338,26 @@ def test_oracle_options_are_checked_before_anything_runs(tmp_path):
 
 def _never(env: Any, seed: int) -> Any:
     raise AssertionError("no episode may run before the options are checked")
+
+
+def test_ctrl_c_stops_a_benchmark_without_running_the_queued_episodes(tmp_path):
+    # The pool ran every queued episode to the end before the KeyboardInterrupt got out (a whole run with a
+    # real model); now the queued ones are dropped and the same command resumes.
+    real = sim_agent_factory()
+    calls = {"n": 0}
+    lock = threading.Lock()
+
+    def interrupted(env: Any, seed: int) -> Any:
+        with lock:
+            calls["n"] += 1
+            n = calls["n"]
+        if n == 4:  # (the first is the discarded warm-up episode)
+            raise KeyboardInterrupt
+        return real(env, seed)
+
+    cfg = BenchConfig(tasks=30, methods=["raw"], workers=2, out=str(tmp_path / "run"), reference="raw")
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(cfg, agent_factory=interrupted, progress=False)
+    assert calls["n"] <= 6, f"{calls['n']} episodes started after Ctrl-C"
+    summary = run_benchmark(cfg, progress=False)  # resumed
+    assert summary["methods"]["raw"]["n"] == 30
