@@ -15,6 +15,12 @@ The rules of ``eval_pass_rate.py`` (``ReinforceToolLearningEvaluator``), reimple
 
 Unlike upstream, a missing answer counts as a failure (it is not dropped from the denominator).
 The prompt wording is ours (the rules are StableToolBench's).
+
+Failures: a reply the judge model got wrong (no forced call, bad JSON, a label outside the enum) is asked
+again, and after ``retries`` more attempts counted as Unsure (``malformed`` counts them; the episode's labels
+show it). An endpoint that cannot be reached or answers with an HTTP error stops the run
+(:class:`JudgeUnavailableError`, naming ``--judge-url``): its finished episodes are saved, and the same
+command resumes.
 """
 
 from __future__ import annotations
@@ -24,7 +30,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SoPRJudge"]
+from intent.errors import IntentError
+
+__all__ = ["JudgeUnavailableError", "SoPRJudge"]
+
+
+class JudgeUnavailableError(IntentError):
+    """The judge's endpoint failed every attempt (down, unreachable, an HTTP error)."""
 
 LABELS = ("Solved", "Unsolved", "Unsure")
 SCORES = {"Solved": 1.0, "Unsure": 0.5, "Unsolved": 0.0}
@@ -64,7 +76,8 @@ class SoPRJudge:
             from eval.agents.chat import check_endpoint
 
             check_endpoint(base_url, api_key=api_key)
-        self.model, self.runs, self.retries = model, runs, retries
+        self.model, self.runs, self.retries, self.base_url = model, runs, retries, base_url
+        self.malformed = 0  # judgments counted as Unsure because the model's reply could not be read
         self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport,
                                     headers={"Authorization": f"Bearer {api_key}"})
         self.tokens = 0
@@ -73,22 +86,33 @@ class SoPRJudge:
         body = {"model": self.model, "temperature": 0.2, "max_tokens": 1000,
                 "messages": [{"role": "user", "content": prompt}], "tools": [_function(name)],
                 "tool_choice": {"type": "function", "function": {"name": name}}}
+        import httpx
+
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             try:
                 response = self._client.post("/chat/completions", json=body)
                 response.raise_for_status()
                 data = response.json()
+            except httpx.HTTPError as exc:  # the endpoint: retried, then the run stops
+                last = exc
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            try:
                 self.tokens += int((data.get("usage") or {}).get("total_tokens") or 0)
                 call = data["choices"][0]["message"]["tool_calls"][0]["function"]
                 status = json.loads(call["arguments"])["answer_status"]
                 if status not in LABELS:
                     raise ValueError(f"judge answered {status!r}")
                 return status
-            except Exception as exc:  # noqa: BLE001 - retried, then reported as Unsure
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:  # the model's reply
                 last = exc
-                time.sleep(0.2 * (attempt + 1))
-        raise RuntimeError(f"the SoPR judge failed after {self.retries + 1} attempts: {last}")
+        if isinstance(last, httpx.HTTPError):
+            raise JudgeUnavailableError(
+                f"the SoPR judge at {self.base_url} failed {self.retries + 1} times ({type(last).__name__}: {last}); "
+                "check --judge-url and --judge-model, then run the same command again to resume")
+        self.malformed += 1  # documented: a reply the judge model got wrong every time counts as Unsure
+        return "Unsure"
 
     def judge_once(self, query: str, answer: str | None, details: Sequence[dict[str, Any]]) -> str:
         if answer is None or not answer.strip() or "give up" in answer.lower() or "give_up_and_restart" in answer:

@@ -35,6 +35,13 @@ class _Judge(BaseHTTPRequestHandler):
         status = ("Unsure" if "UNSURE" in prompt else "Solved") if name == "check_answer_status" else "Solved"
         if "BAD" in prompt:
             status = "Unsolved"
+        if "NO CALL" in prompt:  # the judge model answers in prose: no forced call
+            return self._send({"choices": [{"message": {"role": "assistant", "content": "Solved, I think"}}]})
+        if "DOWN" in prompt:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
         self._send({"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
                     "function": {"name": name, "arguments": json.dumps({"answer_status": status, "reason": "x"})}}]}}],
                     "usage": {"total_tokens": 9}})
@@ -61,6 +68,16 @@ def test_sopr_rules(url):
     assert judge.judge_once("q", "BAD", []) == "Unsolved" and judge.tokens > 0
     with pytest.raises(ValueError, match="runs"):
         SoPRJudge(url, "judge", runs=0)
+
+
+def test_a_malformed_judgment_counts_as_unsure_and_a_failing_endpoint_stops_the_run(url):
+    # A reply without the forced call crashed the run with "failed after 3 attempts: 'tool_calls'".
+    from eval.judges import JudgeUnavailableError
+
+    judge = SoPRJudge(url, "judge", runs=1, retries=1)
+    assert judge.judge("q", "NO CALL", []) == ["Unsure"] and judge.malformed == 2  # the check, then the second look
+    with pytest.raises(JudgeUnavailableError, match="--judge-url"):
+        judge.judge("q", "DOWN", [])
 
 
 def test_unreachable_judge_fails_at_startup():
