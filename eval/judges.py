@@ -72,10 +72,10 @@ class SoPRJudge:
 
         if runs < 1:
             raise ValueError(f"judge runs must be >= 1 (StableToolBench uses 3), got {runs}")
-        if check:
-            from eval.agents.chat import check_endpoint
+        if check:  # at startup, not after an hour of episodes: the endpoint, and the model it serves
+            from eval.agents.chat import check_model
 
-            check_endpoint(base_url, api_key=api_key)
+            check_model(base_url, model, api_key=api_key, flag="--judge-model ", url_flag="--judge-url")
         self.model, self.runs, self.retries, self.base_url = model, runs, retries, base_url
         self.malformed = 0  # judgments counted as Unsure because the model's reply could not be read
         self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport,

@@ -294,7 +294,7 @@ def _trained_world_model(ctx: MethodContext, temperature: float) -> Any:
         def served(_records: Any) -> Any:
             # A wrong URL or model name stops the run here; at decision time it would be a recoverable
             # model error, and every gate would quietly fall back (a table of fallbacks, not of INTENT).
-            check_model(url, str(name), flag="--world-model-name ")
+            check_model(url, str(name), flag="--world-model-name ", url_flag="--world-model-url")
             # The in-process generator's reply cap (below), so both paths simulate the same observations.
             return OpenAICompatibleWorldModel(url, str(name), temperature=temperature, max_tokens=96)
 

@@ -455,8 +455,9 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
                     bar.update(1)
             except BaseException:
                 # Ctrl-C (or a crashed episode): the queued episodes are dropped, not run to the end; the
-                # running ones finish and are saved, and the same command resumes from there.
-                pool.shutdown(wait=False, cancel_futures=True)
+                # running ones finish and are saved (the interpreter would wait for them anyway), and the same
+                # command resumes from there.
+                pool.shutdown(wait=True, cancel_futures=True)
                 raise
             pool.shutdown(wait=True)
         timing[spec.name] = timing.get(spec.name, 0.0) + (time.perf_counter() - started)

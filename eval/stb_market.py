@@ -103,9 +103,12 @@ class StableToolBenchMarket:
         if environment not in ("schema", "mirror", "server"):
             raise ValueError(f"unknown StableToolBench environment {environment!r}; choose schema, mirror or server")
         if environment == "mirror":  # fail at startup, not after an hour of episodes
-            from eval.agents.chat import check_endpoint
+            from eval.agents.chat import check_endpoint, check_model
 
-            check_endpoint(str(env_url))
+            if env_model:
+                check_model(str(env_url), str(env_model), flag="--stb-env-model ", url_flag="--stb-env-url")
+            else:
+                check_endpoint(str(env_url), url_flag="--stb-env-url")
         elif environment == "server":
             _check_reachable(str(env_url))
         self.need_inference_label = (

@@ -83,8 +83,17 @@ def test_a_malformed_judgment_counts_as_unsure_and_a_failing_endpoint_stops_the_
 def test_unreachable_judge_fails_at_startup():
     from eval.agents.chat import EndpointError
 
-    with pytest.raises(EndpointError, match="cannot reach"):
+    with pytest.raises(EndpointError, match="cannot reach.*check --judge-url"):  # (it said "check --base-url")
         SoPRJudge("http://127.0.0.1:9/v1", "judge")
+
+
+def test_a_judge_model_the_server_does_not_serve_fails_at_startup(url):
+    from eval.agents.chat import EndpointError, check_model
+
+    with pytest.raises(EndpointError, match="'wrong' is not served.*--judge-model"):
+        SoPRJudge(url, "wrong")
+    with pytest.raises(EndpointError, match="--base-url 'not-a-url' is not an http"):
+        check_model("not-a-url", "m")
 
 
 def _stabletoolbench_root_or_skip() -> None:

@@ -32,7 +32,7 @@ class LLMJudge:
 
         if votes < 1 or votes % 2 == 0:
             raise ValueError(f"votes must be an odd number >= 1 (a majority), got {votes}")
-        check_endpoint(base_url, api_key=api_key)
+        check_endpoint(base_url, api_key=api_key, url_flag="--judge-url")
         self.model, self.votes, self.temperature = model, votes, temperature
         self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
                                     headers={"Authorization": f"Bearer {api_key}"})

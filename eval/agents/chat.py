@@ -57,32 +57,38 @@ class EndpointError(ValueError):
     """An OpenAI-compatible endpoint cannot be reached or does not answer like one."""
 
 
-def check_endpoint(base_url: str, *, api_key: str | None = None, timeout: float = 5.0) -> list[str]:
-    """Return the model ids the server lists; raise :class:`EndpointError` naming the URL otherwise."""
-    return [m.get("id", "") for m in _model_cards(base_url, api_key=api_key, timeout=timeout)]
+def check_endpoint(base_url: str, *, api_key: str | None = None, timeout: float = 5.0,
+                   url_flag: str = "--base-url") -> list[str]:
+    """Return the model ids the server lists; raise :class:`EndpointError` naming the URL (and the flag
+    that gave it, ``url_flag``) otherwise."""
+    return [m.get("id", "") for m in _model_cards(base_url, api_key=api_key, timeout=timeout, url_flag=url_flag)]
 
 
-def _model_cards(base_url: str, *, api_key: str | None, timeout: float) -> list[dict[str, Any]]:
+def _model_cards(base_url: str, *, api_key: str | None, timeout: float,
+                 url_flag: str = "--base-url") -> list[dict[str, Any]]:
+    if not str(base_url).startswith(("http://", "https://")):
+        raise EndpointError(f"{url_flag} {base_url!r} is not an http(s) URL; give the server's /v1 root, e.g. "
+                            "http://127.0.0.1:8000/v1")
     url = base_url.rstrip("/") + "/models"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key or 'EMPTY'}"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - user-given URL
             data = json.loads(response.read().decode() or "{}")
     except urllib.error.HTTPError as exc:
-        hint = "check the API key (OPENAI_API_KEY)" if exc.code in (401, 403) else "is --base-url the server's /v1 root?"
+        hint = "check the API key (OPENAI_API_KEY)" if exc.code in (401, 403) else f"is {url_flag} the server's /v1 root?"
         raise EndpointError(f"{url} answered HTTP {exc.code} {exc.reason}; {hint}") from exc
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         raise EndpointError(f"cannot reach the OpenAI-compatible endpoint {url}: {exc}; "
-                            "check --base-url and that the server is running") from exc
+                            f"check {url_flag} and that the server is running") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise EndpointError(f"{url} did not answer with JSON; is --base-url the server's /v1 root?") from exc
+        raise EndpointError(f"{url} did not answer with JSON; is {url_flag} the server's /v1 root?") from exc
     if not isinstance(data, dict) or not isinstance(data.get("data", []), list):
-        raise EndpointError(f"{url} did not answer with an OpenAI model list; is --base-url the server's /v1 root?")
+        raise EndpointError(f"{url} did not answer with an OpenAI model list; is {url_flag} the server's /v1 root?")
     return [m for m in data.get("data", []) if isinstance(m, dict)]
 
 
 def check_model(base_url: str, model: str, *, api_key: str | None = None, timeout: float = 5.0,
-                flag: str = "--agent openai:", max_tokens: int | None = None) -> list[str]:
+                flag: str = "--agent openai:", max_tokens: int | None = None, url_flag: str = "--base-url") -> list[str]:
     """Check that ``base_url`` answers and serves ``model``; return the served ids.
 
     With ``max_tokens``: a server that says its context length (vLLM's ``max_model_len``) must
@@ -90,7 +96,7 @@ def check_model(base_url: str, model: str, *, api_key: str | None = None, timeou
     "maximum context length" error as a full history, so without this check every episode would
     end at its first call as if its context had filled up.
     """
-    cards = _model_cards(base_url, api_key=api_key, timeout=timeout)
+    cards = _model_cards(base_url, api_key=api_key, timeout=timeout, url_flag=url_flag)
     served = [c.get("id", "") for c in cards]
     if model not in served:
         listed = ", ".join(served[:10]) + (" ..." if len(served) > 10 else "") if served else "none"
@@ -129,7 +135,8 @@ def chat_agent_factory(spec: str, options: dict[str, Any] | None = None) -> Any:
         if not api_key:
             raise EndpointError(f"--agent {spec} needs OPENAI_API_KEY in the environment, or --base-url URL of an "
                                 "OpenAI-compatible server (vLLM, llama.cpp: http://127.0.0.1:8000/v1)")
-        check_model(os.environ.get("OPENAI_BASE_URL") or OPENAI_URL, name, api_key=api_key)
+        check_model(os.environ.get("OPENAI_BASE_URL") or OPENAI_URL, name, api_key=api_key,
+                    url_flag="OPENAI_BASE_URL (or --base-url)")
         kwargs["timeout"] = options.get("timeout", 120)
     from langchain.chat_models import init_chat_model
 
