@@ -33,13 +33,13 @@ def _bench(args: argparse.Namespace) -> int:
     if args.oracle_max_tokens is not None and args.charge_oracle is None:
         raise ValueError("--oracle-max-tokens bounds a charged oracle's decisions; add --charge-oracle PRICE_PER_MTOK")
     for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens", "feedback_chars",
-                "rollout_max_tokens", "max_turns", "max_depth"):
+                "rollout_max_tokens", "max_turns", "max_depth", "judge_runs"):  # numbers: 0 is given, and refused
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)
     if args.oracle_tasks is not None:
         options["oracle_train_tasks"] = args.oracle_tasks
     for key in ("stb_env", "stb_env_url", "stb_env_model", "retriever", "oracle_logs", "predictor_dir", "judge",
-                "judge_url", "judge_model", "judge_runs", "world_model"):
+                "judge_url", "judge_model", "world_model"):
         if getattr(args, key, None):
             options[key] = getattr(args, key)
     config = BenchConfig(market=args.market, methods=methods, agent=args.agent, tasks=args.tasks,

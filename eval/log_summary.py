@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from intent.logs import StepRecord, read_log
+from intent.logs import LogFormatError, StepRecord, read_log
 from intent.oracle import DUPLICATE_CALL
 
 __all__ = ["summarize"]
@@ -77,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logs", help="a guard log (intent.logs JSONL), e.g. OUT/synthetic/logs.jsonl")
     parser.add_argument("--method", help="only this method's episodes (task ids '<method>:...')")
     args = parser.parse_args(argv)
-    out = summarize(read_log(args.logs), args.method)
+    try:
+        out = summarize(read_log(args.logs), args.method)
+    except LogFormatError as exc:  # the file the user named: one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None
     if not out["episodes"]:
         raise SystemExit(f"error: {args.logs} has no records" + (f" of method {args.method!r}" if args.method else ""))
     print("| episode | turns | spent | accepted | refused | refusal characters shown per turn |")

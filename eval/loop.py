@@ -101,6 +101,13 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
     if cfg.market != "synthetic":
         raise ValueError(f"intent loop: market {cfg.market!r} is not supported yet; the fidelity checker and "
                          "ground-truth labels are the synthetic market's (use --market synthetic)")
+    if cfg.encoder_epochs is not None and cfg.encoder_epochs < 0:
+        raise ValueError(f"--encoder-epochs is {cfg.encoder_epochs}; give 0 (no encoder) or more")
+    if cfg.agent not in ("sim", "sim-llm"):
+        # The bench stage's agent, checked before the training stages (minutes here, hours on real logs).
+        from eval.agents.chat import chat_agent_factory
+
+        chat_agent_factory(cfg.agent, {})
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "loop_config.json").write_text(json.dumps(asdict(cfg), indent=2))

@@ -282,6 +282,10 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
                          "own budget")
     if not config.methods:
         raise ValueError("--methods is empty; name at least one method, e.g. --methods raw,prompt")
+    runs = config.options.get("judge_runs")
+    if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
+        raise ValueError(f"--judge-runs is {runs!r}; give the SoPR judge's runs per answer, 1 or more (StableToolBench "
+                         "uses 3)")
     # Checked before any episode (or the oracle logs' collection, hours with a real model) runs.
     check_feedback_chars(config.options.get("feedback_chars"))
     from eval.agents.chat import check_rollout_max_tokens

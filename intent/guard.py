@@ -177,6 +177,9 @@ class BudgetGuard:
         clock: Callable[[], float] = time.perf_counter,
         gate_at: Literal["auto", "model_call", "after_model"] = "auto",
     ) -> None:
+        if isinstance(oracle, type):
+            raise GuardConfigError(f"oracle is the class {oracle.__name__}, not an oracle; pass an instance: "
+                                   f"{oracle.__name__}(...)")
         if not callable(getattr(oracle, "decide", None)):
             raise GuardConfigError(
                 f"oracle must have a decide(ctx) -> Decision method, got {type(oracle).__name__}; "

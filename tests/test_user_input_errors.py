@@ -1,0 +1,50 @@
+"""User mistakes get one clear line naming the field and the fix, before anything long runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from intent import AcceptAll, BudgetGuard, GuardConfigError, Market, PricedTool
+from intent.cli import main
+
+
+def test_an_oracle_class_instead_of_an_instance_is_refused_at_construction():
+    # It passed (the class has a decide attribute) and failed at run time: "start() missing 1 required ...".
+    with pytest.raises(GuardConfigError, match=r"pass an instance: AcceptAll\(...\)"):
+        BudgetGuard(AcceptAll, Market([PricedTool("a", 1.0)]), 10.0)
+
+
+@pytest.mark.parametrize("flag,value", [("--epochs", "0"), ("--batch-size", "0"), ("--lr", "-1"),
+                                        ("--max-steps", "-1")])
+def test_training_numbers_must_be_positive(flag, value, capsys, tmp_path):
+    # --epochs 0 exported an untrained predictor and exited 0; --batch-size 0 failed in range().
+    with pytest.raises(SystemExit) as raised:
+        main(["train", "predictor", "--logs", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "o"), flag, value])
+    assert raised.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
+def test_a_log_given_as_a_directory_names_the_file_to_pass(tmp_path, capsys):
+    from eval.log_summary import main as summary
+
+    with pytest.raises(SystemExit, match=r"is a directory; pass its log file .*logs.jsonl"):
+        summary([str(tmp_path)])
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\xb9\x00\xff")
+    with pytest.raises(SystemExit, match="is not a text log"):
+        summary([str(binary)])
+
+
+def test_judge_runs_zero_is_refused_not_replaced_by_three(tmp_path, capsys):
+    # The CLI copied only truthy options: --judge-runs 0 became the default 3.
+    assert main(["bench", "--tasks", "1", "--methods", "raw", "--judge-runs", "0", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert "--judge-runs is 0" in capsys.readouterr().err
+
+
+def test_intent_loop_checks_its_agent_before_training(tmp_path):
+    # --agent foo was found out at the last stage, after minutes of training.
+    from eval.loop import LoopConfig, run_loop
+
+    with pytest.raises(ValueError, match="--agent 'foo'"):
+        run_loop(LoopConfig(logs=[str(tmp_path / "x.jsonl")], out=str(tmp_path / "loop"), agent="foo"))
+    assert not (tmp_path / "loop").exists()
