@@ -42,6 +42,7 @@ _COLORS = dict(zip(KINDS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))  
 MAX_PLOTTED_EPISODES = 40
 MAX_PLOTTED_ITEMS = 20
 _TOKEN_KEYS = ("input", "output", "cached", "cache_write")  # intent.pricing.tokens_of
+ORACLE_DATA = "oracle_data"  # a benchmark run's directory of the oracle models' training logs
 _NOISE = 1e-12  # float sums of money leave residues like -1e-17 where the ledger holds 0
 
 
@@ -215,7 +216,7 @@ class BudgetReport:
         kinds = self.spent_by_kind()
         lines = ["# Budget report", "", f"Source: {', '.join(self.sources) or 'records in memory'}", ""]
         if self.skipped:
-            lines += [f"Skipped (not guard logs): {', '.join(self.skipped)}", ""]
+            lines += [f"Skipped: {', '.join(self.skipped)}", ""]
         lines += [
             "| episodes | of them sub-agents | budget (incl. top-ups) | spent | left | top-ups | overrun | tools "
             "| models | oracle | of the spend, by sub-agents |",
@@ -337,10 +338,15 @@ def _read(source: str | Path | Iterable[StepRecord]) -> tuple[list[StepRecord], 
     used: list[str] = []
     skipped: list[str] = []
     for f in sorted(path.rglob("*.jsonl")):
+        if ORACLE_DATA in f.relative_to(path).parts:
+            # A benchmark's oracle_data/: the oracle models' training logs, collected by another agent on other
+            # tasks (eval.oracle_methods), not the run's spending.
+            skipped.append(f"{f} (the oracle models' training logs)")
+            continue
         try:
             records += list(read_log(f, skip_torn_tail=True))
         except LogFormatError:
-            skipped.append(str(f))  # another JSONL file of the run (results, progress)
+            skipped.append(f"{f} (not a guard log)")  # another JSONL file of the run (results, progress)
             continue
         used.append(str(f))
     if not used:

@@ -156,10 +156,15 @@ def test_a_run_directory_reads_nested_logs_and_skips_other_jsonl(tmp_path):
     run = tmp_path / "run"
     write_log(run / "workers" / "w0" / "log.jsonl")  # JsonlLogSink makes the directories
     (run / "results.jsonl").write_text(json.dumps({"not": "a record"}) + "\n")
+    # A benchmark's oracle_data/: the oracle models' training logs (another agent, other tasks) are not the
+    # run's spending (they were added to it).
+    write_log(run / "oracle_data" / "logs.jsonl")
     report = budget_report(run)
     assert report.spent == pytest.approx(0.803)
     assert report.sources == [str(run / "workers" / "w0" / "log.jsonl")]
-    assert report.skipped == [str(run / "results.jsonl")]
+    assert report.skipped == [f"{run / 'oracle_data' / 'logs.jsonl'} (the oracle models' training logs)",
+                              f"{run / 'results.jsonl'} (not a guard log)"]
+    (run / "oracle_data" / "logs.jsonl").unlink()
     (run / "results.jsonl").unlink()
     (run / "workers" / "w0" / "log.jsonl").unlink()
     with pytest.raises(ValueError, match=f"{run}.*holds no guard log.*jsonl"):
