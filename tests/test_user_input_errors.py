@@ -48,3 +48,25 @@ def test_intent_loop_checks_its_agent_before_training(tmp_path):
     with pytest.raises(ValueError, match="--agent 'foo'"):
         run_loop(LoopConfig(logs=[str(tmp_path / "x.jsonl")], out=str(tmp_path / "loop"), agent="foo"))
     assert not (tmp_path / "loop").exists()
+
+
+def test_serve_refuses_a_predictor_and_a_missing_vllm_environment(tmp_path, monkeypatch):
+    # It exec'd whatever `python` was on PATH ("No module named 'vllm'"), from a .venv-vllm looked up in the
+    # current directory only, and printed a serve command for the predictor's classifier.
+    import json
+
+    from training.serve import serve
+
+    predictor = tmp_path / "predictor"
+    predictor.mkdir()
+    (predictor / "config.json").write_text(json.dumps({"architectures": ["BertForSequenceClassification"]}))
+    with pytest.raises(ValueError, match="a classifier .*intent serve worldmodel"):
+        serve(predictor)
+    generator = tmp_path / "worldmodel"
+    generator.mkdir()
+    (generator / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    monkeypatch.delenv("INTENT_VLLM_PYTHON", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("training.serve.Path.exists", lambda self: self.name == "config.json")
+    with pytest.raises(FileNotFoundError, match="scripts/vllm_venv.sh"):
+        serve(generator)

@@ -6,6 +6,7 @@ vLLM lives in its own virtual environment (it pins transformers < 5.20): see
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -28,17 +29,35 @@ def vllm_command(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 
             "--port", str(port), "--dtype", dtype, *mem, "--served-model-name", path.name]
 
 
+def _vllm_python() -> str | None:
+    """The vLLM environment's python: $INTENT_VLLM_PYTHON, else ``.venv-vllm`` here or at the project's root."""
+    given = os.environ.get("INTENT_VLLM_PYTHON")
+    if given:
+        return given
+    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        if (root / ".venv-vllm" / "bin" / "python").exists():
+            return str(root / ".venv-vllm" / "bin" / "python")
+    return None
+
+
 def serve(model_dir: str | Path, *, print_only: bool = False, python: str | None = None, **kw: object) -> int:
-    if not (Path(model_dir) / "config.json").exists():
+    config = Path(model_dir) / "config.json"
+    if not config.exists():
         raise FileNotFoundError(f"{model_dir} is not an exported model directory (no config.json)")
-    python = python or os.environ.get("INTENT_VLLM_PYTHON") or (".venv-vllm/bin/python" if
-                                                                Path(".venv-vllm/bin/python").exists() else "python")
-    cmd = vllm_command(model_dir, python=python, **kw)  # type: ignore[arg-type]
+    architectures = json.loads(config.read_text()).get("architectures") or []
+    if any("SequenceClassification" in a for a in architectures):
+        raise ValueError(f"{model_dir} is a classifier ({architectures[0]}: the intention predictor), not a generator; "
+                         "vLLM serves the world model: `intent serve worldmodel DIR/worldmodel`")
+    python = python or _vllm_python()
+    if python is None and not print_only:
+        raise FileNotFoundError("no vLLM environment: build it with scripts/vllm_venv.sh (it makes .venv-vllm), or "
+                                "set INTENT_VLLM_PYTHON to a python that has vllm")
+    cmd = vllm_command(model_dir, python=python or ".venv-vllm/bin/python", **kw)  # type: ignore[arg-type]
     print(" ".join(cmd))
     if print_only:
         return 0
     if shutil.which(python) is None and not Path(python).exists():
-        raise FileNotFoundError(f"{python} not found; build the vLLM environment with scripts/vllm_smoke.sh or set "
+        raise FileNotFoundError(f"{python} not found; build the vLLM environment with scripts/vllm_venv.sh or set "
                                 "INTENT_VLLM_PYTHON")
     os.execvp(cmd[0], cmd)
     return 1  # pragma: no cover
