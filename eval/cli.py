@@ -15,6 +15,7 @@ def _bench(args: argparse.Namespace) -> int:
     from eval.runner import BenchConfig, run_benchmark
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    _refuse_flags_that_do_not_apply(args, methods)
     options: dict[str, Any] = {}
     if args.base_url:
         options["base_url"] = args.base_url
@@ -56,6 +57,28 @@ def _bench(args: argparse.Namespace) -> int:
     console.print("\n".join(["", *paired_lines(summary), *paired_regret_lines(summary)]), markup=False)
     console.print(f"results: {args.out}/results.json, {args.out}/results.md; logs: {args.out}/logs.jsonl")
     return 0
+
+
+def _refuse_flags_that_do_not_apply(args: argparse.Namespace, methods: list[str]) -> None:
+    """A flag this comparison would ignore is an error naming why: the user expects it to change something."""
+    if args.quick:
+        raise ValueError("--quick is the study's (intent bench study --quick); drop it for one comparison")
+    if not args.market.startswith("stabletoolbench"):
+        given = [flag for flag, value in (("--judge", args.judge), ("--judge-url", args.judge_url),
+                                          ("--judge-model", args.judge_model), ("--stb-path", args.stb_path),
+                                          ("--groups", args.groups), ("--stb-env", args.stb_env))
+                 if value]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to --market stabletoolbench; the {args.market} market has "
+                             "exact ground truth (its judge is exact): drop them")
+    if args.agent in ("sim", "sim-llm") and (args.base_url or args.max_tokens is not None):
+        raise ValueError(f"--base-url and --max-tokens are a served model's (--agent openai:NAME); the {args.agent!r} "
+                         "agent is simulated: drop them")
+    if args.paired_with:
+        unknown = [m.strip() for m in args.paired_with.split(",") if m.strip() and m.strip() not in methods]
+        if unknown:
+            raise ValueError(f"--paired-with {', '.join(unknown)}: not among --methods {methods}; name methods of "
+                             "this run")
 
 
 # The flags `intent bench study` reads; the others shape one comparison (`intent bench run`).

@@ -70,3 +70,18 @@ def test_serve_refuses_a_predictor_and_a_missing_vllm_environment(tmp_path, monk
     monkeypatch.setattr("training.serve.Path.exists", lambda self: self.name == "config.json")
     with pytest.raises(FileNotFoundError, match="scripts/vllm_venv.sh"):
         serve(generator)
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--judge", "sopr"], "--judge apply to --market stabletoolbench"),
+    (["--groups", "G1_tool"], "--groups apply to --market stabletoolbench"),
+    (["--base-url", "http://127.0.0.1:9/v1"], "the 'sim' agent is simulated"),
+    (["--paired-with", "nope"], "--paired-with nope: not among --methods"),
+    (["--quick"], "--quick is the study's"),
+])
+def test_a_flag_this_comparison_would_ignore_is_refused(flags, says, tmp_path, capsys):
+    # Each was dropped without a word (and --paired-with foo also dropped the default paired table).
+    assert main(["bench", "--tasks", "1", "--methods", "raw", "--no-progress", "--out", str(tmp_path / "r"),
+                 *flags]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
