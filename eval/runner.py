@@ -278,7 +278,7 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
     if config.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {config.workers}")
     if config.budget is not None and not (isinstance(config.budget, (int, float)) and 0 < config.budget < float("inf")):
-        raise ValueError(f"--budget must be a number > 0, got {config.budget!r}; leave it out to use each task's "
+        raise ValueError(f"--budget must be a finite number > 0, got {config.budget!r}; leave it out to use each task's "
                          "own budget")
     if not config.methods:
         raise ValueError("--methods is empty; name at least one method, e.g. --methods raw,prompt")

@@ -364,7 +364,7 @@ def test_budget_stays_a_float_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("budget", [0, -1.0, float("inf")])
 def test_a_budget_that_is_not_positive_is_refused(tmp_path, budget):
-    with pytest.raises(ValueError, match="--budget must be a number > 0"):
+    with pytest.raises(ValueError, match="--budget must be a finite number > 0"):
         run_benchmark(BenchConfig(tasks=2, methods=["raw"], out=str(tmp_path), budget=budget), progress=False)
 
 

@@ -193,8 +193,9 @@ def main_probe(args: argparse.Namespace) -> int:
                         timeout=args.timeout, echo=lambda line: print("  " + line, flush=True))
     s = summary(results)
     print(f"well-formed tool calls: {s['well_formed']}/{s['probes']} ({100 * s['rate']:.0f}%); the expected tool "
-          f"in {s['expected_tool']}; {s['duplicates']} duplicate calls; {s['completion_tokens_per_s']} completion "
-          "tok/s (one stream)")
+          f"in {s['expected_tool']}; {s['duplicates']} duplicate calls; "
+          + (f"{s['completion_tokens_per_s']} completion tok/s (one stream)" if s["completion_tokens_per_s"] is not None
+             else "completion tok/s unknown (the server reported no usage)"))
     if s["text_calls"]:
         print(f"{s['text_calls']} replies wrote a tool call as text that the server did not parse: serve with "
               "--tool-parser-plugin intent_vllm/vllm_plugin.py --tool-call-parser intent_lenient "
