@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from intent.cli import positive_int
 from intent.stores import MemoryBudgetStore, open_store
 
 
@@ -83,8 +84,8 @@ def run_store(name: str, url: str | None, procs: int, ops: int, tmp: Path) -> di
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--ops", type=int, default=500, help="reserve+commit pairs per process")
+    ap.add_argument("--procs", type=positive_int, default=4)
+    ap.add_argument("--ops", type=positive_int, default=500, help="reserve+commit pairs per process")
     ap.add_argument("--postgres-dsn", default=None, help="an existing server (default: embedded PostgreSQL 18)")
     ap.add_argument("--out", default="runs/bench-stores")
     args = ap.parse_args(argv)

@@ -14,18 +14,30 @@ import tempfile
 import time
 
 from eval.runner import BenchConfig, run_benchmark
+from intent.cli import positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=200)
+    parser.add_argument("--tasks", type=positive_int, default=200)
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--methods", default="raw,prompt,tracker")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    methods = args.methods.split(",")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    try:
+        counts = [int(w) for w in args.workers.split(",")]
+    except ValueError:
+        parser.error(f"--workers {args.workers!r}: give worker counts separated by commas, e.g. 1,2,4")
+    if not counts or min(counts) < 1:
+        parser.error(f"--workers {args.workers!r}: every worker count must be >= 1")
+    from eval.methods import available_methods
+
+    unknown = [m for m in methods if m not in available_methods()]
+    if unknown or not methods:
+        parser.error(f"--methods: unknown {unknown or args.methods!r}; choose from {', '.join(available_methods())}")
     rows = []
-    for workers in (int(w) for w in args.workers.split(",")):
+    for workers in counts:
         with tempfile.TemporaryDirectory() as out:
             started = time.perf_counter()
             run_benchmark(BenchConfig(tasks=args.tasks, methods=methods, workers=workers, out=out,

@@ -85,3 +85,17 @@ def test_a_flag_this_comparison_would_ignore_is_refused(flags, says, tmp_path, c
                  *flags]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["eval.bench_throughput", "--workers", "0"], "every worker count must be >= 1"),
+    (["eval.bench_throughput", "--methods", "foo"], "unknown ['foo']"),
+    (["eval.bench_stores", "--procs", "0"], "argument --procs: must be an integer >= 1"),
+])
+def test_bench_commands_name_a_bad_flag(argv, says, capsys):
+    # Each was a ValueError traceback (max() of an empty sequence, an unknown method deep in the runner).
+    import importlib
+
+    with pytest.raises(SystemExit) as raised:
+        importlib.import_module(argv[0]).main(argv[1:])
+    assert raised.value.code == 2 and says in capsys.readouterr().err

@@ -6,26 +6,8 @@ import argparse
 import json
 from typing import Any
 
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (0 epochs exported an untrained model; a batch of 0 crashed in range())."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
-    return value
+from intent.cli import positive_float as _positive_float
+from intent.cli import positive_int as _positive_int
 
 
 def _annotate(args: argparse.Namespace) -> int:
