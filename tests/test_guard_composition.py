@@ -355,6 +355,18 @@ class RefusesToolB:
         return Decision.accepted()
 
 
+def _run_then_resume(agent: Any, config: dict[str, Any], resume: Command, use_async: bool) -> Any:
+    """Run until the reviewer is asked, then resume with ``resume``; the final state."""
+    async def drive() -> Any:
+        await agent.ainvoke(USER, config)
+        return await agent.ainvoke(resume, config)
+
+    if use_async:
+        return asyncio.run(drive())
+    agent.invoke(USER, config)
+    return agent.invoke(resume, config)
+
+
 @pytest.mark.parametrize("use_async", [False, True])
 @pytest.mark.parametrize("order", ORDERS)
 def test_hitl_edit_is_regated_and_the_oracle_can_refuse_it_for_its_own_reason(order, use_async):
@@ -367,15 +379,7 @@ def test_hitl_edit_is_regated_and_the_oracle_can_refuse_it_for_its_own_reason(or
     config = {"configurable": {"thread_id": f"hitl-regate-{order}-{use_async}"}}
     resume = Command(resume={"decisions": [{"type": "edit", "edited_action": {"name": "b", "args": {"x": 2}}}]})
 
-    async def drive() -> Any:
-        await agent.ainvoke(USER, config)
-        return await agent.ainvoke(resume, config)
-
-    if use_async:
-        out = asyncio.run(drive())
-    else:
-        agent.invoke(USER, config)
-        out = agent.invoke(resume, config)
+    out = _run_then_resume(agent, config, resume, use_async)
     assert runs.total == 0, "the reviewer turned a into b, which the oracle refuses: nothing may run"
     message = tool_message(out, c["id"])
     assert message.status == "error" and "not wanted" in message.content
@@ -399,15 +403,7 @@ def test_a_call_a_reviewer_edited_before_the_gate_is_not_merged_with_its_old_twi
     resume = Command(resume={"decisions": [{"type": "edit", "edited_action": {"name": "a", "args": {"x": 2}}},
                                            {"type": "approve"}]})
 
-    async def drive() -> Any:
-        await agent.ainvoke(USER, config)
-        return await agent.ainvoke(resume, config)
-
-    if use_async:
-        out = asyncio.run(drive())
-    else:
-        agent.invoke(USER, config)
-        out = agent.invoke(resume, config)
+    out = _run_then_resume(agent, config, resume, use_async)
     assert runs["a"] == 2, "the edited call and its approved twin both run"
     assert "a ran with 1" in tool_message(out, twin["id"]).content
     assert_invariants(guard, out, runs, {"a": 5.0}, 100, sink)
