@@ -51,7 +51,9 @@ class ModelGate:
         max_tokens = meter.max_tokens_of(settings or request.model_settings or {}, meter.model)
         ledger = episode.ledger
         try:
-            name, _price, worst = meter.worst_case(prompt, tools, max_tokens, meter.default_name)
+            name, _price, worst = meter.worst_case(prompt, tools, max_tokens, meter.default_name,
+                                                   meter.completions_of(settings or request.model_settings or {},
+                                                                        meter.model))
         except UnpricedModelError as exc:
             self.guard.records.model_refusal(ledger, episode_id=episode.episode_id, step=step, query=meter.query,
                                        model=meter.default_name or "", price=None, reason=MODEL_UNPRICED,

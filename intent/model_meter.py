@@ -19,7 +19,8 @@ The guard wraps each model request (``wrap_model_call``) with a :class:`ModelCal
   called outside LangChain, or in a thread that did not carry the context) from its usage, after
   the fact.
 
-Worst case = prompt tokens × input price + ``max_tokens`` × output price. Prompt tokens are
+Worst case = prompt tokens × input price + ``max_tokens`` × output price (× the completions asked for,
+``n`` / ``candidate_count``). Prompt tokens are
 the prompt's UTF-8 bytes plus a per-message allowance (``prompt_tokens="bytes"``, default: a
 byte-level BPE token is at least one byte, so this never undercounts text) and
 :data:`MEDIA_PART_TOKENS` per image, audio or file part (an image's bill at the major providers
@@ -83,6 +84,8 @@ MEDIA_PART_TOKENS = 6_000
 _MEDIA_PARTS = frozenset({"image", "image_url", "input_image", "audio", "input_audio", "video", "file",
                           "input_file", "document", "media", "file_data", "inline_data"})
 MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict", "max_new_tokens")
+# How many completions one request asks for (OpenAI's n, Gemini's candidate_count): each is billed its own output.
+COMPLETION_KEYS = ("n", "candidate_count")
 _MODEL_KEYS = ("model_name", "model", "model_id")
 
 
@@ -203,7 +206,7 @@ class ModelCallMeter:
             "ModelPrice(input_per_mtok=..., output_per_mtok=...) for it, or pass unpriced_model='worst_case'")
 
     def worst_case(self, messages: Sequence[BaseMessage], tools: Sequence[Any], max_tokens: int | None,
-                   name: str | None) -> tuple[str, ModelPrice, float]:
+                   name: str | None, completions: int = 1) -> tuple[str, ModelPrice, float]:
         model_name, price = self.price_of(name)
         how = self.guard.prompt_tokens
         if how == "bytes":
@@ -213,7 +216,8 @@ class ModelCallMeter:
         else:
             prompt = int(how(messages, tools))
         out = self.guard.max_output_tokens if max_tokens is None else int(max_tokens)
-        return model_name, price, price.worst_case(prompt, out)
+        # The prompt is billed once, each completion's output on its own.
+        return model_name, price, price.worst_case(prompt, out * max(1, completions))
 
     # ------------------------------------------------------- the request
     def request_settings(self, model_settings: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -233,6 +237,18 @@ class ModelCallMeter:
                 if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                     return v
         return None
+
+    @staticmethod
+    def completions_of(params: Mapping[str, Any], *sources: Any) -> int:
+        """How many completions a run asks for (``n``, ``candidate_count``): its invocation parameters', else
+        the first of ``sources`` that sets one; 1 when none does."""
+        for source in (params, *sources):
+            found = [v for k in COMPLETION_KEYS
+                     if isinstance(v := source.get(k) if isinstance(source, Mapping) else getattr(source, k, None), int)
+                     and not isinstance(v, bool) and v > 0]
+            if found:
+                return max(found)  # (a model class may declare both, one left at its default 1)
+        return 1
 
     def instrument(self, model: Any, handler: _MeterCallback) -> Any:
         """A copy of the agent's model carrying the step's ``handler`` itself, so that its executions are
@@ -286,11 +302,14 @@ class ModelCallMeter:
         reported_bound = {"max_tokens": (metadata or {}).get("ls_max_tokens")}
         max_tokens = self.max_tokens_of(params, (serialized or {}).get("kwargs") or {}, reported_bound,
                                         *([self.model] if own else []))
+        completions = self.completions_of(params, (serialized or {}).get("kwargs") or {},
+                                          *([self.model] if own else []))
         try:
             tail = self.request_tail
             answers = own or bool(tail is not None and messages and (messages[-1] is tail or (
                 type(messages[-1]) is type(tail) and messages[-1].content == tail.content)))
-            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, completion, answers)
+            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, completion, answers,
+                              completions)
         except ModelCallRefused:
             if batch is not None:
                 with self._lock:
@@ -300,10 +319,10 @@ class ModelCallMeter:
 
     def _reserve_run(self, run_id: Any, messages: Sequence[BaseMessage], tools: Any, max_tokens: int | None,
                      model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any,
-                     completion: bool, answers: bool) -> None:
+                     completion: bool, answers: bool, completions: int = 1) -> None:
         ledger = self.episode.ledger
         try:
-            name, price, amount = self.worst_case(messages, tools, max_tokens, model_name)
+            name, price, amount = self.worst_case(messages, tools, max_tokens, model_name, completions)
         except UnpricedModelError as exc:
             self.guard.records.model_refusal(ledger, episode_id=self.episode.episode_id, step=self.step,
                                              query=self.query, model=model_name or "",

@@ -141,6 +141,32 @@ def test_input_written_to_the_prompt_cache_is_billed_at_the_cache_write_price_an
     assert len(charged) == 1 and charged[0].reason != "overrun"
 
 
+@pytest.mark.parametrize("key", ["n", "candidate_count"])
+def test_a_request_for_several_completions_is_reserved_for_all_of_them(key):
+    # OpenAI's n (Gemini's candidate_count) bills each completion's output: reserved for one, n=3 at
+    # max_tokens=100 billed 12 + 300 tokens against a reservation of 18 + 100, over the budget.
+    played: list[int] = []
+
+    class Several(ScriptedToolModel):
+        max_tokens: int = 100
+        n: int = 1
+        candidate_count: int = 1
+
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            played.append(1)
+            return super()._generate(*args, **kwargs)
+
+    price = ModelPrice(input_per_mtok=1000.0, output_per_mtok=1000.0)  # 0.001 a token
+    model = Several(messages=iter([ai(text="done", usage=(12, 300))]), bound=[], **{key: 3})
+    guard = BudgetGuard(AcceptAll(), MARKET, 0.25, model_prices={"scripted-model": price})
+    out = create_agent(model, [], middleware=[guard.middleware()]).invoke({"messages": [HumanMessage("go")]})
+    assert played == [], "3 x 100 output tokens (0.3) cannot fit 0.25: the call is not made"
+    assert guard.ledger(out).spent == 0.0
+    model = Several(messages=iter([ai(text="done", usage=(12, 100))]), bound=[])  # one completion fits
+    out = create_agent(model, [], middleware=[guard.middleware()]).invoke({"messages": [HumanMessage("go")]})
+    assert played == [1] and guard.ledger(out).spent == pytest.approx(0.112)
+
+
 def test_a_model_call_that_does_not_fit_is_not_made_and_the_agent_ends_with_the_reason():
     runs, sink = Runs(), MemoryLogSink()
     played: list[int] = []
