@@ -277,7 +277,7 @@ class BudgetGuard:
         spec = self.budget_spec
         if isinstance(spec, FromParent):
             def new_ledger(episode_id: str) -> BudgetLedger:
-                return spec.carve(episode_id, allow_overspend=not self.enforce)
+                return spec.carve(episode_id, allow_overspend=not self.enforce, currency=self.currency)
         else:
             def new_ledger(episode_id: str) -> BudgetLedger:
                 return BudgetLedger(spec, allow_overspend=not self.enforce)

@@ -211,13 +211,19 @@ class FromParent:
     def caps(self) -> dict[str, float]:
         return Budget(self.total, self.tools, self.llm).caps()
 
-    def carve(self, episode_id: str, *, allow_overspend: bool = False) -> CarvedLedger:
+    def carve(self, episode_id: str, *, allow_overspend: bool = False, currency: str | None = None) -> CarvedLedger:
+        """The child episode's carve; ``currency``: the child guard's (its prices'), which must be the parent's."""
         parent = _CURRENT.get()
         if parent is None:
             raise GuardConfigError(
                 "budget=FromParent(...) carves from a guarded agent's running tool call, but none is running here; "
                 "start the sub-agent from inside a tool of the guarded agent, or inside "
                 "`with parent_guard.scope(config):`")
+        theirs = getattr(parent.guard, "currency", None)
+        if currency and theirs and currency.upper() != theirs.upper():
+            raise GuardConfigError(f"the sub-agent's guard prices in {currency} but the guard it spends from counts "
+                                   f"in {theirs}; one budget has one currency: price the sub-agent's tools and models "
+                                   f"in {theirs}")
         carve_id = f"{parent.key}#sub:{episode_id}"
         finished, paused = _siblings(parent)
         with parent.episode.lock:

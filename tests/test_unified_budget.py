@@ -530,6 +530,25 @@ def test_from_parent_outside_a_guarded_call_is_a_clear_error():
         agent.invoke({"messages": [HumanMessage("q")]}, {"configurable": {"thread_id": "orphan"}})
 
 
+def test_a_sub_agent_priced_in_another_currency_than_its_parent_is_refused():
+    # "One budget has one currency": a FromParent child with EUR prices paid its EUR tokens from a USD budget
+    # as if they were dollars.
+    runs = Runs()
+
+    def child_guard() -> BudgetGuard:
+        return BudgetGuard(AcceptAll(), MARKET, FromParent(limit=0.3),
+                           model_prices=ModelPrices({"scripted-model": PRICE}, currency="EUR"))
+
+    market = MARKET.with_tool(PricedTool("research", 0.0))
+    parent = BudgetGuard(AcceptAll(), market, Budget(total=1.0, currency="USD"),
+                         model_prices=ModelPrices(PRICES, currency="USD"))
+    tools = [*priced_tools(runs), _sub_agent_tool(child_guard, runs, lambda: [ai(text="child done", usage=(4, 4))])]
+    agent = create_agent(scripted([ai(call("research", q="x"), usage=(6, 6)), ai(text="done", usage=(6, 6))]), tools,
+                         middleware=[parent.middleware()])
+    with pytest.raises(GuardConfigError, match="prices in EUR but the guard it spends from counts in USD"):
+        agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "fx"}})
+
+
 def _scope_node_graph(guards: list[BudgetGuard], runs: Runs) -> Any:
     """A one-node graph whose node runs a FromParent sub-agent (one 0.05 fetch) inside ``guards[-1].scope``."""
     from langgraph.graph import END, START, StateGraph
