@@ -160,6 +160,7 @@ class _Execution:
     position: int = 0  # its place among that batch's runs, in start order (a sync batch sends in order)
     completion: bool = False  # a completion (non-chat) model's run
     generated: bool = False  # it has streamed output (on_llm_new_token): a failure after that is billed
+    usage: Any = None  # the usage its streamed chunks reported so far (a failure after them is billed at it)
     # Its answer may be the step's response: a run of the agent's model, or one given the request's own
     # prompt (a fallback, a routed model), not a side call on a prompt of its own.
     answers: bool = False
@@ -407,11 +408,17 @@ class ModelCallMeter:
         self.guard.records.model_charge(ledger, entry, episode_id=self.episode.episode_id, step=self.step,
                                         query=self.query, model=name, tokens=tokens, reason=reason)
 
-    def streamed(self, run_id: Any) -> None:
-        """The run has streamed a token: it has been served, at least in part."""
+    def streamed(self, run_id: Any, usage: Any = None) -> None:
+        """The run has streamed a token: it has been served, at least in part. ``usage``: the chunk's, if it
+        reported one (added up over the chunks, as LangChain adds a stream's chunks)."""
         ex = self._open.get(run_id)
         if ex is not None:
             ex.generated = True
+            if usage:
+                from langchain_core.messages.ai import add_usage
+
+                with self._lock:
+                    ex.usage = add_usage(ex.usage, usage) if ex.usage else usage
 
     def error(self, run_id: Any, exc: BaseException, partial: BaseMessage | None = None) -> None:
         """``partial``: what the model had generated before it failed (LangChain passes a stream's
@@ -439,8 +446,8 @@ class ModelCallMeter:
         if partial is not None or ex.generated:
             # Output was generated before the failure (a connection that dropped mid-stream): the provider
             # bills it. At its usage when a chunk reported one, else at the reserved worst case. (A model
-            # streamed inside invoke reports no partial output with its error, only its tokens as they came.)
-            usage = getattr(partial, "usage_metadata", None)
+            # streamed inside invoke reports no partial output with its error, only its chunks as they came.)
+            usage = getattr(partial, "usage_metadata", None) or ex.usage
             billed = cost_of_usage(ex.price, usage) if usage else None
             ledger = self.episode.ledger
             entry = ledger.commit(ex.charge_id, billed)
@@ -576,8 +583,9 @@ class _MeterCallback(BaseCallbackHandler):
         self.meter.start(run_id, [HumanMessage(p) for p in prompts], kwargs.get("invocation_params") or {}, metadata,
                          serialized, batch=_batch_of(kwargs), completion=True)
 
-    def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
-        self.meter.streamed(run_id)
+    def on_llm_new_token(self, token: str, *, run_id: Any, chunk: Any = None, **kwargs: Any) -> None:
+        message = getattr(chunk, "message", None)
+        self.meter.streamed(run_id, getattr(message, "usage_metadata", None))
 
     def on_stream_event(self, event: Any, *, run_id: Any, **kwargs: Any) -> None:
         # stream_events(version="v3") streams without on_llm_new_token: output has come once a block has.

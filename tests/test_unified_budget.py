@@ -167,6 +167,42 @@ def test_a_request_for_several_completions_is_reserved_for_all_of_them(key):
     assert played == [1] and guard.ledger(out).spent == pytest.approx(0.112)
 
 
+def test_the_agents_model_streamed_inside_invoke_that_breaks_off_is_charged_the_usage_its_chunks_reported():
+    # Under stream_mode="messages" LangChain streams the agent's model inside invoke and hands on_llm_error no
+    # partial output: the usage its first chunk reported was ignored and the whole reservation charged.
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.outputs import ChatGenerationChunk
+
+    class Drops(BaseChatModel):
+        model_name: str = "scripted-model"
+        max_tokens: int = 100
+
+        @property
+        def _llm_type(self) -> str:
+            return "drops"
+
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("streamed, not generated")
+
+        def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            usage = {"input_tokens": 10, "output_tokens": 20, "total_tokens": 30}
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content="he", usage_metadata=usage))
+            if run_manager:
+                run_manager.on_llm_new_token("he", chunk=chunk)
+            yield chunk
+            raise ConnectionError("dropped mid-stream")
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, log_sink=sink)
+    agent = create_agent(Drops(), [], middleware=[guard.middleware()])
+    with pytest.raises(ConnectionError):
+        for _ in agent.stream({"messages": [HumanMessage("go")]}, stream_mode="messages"):
+            pass
+    charged = [(r.reason, r.charged) for r in sink.records if r.kind == "model" and r.charged]
+    assert charged == [("failed_mid_stream", pytest.approx(model_cost(10, 20)))]
+
+
 def test_a_model_call_that_does_not_fit_is_not_made_and_the_agent_ends_with_the_reason():
     runs, sink = Runs(), MemoryLogSink()
     played: list[int] = []
