@@ -50,6 +50,7 @@ class Episode:
     # The id of the human message that started the episode's current run (when it had one): a new message
     # after a run whose first step's writes were lost starts the next run (BudgetGuard._start).
     run_input: str | None = None
+    run_checkpoint: str | None = None  # the checkpoint that run's first step ran from
     # Top-ups asked for without a graph: written to state at the episode's next hook.
     pending_top_ups: dict[str, float] = field(default_factory=dict)
     # Set when the episode may make no further model call (a response without usage under

@@ -568,6 +568,7 @@ class BudgetGuard:
                     run, new_run = run + 1, True
                 elif (new_run and episode.started and run <= episode.run and last_input is not None
                       and episode.run_input is not None and last_input != episode.run_input
+                      and checkpoint_here(config) != episode.run_checkpoint
                       and self._run_left_behind(episode, messages, config)):
                     # State says a run begins, but this working copy started that run already: its first step's
                     # writes were lost (an async run cancelled in its first model step, a crash), and the user
@@ -580,7 +581,9 @@ class BudgetGuard:
                 episode.run = max(episode.run, run)
                 episode.started, episode.revived = True, False
                 if first_time:
-                    episode.run_input = last_input
+                    # (A fan-out sibling of this first step runs from its checkpoint too: not a new run.)
+                    episode.run_input, episode.run_checkpoint = last_input, checkpoint_here(config)
+                    episode.oracle_bug = None  # one the last run raised is not this run's
             if first_time:
                 self._call_hook("start", EpisodeInfo(episode.episode_id, episode.task(channel, messages),
                                                      episode.ledger.budget, self.market_for(episode.episode_id)))
@@ -742,7 +745,7 @@ class BudgetGuard:
         if episode_id not in self.episodes and not channel:
             return None
         episode = self.follow(self.episodes.get(episode_id, channel), channel, config)
-        _raise_deferred(episode)
+        _raise_deferred(episode, last=True)
         branch = branch_of(config)
         update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
         # Held from leaving to the oracle's end: a fan-out sibling that revives the episode meanwhile starts it
@@ -1038,10 +1041,15 @@ def _check_currencies(budget: Budget | FromParent, market: Market, prices: Model
     return next(iter(given.values()), None)
 
 
-def _raise_deferred(episode: Episode) -> None:
-    """Raise the bug an oracle hook raised at one of the episode's tool steps (intent.metering), once."""
+def _raise_deferred(episode: Episode, *, last: bool = False) -> None:
+    """Raise the bug an oracle hook raised at one of the episode's tool steps (intent.metering). Kept until the
+    run's end (``last``, the after_agent node no retry wraps) or the next run's start: a ModelRetryMiddleware
+    listed before the guard retries the model step that raised it (and may turn it into a message), and the
+    bug must not be lost with that step."""
     with episode.lock:
-        bug, episode.oracle_bug = episode.oracle_bug, None
+        bug = episode.oracle_bug
+        if last:
+            episode.oracle_bug = None
     if bug is not None:
         raise bug
 

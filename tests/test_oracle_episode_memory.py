@@ -118,3 +118,40 @@ def test_a_new_message_after_a_run_cancelled_in_its_first_step_starts_the_next_r
 
     asyncio.run(main())
     assert oracle.started == ["task one", "task two"]
+
+
+def test_fan_out_branches_of_one_step_are_one_run_not_a_new_one_each():
+    # Branches of one step, each with one of the thread's own human messages, share the step's checkpoint: the
+    # second was taken for the thread's next run (a new message after a lost first step) and the oracle told
+    # to start again mid-run.
+    import time
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Send
+
+    from intent.state import GuardState
+
+    class Recording(AcceptAll):
+        def __init__(self) -> None:
+            self.starts: list[str] = []
+
+        def start(self, info: EpisodeInfo) -> None:
+            self.starts.append(info.query)
+
+    oracle = Recording()
+    guard = BudgetGuard(oracle, MARKET, 10.0)
+
+    def agent_node(state, config):  # noqa: ANN001, ANN202 - LangGraph passes config by this signature
+        if state["messages"][-1].content == "sub-task 1":
+            time.sleep(0.3)  # branch 0 starts the run
+        settled = guard.prepare(state, config)
+        return {**(settled or {}), "messages": [AIMessage(f"done {state['messages'][-1].content}")]}
+
+    graph = StateGraph(GuardState)
+    graph.add_node("agent", agent_node)
+    graph.add_conditional_edges(START, lambda s: [Send("agent", {"messages": [m]}) for m in s["messages"]], ["agent"])
+    graph.add_edge("agent", END)
+    graph.compile(checkpointer=InMemorySaver()).invoke(
+        {"messages": [HumanMessage("sub-task 0"), HumanMessage("sub-task 1")]}, {"configurable": {"thread_id": "fan"}})
+    assert oracle.starts == ["sub-task 0"]

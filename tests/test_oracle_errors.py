@@ -262,7 +262,7 @@ def test_a_bug_while_re_gating_an_edited_call_fails_and_releases_the_reservation
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("order", ["no_retry", "guard_first", "retry_first"])
+@pytest.mark.parametrize("order", ["no_retry", "guard_first", "retry_first", "model_retry_first"])
 @pytest.mark.parametrize("hook", ["observe", "result_note"])
 def test_a_bug_in_an_oracle_hook_at_the_tool_step_is_raised_once_and_the_tool_runs_once(hook, order, is_async):
     """observe (and result_note) run inside the tool step: raised there, a ToolRetryMiddleware took the
@@ -281,8 +281,13 @@ def test_a_bug_in_an_oracle_hook_at_the_tool_step_is_raised_once_and_the_tool_ru
     runs, saver = Runs(), InMemorySaver()
     guard = BudgetGuard(Buggy(), MARKET, 100.0)
     retry = ToolRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False)
+    from langchain.agents.middleware import ModelRetryMiddleware
+
+    # A model retry listed before the guard re-runs the model step the bug is raised in: it must not be lost.
+    model_retry = ModelRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False)
     middleware = {"no_retry": [guard.middleware()], "guard_first": [guard.middleware(), retry],
-                  "retry_first": [retry, guard.middleware()]}[order]
+                  "retry_first": [retry, guard.middleware()],
+                  "model_retry_first": [model_retry, guard.middleware()]}[order]
     agent = create_agent(ScriptedToolModel(messages=iter([AIMessage("", tool_calls=[tc("a", "c1", x=1)]),
                                                          AIMessage("done")]), bound=[]),
                          [runs.tool("a")], middleware=middleware, checkpointer=saver)
