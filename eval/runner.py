@@ -556,7 +556,8 @@ _EPISODE_OPTIONS: dict[str, Any] = {"feedback_chars": None, "rollout_max_tokens"
 # Every other option shapes some method's results (gamma, the predictor, the world model, the judge, the
 # oracle logs...), so a run directory refuses results made with another value; these do not. An option
 # given at its default counts as not given.
-_NOT_RESULTS = frozenset({"paired_with", "api_key"})
+_RUN_CONFIG_VERSION = 2  # run_config.json records every option that shapes a result
+_NOT_RESULTS = frozenset({"paired_with", "api_key", "timeout", "base_url"})  # reports, secrets, connections
 _OPTION_DEFAULTS: dict[str, Any] = {**_EPISODE_OPTIONS, "gamma": 0.5, "delta": 0.1, "predictor": "hashed",
                                     "world_model": "replay", "solvability": True, "judge_runs": 3,
                                     "stb_env": "schema", "retriever": "tfidf", "oracle_fraction": 1.0}
@@ -585,8 +586,17 @@ def _check_config(out: Path, config: BenchConfig) -> None:
         del options["oracle_logs"]  # the logs this directory collected itself (a resumed study passes them)
     key = _without_defaults(key | {k: config.options.get(k, default) for k, default in _EPISODE_OPTIONS.items()}
                             | options)
+    key["run_config"] = _RUN_CONFIG_VERSION
     if path.exists():
         old = _without_defaults(json.loads(path.read_text()))
+        if "run_config" not in old:
+            # Written before every option was recorded (an older version): what it recorded must agree, and then
+            # the whole configuration is recorded from here on.
+            recorded = {k: v for k, v in key.items() if k in old or k in _EPISODE_OPTIONS}
+            if recorded == old:
+                _atomic_write(path, json.dumps(key, indent=2))
+                return
+            key = recorded
         if old != key:
             diff = {k: (old.get(k), key.get(k)) for k in sorted(old.keys() | key.keys()) if old.get(k) != key.get(k)}
             raise ValueError(f"{out} holds results of another configuration {diff}; pass a new --out to start fresh")

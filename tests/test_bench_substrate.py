@@ -279,6 +279,29 @@ def test_http_chat_model_drives_one_guarded_episode():
     assert result.agent_tokens == 30 and result.cost <= result.budget
 
 
+def test_a_run_directory_accepts_a_resume_with_other_connection_settings_and_one_made_before_options_counted(
+        tmp_path):
+    # The request timeout or the server's port do not shape results (make bench-llm with a larger
+    # REQUEST_TIMEOUT was refused); a directory written before every option was recorded resumes when what it
+    # recorded agrees (a study started earlier could not be resumed).
+    out = tmp_path / "run"
+    cfg = BenchConfig(tasks=2, methods=["raw"], out=str(out), reference="raw", options={"timeout": 600})
+    run_benchmark(cfg, progress=False)
+    run_benchmark(BenchConfig(tasks=2, methods=["raw"], out=str(out), reference="raw",
+                              options={"timeout": 900, "base_url": "http://127.0.0.1:8001/v1"}), progress=False)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "run_config.json").write_text(json.dumps(
+        {"market": "synthetic", "agent": "sim", "tasks": 2, "seed": 0, "event_rate": 0.0, "budget": None,
+         "budget_scale": 1.0, "relevant_price_scale": 1.0}))
+    run_benchmark(BenchConfig(tasks=2, methods=["raw"], out=str(legacy), reference="raw",
+                              options={"oracle_train_tasks": 6}), progress=False)
+    assert json.loads((legacy / "run_config.json").read_text())["oracle_train_tasks"] == 6  # recorded from here on
+    with pytest.raises(ValueError, match="another configuration"):
+        run_benchmark(BenchConfig(tasks=2, methods=["raw"], out=str(legacy), reference="raw",
+                                  options={"oracle_train_tasks": 7}), progress=False)
+
+
 def test_a_resumed_run_keeps_the_world_models_label(tmp_path):
     # A rerun whose oracle episodes were all done built no oracle model and relabelled its world model
     # "replay of the oracle logs" (an upper bound on the environment's simulator would have been published
