@@ -561,10 +561,12 @@ class BudgetLedger:
                     amount, f"billed amount of call {call_id!r}")
                 over = max(0.0, billed - entry.amount)
                 entry = _evolve(entry, status="committed", amount=billed, overrun=over if over > _EPS else 0.0)
+            # Committed here first: the run happened, so its money is spent even when the shared store cannot
+            # be told (an error out of the store must not leave the run reserved, to be released as unused).
+            self._put(entry)
             if self._shared is not None:
                 store, key, run_id = self._shared
                 store.commit(key, entry.store_id or f"{run_id}/{call_id}", entry.amount)
-            self._put(entry)
             return entry
 
     def release(self, call_id: str) -> LedgerEntry | None:

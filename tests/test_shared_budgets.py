@@ -480,3 +480,63 @@ def test_a_price_rise_that_fits_the_shared_budget_is_not_refused(store_url, budg
     ledger.reserve("b", "cheap", 1.0)
     ledger.reprice("b", 3.0, tool="dear")
     assert store.reserved(budget_key) == 4.0 and ledger.reserved == 4.0
+
+
+# ================================================= PostgreSQL failing under the store
+def test_a_dropped_postgres_connection_mid_run_is_reconnected_and_the_run_charged_once(request, budget_key):
+    # A server restart, failover or idle timeout between a reservation and its commit: the commit failed with a
+    # raw psycopg error, the hold expired as never committed, and a second worker ran the same money again.
+    import psycopg
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import StructuredTool
+
+    from intent.stores import PostgresBudgetStore
+    from intent.testing import scripted
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    admin = psycopg.connect(dsn, autocommit=True)
+    store = PostgresBudgetStore(dsn, lease_seconds=60)
+    store.create_budget(budget_key, 0.25)  # room for exactly one fetch
+    runs: list[str] = []
+
+    def fetch(q: str = "") -> str:
+        runs.append(q)
+        admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))  # the session dies
+        return "ok"
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 10.0, store=store, budget_key=budget_key)
+    msgs = [AIMessage("", tool_calls=[{"name": "fetch", "args": {"q": "1"}, "id": "c1", "type": "tool_call"}]),
+            AIMessage("", tool_calls=[{"name": "fetch", "args": {"q": "2"}, "id": "c2", "type": "tool_call"}]),
+            AIMessage("done")]
+    agent = create_agent(scripted(msgs), [StructuredTool.from_function(fetch, name="fetch", description="f")],
+                         middleware=[guard.middleware()])
+    agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "drop"}})
+    fresh = PostgresBudgetStore(dsn)
+    assert runs == ["1"]  # the second fetch no longer fits the shared 0.25
+    assert fresh.spent(budget_key) == pytest.approx(0.25) and fresh.reserved(budget_key) == 0
+
+
+def test_a_postgres_server_defaulting_to_serializable_still_charges_a_contended_commit(request, budget_key):
+    # Under REPEATABLE READ or SERIALIZABLE (a server's or role's default) a commit that waited behind another
+    # client's lock on the key failed with SerializationFailure: the run's money was never charged.
+    import threading
+
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    serializable = dsn + ("&" if "?" in dsn else "?") + "options=-c%20default_transaction_isolation%3Dserializable"
+    store = PostgresBudgetStore(serializable)
+    store.create_budget(budget_key, 1.0)
+    store.reserve(budget_key, "run-1", 0.4)
+    other = psycopg.connect(dsn)
+    with other.transaction():
+        other.execute("SELECT 1 FROM intent_budgets WHERE key = %s FOR UPDATE", (budget_key,))
+        committing = threading.Thread(target=store.commit, args=(budget_key, "run-1", 0.4))
+        committing.start()
+        time.sleep(0.3)  # the commit waits on the row lock
+        other.execute("UPDATE intent_budgets SET created_at = created_at WHERE key = %s", (budget_key,))
+    committing.join(10)
+    assert store.spent(budget_key) == pytest.approx(0.4) and store.reserved(budget_key) == 0

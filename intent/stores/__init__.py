@@ -92,7 +92,7 @@ class BudgetStore(Protocol):
 
 
 class LeaseKeeper:
-    """Renews a reservation's lease while its call runs (a thread that wakes every third of the
+    """Renews a reservation's lease while its call runs (a thread that wakes every quarter of the
     lease), so a long call keeps its money; a process that dies stops renewing and its lease
     expires as before. ``with LeaseKeeper(store, key, charge_id): run_the_call()``."""
 

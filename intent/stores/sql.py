@@ -9,6 +9,7 @@ money, and a repeated charge id finds its row and changes nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 import threading
@@ -332,9 +333,53 @@ class PostgresBudgetStore(_SqlBudgetStore):
     @contextmanager
     def _tx(self, key: str | None) -> Iterator[Any]:
         with self._lock, self._conn.transaction(), self._conn.cursor() as cur:
+            # The money logic locks the key's row; it needs READ COMMITTED whatever the server's or role's
+            # default (REPEATABLE READ or SERIALIZABLE fail a transaction that waited on the lock).
+            cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             if key is not None:
                 cur.execute("SELECT 1 FROM intent_budgets WHERE key = %s FOR UPDATE", (key,))
             yield cur
 
+    def _reconnect(self) -> None:
+        import psycopg
+
+        with self._lock:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = psycopg.connect(self.dsn, autocommit=True)
+
     def close(self) -> None:
         self._conn.close()
+
+
+def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
+    """``op`` run again when PostgreSQL fails it transiently: a connection that dropped (a restart, a
+    failover, an idle timeout: reconnected first), a serialization failure or a deadlock, a lock timeout.
+    Every operation is idempotent by charge id, so one that committed before its answer was lost changes
+    nothing the second time. Still failing after ``PG_ATTEMPTS``: a :class:`StoreError` naming the store."""
+    @functools.wraps(op)
+    def run(self: PostgresBudgetStore, *args: Any, **kwargs: Any) -> Any:
+        import psycopg
+
+        for attempt in range(PG_ATTEMPTS):
+            try:
+                return op(self, *args, **kwargs)
+            except psycopg.OperationalError as exc:  # (serialization failures, deadlocks, lost connections)
+                if attempt == PG_ATTEMPTS - 1:
+                    raise StoreError(f"the budget store {self.dsn!r} failed {op.__name__} {PG_ATTEMPTS} times: "
+                                     f"{type(exc).__name__}: {str(exc).strip()}") from exc
+                time.sleep(0.05 * 2 ** attempt)
+                if self._conn.broken or self._conn.closed:
+                    try:
+                        self._reconnect()
+                    except psycopg.OperationalError:
+                        continue  # the server is still away: the next attempt tries again
+    return run
+
+
+PG_ATTEMPTS = 5
+for _name in ("create_budget", "budget", "spent", "reserved", "renew", "left", "reserve", "rekey", "commit",
+              "release", "expire_leases", "charges", "keys"):
+    setattr(PostgresBudgetStore, _name, _retried(getattr(_SqlBudgetStore, _name)))
