@@ -343,17 +343,23 @@ class BudgetGuard:
         return self._market
 
     # ================================================================== ledger
-    def ledger(self, state: Any) -> BudgetLedger:
+    def ledger(self, state: Any, config: Mapping[str, Any] | None = None) -> BudgetLedger:
         """The episode's ledger as recorded in ``state``, merged with a live episode's charges: a snapshot
-        (the run goes on without it, and changing it changes nothing of the guard's)."""
-        read, live = self._read_ledger(state)
+        (the run goes on without it, and changing it changes nothing of the guard's). ``config`` (the run's,
+        with its ``thread_id``) finds the live episode when ``state`` has no ledger yet: a run stopped in
+        its first model step (a stream its reader left, a cancel) wrote none, but may have spent."""
+        read, live = self._read_ledger(state, config)
         return BudgetLedger.from_state(read.to_state()) if live else read
 
-    def _read_ledger(self, state: Any) -> tuple[BudgetLedger, bool]:
+    def _read_ledger(self, state: Any, config: Mapping[str, Any] | None = None) -> tuple[BudgetLedger, bool]:
         """:meth:`ledger`, but a live episode's working copy itself (then ``True``: read it, never change it)
         when state has nothing the working copy lacks."""
         channel = channel_of(state)
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
         if not channel:
+            episode = self.episodes.peek(str(thread)) if thread is not None else None
+            if episode is not None:
+                return episode.ledger, True
             spec = self.budget_spec if isinstance(self.budget_spec, Budget) else Budget(self.budget)
             return BudgetLedger(spec, allow_overspend=not self.enforce), False
         episode = self.episodes.peek(str(channel.get("episode_id", "")))

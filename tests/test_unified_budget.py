@@ -203,6 +203,25 @@ def test_the_agents_model_streamed_inside_invoke_that_breaks_off_is_charged_the_
     assert charged == [("failed_mid_stream", pytest.approx(model_cost(10, 20)))]
 
 
+def test_guard_ledger_with_the_runs_config_reads_a_first_step_that_wrote_no_state():
+    # A run stopped in its first model step (here the gate's oracle crashes after the model was paid) wrote no
+    # ledger to state: guard.ledger(state) read 0 spent while the model execution was charged.
+    class Crashes(AcceptAll):
+        def decide(self, ctx: Any) -> Any:
+            raise KeyError("bug")
+
+    guard = BudgetGuard(Crashes(), MARKET, 1.0, model_prices=PRICES)
+    agent = create_agent(scripted([ai(call("search", q="a"), usage=(100, 10))]), priced_tools(Runs()),
+                         middleware=[guard.middleware()], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "first-step"}}
+    with pytest.raises(KeyError):
+        agent.invoke({"messages": [HumanMessage("go")]}, config)
+    state = agent.get_state(config).values
+    assert not state.get("intent_ledger")
+    assert guard.ledger(state).spent == 0.0  # state alone knows nothing
+    assert guard.ledger(state, config).spent == pytest.approx(model_cost(100, 10))
+
+
 def test_a_model_call_that_does_not_fit_is_not_made_and_the_agent_ends_with_the_reason():
     runs, sink = Runs(), MemoryLogSink()
     played: list[int] = []
