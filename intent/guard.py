@@ -1041,7 +1041,7 @@ def _check_currencies(budget: Budget | FromParent, market: Market, prices: Model
     """The one currency of a guard's money, or an error naming what disagrees."""
     named = {"budget": getattr(budget, "currency", None), "market": market.currency, "model_prices": prices.currency}
     given = {k: v for k, v in named.items() if v}
-    if len(set(given.values())) > 1:
+    if len({v.upper() for v in given.values()}) > 1:  # currency codes: "usd" is "USD"
         raise GuardConfigError(
             f"currencies disagree: {given}; a budget has one currency, so convert the prices or the budget")
     return next(iter(given.values()), None)

@@ -721,6 +721,7 @@ def test_one_currency_per_budget():
     with pytest.raises(GuardConfigError, match="currencies disagree"):
         BudgetGuard(AcceptAll(), eur_market, 1.0, model_prices=ModelPrices(PRICES, currency="USD"))
     BudgetGuard(AcceptAll(), eur_market, Budget(1.0, currency="EUR"))
+    BudgetGuard(AcceptAll(), eur_market, Budget(1.0, currency="eur"))  # a currency code, whatever its case
 
 
 def test_price_tables_load_from_a_file_and_match_dated_model_names(tmp_path):
