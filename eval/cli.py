@@ -57,7 +57,9 @@ def _bench(args: argparse.Namespace) -> int:
         console.print(f"oracle note: {note}", markup=False)
     console.print(markdown_table(summary), markup=False)
     console.print("\n".join(["", *paired_lines(summary), *paired_regret_lines(summary)]), markup=False)
-    console.print(f"results: {args.out}/results.json, {args.out}/results.md; logs: {args.out}/logs.jsonl")
+    logs = __import__("pathlib").Path(args.out) / "logs.jsonl"
+    console.print(f"results: {args.out}/results.json, {args.out}/results.md"
+                  + (f"; logs: {logs}" if logs.exists() else "; no guard logs (no tool call was gated)"))
     return 0
 
 
