@@ -47,7 +47,8 @@ PLANNING_CHECKLIST = (
 
 def tier_for(remaining: float, budget: float) -> Tier:
     """The tier for the share of the budget left (boundaries: 0.7, 0.3, 0.1; lower bounds inclusive)."""
-    share = 1.0 if budget <= 0 else remaining / budget
+    # A share that is a boundary up to float noise (2.7 spent of 3 leaves 0.29999999999999982) is on it.
+    share = 1.0 if budget <= 0 else remaining / budget + 1e-9
     if share >= 0.7:
         return "HIGH"
     if share >= 0.3:

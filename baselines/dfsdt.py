@@ -74,7 +74,8 @@ class DFSDTRunner:
     def __init__(self, guard: BudgetGuard, tools: Sequence[Any], *, width: int = 10, max_depth: int = 12,
                  max_llm_calls: int = 200, system_prompt: str | None = None, per_path_budget: bool = False,
                  prune_partial_batches: bool = True,
-                 on_answer: Callable[[list[BaseMessage], bool], bool] | None = None) -> None:
+                 on_answer: Callable[[list[BaseMessage], bool], bool] | None = None,
+                 before_model: Callable[[], None] | None = None) -> None:
         if width < 1 or max_depth < 1 or max_llm_calls < 1:
             raise ValueError(f"width, max_depth and max_llm_calls must be >= 1, got {width}, {max_depth}, "
                              f"{max_llm_calls}")
@@ -84,9 +85,14 @@ class DFSDTRunner:
         self.system_prompt = system_prompt
         self.per_path_budget, self.prune_partial_batches, self.on_answer = (per_path_budget, prune_partial_batches,
                                                                             on_answer)
+        # Called before each expansion's model call (an agent's before_model hook): e.g. the benchmark's market
+        # events, so the guard prices and hides tools as the market is now.
+        self.before_model = before_model
 
     # ------------------------------------------------------------ one step
     def _model_input(self, model: Any, history: list[BaseMessage], tried: list[str]) -> tuple[Any, list[BaseMessage]]:
+        if self.before_model is not None:
+            self.before_model()
         state = {"messages": history, LEDGER_KEY: self._channel}
         visible = self.guard.visible_tool_names(state, self._config)
         tools = [t for n, t in self.tools.items() if visible is None or n in visible]
@@ -112,14 +118,16 @@ class DFSDTRunner:
         if not ai.id:
             # Sibling branches may reuse call ids; the proposing message's id keeps their keys apart.
             ai = ai.model_copy(update={"id": f"dfsdt-{uuid.uuid4().hex[:12]}"})
-        self._result.proposed_calls += len(ai.tool_calls)
         state = {"messages": [*history, ai], LEDGER_KEY: self._channel}
         answered: list[BaseMessage] = []
         for m in self._merge(self.guard.gate(state, self._config)):
             if isinstance(m, AIMessage) and m.id == ai.id:
-                ai = m  # the gate renamed a duplicated call id
+                ai = m  # the gate's copy: a duplicated call id renamed, identical calls merged into one
             else:
                 answered.append(m)
+        # Counted on the message as the gate left it, as the agent's history keeps it: a call merged into
+        # an identical one is answered by that one's answer (it was counted, and not answered, before).
+        self._result.proposed_calls += len(ai.tool_calls)
         results: list[BaseMessage] = list(answered)
         done = {m.tool_call_id for m in answered if isinstance(m, ToolMessage)}
         for call in ai.tool_calls:
@@ -152,7 +160,13 @@ class DFSDTRunner:
         self._channel = channel
         self._result = DFSDTResult(messages=[], answer=None)
         self._fallback: tuple[list[BaseMessage], str] | None = None
-        found = self._dfs(model, [HumanMessage(query)], depth=0)
+        try:
+            found = self._dfs(model, [HumanMessage(query)], depth=0)
+        finally:
+            # The episode ends here, as a graph's after_agent ends it: nothing stays reserved (a run that
+            # raised included) and the oracle's end hook drops what it kept of the episode.
+            self._merge(self.guard.finish({"messages": [HumanMessage(query)], LEDGER_KEY: self._channel},
+                                          self._config))
         res = self._result
         if found is not None:
             res.messages, res.answer = found, str(found[-1].content)

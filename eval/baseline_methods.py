@@ -43,7 +43,12 @@ def _bats(ctx: MethodContext) -> Oracle:
 def _dfsdt_episode(env: Any, model: Any, guard: Any, episode_id: str) -> tuple[list[Any], str | None, dict[str, Any]]:
     from baselines.dfsdt import DFSDTRunner
 
-    runner = DFSDTRunner(guard, env.tools, width=10, max_depth=12, max_llm_calls=60, system_prompt=SYSTEM_PROMPT)
+    from eval.markets import follow_market_events
+
+    # The market's events reach the guard before each expansion, as they do before each of an agent's model steps.
+    events = (None if env.market_now is None else lambda: follow_market_events(guard, episode_id, env.market_now))
+    runner = DFSDTRunner(guard, env.tools, width=10, max_depth=12, max_llm_calls=60, system_prompt=SYSTEM_PROMPT,
+                         before_model=events)
     res = runner.run(model, env.query, episode_id=episode_id)
     return res.messages, res.answer, {
         "ledger_channel": res.channel, "agent_tokens": res.tokens, "llm_calls": res.llm_calls,

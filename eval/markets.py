@@ -200,3 +200,10 @@ class SyntheticV2BenchMarket(SyntheticBenchMarket):
         env.view = TaskViewV2(**base, requires={n.id: tuple(n.requires) for n in task.needs if n.requires})
         env.group = f"{len(task.needs)}-need" + ("+dep" if task.has_dependencies else "")
         return env
+
+
+def follow_market_events(guard: Any, episode_id: str, market_now: Callable[[], Market]) -> None:
+    """Give ``guard``'s episode the market as the environment's events have made it (before each model step)."""
+    now = market_now()
+    if now.version != guard.market_for(episode_id).version:
+        guard.update_episode_market(episode_id, now)

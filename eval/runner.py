@@ -23,7 +23,7 @@ from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
-from eval.markets import BenchMarket, EpisodeEnv
+from eval.markets import BenchMarket, EpisodeEnv, follow_market_events
 from eval.method_spec import DEFAULT_MAX_DEPTH, SYSTEM_PROMPT, MethodContext, MethodSpec, positive_int_option, rollout_depth
 from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
@@ -81,9 +81,7 @@ class _MarketEvents(AgentMiddleware):
         self.guard, self.episode_id, self.market_now = guard, episode_id, market_now
 
     def before_model(self, state: Any, runtime: Any) -> None:
-        now = self.market_now()
-        if now.version != self.guard.market_for(self.episode_id).version:
-            self.guard.update_episode_market(self.episode_id, now)
+        follow_market_events(self.guard, self.episode_id, self.market_now)
         return None
 
 

@@ -592,7 +592,8 @@ class BudgetGuard:
                     episode.oracle_bug = None  # one the last run raised is not this run's
             if first_time:
                 self._call_hook("start", EpisodeInfo(episode.episode_id, episode.task(channel, messages),
-                                                     episode.ledger.budget, self.market_for(episode.episode_id)))
+                                                     episode.ledger.budget, self.market_for(episode.episode_id),
+                                                     spent=episode.ledger.spent))
 
     @staticmethod
     def _run_left_behind(episode: Episode, messages: Sequence[AnyMessage], config: Mapping[str, Any] | None) -> bool:

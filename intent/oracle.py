@@ -131,6 +131,8 @@ class EpisodeInfo:
     query: str
     budget: float
     market: Market
+    # What the thread has spent before this run (its earlier turns): a planner plans with budget - spent.
+    spent: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

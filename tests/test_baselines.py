@@ -24,6 +24,11 @@ def test_bats_tier_boundaries(remaining, tier):
     assert tier_for(remaining, 100) == tier
 
 
+def test_bats_tier_boundary_with_decimal_prices():
+    # 3 - (0.9 + 1.8) is 0.2999999999999998 in floats: exactly 10% left is LOW, not CRITICAL.
+    assert tier_for(3.0 - (0.9 + 1.8), 3.0) == "LOW" and tier_for(0.299, 3.0) == "CRITICAL"
+
+
 def test_bats_messages():
     oracle = BATSOracle()
     market = Market([PricedTool("a", 5), PricedTool("b", 7.5)])
@@ -116,6 +121,44 @@ def test_dfsdt_branches_share_one_budget_and_prune():
     assert sum(r.charged for r in sink.records) == 30
 
 
+def test_dfsdt_counts_merged_identical_calls_as_answered_and_ends_its_episode():
+    # Two identical calls in one expansion: the gate merges them (one run, one answer). DFSDT counted both as
+    # proposed and one as answered, and the benchmark stopped on a HarnessError. Its episode was never ended:
+    # the oracle's end hook was not called (its per-episode state kept), and a batch that raised left its
+    # sibling's reservation held.
+    from intent import Decision
+
+    class Ends(AcceptAll):
+        def __init__(self) -> None:
+            self.ended: list[str] = []
+
+        def decide(self, ctx):
+            return Decision.accepted()
+
+        def end(self, episode_id: str) -> None:
+            self.ended.append(episode_id)
+
+    oracle = Ends()
+    guard = BudgetGuard(oracle, Market([PricedTool("a", 10)]), 50)
+    twice = AIMessage("", tool_calls=[{"name": "a", "args": {"x": 1}, "id": f"c{i}", "type": "tool_call"}
+                                      for i in range(2)])
+    model = ScriptedToolModel(messages=iter([twice, AIMessage("the answer")]), bound=[])
+    res = DFSDTRunner(guard, [_tool("a")], width=2, max_depth=3).run(model, "q", episode_id="dfs")
+    assert res.proposed_calls == res.answered_calls == 1 and res.answer == "the answer"
+    assert guard.ledger({"intent_ledger": res.channel}).spent == 10 and oracle.ended == ["dfs"]
+
+    def boom(x: int = 0) -> str:
+        raise RuntimeError("upstream 503")
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 10), PricedTool("f", 5)]), 50)
+    batch = AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "f1", "type": "tool_call"},
+                                      {"name": "a", "args": {"x": 2}, "id": "a1", "type": "tool_call"}])
+    runner = DFSDTRunner(guard, [StructuredTool.from_function(boom, name="f", description="f"), _tool("a")])
+    with pytest.raises(RuntimeError, match="503"):
+        runner.run(ScriptedToolModel(messages=iter([batch]), bound=[]), "q", episode_id="raises")
+    assert guard.ledger({"intent_ledger": runner._channel}).reserved == 0
+
+
 def test_every_baseline_runs_end_to_end_and_enforcing_ones_never_overspend(tmp_path, monkeypatch):
     """FR = 100 is read off the guard's own ledger, so for an enforcing method it holds by
     construction. Here the money is observed independently, by the tools themselves (each run
@@ -172,3 +215,16 @@ def test_every_baseline_runs_end_to_end_and_enforcing_ones_never_overspend(tmp_p
         assert m[name]["FR"] == 100.0 and m[name]["episode_errors"] == 0
     assert refused["tracker"] > 0 and refused["bats"] > 0  # the guard had something to enforce
     assert m["bats"]["oracle_tokens"] > 0  # the verifier's cost is counted
+
+
+def test_dfsdt_sees_the_markets_events_as_agents_do(tmp_path):
+    # Market events (a tool removed, banned, repriced) reached the guard through an agent middleware, which
+    # DFSDT's own search loop never ran: it was gated and charged against the market as it was at the start.
+    from intent.logs import read_log
+
+    out = tmp_path / "run"
+    run_benchmark(BenchConfig(tasks=8, seed=5, event_rate=0.5, methods=["dfsdt", "bats"], out=str(out),
+                              reference="bats"), progress=False)
+    versions = {m: max((r.market_version for r in read_log(out / "logs.jsonl") if r.task_id.startswith(f"{m}:")),
+                       default=0) for m in ("dfsdt", "bats")}
+    assert versions["bats"] > 0 and versions["dfsdt"] > 0, versions

@@ -146,3 +146,38 @@ def test_btp_runs_end_to_end_under_the_guard(tmp_path):
     # The budgets bind (Raw overspends on some tasks), and BTP under the guard never does.
     assert summary["methods"]["raw"]["overspend_tasks"] > 0
     assert summary["methods"]["btp"]["overspend_tasks"] == 0 and summary["methods"]["btp"]["episode_errors"] == 0
+
+
+def test_btp_plans_a_threads_later_run_with_what_is_left():
+    # The knapsack's capacity is B - c_s: a second run on a thread that spent 6 of 14 plans for 8 (one tool at
+    # 6), not the whole 14 (two tools, the second then refused over budget instead of planned out).
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from intent import BudgetGuard
+    from intent.testing import ai, call, scripted
+
+    def tool(name: str) -> StructuredTool:
+        return StructuredTool.from_function(func=lambda x=0: f'{{"{name}": {x}}}', name=name, description=name)
+
+    oracle = BTPOracle()
+    guard = BudgetGuard(oracle, Market([PricedTool(n, 6) for n in "abc"]), 14.0)
+    model = scripted([ai(call("a")), AIMessage("done"), ai(call("a"), call("b")), AIMessage("done again")])
+    agent = create_agent(model, [tool(n) for n in "abc"], middleware=[guard.middleware()],
+                         checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    agent.invoke({"messages": [("user", "q")]}, config)
+    planned = {}
+    start = oracle.start
+
+    def spy(episode: EpisodeInfo) -> None:
+        start(episode)
+        planned.update(oracle._plan(episode.episode_id).quotas)
+
+    oracle.start = spy
+    out = agent.invoke({"messages": [("user", "q again")]}, config)
+    assert sum(planned.values()) == 1, planned  # 8 left: one call at 6
+    reasons = [m.artifact.get("intent_reason") for m in out["messages"][4:] if m.type == "tool" and m.artifact]
+    assert reasons == ["quota_exhausted"]

@@ -67,7 +67,8 @@ class BTPOracle(Oracle):
         market = episode.market
         prices = market.prices()
         est = self.store.estimate(episode.query, list(prices), self.embedder, tau=self.tau)
-        quotas = plan_quotas(prices, est.values, est.caps, episode.budget)
+        # The knapsack's capacity is what is left, B - c_s (a later turn of a thread has spent some).
+        quotas = plan_quotas(prices, est.values, est.caps, max(0.0, episode.budget - episode.spent))
         plan = _Plan(quotas, {t for t, f in est.caps.items() if f == 0}, message=est.message,
                      planning_ms=(time.perf_counter() - started) * 1000.0)
         with self._lock:
@@ -85,7 +86,7 @@ class BTPOracle(Oracle):
     def decide(self, ctx: DecisionContext) -> Decision:
         plan = self._plan(ctx.episode_id)
         if plan is None:  # no start() (a guard built around an existing thread): plan now
-            self.start(EpisodeInfo(ctx.episode_id, ctx.query, ctx.budget, ctx.market))
+            self.start(EpisodeInfo(ctx.episode_id, ctx.query, ctx.budget, ctx.market, spent=ctx.budget - ctx.remaining))
             plan = self._plan(ctx.episode_id)
             assert plan is not None
         with self._lock:
