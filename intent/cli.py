@@ -87,13 +87,28 @@ def positive_float(text: str) -> float:
     return value
 
 
+def _raised_on_purpose(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of a ``raise`` statement (a check that names the field and the fix) rather
+    than out of an expression that failed (``range(..., 0)``, ``max([])``): the line it was raised on says."""
+    import linecache
+
+    tb = exc.__traceback__
+    if tb is None:
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).lstrip().startswith("raise")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, IntentError) as exc:  # errors raised on purpose, with their fix
-        print(f"intent {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, IntentError) as exc:
+        if isinstance(exc, ValueError) and not isinstance(exc, IntentError) and not _raised_on_purpose(exc):
+            raise  # a ValueError out of a computation (range(), max(), float()): a bug, with its traceback
+        print(f"intent {args.command}: error: {exc}", file=sys.stderr)  # an error raised on purpose, with its fix
         return 2
     except KeyboardInterrupt:
         print(f"intent {args.command}: interrupted; what finished is saved (benchmarks: run the same command to "

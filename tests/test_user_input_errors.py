@@ -99,3 +99,16 @@ def test_bench_commands_name_a_bad_flag(argv, says, capsys):
     with pytest.raises(SystemExit) as raised:
         importlib.import_module(argv[0]).main(argv[1:])
     assert raised.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_value_error_out_of_a_computation_is_a_bug_with_its_traceback(monkeypatch):
+    # The CLI turned every ValueError into a one-line "error:", so a bug (range() with a step of 0, max() of
+    # nothing) read as a user mistake. A check's own `raise ValueError(...)` still gets one line.
+    import eval.cli
+
+    def buggy(args):
+        return max([])  # a bug: ValueError out of an expression
+
+    monkeypatch.setattr(eval.cli, "_bench", buggy)
+    with pytest.raises(ValueError, match="empty"):
+        main(["bench", "--methods", "raw"])
