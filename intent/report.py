@@ -126,9 +126,17 @@ class EpisodeBudget:
     def refused(self) -> int:
         return int(sum(row["count"] for row in self.refusals.values()))
 
+    @property
+    def over_budget(self) -> float:
+        """What the episode spent above its budget: only a guard with ``enforce=False`` lets that happen (Raw,
+        Prompt), or a bill above its reservation (``overrun``)."""
+        over = self.spent - self.budget
+        return over if over > _NOISE * max(1.0, self.budget) else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         return {"episode": self.episode, "parent": self.parent, "budget": self.budget, "spent": self.spent,
-                "left": self.left, "overrun": self.overrun, "top_ups": self.topped_up, "refused": self.refused,
+                "left": self.left, "overrun": self.overrun, "over_budget": self.over_budget,
+                "top_ups": self.topped_up, "refused": self.refused,
                 "spent_by_kind": self.by_kind, "by_item": _item_rows(self.by_item),
                 "refusals": _refusal_rows(self.refusals), "top_up_list": self.top_ups}
 
@@ -224,8 +232,13 @@ class BudgetReport:
             f"| {len(self.episodes)} | {len(self.episodes) - len(self.top_level)} | {_money(self.budget)} | "
             f"{_money(self.spent)} | {_money(self.left)} | {_money(self.topped_up)} | {_money(self.overrun)} | "
             + " | ".join(_money(kinds.get(k, 0.0)) for k in KINDS) + " |",
-            "", "## Spend by tool and by model", "",
         ]
+        over = [e for e in self.top_level if e.over_budget]
+        if over:
+            lines += ["", f"Over budget: {len(over)} episode{'s' if len(over) > 1 else ''} spent "
+                          f"{_money(sum(e.over_budget for e in over))} more than their budgets (a guard with "
+                          "enforce=False, as Raw and Prompt run, does not refuse; or bills above their reservations)"]
+        lines += ["", "## Spend by tool and by model", ""]
         items = sorted(self.by_item.items(), key=lambda kv: (-kv[1]["spent"], kv[0]))
         if items:
             lines += ["| kind | name | spent | runs | failed | input tokens | output tokens | cached tokens "

@@ -205,3 +205,14 @@ def test_the_readme_example_runs_offline_and_never_overspends(capsys):
     out = capsys.readouterr().out
     assert "alice approves a top-up" in out and "reserved 0.000000" in out
     assert "| sub_agent |" in out and "| unified-demo | 0.1 | alice |" in out
+
+
+def test_episodes_that_spent_more_than_their_budget_are_named(tmp_path):
+    # A soft guard's log (enforce=False: Raw, Prompt) showed "overrun 0" for an episode that spent 275 of 105.
+    sink = JsonlLogSink(tmp_path / "log.jsonl")
+    sink.write(rec("R", tool="search", price=275.0, charged=275.0, execution=1, spent=275.0, remaining=0.0,
+                   budget=105.0))
+    sink.write(rec("S", tool="search", price=5.0, charged=5.0, execution=1, spent=5.0, remaining=100.0, budget=105.0))
+    report = budget_report(tmp_path / "log.jsonl")
+    assert [(e.episode, e.over_budget) for e in report.episodes] == [("R", 170.0), ("S", 0.0)]
+    assert "Over budget: 1 episode spent 170 more than their budgets" in report.to_markdown()
