@@ -50,6 +50,7 @@ class MethodSpec:
 
 
 DEFAULT_MAX_DEPTH = 8  # the paper's rollout horizon (model turns)
+DEFAULT_GAMMA, DEFAULT_DELTA = 0.5, 0.1  # INTENT's risk factor and blacklist threshold, as the paper fixes them
 
 
 def positive_int_option(options: dict[str, Any] | None, key: str, default: int, *, flag: str, meaning: str) -> int:

@@ -27,7 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from eval.method_spec import SYSTEM_PROMPT, MethodContext, MethodSpec, rollout_depth
+from eval.method_spec import DEFAULT_DELTA, DEFAULT_GAMMA, SYSTEM_PROMPT, MethodContext, MethodSpec, rollout_depth
 from intent.logs import JsonlLogSink, read_log
 from intent.oracle import Oracle
 from intent.oracles import IntentOracle, MCOOracle
@@ -316,7 +316,8 @@ def _intent(predictor: str = "predictor", world: str = "default", **switches: An
         else:
             generator = _world_model(ctx, "world_model" if switches.get("stochastic") else "generator", fold)
         return IntentOracle(_policy(ctx), generator, res.get(predictor, fold),
-                            gamma=float(ctx.options.get("gamma", 0.5)), delta=float(ctx.options.get("delta", 0.1)),
+                            gamma=float(ctx.options.get("gamma", DEFAULT_GAMMA)),
+                            delta=float(ctx.options.get("delta", DEFAULT_DELTA)),
                             max_depth=rollout_depth(ctx.options), **switches)
 
     return build

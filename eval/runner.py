@@ -24,7 +24,8 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
 from eval.markets import BenchMarket, EpisodeEnv, follow_market_events
-from eval.method_spec import DEFAULT_MAX_DEPTH, SYSTEM_PROMPT, MethodContext, MethodSpec, positive_int_option, rollout_depth
+from eval.method_spec import (DEFAULT_DELTA, DEFAULT_GAMMA, DEFAULT_MAX_DEPTH, SYSTEM_PROMPT, MethodContext,
+                              MethodSpec, positive_int_option, rollout_depth)
 from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
 from intent.feedback import check_feedback_chars
@@ -295,7 +296,7 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
         raise ValueError(f"--rollout-max-tokens caps a chat model's rollout replies; the {config.agent!r} agent "
                          "writes no tokens. Use it with --agent openai:NAME, or leave it out")
     specs = [get_method(m) for m in config.methods]
-    if any(getattr(s, "needs_oracle_logs", False) for s in specs):
+    if _uses_oracle_models(specs):
         _check_oracle_options(config)
     if config.reference and config.reference not in config.methods:
         raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}; "
@@ -303,10 +304,15 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
     return specs
 
 
+def _uses_oracle_models(specs: Sequence[MethodSpec]) -> bool:
+    """Whether a method of the run needs the oracle models (their logs, a world model, a predictor)."""
+    return any(s.needs_oracle_logs for s in specs)
+
+
 def _check_oracle_options(config: BenchConfig) -> None:
     """The oracle methods' options, checked before the oracle logs' collection (hours with a real model)."""
     opts = config.options
-    gamma, delta = opts.get("gamma", 0.5), opts.get("delta", 0.1)
+    gamma, delta = opts.get("gamma", DEFAULT_GAMMA), opts.get("delta", DEFAULT_DELTA)
     if not (isinstance(gamma, (int, float)) and gamma > 0 and math.isfinite(gamma)):
         raise ValueError(f"--gamma is {gamma!r}; INTENT's risk factor is a number > 0 (the paper uses 0.5)")
     if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
@@ -328,22 +334,26 @@ def _check_oracle_logs(config: BenchConfig, market: BenchMarket, specs: Sequence
     """Given oracle logs must hold records, of this market's tools: the replay world model and the
     predictor of another market's logs know none of the calls they are asked about."""
     logs = config.options.get("oracle_logs")
-    if not logs or not any(getattr(s, "needs_oracle_logs", False) for s in specs):
+    if not logs or not _uses_oracle_models(specs):
         return
     from intent.logs import read_log
 
-    logged = {r.tool for r in read_log(logs) if r.tool}
-    if not logged:
-        raise ValueError(f"--oracle-logs {logs} holds no tool calls; collect logs on this market (leave the flag "
-                         "out) or give a guard log of it")
     tools: set[str] = set()
     # (The synthetic markets only: a StableToolBench episode may start an environment server.)
     for task in list(market.tasks())[:20] if config.market.startswith("synthetic") else ():
         tools |= {getattr(t, "name", "") for t in market.episode(task, config.seed).tools}
-    if tools and not logged & tools:
-        raise ValueError(f"--oracle-logs {logs} logs calls of tools this market does not have ({sorted(logged)[:3]}"
-                         f"...; this market's are {sorted(tools)[:3]}...): logs of another market; collect them on "
-                         f"--market {config.market} (leave --oracle-logs out) or give that market's logs")
+    logged: set[str] = set()
+    for record in read_log(logs):  # up to the first call of one of this market's tools (the oracle reads them all)
+        if record.tool:
+            logged.add(record.tool)
+            if not tools or record.tool in tools:
+                return
+    if not logged:
+        raise ValueError(f"--oracle-logs {logs} holds no tool calls; collect logs on this market (leave the flag "
+                         "out) or give a guard log of it")
+    raise ValueError(f"--oracle-logs {logs} logs calls of tools this market does not have ({sorted(logged)[:3]}"
+                     f"...; this market's are {sorted(tools)[:3]}...): logs of another market; collect them on "
+                     f"--market {config.market} (leave --oracle-logs out) or give that market's logs")
 
 
 def default_reference(methods: Sequence[str]) -> str:
@@ -506,7 +516,7 @@ def _oracle_context(out: Path, config: BenchConfig, specs: list[Any], resources:
     if label or notes:
         _atomic_write(path, json.dumps({"world_model": label, "notes": notes}, indent=2))
     if label is None:
-        if not any(getattr(s, "needs_oracle_logs", False) for s in specs):
+        if not _uses_oracle_models(specs):
             label = "none (no method here uses one)"
         elif config.options.get("world_model") == "schema":
             label = "the environment's own simulator (upper bound, leaks)"
@@ -556,7 +566,7 @@ _EPISODE_OPTIONS: dict[str, Any] = {"feedback_chars": None, "rollout_max_tokens"
 # given at its default counts as not given.
 _RUN_CONFIG_VERSION = 2  # run_config.json records every option that shapes a result
 _NOT_RESULTS = frozenset({"paired_with", "api_key", "timeout", "base_url"})  # reports, secrets, connections
-_OPTION_DEFAULTS: dict[str, Any] = {**_EPISODE_OPTIONS, "gamma": 0.5, "delta": 0.1, "predictor": "hashed",
+_OPTION_DEFAULTS: dict[str, Any] = {**_EPISODE_OPTIONS, "gamma": DEFAULT_GAMMA, "delta": DEFAULT_DELTA, "predictor": "hashed",
                                     "world_model": "replay", "solvability": True, "judge_runs": 3,
                                     "stb_env": "schema", "retriever": "tfidf", "oracle_fraction": 1.0}
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from intent.errors import IntentError
 
@@ -65,26 +66,23 @@ def _extensions():  # noqa: ANN202 - subcommands that live in other packages reg
     return registrars
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (a count of epochs, steps, processes...)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
+def _positive(convert: Callable[[str], Any], noun: str, bound: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    parse.__name__ = convert.__name__  # argparse names the type in its messages
+    return parse
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0 (a learning rate...)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
-    return value
+# argparse types: a count of epochs, steps, processes... (>= 1), and a finite number > 0 (a learning rate).
+positive_int = _positive(int, "an integer", "an integer >= 1")
+positive_float = _positive(float, "a number", "a number > 0")
 
 
 def _raised_on_purpose(exc: BaseException) -> bool:

@@ -64,7 +64,7 @@ from intent.oracle import (
     Oracle,
 )
 from intent.records import Recorder
-from intent.metering import ORACLE_BUG_MARK, open_call
+from intent.metering import ORACLE_BUG_MARK, is_oracle_bug, open_call
 from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
@@ -355,8 +355,8 @@ class BudgetGuard:
         """:meth:`ledger`, but a live episode's working copy itself (then ``True``: read it, never change it)
         when state has nothing the working copy lacks."""
         channel = channel_of(state)
-        thread = ((config or {}).get("configurable") or {}).get("thread_id")
         if not channel:
+            thread = ((config or {}).get("configurable") or {}).get("thread_id")
             episode = self.episodes.peek(str(thread)) if thread is not None else None
             if episode is not None:
                 return episode.ledger, True
@@ -699,7 +699,6 @@ class BudgetGuard:
         stamp = branch_stamp(config, branch)
         episode = self.follow(self.episodes.get(self.episode_id(state, config), channel, branch=branch, stamp=stamp),
                               channel, config, branch=branch, stamp=stamp)
-        _raise_deferred(episode)
         if episode.revived:
             # Revived for a fan-out branch that started after its siblings ended. An oracle with an end hook
             # was told it ended, so it is told it starts again (_start); one without keeps what it knows of
@@ -712,7 +711,8 @@ class BudgetGuard:
             if episode.offered is None:  # the episode's first model step here: tell the developer now
                 self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)
             episode.offered = offered
-        self._start(episode, channel, messages_of(state), config)
+        self._start(episode, channel, messages_of(state), config)  # (a new run drops the last run's deferred bug)
+        _raise_deferred(episode)
         return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
 
     def follow(self, episode: Episode, channel: Mapping[str, Any] | None, config: Mapping[str, Any] | None,
@@ -896,7 +896,7 @@ class BudgetGuard:
         except ParentCommand as handoff:
             raise run.handed_off(handoff) from None
         except Exception as exc:
-            if _is_oracle_bug(exc) or isinstance(exc, InvalidBillError):
+            if is_oracle_bug(exc) or isinstance(exc, InvalidBillError):
                 # The re-gate crashed before the run (its reservation is given back), or a tool
                 # reported a malformed bill (charged at its quote): bugs, never a tool error message.
                 run.finish(None)
@@ -916,7 +916,7 @@ class BudgetGuard:
         except ParentCommand as handoff:
             raise run.handed_off(handoff) from None
         except Exception as exc:
-            if _is_oracle_bug(exc) or isinstance(exc, InvalidBillError):
+            if is_oracle_bug(exc) or isinstance(exc, InvalidBillError):
                 run.finish(None)
                 raise
             result = run.failed(exc)
@@ -1014,12 +1014,6 @@ def _owned_by(owner: str | None, branches: Sequence[str]) -> bool:
     return owner is not None and any(owner == b or (b and owner.startswith(b + "|")) for b in branches)
 
 
-# Set on an exception an oracle raised that is not a recoverable failure, so that the tool
-# step (where an edited call is re-gated) re-raises it even with tool_errors="message": a bug
-# in the oracle is not the tool's error.
-_ORACLE_BUG = ORACLE_BUG_MARK
-
-
 def _recoverable(exc: Exception, oracle: Any) -> OracleUnavailableError | None:
     """``exc`` as a recoverable :class:`OracleUnavailableError`; ``None`` (and ``exc`` marked) for a bug.
 
@@ -1030,11 +1024,11 @@ def _recoverable(exc: Exception, oracle: Any) -> OracleUnavailableError | None:
     if isinstance(exc, StopIteration):
         err = RuntimeError(f"{type(oracle).__name__}.decide() raised StopIteration (an exhausted iterator in "
                            "the oracle or its model?)")
-        setattr(err, _ORACLE_BUG, True)
+        setattr(err, ORACLE_BUG_MARK, True)
         raise err from exc
     typed = as_oracle_unavailable(exc, f"oracle {type(oracle).__name__}")
     if typed is None:
-        setattr(exc, _ORACLE_BUG, True)
+        setattr(exc, ORACLE_BUG_MARK, True)
     return typed
 
 
@@ -1060,6 +1054,3 @@ def _raise_deferred(episode: Episode, *, last: bool = False) -> None:
     if bug is not None:
         raise bug
 
-
-def _is_oracle_bug(exc: BaseException) -> bool:
-    return bool(getattr(exc, _ORACLE_BUG, False))

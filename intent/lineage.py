@@ -35,6 +35,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+from intent.ledger import merge_ledger_states
+
 __all__ = ["Lineage", "Reader", "checkpoint_here", "forked", "new_input"]
 
 _CHECKPOINTER = "__pregel_checkpointer"  # LangGraph's CONFIG_KEY_CHECKPOINTER (a test pins it)
@@ -116,10 +118,10 @@ class Reader:
         found = self._tuple(checkpoint_id)
         return list(getattr(found, "pending_writes", None) or []) if found is not None else []
 
-    def latest_values(self, namespace: str, channel: str) -> Any:
-        """``channel``'s value in the latest checkpoint of the thread's ``namespace`` (a subgraph's, a call's
-        sub-agent's), with the pending writes its finished tasks saved merged by the channel's reducer
-        when it is the guard's ledger; ``None`` when there is none or it cannot be read."""
+    def latest_ledger(self, namespace: str, channel: str) -> Any:
+        """The guard's ledger ``channel`` in the latest checkpoint of the thread's ``namespace`` (a call's
+        sub-agent's), with the pending writes its finished tasks saved merged in; ``None`` when there is
+        none or it cannot be read."""
         try:
             found = self.saver.get_tuple({"configurable": {"thread_id": self.thread, "checkpoint_ns": namespace}})
         except (NotImplementedError, asyncio.InvalidStateError):
@@ -127,8 +129,6 @@ class Reader:
         if found is None:
             return None
         value = (found.checkpoint.get("channel_values") or {}).get(channel)
-        from intent.ledger import merge_ledger_states  # (lineage is imported by the ledger's users only)
-
         for _task, written, update in found.pending_writes or ():
             if written == channel and isinstance(update, Mapping):
                 value = merge_ledger_states(value, update)

@@ -76,7 +76,13 @@ CANCELLED = "cancelled"
 CANCELLED_BEFORE_RUN = "cancelled_before_run"  # the run was cancelled before the tool's body started
 LATE_BILL = "late_bill"  # what a cancelled sync tool's thread billed above its charge, when it ended
 ORACLE_BUG = "oracle_bug"  # the oracle crashed deciding an edited call again: not run (the bug is raised after)
-ORACLE_BUG_MARK = "_intent_oracle_bug"  # intent.guard marks an oracle's unrecoverable exception with it
+# Set on an exception an oracle raised that is not a recoverable failure (intent.guard marks it), so that the
+# tool step, where an edited call is re-gated, treats it as the oracle's bug even with tool_errors="message".
+ORACLE_BUG_MARK = "_intent_oracle_bug"
+
+
+def is_oracle_bug(exc: BaseException) -> bool:
+    return bool(getattr(exc, ORACLE_BUG_MARK, False))
 
 
 _NO_LEASE = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -469,7 +475,7 @@ class CallRun:
         """The oracle crashed re-gating an edited call (a bug, not a recoverable failure): the call does not
         run, and the bug is raised at the episode's next model step or its end (:meth:`_defer`), not here,
         inside the tool's run, where a retry middleware would take it for the tool's failure."""
-        if not (getattr(exc, ORACLE_BUG_MARK, False) or isinstance(exc, InvalidDecisionError)):
+        if not (is_oracle_bug(exc) or isinstance(exc, InvalidDecisionError)):
             raise exc
         self._defer(exc)
         return self._refuse(ctx.tool, ctx.args, ctx.price, "reject", ORACLE_BUG, fb.oracle_bug(ctx.tool, exc))

@@ -169,6 +169,16 @@ class _Execution:
     limiter: str | None = None
 
 
+def _positive_ints(source: Any, keys: Sequence[str]) -> list[int]:
+    """The positive integers ``source`` (a mapping, or a model's attributes) sets under ``keys``, in their order."""
+    found = []
+    for k in keys:
+        v = source.get(k) if isinstance(source, Mapping) else getattr(source, k, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            found.append(v)
+    return found
+
+
 class ModelCallMeter:
     """The money side of one model request of one episode (all its executions)."""
 
@@ -233,10 +243,9 @@ class ModelCallMeter:
         """The output bound of a run: its invocation parameters', else the first of ``sources``
         (mappings or models) that has one; ``None`` when none does."""
         for source in (params, *sources):
-            for k in MAX_TOKEN_KEYS:
-                v = source.get(k) if isinstance(source, Mapping) else getattr(source, k, None)
-                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                    return v
+            found = _positive_ints(source, MAX_TOKEN_KEYS)
+            if found:
+                return found[0]
         return None
 
     @staticmethod
@@ -244,9 +253,7 @@ class ModelCallMeter:
         """How many completions a run asks for (``n``, ``candidate_count``): its invocation parameters', else
         the first of ``sources`` that sets one; 1 when none does."""
         for source in (params, *sources):
-            found = [v for k in COMPLETION_KEYS
-                     if isinstance(v := source.get(k) if isinstance(source, Mapping) else getattr(source, k, None), int)
-                     and not isinstance(v, bool) and v > 0]
+            found = _positive_ints(source, COMPLETION_KEYS)
             if found:
                 return max(found)  # (a model class may declare both, one left at its default 1)
         return 1

@@ -279,7 +279,7 @@ def _siblings(parent: ParentCall) -> tuple[dict[str, Any], dict[str, float]]:
     node = str(configurable.get("checkpoint_ns") or "").partition(":")[0]
     hidden: dict[str, float] = {}
     for task in sorted(paused) if node else ():
-        child = reader.latest_values(f"{node}:{task}", LEDGER_KEY)
+        child = reader.latest_ledger(f"{node}:{task}", LEDGER_KEY)
         if isinstance(child, Mapping) and isinstance(child.get("carved_by"), str):
             held = sum(float(e["amount"]) for e in (child.get("entries") or {}).values()
                        if e.get("status") in ("reserved", "committed"))
