@@ -520,3 +520,27 @@ def test_a_world_model_that_returns_no_text_is_a_bug_not_an_observation(value):
 
     with pytest.raises(TypeError, match="Wrong.simulate returned"):
         simulate_counted(Wrong(), "a", {}, satisfied=True)
+
+
+def test_a_deferred_oracle_bug_is_not_raised_again_on_the_threads_next_run():
+    # The bug of one run's observe fails that run (at its next model step); a new message on the thread is the
+    # next run, which starts without it (it was raised again before the new run's start could drop it).
+    class OnceBuggy(AcceptAll):
+        broken = True
+
+        def observe(self, outcome: Any) -> None:
+            if self.broken:
+                raise KeyError("bug in observe")
+
+    oracle, runs = OnceBuggy(), Runs()
+    guard = BudgetGuard(oracle, MARKET, 100.0)
+    # (The first run's second model step raises before its model is called.)
+    model = ScriptedToolModel(messages=iter([AIMessage("", tool_calls=[tc("a", "c1", x=1)]),
+                                             AIMessage("second run's answer")]), bound=[])
+    agent = create_agent(model, [runs.tool("a")], middleware=[guard.middleware()], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "deferred-next-run"}}
+    with pytest.raises(KeyError, match="bug in observe"):
+        agent.invoke({"messages": [("user", "go")]}, config)
+    oracle.broken = False
+    out = agent.invoke({"messages": [("user", "again")]}, config)
+    assert out["messages"][-1].content == "second run's answer" and runs.counts == {"a": 1}
