@@ -18,8 +18,8 @@ Three hooks serve the exhaustive search behind OR's denominator (paper B.3); the
 leaves them off:
 
 * ``per_path_budget=True`` gives every branch its own copy of the budget, holding only what its
-  own path spent (each branch is a separate guard episode seeded with its parent's ledger), so
-  a solution is in budget when its own trajectory is;
+  own path spent (each branch is a separate guard episode seeded with its parent's ledger, ended
+  when the search leaves the branch), so a solution is in budget when its own trajectory is;
 * ``prune_partial_batches=False`` prunes a node only when none of its parallel calls could run;
   when some ran, the branch goes on with their results and the refusals (upstream, parallel
   calls are a chain of single-call nodes, and the call that does not fit prunes only itself);
@@ -160,13 +160,15 @@ class DFSDTRunner:
         self._channel = channel
         self._result = DFSDTResult(messages=[], answer=None)
         self._fallback: tuple[list[BaseMessage], str] | None = None
+        self._query = query
+        root_channel, root_config = self._channel, self._config
         try:
             found = self._dfs(model, [HumanMessage(query)], depth=0)
         finally:
             # The episode ends here, as a graph's after_agent ends it: nothing stays reserved (a run that
-            # raised included) and the oracle's end hook drops what it kept of the episode.
-            self._merge(self.guard.finish({"messages": [HumanMessage(query)], LEDGER_KEY: self._channel},
-                                          self._config))
+            # raised included) and the oracle's end hook drops what it kept of the episode. (Per-path
+            # branches end their own episodes in _dfs; the search may stand in the found branch's.)
+            self._end(self._channel if self._config is root_config else root_channel, root_config)
         res = self._result
         if found is not None:
             res.messages, res.answer = found, str(found[-1].content)
@@ -174,6 +176,13 @@ class DFSDTRunner:
             res.messages, res.answer = self._fallback
         res.channel = self._channel
         return res
+
+    def _end(self, channel: dict[str, Any] | None, config: dict[str, Any]) -> None:
+        """End the guard episode of ``config`` (whose ledger is ``channel``); its final ledger is the
+        result's only if the search stands in that episode."""
+        update = self.guard.finish({"messages": [HumanMessage(self._query)], LEDGER_KEY: channel}, config)
+        if config is self._config:
+            self._merge(update)
 
     def _enter_branch(self, path: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """Per-path budget: the branch at ``path`` becomes its own guard episode, seeded with the
@@ -211,17 +220,25 @@ class DFSDTRunner:
                 return None
             tried.append("+".join(c["name"] for c in ai.tool_calls))
             saved = self._enter_branch(f"{path}.{child}") if self.per_path_budget else None
-            ai, results, over_budget = self._execute(history, ai)
-            if over_budget and not self.prune_partial_batches and any(
-                    isinstance(m, ToolMessage) and not (isinstance(m.artifact, dict) and "intent_reason" in m.artifact)
-                    for m in results):
-                over_budget = False  # some calls ran: the branch goes on with what they returned
-            if not over_budget:
-                found = self._dfs(model, [*history, ai, *results], depth + 1, f"{path}.{child}")
-                if found is not None:
-                    return found
-            else:
-                res.pruned += 1  # the next call does not fit: prune, try a sibling
+            branch = (self._channel, self._config)
+            found = None
+            try:
+                ai, results, over_budget = self._execute(history, ai)
+                # The branch's own calls ran: its ledger is final (deeper nodes are branches of their own).
+                branch = (self._channel, self._config)
+                if over_budget and not self.prune_partial_batches and any(
+                        isinstance(m, ToolMessage)
+                        and not (isinstance(m.artifact, dict) and "intent_reason" in m.artifact) for m in results):
+                    over_budget = False  # some calls ran: the branch goes on with what they returned
+                if not over_budget:
+                    found = self._dfs(model, [*history, ai, *results], depth + 1, f"{path}.{child}")
+                else:
+                    res.pruned += 1  # the next call does not fit: prune, try a sibling
+            finally:
+                if saved is not None:  # the branch's episode ends with it (found, abandoned, or raised)
+                    self._end(*branch)
+            if found is not None:
+                return found
             if saved is not None:  # a sibling starts from this node's ledger, not the abandoned branch's
                 self._channel, self._config = saved
         return None

@@ -134,3 +134,24 @@ def test_judge_path_reads_only_the_branch(market):
     assert market.judge_path(task, "done", path) == 1.0
     refused = [ToolMessage("refused", tool_call_id="c0", artifact={"intent_reason": "over_budget"}), *ok[1:]]
     assert market.judge_path(task, "done", [*path[:2], *refused, path[-1]]) == 0.0
+
+
+class _EndCounting(PromptOracle):
+    def __init__(self):
+        super().__init__()
+        self.ended: list[str] = []
+
+    def end(self, episode_id):
+        self.ended.append(episode_id)
+
+
+def test_per_path_branches_are_ended_episodes():
+    """Each branch of a per-path search is a guard episode of its own: every one is ended (nothing kept by
+    the guard, the oracle's end hook called), the abandoned branches and the found path's ancestors too."""
+    oracle = _EndCounting()
+    guard = BudgetGuard(oracle, MARKET, 50.0, enforce=True, tool_errors="message")
+    res = DFSDTRunner(guard, [a, b, c], width=2, per_path_budget=True).run(scripted(SCRIPT), "q", episode_id="s")
+    assert res.answer == "the answer"
+    assert len(guard.episodes) == 0
+    # the abandoned branch 0.0, the found path 0.1 and its child 0.1.0 (the root gated no call: no episode)
+    assert sorted(oracle.ended) == ["s/0.0", "s/0.1", "s/0.1.0"]
