@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from intent.errors import GuardConfigError
-from intent.market import check_amount
+from intent.market import InvalidPriceError, check_amount
 from intent.oracle import OVER_BUDGET, Decision, DecisionContext
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ class HumanTopUps:
     ) -> tuple[str, float]:
         """Pause the run with an interrupt; apply the human's answer. Returns (action, amount topped up).
 
-        The resume value is ``{"action": "top_up", "amount": 5.0, "approved_by": "alice"}``,
+        An answer that is not one of these pauses the run again, with the same payload and an ``error``
+        saying what was wrong and how to answer. The resume value is ``{"action": "top_up", "amount": 5.0, "approved_by": "alice"}``,
         ``{"action": "approve_once", "approved_by": "alice"}`` (a top-up of exactly the
         shortfall, so this call fits) or ``{"action": "deny"}``.
         """
@@ -63,8 +64,16 @@ class HumanTopUps:
             "plan_estimate": sum(float(s.get("expected_cost") or s.get("price") or 0.0) for s in plan),
             "plan": plan, "options": ["top_up", "approve_once", "deny"],
         }
-        answer = interrupt(payload)
-        action, amount, approved_by = read_resume(answer, shortfall)
+        while True:
+            answer = interrupt(payload)
+            try:
+                action, amount, approved_by = read_resume(answer, shortfall)
+                break
+            except (GuardConfigError, InvalidPriceError) as exc:  # read_resume's two
+                # Asked again, not raised: LangGraph keeps a resume value as its interrupt's answer for good,
+                # so a raise here would replay the same bad answer on every later resume and brick the thread.
+                # The next interrupt (the next index in this node) takes the corrected answer.
+                payload = {**payload, "error": str(exc)}
         if amount > 0:
             with self.episode.lock:
                 if top_up_id not in ledger.top_ups:

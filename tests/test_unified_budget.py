@@ -425,15 +425,26 @@ def test_approve_once_tops_up_exactly_the_shortfall_and_deny_keeps_the_refusal(a
     assert_each_call_answered_once(out["messages"])
 
 
-def test_a_malformed_resume_value_names_the_fix():
-    guard = _ask_guard(MemoryLogSink())
-    msgs = [ai(call("fetch", q="1"), usage=(50, 5)), ai(call("fetch", q="2"), usage=(50, 5))]
-    agent = create_agent(scripted(msgs), priced_tools(Runs()), middleware=[guard.middleware()],
+@pytest.mark.parametrize("bad", [{"amount": 1.0}, {"action": "top_up", "amount": "5"}, "yes"])
+def test_a_malformed_resume_value_asks_again_with_the_fix_and_the_thread_goes_on(bad):
+    """LangGraph keeps a resume value as its interrupt's answer: raising on a bad one would replay it on every
+    later resume, and the thread could never go on. The run pauses again, saying what was wrong."""
+    runs, sink = Runs(), MemoryLogSink()
+    guard = _ask_guard(sink)
+    msgs = [ai(call("fetch", q="1"), usage=(50, 5)), ai(call("fetch", q="2"), usage=(50, 5)),
+            ai(text="done", usage=(50, 5))]
+    agent = create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()],
                          checkpointer=InMemorySaver())
     cfg = {"configurable": {"thread_id": "bad-resume"}}
-    agent.invoke({"messages": [HumanMessage("go")]}, cfg)
-    with pytest.raises(GuardConfigError, match="action"):
-        agent.invoke(Command(resume={"amount": 1.0}), cfg)
+    first = agent.invoke({"messages": [HumanMessage("go")]}, cfg)["__interrupt__"][0].value
+    again = agent.invoke(Command(resume=bad), cfg)["__interrupt__"][0].value
+    assert "error" not in first and "resume" in again["error"] and "amount" in again["error"]
+    assert {k: v for k, v in again.items() if k != "error"} == first
+    out = agent.invoke(Command(resume={"action": "top_up", "amount": 0.10, "approved_by": "alice"}), cfg)
+    assert "__interrupt__" not in out and out["messages"][-1].content == "done" and runs["fetch"] == 2
+    ledger = guard.ledger(out)
+    assert sum(ledger.top_ups.values()) == pytest.approx(0.10) and ledger.reserved == 0
+    assert [r.price for r in sink.records if r.decision == "top_up"] == [pytest.approx(0.10)]
 
 
 def test_a_model_call_over_budget_also_asks_and_resumes():
