@@ -47,5 +47,6 @@ def route_after_guard(state: Mapping[str, Any], *, tools: str = "tools", agent: 
     # Every call not answered yet goes to the tool step, which gives it its one answer: accepted calls
     # run, refused ones get their refusal, and one the gate never saw (added or re-id'd by
     # graph.update_state while paused before the tools) is refused as not approved, not left unanswered.
-    sends = [Send(tools, [call]) for call in ai.tool_calls if call.get("id") and call["id"] not in answered]
+    # (An empty id is a call too: some OpenAI-compatible servers send "", and create_agent runs it.)
+    sends = [Send(tools, [call]) for call in ai.tool_calls if call.get("id") not in answered]
     return sends or agent

@@ -76,6 +76,22 @@ def test_the_readme_graph_pays_each_run_and_ends_with_nothing_reserved(use_async
     assert_each_call_answered_once(out["messages"])
 
 
+def test_a_call_with_an_empty_id_is_run_and_answered_as_create_agent_does():
+    # Some OpenAI-compatible servers send id "": the route dropped the call, so it was never answered.
+    from intent.logs import MemoryLogSink
+
+    runs: list[str] = []
+    tools = [StructuredTool.from_function(lambda x=0: runs.append("a") or "a", name="a", description="a")]
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 3.0)]), 12.0, log_sink=sink)
+    empty = AIMessage("", tool_calls=[{"name": "a", "args": {"x": 1}, "id": "", "type": "tool_call"}])
+    out = _readme_graph(guard, scripted([empty, AIMessage("done")]), tools).compile().invoke(
+        {"messages": [("user", "go")]})
+    assert_each_call_answered_once(out["messages"])
+    assert runs == ["a"] and guard.ledger(out).spent == 3.0 and guard.ledger(out).reserved == 0
+    assert [(r.call_id, r.status) for r in sink.records if r.kind == "tool"] == [("", "ok")]
+
+
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_a_call_added_while_paused_before_the_tools_is_answered_once_and_not_run(use_async):
     # graph.update_state on a thread paused before the tool node (LangGraph infers as_node="guard"): the gate
