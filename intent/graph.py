@@ -16,7 +16,9 @@ from langgraph.graph import END
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Send
 
+from intent.errors import GuardConfigError
 from intent.messages import answered_after, last_ai, messages_of
+from intent.state import LEDGER_KEY, channel_of
 
 if TYPE_CHECKING:
     from intent.guard import BudgetGuard
@@ -49,4 +51,12 @@ def route_after_guard(state: Mapping[str, Any], *, tools: str = "tools", agent: 
     # graph.update_state while paused before the tools) is refused as not approved, not left unanswered.
     # (An empty id is a call too: some OpenAI-compatible servers send "", and create_agent runs it.)
     sends = [Send(tools, [call]) for call in ai.tool_calls if call.get("id") not in answered]
+    if sends and channel_of(state) is None:
+        # The gate has just written its decisions to the ledger channel: a state without one is a schema
+        # without the channel (LangGraph drops the keys a schema lacks), and every call would be refused as
+        # never approved.
+        raise GuardConfigError(
+            f"the graph's state has no {LEDGER_KEY!r} channel, so the gate's decisions cannot reach the tools: build "
+            "the graph on intent.GuardState (StateGraph(GuardState)), or add the channel to your state schema "
+            "(class State(MessagesState, GuardState))")
     return sends or agent

@@ -81,6 +81,19 @@ OracleErrorPolicy = Literal["accept_if_fits", "reject"]
 ToolErrorPolicy = Literal["raise", "message"]
 
 
+def _thread_id(config: Any, method: str, *, required: bool = True) -> str | None:
+    """The thread id of a run's config (or of a bare id), or a GuardConfigError naming ``method``'s fix."""
+    if isinstance(config, str):
+        return config
+    if isinstance(config, Mapping):
+        configurable = config.get("configurable") or {}
+        thread_id = configurable.get("thread_id") if isinstance(configurable, Mapping) else None
+        if thread_id is not None or not required:
+            return None if thread_id is None else str(thread_id)
+    raise GuardConfigError(f"{method} needs the thread's config ({{'configurable': {{'thread_id': ...}}}}) or its id "
+                           f"(a str), got {type(config).__name__} {config!r}")
+
+
 class BudgetGuard:
     """Gate every priced tool call of an agent through an oracle and a hard budget.
 
@@ -192,7 +205,20 @@ class BudgetGuard:
             raise GuardConfigError(f"on_oracle_error must be 'accept_if_fits' or 'reject', got {on_oracle_error!r}")
         if tool_errors not in ("raise", "message"):
             raise GuardConfigError(f"tool_errors must be 'raise' or 'message', got {tool_errors!r}")
-        if not isinstance(max_episodes, int) or max_episodes < 1:
+        for flag, value in (("enforce", enforce), ("merge_identical_calls", merge_identical_calls),
+                            ("charge_oracle", charge_oracle), ("charge_models", charge_models)):
+            if not (isinstance(value, bool) or value is None and flag == "charge_models"):
+                # A string such as "no" would read as True: refused rather than guessed.
+                raise GuardConfigError(f"{flag} must be True or False, got {value!r}")
+        if log_sink is not None and not callable(getattr(log_sink, "write", None)):
+            raise GuardConfigError(
+                f"log_sink must have a write(record) method, got {type(log_sink).__name__} {log_sink!r}; pass "
+                "intent.logs.JsonlLogSink(path) for a file, or MemoryLogSink()")
+        if not (model_prices is None or isinstance(model_prices, (ModelPrices, Mapping))):
+            raise GuardConfigError(
+                f"model_prices must map model names to prices, got {type(model_prices).__name__}; pass "
+                "{'gpt-4o-mini': ModelPrice(input_per_mtok=0.15, output_per_mtok=0.6)} or ModelPrices.from_file(path)")
+        if isinstance(max_episodes, bool) or not isinstance(max_episodes, int) or max_episodes < 1:
             raise GuardConfigError(f"max_episodes must be a positive int, got {max_episodes!r}")
         if notes_at not in ("end", "system"):
             raise GuardConfigError(f"notes_at must be 'end' or 'system', got {notes_at!r}")
@@ -348,6 +374,22 @@ class BudgetGuard:
         (the run goes on without it, and changing it changes nothing of the guard's). ``config`` (the run's,
         with its ``thread_id``) finds the live episode when ``state`` has no ledger yet: a run stopped in
         its first model step (a stream its reader left, a cancel) wrote none, but may have spent."""
+        if hasattr(state, "values") and hasattr(state, "next") and hasattr(state, "config"):
+            # graph.get_state(config): a StateSnapshot, whose .values is the state
+            state, config = state.values, config if config is not None else state.config
+        if isinstance(config, str):
+            config = {"configurable": {"thread_id": config}}
+        elif config is not None:
+            _thread_id(config, "ledger", required=False)
+        channel = channel_of(state)
+        if channel is not None and not isinstance(channel, Mapping):
+            raise GuardConfigError(f"ledger: state[{LEDGER_KEY!r}] is a {type(channel).__name__}, not the guard's "
+                                   "ledger channel; pass the graph's state (agent.get_state(config).values)")
+        if (channel is None and isinstance(state, Mapping) and "messages" not in state and state
+                and all(isinstance(v, Mapping) and LEDGER_KEY in v for v in state.values())):
+            raise GuardConfigError(
+                f"ledger: got updates by node ({', '.join(map(str, state))}), a stream chunk, not the graph's state; "
+                "pass agent.get_state(config).values, the run's output, or guard.ledger({}, config)")
         read, live = self._read_ledger(state, config)
         return BudgetLedger.from_state(read.to_state()) if live else read
 
@@ -380,8 +422,9 @@ class BudgetGuard:
         """Raise a thread's budget by ``amount``: the only way a budget changes after it is set.
 
         ``config`` is the thread's config (or its id). With ``graph`` (the compiled agent)
-        the top-up is written to the thread's state now (``graph.update_state``); without,
-        at the thread's next model step. It is logged (``decision="top_up"``). Returns the
+        the top-up is written to the thread's state now (``graph.update_state``); without, at the
+        thread's next model step, and only for a run going on in this process (a thread with no run
+        here is a :class:`GuardConfigError`: its budget is only in its state). It is logged (``decision="top_up"``). Returns the
         new budget. On a thread paused inside a tool step, ``update_state`` makes LangGraph run
         that step's calls again on resume, a call that had finished included (it is paid again:
         it runs again); top up such a thread without ``graph`` (same process), or once it ends.
@@ -413,14 +456,18 @@ class BudgetGuard:
         """A top-up, one graph call at a time (``("get", args)``: the state; ``("update", args)``: write it),
         driven by :meth:`top_up` and :meth:`atop_up`. Returns the new budget."""
         amount = check_amount(amount, "top-up amount", allow_zero=False)
-        thread_id = config if isinstance(config, str) else ((config.get("configurable") or {}).get("thread_id"))
-        if thread_id is None:
-            raise GuardConfigError("top_up needs the thread's config ({'configurable': {'thread_id': ...}}) or id")
+        thread_id = _thread_id(config, "top_up")
         cfg = {"configurable": {"thread_id": thread_id}} if isinstance(config, str) else config
         channel = None
         if graph is not None:
             channel = channel_of((yield ("get", (cfg,))).values)
         episode_id = str((channel or {}).get("episode_id") or thread_id)
+        if graph is None and self.episodes.peek(episode_id) is None:
+            # No run of the thread is going on here, so its ledger (budget, earlier top-ups) is only in its
+            # state: a top-up on a fresh one would return and log a budget the thread does not have.
+            raise GuardConfigError(
+                f"top_up: thread {thread_id!r} has no run going on in this guard, so its budget is in the graph's "
+                "state; pass the compiled agent: guard.top_up(config, amount, graph=agent)")
         episode = self.episodes.get(episode_id, channel)
         top_up_id = f"top-up-{uuid.uuid4().hex[:12]}"
         new_budget = self._apply_top_up(episode, top_up_id, amount, approved_by=approved_by, reason=reason)
@@ -447,9 +494,7 @@ class BudgetGuard:
         (tool calls open a scope by themselves). Carves still open when the scope ends are closed.
         """
         cfg = None if isinstance(config, str) else config
-        thread_id = config if cfg is None else ((cfg.get("configurable") or {}).get("thread_id"))
-        if thread_id is None:
-            raise GuardConfigError("scope needs the thread's config ({'configurable': {'thread_id': ...}}) or id")
+        thread_id = _thread_id(config, "scope")
         # Given the node's config: its state's ledger (the thread's budget, when the episode has ended here);
         # its task, a visitor of the episode while the scope is open (a parallel branch settling leaves its
         # carves alone); the top graph's step, to take up an episode that a sibling branch of the same step

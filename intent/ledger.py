@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 from intent.budget import CAP_OF_KIND, ENTRY_KINDS, Budget, EntryKind
 from intent.errors import IntentError
-from intent.market import check_amount
+from intent.market import InvalidPriceError, check_amount
 
 __all__ = [
     "BUDGET_EPS",
@@ -595,6 +595,9 @@ class BudgetLedger:
         """Raise the budget by ``amount`` (idempotent by id). Returns the new budget."""
         amount = check_amount(amount, "top-up amount", allow_zero=False)
         with self._lock:
+            if top_up_id not in self._top_ups and math.isinf(self.budget + amount):
+                raise InvalidPriceError(f"top-up amount {amount:g} on a budget of {self.budget:g} makes it infinite; "
+                                        "top up by a smaller amount")
             self._top_ups.setdefault(top_up_id, amount)
             if approved_by:
                 self._approved_by.setdefault(top_up_id, approved_by)

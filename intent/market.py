@@ -12,6 +12,8 @@ from __future__ import annotations
 from intent.errors import IntentError
 
 import math
+import numbers
+from decimal import Decimal
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,11 +39,16 @@ class UnpricedToolError(MarketError, KeyError):
 
 def check_amount(value: Any, field_name: str, *, allow_zero: bool = True) -> float:
     """Return ``value`` as a float, or raise naming ``field_name`` and the fix."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # int and float first: the ABC check below runs Python code. Decimal is not a numbers.Real but converts.
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) or isinstance(value, (numbers.Real, Decimal))):
         raise InvalidPriceError(
             f"{field_name} must be a number, got {type(value).__name__} {value!r}; pass a finite float >= 0"
         )
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:
+        raise InvalidPriceError(f"{field_name} is too large to be a float ({str(value)[:24]}...); pass a finite "
+                                "float >= 0") from None
     if math.isnan(v) or math.isinf(v):
         raise InvalidPriceError(f"{field_name} is {v}; pass a finite number >= 0")
     if v < 0 or (v == 0 and not allow_zero):

@@ -27,7 +27,7 @@ from langgraph.errors import GraphBubbleUp, ParentCommand
 from langgraph.types import Command
 
 from intent import feedback as fb
-from intent.errors import InvalidBillError
+from intent.errors import GuardConfigError, InvalidBillError
 
 PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead of serving the call
 from intent.ledger import BudgetExceededError
@@ -143,6 +143,8 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     messages = messages_of(state)  # a dict, or a Pydantic model / dataclass state
     index, ai = find_call(messages, cid)
     if not channel or ai is None or not channel.get("episode_id"):
+        if not channel and ai is not None:
+            _check_channel_kept(guard, request, call_key(ai, index, cid))
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
     # (A fork or replay of the thread runs on its checkpoint's ledger: intent.lineage.)
     episode = guard.follow(guard.episodes.get(str(channel["episode_id"]), channel), channel,
@@ -159,6 +161,21 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     if key not in episode.ledger:
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
     return CallRun(guard, episode, key, request, meta, messages, ai)
+
+
+def _check_channel_kept(guard: BudgetGuard, request: ToolCallRequest, key: str) -> None:
+    """A call the gate reserved that reaches the tools with no ledger channel in state: the graph's state
+    schema lacks the channel (LangGraph drops the keys a schema lacks). A configuration error, said as one,
+    rather than every call refused as never approved. (Known only when the run has a thread id: without
+    one the episode's name was in the channel too.)"""
+    config = getattr(request.runtime, "config", None) or {}
+    thread = (config.get("configurable") or {}).get("thread_id") if isinstance(config, Mapping) else None
+    episode = guard.episodes.peek(str(thread)) if thread is not None else None
+    if episode is not None and key in episode.ledger:
+        raise GuardConfigError(
+            f"the graph's state has no {LEDGER_KEY!r} channel, so the gate's decisions cannot reach the tools: "
+            "build the graph on intent.GuardState (StateGraph(GuardState)), or add the channel to your state "
+            "schema (class State(MessagesState, GuardState))")
 
 
 def _rebuilt_call_key(episode: Episode, channel: Mapping[str, Any], messages: Sequence[AnyMessage], index: int,

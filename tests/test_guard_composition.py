@@ -52,6 +52,7 @@ from intent import (  # noqa: F401
     Oracle,
     PricedTool,
 )
+from intent.errors import GuardConfigError
 from intent.ledger import BudgetLedger
 from intent.testing import assert_each_call_answered_once, assert_one_record_per_call
 
@@ -937,26 +938,71 @@ def test_resumed_thread_keeps_the_budget_in_state():
     assert_invariants(guard2, out, runs, {"a": 20.0, "b": 40.0}, 50, sink=None)
 
 
-@pytest.mark.parametrize("with_graph", [True, False])
-def test_top_up_raises_the_budget_in_state_and_is_logged(with_graph):
-    """With ``graph=`` the top-up is in state at once; without, from the thread's next model step."""
+def test_top_up_raises_the_budget_in_state_and_is_logged():
+    """With ``graph=`` the top-up is in state at once."""
     saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
-    config = {"configurable": {"thread_id": f"top-up-{with_graph}"}}
+    config = {"configurable": {"thread_id": "top-up"}}
     _first_run(saver, config, runs)
     b = call("b")
     guard2, agent2 = _second_agent(saver, runs, sink, b)
     assert guard2.ledger(agent2.get_state(config).values).budget == 50
-    if with_graph:
-        guard2.top_up(config, 25, graph=agent2, reason="grant")
-        ledger = guard2.ledger(agent2.get_state(config).values)
-        assert (ledger.budget, ledger.spent, ledger.remaining) == (75, 20, 55)
-    else:
-        guard2.top_up(config, 25, reason="grant")
+    assert guard2.top_up(config, 25, graph=agent2, reason="grant") == 75
+    ledger = guard2.ledger(agent2.get_state(config).values)
+    assert (ledger.budget, ledger.spent, ledger.remaining) == (75, 20, 55)
     top_ups = [r for r in sink.records if r.decision == "top_up"]
     assert len(top_ups) == 1 and top_ups[0].reason == "grant" and top_ups[0].charged == 0
+    assert top_ups[0].budget == 75
     out = agent2.invoke({"messages": [("user", "more")]}, config)
     assert runs["b"] == 1  # 20 + 40 <= 75
     assert_invariants(guard2, out, runs, {"a": 20.0, "b": 40.0}, 75, sink=None)
+
+
+def test_top_up_without_the_graph_of_a_thread_with_no_run_here_is_refused_not_guessed():
+    # Its budget is only in state: the guard (built with 500) returned 525 and logged "budget 525" for a thread
+    # whose budget is 50 (the ledger in state wins), and the top-up landed on a budget of 50.
+    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    config = {"configurable": {"thread_id": "top-up-no-graph"}}
+    _first_run(saver, config, runs)
+    guard2, agent2 = _second_agent(saver, runs, sink, call("b"))
+    with pytest.raises(GuardConfigError, match="graph=agent"):
+        guard2.top_up(config, 25, reason="grant")
+    assert not sink.records and guard2.ledger(agent2.get_state(config).values).budget == 50
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_top_up_without_the_graph_of_a_paused_run_reaches_state_at_its_next_step(use_async):
+    # The documented way for a thread paused inside a tool step (update_state there would run the step again).
+    from langgraph.types import interrupt
+
+    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    config = {"configurable": {"thread_id": f"top-up-paused-{use_async}"}}
+    _first_run(saver, config, runs)  # a: 20 of 50
+
+    def ask() -> str:
+        """Ask a human."""
+        return str(interrupt("ok?"))
+
+    b = call("b")
+    guard2 = BudgetGuard(AcceptAll(), market(a=20.0, b=40.0, ask=10.0), 500, log_sink=sink)
+    agent2 = create_agent(scripted([ai(call("ask")), ai(b), AIMessage("done again")]),
+                          [make_tool("a", runs), make_tool("b", runs), StructuredTool.from_function(ask)],
+                          middleware=[guard2.middleware()], checkpointer=saver)
+
+    async def arun():
+        await agent2.ainvoke({"messages": [("user", "more")]}, config)
+        assert await guard2.atop_up(config, 25, reason="grant") == 75  # 50 in state, not the guard's 500
+        return await agent2.ainvoke(Command(resume="yes"), config)
+
+    if use_async:
+        out = asyncio.run(arun())
+    else:
+        agent2.invoke({"messages": [("user", "more")]}, config)
+        assert guard2.top_up(config, 25, reason="grant") == 75
+        out = agent2.invoke(Command(resume="yes"), config)
+    assert runs["b"] == 1  # 20 + 10 + 40 <= 75
+    ledger = guard2.ledger(out)
+    assert (ledger.budget, ledger.spent, ledger.reserved) == (75, 70, 0)
+    assert [(r.price, r.budget) for r in sink.records if r.decision == "top_up"] == [(25, 75)]
 
 
 @pytest.mark.asyncio

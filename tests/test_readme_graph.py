@@ -18,14 +18,14 @@ from intent import MeteredModelRefused
 from intent.testing import ai, assert_each_call_answered_once, call, scripted
 
 
-def _readme_graph(guard: BudgetGuard, model: Any, tools: list[Any]) -> StateGraph:
+def _readme_graph(guard: BudgetGuard, model: Any, tools: list[Any], schema: Any = GuardState) -> StateGraph:
     """The README's graph (the test below spells it out as written there)."""
 
     def agent_node(state, config):
         settled = guard.prepare(state, config) or {}
         return {**settled, "messages": [model.bind_tools(tools).invoke(state["messages"], config)]}
 
-    g = StateGraph(GuardState)
+    g = StateGraph(schema)
     g.add_node("agent", agent_node)
     g.add_node("guard", guard.node())
     g.add_node("tools", guard.tool_node(tools))
@@ -74,6 +74,28 @@ def test_the_readme_graph_pays_each_run_and_ends_with_nothing_reserved(use_async
     assert ledger.spent == sum(prices[n] for n in runs) <= 12.0 and len(runs) == 3  # the fourth does not fit
     assert ledger.reserved == 0 and len(guard.episodes) == 0
     assert_each_call_answered_once(out["messages"])
+
+
+def test_a_state_schema_without_the_ledger_channel_is_a_clear_configuration_error():
+    # StateGraph(MessagesState): LangGraph dropped the gate's decisions, and every call was refused "as never
+    # approved ... place the guard's gate before the tools" although it was there.
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import MessagesState
+
+    from intent import GuardConfigError
+
+    runs: list[str] = []
+    tools = [StructuredTool.from_function(lambda x=0: runs.append("a") or "a", name="a", description="a")]
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 3.0)]), 100.0)
+    model = scripted([ai(call("a", x=1)), AIMessage("done")])
+    built = _readme_graph(guard, model, tools, schema=MessagesState)
+    with pytest.raises(GuardConfigError, match="no 'intent_ledger' channel.*GuardState"):
+        built.compile(checkpointer=InMemorySaver()).invoke({"messages": [("user", "go")]},
+                                                            {"configurable": {"thread_id": "t"}})
+    assert runs == []
+    # The edge after the gate says the same for a state object without the channel (a Pydantic schema's).
+    with pytest.raises(GuardConfigError, match="no 'intent_ledger' channel"):
+        guard.route({"messages": [ai(call("a", x=1))]})
 
 
 def test_a_call_with_an_empty_id_is_run_and_answered_as_create_agent_does():

@@ -676,16 +676,18 @@ def test_a_scope_node_spends_from_state_after_another_process_spent_on_the_threa
             pass
 
 
-def test_a_top_up_made_between_runs_reaches_state_through_a_scope_node():
-    # guard.top_up(config, ...) without a graph waits on the episode for the thread's next step. When that
-    # step is a scope node, the scope writes it (was: the scope dropped the episode with the top-up: state
-    # said 0.10 spent of 0.07).
+def test_a_top_up_made_between_runs_reaches_the_next_scope_node():
+    # A top-up between runs (written to state with graph=; without it the guard refuses, since no run of the
+    # thread is going on here) is what the next scope node spends from. (Was, when a top-up without a graph
+    # waited on the episode: the scope dropped it, and state said 0.10 spent of 0.07.)
     guards = [BudgetGuard(AcceptAll(), MARKET, 0.07)]
     runs = Runs()
     graph = _scope_node_graph(guards, runs)
     config = {"configurable": {"thread_id": "thread-t"}}
     graph.invoke({"messages": [HumanMessage("go")]}, config)
-    assert guards[0].top_up(config, 0.10, approved_by="test") == pytest.approx(0.17)
+    with pytest.raises(GuardConfigError, match="graph=agent"):
+        guards[0].top_up(config, 0.10, approved_by="test")
+    assert guards[0].top_up(config, 0.10, approved_by="test", graph=graph) == pytest.approx(0.17)
     graph.invoke({"messages": [HumanMessage("again")]}, config)
     ledger = BudgetLedger.from_state(graph.get_state(config).values["intent_ledger"])  # what another process reads
     assert ledger.budget == pytest.approx(0.17) and ledger.spent == pytest.approx(0.10) and runs["fetch"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from intent import AcceptAll, BudgetGuard, GuardConfigError, Market, PricedTool
+from intent.market import InvalidPriceError
 from intent.cli import main
 
 
@@ -12,6 +13,75 @@ def test_an_oracle_class_instead_of_an_instance_is_refused_at_construction():
     # It passed (the class has a decide attribute) and failed at run time: "start() missing 1 required ...".
     with pytest.raises(GuardConfigError, match=r"pass an instance: AcceptAll\(...\)"):
         BudgetGuard(AcceptAll, Market([PricedTool("a", 1.0)]), 10.0)
+
+
+def _guard(**kwargs):
+    return BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), kwargs.pop("budget", 10.0), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,says", [
+    # Each was taken: a path as log_sink failed after the tool ran and was charged (no .write); "no" read as
+    # True; a list of model names and an int too large for a float failed with a bare AttributeError /
+    # OverflowError.
+    ({"log_sink": "log.jsonl"}, r"log_sink must have a write\(record\).*JsonlLogSink\(path\)"),
+    ({"enforce": "no"}, "enforce must be True or False"),
+    ({"merge_identical_calls": "False"}, "merge_identical_calls must be True or False"),
+    ({"max_episodes": True}, "max_episodes must be a positive int"),
+    ({"model_prices": ["gpt-4o-mini"]}, "model_prices must map model names to prices"),
+    ({"budget": 10**400}, "budget is too large"),
+])
+def test_a_guard_built_with_a_bad_argument_names_it(kwargs, says):
+    with pytest.raises((GuardConfigError, InvalidPriceError), match=says):
+        _guard(**kwargs)
+
+
+def test_any_real_number_is_a_price_or_budget():
+    from decimal import Decimal
+    from fractions import Fraction
+
+    import numpy as np
+
+    guard = _guard(budget=Decimal("2.5"))
+    assert guard.budget == 2.5 and type(guard.budget) is float
+    for price in (Fraction(1, 2), np.int64(3), np.float32(0.5)):
+        assert PricedTool("a", price).price == float(price)
+
+
+def test_guard_ledger_reads_a_snapshot_a_thread_id_and_refuses_what_is_not_a_state():
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from intent.testing import ai, call, scripted
+
+    guard = _guard()
+    agent = create_agent(scripted([ai(call("a")), AIMessage("done")]),
+                         [StructuredTool.from_function(lambda: "a", name="a", description="a")],
+                         middleware=[guard.middleware()], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    chunks = list(agent.stream({"messages": [("user", "go")]}, config, stream_mode="updates"))
+    # graph.get_state(config) (a StateSnapshot) read as a state with no ledger: spent 0
+    assert guard.ledger(agent.get_state(config)).spent == 1.0
+    assert guard.ledger({}, "t").budget == 10.0  # a thread id, as top_up and scope take
+    with pytest.raises(GuardConfigError, match="stream chunk"):
+        guard.ledger(next(c for c in chunks if any("intent_ledger" in (v or {}) for v in c.values())))
+    with pytest.raises(GuardConfigError, match=r"state\['intent_ledger'\] is a str"):
+        guard.ledger({"intent_ledger": "x"})
+    for bad in (None, 7):
+        with pytest.raises(GuardConfigError, match="top_up needs the thread's config"):
+            guard.top_up(bad, 1.0)
+    with pytest.raises(GuardConfigError, match="ledger needs the thread's config"):
+        guard.ledger({}, 7)
+
+
+def test_a_top_up_that_would_make_the_budget_infinite_is_refused():
+    from intent.ledger import BudgetLedger
+
+    ledger = BudgetLedger(1e308)
+    with pytest.raises(InvalidPriceError, match="makes it infinite"):
+        ledger.top_up("t1", 1e308)
+    assert ledger.budget == 1e308
 
 
 @pytest.mark.parametrize("flag,value", [("--epochs", "0"), ("--batch-size", "0"), ("--lr", "-1"),
