@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from intent.errors import UsageError
 from intent.feedback import price_list
 from intent.market import Market
 from intent.oracle import Decision, DecisionContext, Oracle, Outcome
@@ -105,7 +106,7 @@ class BATSOracle(Oracle):
     def __init__(self, *, verifier: Verifier | None = None, planning: bool = True,
                  max_verifications: int = 5, show_prices: bool = True) -> None:
         if max_verifications < 0:
-            raise ValueError(f"max_verifications must be >= 0 (BATS uses K=5), got {max_verifications}")
+            raise UsageError(f"max_verifications must be >= 0 (BATS uses K=5), got {max_verifications}")
         self.verifier = verifier
         self.planning = planning
         self.max_verifications = max_verifications

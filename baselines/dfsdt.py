@@ -38,6 +38,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from intent.errors import UsageError
 from intent.guard import BudgetGuard
 from intent.ledger import merge_ledger_states
 from intent.state import LEDGER_KEY
@@ -77,7 +78,7 @@ class DFSDTRunner:
                  on_answer: Callable[[list[BaseMessage], bool], bool] | None = None,
                  before_model: Callable[[], None] | None = None) -> None:
         if width < 1 or max_depth < 1 or max_llm_calls < 1:
-            raise ValueError(f"width, max_depth and max_llm_calls must be >= 1, got {width}, {max_depth}, "
+            raise UsageError(f"width, max_depth and max_llm_calls must be >= 1, got {width}, {max_depth}, "
                              f"{max_llm_calls}")
         self.guard = guard
         self.tools = {t.name: t for t in tools}

@@ -23,6 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from intent.errors import UsageError
+
 __all__ = ["Embedder", "MiniLMEmbedder", "TfidfEmbedder", "l2_normalize", "tokens"]
 
 
@@ -66,7 +68,7 @@ class TfidfEmbedder:
 
     def __init__(self, max_features: int = 8192, min_df: int = 1) -> None:
         if max_features < 1 or min_df < 1:
-            raise ValueError(f"max_features and min_df must be >= 1, got {max_features} and {min_df}")
+            raise UsageError(f"max_features and min_df must be >= 1, got {max_features} and {min_df}")
         self.max_features = max_features
         self.min_df = min_df
         self.vocabulary: dict[str, int] = {}

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from intent.cli import positive_int
+from intent.errors import UsageError
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -32,9 +33,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.paired_with:
         options["paired_with"] = [m.strip() for m in args.paired_with.split(",") if m.strip()]
     if args.charge_oracle is not None and not args.charge_oracle > 0:
-        raise ValueError(f"--charge-oracle is {args.charge_oracle}; give the oracle's price per million tokens (> 0)")
+        raise UsageError(f"--charge-oracle is {args.charge_oracle}; give the oracle's price per million tokens (> 0)")
     if args.oracle_max_tokens is not None and args.charge_oracle is None:
-        raise ValueError("--oracle-max-tokens bounds a charged oracle's decisions; add --charge-oracle PRICE_PER_MTOK")
+        raise UsageError("--oracle-max-tokens bounds a charged oracle's decisions; add --charge-oracle PRICE_PER_MTOK")
     for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens", "feedback_chars",
                 "rollout_max_tokens", "max_turns", "max_depth", "judge_runs"):  # numbers: 0 is given, and refused
         if getattr(args, key, None) is not None:
@@ -66,22 +67,22 @@ def _bench(args: argparse.Namespace) -> int:
 def _refuse_flags_that_do_not_apply(args: argparse.Namespace, methods: list[str]) -> None:
     """A flag this comparison would ignore is an error naming why: the user expects it to change something."""
     if args.quick:
-        raise ValueError("--quick is the study's (intent bench study --quick); drop it for one comparison")
+        raise UsageError("--quick is the study's (intent bench study --quick); drop it for one comparison")
     if not args.market.startswith("stabletoolbench"):
         given = [flag for flag, value in (("--judge", args.judge), ("--judge-url", args.judge_url),
                                           ("--judge-model", args.judge_model), ("--stb-path", args.stb_path),
                                           ("--groups", args.groups), ("--stb-env", args.stb_env))
                  if value]
         if given:
-            raise ValueError(f"{', '.join(given)} apply to --market stabletoolbench; the {args.market} market has "
+            raise UsageError(f"{', '.join(given)} apply to --market stabletoolbench; the {args.market} market has "
                              "exact ground truth (its judge is exact): drop them")
     if args.agent in ("sim", "sim-llm") and (args.base_url or args.max_tokens is not None):
-        raise ValueError(f"--base-url and --max-tokens are a served model's (--agent openai:NAME); the {args.agent!r} "
+        raise UsageError(f"--base-url and --max-tokens are a served model's (--agent openai:NAME); the {args.agent!r} "
                          "agent is simulated: drop them")
     if args.paired_with:
         unknown = [m.strip() for m in args.paired_with.split(",") if m.strip() and m.strip() not in methods]
         if unknown:
-            raise ValueError(f"--paired-with {', '.join(unknown)}: not among --methods {methods}; name methods of "
+            raise UsageError(f"--paired-with {', '.join(unknown)}: not among --methods {methods}; name methods of "
                              "this run")
 
 
@@ -97,7 +98,7 @@ def _study(args: argparse.Namespace) -> int:
     unused = [f"--{a.dest.replace('_', '-')}" for a in parser._actions
               if a.dest not in _STUDY_FLAGS and a.dest != "help" and getattr(args, a.dest, None) != a.default]
     if unused:
-        raise ValueError(f"{', '.join(unused)} shape one comparison (intent bench run), not the study, which runs "
+        raise UsageError(f"{', '.join(unused)} shape one comparison (intent bench run), not the study, which runs "
                          "its own markets, methods and task counts: drop them (--quick runs the reduced study)")
 
     kw: dict[str, Any] = {"out": args.out, "seed": args.seed, "workers": args.workers, "agent": args.agent,

@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from intent.errors import IntentError
+from intent.errors import IntentError, UsageError
 
 __all__ = ["JudgeUnavailableError", "SoPRJudge"]
 
@@ -71,7 +71,7 @@ class SoPRJudge:
         import httpx
 
         if runs < 1:
-            raise ValueError(f"judge runs must be >= 1 (StableToolBench uses 3), got {runs}")
+            raise UsageError(f"judge runs must be >= 1 (StableToolBench uses 3), got {runs}")
         if check:  # at startup, not after an hour of episodes: the endpoint, and the model it serves
             from eval.agents.chat import check_model
 

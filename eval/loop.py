@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
+
 __all__ = ["LoopConfig", "observation_answers", "run_loop"]
 
 
@@ -99,10 +101,10 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
     from training.train_worldmodel import train_world_model
 
     if cfg.market != "synthetic":
-        raise ValueError(f"intent loop: market {cfg.market!r} is not supported yet; the fidelity checker and "
+        raise UsageError(f"intent loop: market {cfg.market!r} is not supported yet; the fidelity checker and "
                          "ground-truth labels are the synthetic market's (use --market synthetic)")
     if cfg.encoder_epochs is not None and cfg.encoder_epochs < 0:
-        raise ValueError(f"--encoder-epochs is {cfg.encoder_epochs}; give 0 (no encoder) or more")
+        raise UsageError(f"--encoder-epochs is {cfg.encoder_epochs}; give 0 (no encoder) or more")
     if cfg.agent not in ("sim", "sim-llm"):
         # The bench stage's agent, checked before the training stages (minutes here, hours on real logs).
         from eval.agents.chat import chat_agent_factory
@@ -161,7 +163,7 @@ def _fidelity(records: list[Any], train_tasks: set[str], test_tasks: set[str], w
     calls = [r for r in records if r.task_id in test_tasks and r.decision == "accept" and label_of(r) == 1
              and isinstance(r.args, dict)][: cfg.fidelity_calls]
     if not calls:
-        raise ValueError("no z = 1 calls on the held-out tasks: collect more logs")
+        raise UsageError("no z = 1 calls on the held-out tasks: collect more logs")
     models = {
         "trained generator (" + wm_dir.name + ")": TransformersWorldModel(wm_dir, max_new_tokens=96, temperature=0.0),
         "replay (training tasks)": ReplayWorldModel([r for r in records if r.task_id in train_tasks], temperature=0.0),

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from langchain_core.tools import BaseTool, StructuredTool
 
 from eval.agents.simulated import NeedView, TaskView
+from intent.errors import UsageError
 from intent.market import Market
 
 __all__ = ["BenchMarket", "EpisodeEnv", "SyntheticBenchMarket", "tier_from_description"]
@@ -91,7 +92,7 @@ class SyntheticBenchMarket:
         from eval.synthetic import SIMULATED_LABEL, generate_tasks
 
         if relevant_price_scale <= 0:
-            raise ValueError(f"relevant_price_scale must be > 0, got {relevant_price_scale}")
+            raise UsageError(f"relevant_price_scale must be > 0, got {relevant_price_scale}")
         self.label = SIMULATED_LABEL
         tasks = generate_tasks(n, seed, event_rate=event_rate, budget=budget, budget_scale=budget_scale)
         if relevant_price_scale != 1.0:
@@ -181,7 +182,7 @@ class SyntheticV2BenchMarket(SyntheticBenchMarket):
         from eval.synthetic.generator_v2 import generate_tasks_v2
 
         if relevant_price_scale <= 0:
-            raise ValueError(f"relevant_price_scale must be > 0, got {relevant_price_scale}")
+            raise UsageError(f"relevant_price_scale must be > 0, got {relevant_price_scale}")
         self.label = SIMULATED_LABEL + "; market v2 (dependencies, cost traps, query-dependent quality)"
         tasks = generate_tasks_v2(n, seed, event_rate=event_rate, budget=budget, budget_scale=budget_scale)
         if relevant_price_scale != 1.0:

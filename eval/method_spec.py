@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from intent.errors import UsageError
 from intent.oracle import Oracle
 
 __all__ = ["SYSTEM_PROMPT", "EpisodeLoop", "MethodContext", "MethodSpec"]
@@ -57,7 +58,7 @@ def positive_int_option(options: dict[str, Any] | None, key: str, default: int, 
     """``options[key]`` (or ``default``), refused unless an integer >= 1, naming its flag."""
     value = (options or {}).get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{flag} must be an integer >= 1 ({meaning}), got {value!r}")
+        raise UsageError(f"{flag} must be an integer >= 1 ({meaning}), got {value!r}")
     return value
 
 

@@ -20,6 +20,7 @@ from importlib.metadata import entry_points
 
 from eval import baseline_methods, optimal, oracle_methods
 from eval.method_spec import SYSTEM_PROMPT, EpisodeLoop, MethodContext, MethodSpec
+from intent.errors import UsageError
 
 __all__ = ["SYSTEM_PROMPT", "EpisodeLoop", "MethodContext", "MethodSpec", "available_methods", "get_method",
            "register"]
@@ -37,7 +38,7 @@ def register(spec: MethodSpec, *, replace: bool = False) -> None:
         raise TypeError(f"register() takes a MethodSpec, got {type(spec).__name__}")
     with _lock:
         if spec.name in _REGISTRY and not replace and _REGISTRY[spec.name] is not spec:
-            raise ValueError(f"method {spec.name!r} is already registered; pass replace=True to replace it")
+            raise UsageError(f"method {spec.name!r} is already registered; pass replace=True to replace it")
         _REGISTRY[spec.name] = spec
 
 
@@ -69,4 +70,4 @@ def get_method(name: str) -> MethodSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; choose from {', '.join(sorted(_REGISTRY))}") from None
+        raise UsageError(f"unknown method {name!r}; choose from {', '.join(sorted(_REGISTRY))}") from None

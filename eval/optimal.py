@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eval.method_spec import MethodContext, MethodSpec
+from intent.errors import UsageError
 from intent.market import Market
 from intent.oracle import Decision, DecisionContext, Oracle, Outcome
 
@@ -247,7 +248,7 @@ class DecisionAudit(Oracle):
 def _optimal(ctx: MethodContext) -> Oracle:
     truth = getattr(ctx.env, "ground_truth", None)
     if not isinstance(truth, SyntheticTruth):
-        raise ValueError("method 'optimal' needs the synthetic market's ground truth; run it with --market synthetic "
+        raise UsageError("method 'optimal' needs the synthetic market's ground truth; run it with --market synthetic "
                          "or --market synthetic-v2")
     return OptimalGate(truth)
 

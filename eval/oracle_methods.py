@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.method_spec import DEFAULT_DELTA, DEFAULT_GAMMA, SYSTEM_PROMPT, MethodContext, MethodSpec, rollout_depth
+from intent.errors import UsageError
 from intent.logs import JsonlLogSink, read_log
 from intent.oracle import Oracle
 from intent.oracles import IntentOracle, MCOOracle
@@ -76,7 +77,7 @@ class OracleResources:
         logs, done = out / "logs.jsonl", out / "COMPLETE"
         if not done.exists():
             if self.collect is None:
-                raise ValueError("OracleResources needs oracle logs: pass options['oracle_logs'] (a guard log "
+                raise UsageError("OracleResources needs oracle logs: pass options['oracle_logs'] (a guard log "
                                  "JSONL) or collect= (eval.runner passes its episode loop)")
             out.mkdir(parents=True, exist_ok=True)
             logs.unlink(missing_ok=True)  # an interrupted collection restarts cleanly
@@ -184,7 +185,7 @@ class OracleResources:
         if choice == "encoder":
             return EncoderIntentionPredictor(self._train_encoder(records, fold))
         if choice != "auto":
-            raise ValueError(f"options['predictor'] (--predictor) is {choice!r}; choose 'hashed' (default), "
+            raise UsageError(f"options['predictor'] (--predictor) is {choice!r}; choose 'hashed' (default), "
                              "'encoder' (fine-tuned MiniLM) or 'auto' (the better of the two on held-out tasks)")
         out = self._oracle_dir("predictor_report", fold)
         report = predictor_report(records, seed=self.config.seed, out=out, encoder=self._encoder_kwargs())
@@ -207,7 +208,7 @@ def subsample_tasks(records: list[Any], fraction: float, *, seed: int) -> list[A
     import random
 
     if not 0 < fraction <= 1:
-        raise ValueError(f"oracle_fraction must be in (0, 1], got {fraction}")
+        raise UsageError(f"oracle_fraction must be in (0, 1], got {fraction}")
     if fraction == 1:
         return records
     tasks = sorted({r.task_id for r in records})
@@ -247,13 +248,13 @@ def _world_model(ctx: MethodContext, key: str, fold: int | None) -> Any:
     """
     choice = ctx.options.get("world_model", "replay")
     if choice not in ("replay", "schema"):
-        raise ValueError(f"options['world_model'] (--world-model) is {choice!r}; choose 'replay' (default: built "
+        raise UsageError(f"options['world_model'] (--world-model) is {choice!r}; choose 'replay' (default: built "
                          "from other tasks' logs) or 'schema' (the environment's simulator, an upper bound)")
     res = ctx.resources
     if choice == "schema":
         schema = getattr(ctx.env, "schema_world_model", None)
         if schema is None:
-            raise ValueError(f"--world-model schema: the {ctx.env.environment!r} environment has no simulator to "
+            raise UsageError(f"--world-model schema: the {ctx.env.environment!r} environment has no simulator to "
                              "use as a world model (only StableToolBench's schema environment has one); drop "
                              "--world-model or use --world-model replay")
         res.world_model_label = schema.label
@@ -278,7 +279,7 @@ def _trained_world_model(ctx: MethodContext, temperature: float) -> Any:
     res = ctx.resources
     url, directory = ctx.options.get("trained_world_model_url"), ctx.options.get("trained_world_model_dir")
     if not url and not directory:
-        raise ValueError("this method needs a trained world model: pass options['trained_world_model_dir'] (an "
+        raise UsageError("this method needs a trained world model: pass options['trained_world_model_dir'] (an "
                          "`intent train worldmodel` output) or options['trained_world_model_url'] (its server)")
     key = f"trained_wm:{url or directory}:{temperature}"
     with res._lock:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
 from intent.ledger import BUDGET_EPS
 
 __all__ = ["EpisodeResult", "ResultStore", "ResultsFormatError"]
@@ -21,7 +22,7 @@ __all__ = ["EpisodeResult", "ResultStore", "ResultsFormatError"]
 RESULT_SCHEMA = 2  # 2: proposed_calls, answered_calls; a crashed episode is infeasible
 
 
-class ResultsFormatError(ValueError):
+class ResultsFormatError(UsageError):
     """A results file is corrupt in a way that resuming cannot repair."""
 
 

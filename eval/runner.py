@@ -28,6 +28,7 @@ from eval.method_spec import (DEFAULT_DELTA, DEFAULT_GAMMA, DEFAULT_MAX_DEPTH, S
                               MethodSpec, positive_int_option, rollout_depth)
 from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
+from intent.errors import UsageError
 from intent.feedback import check_feedback_chars
 from intent.guard import LEDGER_KEY, BudgetGuard
 from intent.logs import FanoutLogSink, JsonlLogSink, LogSink, MemoryLogSink
@@ -266,24 +267,24 @@ def build_market(config: BenchConfig) -> BenchMarket:
         from eval.stb_market import StableToolBenchMarket
 
         return StableToolBenchMarket.from_config(config)
-    raise ValueError(f"unknown market {config.market!r}; choose 'synthetic', 'synthetic-v2' or 'stabletoolbench'")
+    raise UsageError(f"unknown market {config.market!r}; choose 'synthetic', 'synthetic-v2' or 'stabletoolbench'")
 
 
 def validate(config: BenchConfig) -> list[MethodSpec]:
     if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
-        raise ValueError(f"--seed must be an integer >= 0, got {config.seed!r}")
+        raise UsageError(f"--seed must be an integer >= 0, got {config.seed!r}")
     if config.tasks < 1:
-        raise ValueError(f"--tasks must be >= 1, got {config.tasks}")
+        raise UsageError(f"--tasks must be >= 1, got {config.tasks}")
     if config.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {config.workers}")
+        raise UsageError(f"--workers must be >= 1, got {config.workers}")
     if config.budget is not None and not (isinstance(config.budget, (int, float)) and 0 < config.budget < float("inf")):
-        raise ValueError(f"--budget must be a finite number > 0, got {config.budget!r}; leave it out to use each task's "
+        raise UsageError(f"--budget must be a finite number > 0, got {config.budget!r}; leave it out to use each task's "
                          "own budget")
     if not config.methods:
-        raise ValueError("--methods is empty; name at least one method, e.g. --methods raw,prompt")
+        raise UsageError("--methods is empty; name at least one method, e.g. --methods raw,prompt")
     runs = config.options.get("judge_runs")
     if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
-        raise ValueError(f"--judge-runs is {runs!r}; give the SoPR judge's runs per answer, 1 or more (StableToolBench "
+        raise UsageError(f"--judge-runs is {runs!r}; give the SoPR judge's runs per answer, 1 or more (StableToolBench "
                          "uses 3)")
     # Checked before any episode (or the oracle logs' collection, hours with a real model) runs.
     check_feedback_chars(config.options.get("feedback_chars"))
@@ -293,13 +294,13 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
     _max_turns(config.options)
     rollout_depth(config.options)
     if config.options.get("rollout_max_tokens") is not None and config.agent in ("sim", "sim-llm"):
-        raise ValueError(f"--rollout-max-tokens caps a chat model's rollout replies; the {config.agent!r} agent "
+        raise UsageError(f"--rollout-max-tokens caps a chat model's rollout replies; the {config.agent!r} agent "
                          "writes no tokens. Use it with --agent openai:NAME, or leave it out")
     specs = [get_method(m) for m in config.methods]
     if _uses_oracle_models(specs):
         _check_oracle_options(config)
     if config.reference and config.reference not in config.methods:
-        raise ValueError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}; "
+        raise UsageError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}; "
                          "leave it out to use prompt (when listed) or the first method")
     return specs
 
@@ -314,20 +315,20 @@ def _check_oracle_options(config: BenchConfig) -> None:
     opts = config.options
     gamma, delta = opts.get("gamma", DEFAULT_GAMMA), opts.get("delta", DEFAULT_DELTA)
     if not (isinstance(gamma, (int, float)) and gamma > 0 and math.isfinite(gamma)):
-        raise ValueError(f"--gamma is {gamma!r}; INTENT's risk factor is a number > 0 (the paper uses 0.5)")
+        raise UsageError(f"--gamma is {gamma!r}; INTENT's risk factor is a number > 0 (the paper uses 0.5)")
     if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
-        raise ValueError(f"--delta is {delta!r}; INTENT's blacklist threshold is in [0, 1) (the paper uses 0.1)")
+        raise UsageError(f"--delta is {delta!r}; INTENT's blacklist threshold is in [0, 1) (the paper uses 0.1)")
     directory = opts.get("predictor_dir")
     if directory and not Path(directory).is_dir():
-        raise ValueError(f"--predictor-dir {directory} is not a directory; give an `intent train predictor` output "
+        raise UsageError(f"--predictor-dir {directory} is not a directory; give an `intent train predictor` output "
                          "directory, or leave it out to train the predictor on the oracle logs")
     logs = opts.get("oracle_logs")
     if logs:
         path = Path(logs)
         if path.is_dir():
-            raise ValueError(f"--oracle-logs {logs} is a directory; give the log file, e.g. {path / 'logs.jsonl'}")
+            raise UsageError(f"--oracle-logs {logs} is a directory; give the log file, e.g. {path / 'logs.jsonl'}")
         if not path.is_file():
-            raise ValueError(f"--oracle-logs {logs} does not exist; leave it out to collect the logs in this run")
+            raise UsageError(f"--oracle-logs {logs} does not exist; leave it out to collect the logs in this run")
 
 
 def _check_oracle_logs(config: BenchConfig, market: BenchMarket, specs: Sequence[MethodSpec]) -> None:
@@ -349,9 +350,9 @@ def _check_oracle_logs(config: BenchConfig, market: BenchMarket, specs: Sequence
             if not tools or record.tool in tools:
                 return
     if not logged:
-        raise ValueError(f"--oracle-logs {logs} holds no tool calls; collect logs on this market (leave the flag "
+        raise UsageError(f"--oracle-logs {logs} holds no tool calls; collect logs on this market (leave the flag "
                          "out) or give a guard log of it")
-    raise ValueError(f"--oracle-logs {logs} logs calls of tools this market does not have ({sorted(logged)[:3]}"
+    raise UsageError(f"--oracle-logs {logs} logs calls of tools this market does not have ({sorted(logged)[:3]}"
                      f"...; this market's are {sorted(tools)[:3]}...): logs of another market; collect them on "
                      f"--market {config.market} (leave --oracle-logs out) or give that market's logs")
 
@@ -396,7 +397,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     _check_oracle_logs(config, market, specs)
     out = Path(config.out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a directory for the run's results")
+        raise UsageError(f"--out {out} is a file; give a directory for the run's results")
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, config)
     if config.market == "stabletoolbench" and config.options.get("solvability", True):
@@ -607,7 +608,7 @@ def _check_config(out: Path, config: BenchConfig) -> None:
             key = recorded
         if old != key:
             diff = {k: (old.get(k), key.get(k)) for k in sorted(old.keys() | key.keys()) if old.get(k) != key.get(k)}
-            raise ValueError(f"{out} holds results of another configuration {diff}; pass a new --out to start fresh")
+            raise UsageError(f"{out} holds results of another configuration {diff}; pass a new --out to start fresh")
     else:
         _atomic_write(path, json.dumps(key, indent=2))
 

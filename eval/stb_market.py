@@ -34,6 +34,7 @@ from langchain_core.tools import StructuredTool
 from eval.agents.simulated import NeedView, TaskView
 from eval.judges import SCORES
 from eval.markets import EpisodeEnv
+from intent.errors import UsageError
 from intent.market import Market, PricedTool
 
 __all__ = ["StableToolBenchMarket"]
@@ -99,9 +100,9 @@ class StableToolBenchMarket:
         self.environment_kind = environment
         self.env_url, self.env_model = env_url, env_model
         if environment in ("mirror", "server") and not env_url:
-            raise ValueError(f"--stb-env {environment} needs --stb-env-url (the endpoint to call)")
+            raise UsageError(f"--stb-env {environment} needs --stb-env-url (the endpoint to call)")
         if environment not in ("schema", "mirror", "server"):
-            raise ValueError(f"unknown StableToolBench environment {environment!r}; choose schema, mirror or server")
+            raise UsageError(f"unknown StableToolBench environment {environment!r}; choose schema, mirror or server")
         if environment == "mirror":  # fail at startup, not after an hour of episodes
             from eval.agents.chat import check_endpoint, check_model
 
@@ -130,7 +131,7 @@ class StableToolBenchMarket:
             return TfidfEmbedder()
         if kind == "minilm":
             return MiniLMEmbedder()
-        raise ValueError(f"unknown retriever {kind!r}; choose tfidf or minilm")
+        raise UsageError(f"unknown retriever {kind!r}; choose tfidf or minilm")
 
     @classmethod
     def from_config(cls, config: Any) -> StableToolBenchMarket:
@@ -140,7 +141,7 @@ class StableToolBenchMarket:
             from eval.judges import SoPRJudge
 
             if not o.get("judge_url"):
-                raise ValueError("--judge sopr needs --judge-url (an OpenAI-compatible endpoint) and --judge-model")
+                raise UsageError("--judge sopr needs --judge-url (an OpenAI-compatible endpoint) and --judge-model")
             sopr = SoPRJudge(o["judge_url"], o.get("judge_model", "gpt-4.1-mini"), runs=int(o.get("judge_runs", 3)))
         return cls(sopr=sopr, root=o.get("stb_path"), groups=o.get("groups"), limit=config.tasks, seed=config.seed,
                    out=config.out, retriever=o.get("retriever", "tfidf"), environment=o.get("stb_env", "schema"),
@@ -269,12 +270,12 @@ def _check_reachable(url: str, timeout: float = 5.0) -> None:
 
     parsed = urlparse(url)
     if not parsed.hostname:
-        raise ValueError(f"--stb-env-url {url!r} is not a URL like http://127.0.0.1:8080/virtual")
+        raise UsageError(f"--stb-env-url {url!r} is not a URL like http://127.0.0.1:8080/virtual")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
         socket.create_connection((parsed.hostname, port), timeout=timeout).close()
     except OSError as exc:
-        raise ValueError(f"cannot reach the StableToolBench server at {url}: {exc}; is it running?") from exc
+        raise UsageError(f"cannot reach the StableToolBench server at {url}: {exc}; is it running?") from exc
 
 
 def embedder_name(kind: str) -> str:

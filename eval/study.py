@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.runner import BenchConfig, run_benchmark
+from intent.errors import UsageError
 
 __all__ = ["StudyConfig", "predictor_lines", "run_study"]
 
@@ -107,7 +108,7 @@ def run_study(cfg: StudyConfig) -> dict[str, Any]:
         return run_benchmark(bc, progress=cfg.progress)
 
     if cfg.predictor not in ("hashed", "encoder", "auto"):
-        raise ValueError(f"StudyConfig.predictor is {cfg.predictor!r}; choose 'hashed', 'encoder' or 'auto'")
+        raise UsageError(f"StudyConfig.predictor is {cfg.predictor!r}; choose 'hashed', 'encoder' or 'auto'")
     cfg.options.setdefault("predictor", cfg.predictor)
     cfg.options.setdefault("oracle_train_tasks", cfg.oracle_tasks)
     main_methods = _available(cfg.main_methods)

@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "IntentError": "intent.errors",
     "InvalidBillError": "intent.errors",
     "UnpricedToolWarning": "intent.errors",
+    "UsageError": "intent.errors",
     "SCHEMA_VERSION": "intent.logs",
     "JsonlLogSink": "intent.logs",
     "MemoryLogSink": "intent.logs",
@@ -77,7 +78,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from intent.budget import Budget
-    from intent.errors import GuardConfigError, IntentError, InvalidBillError, UnpricedToolWarning
+    from intent.errors import GuardConfigError, IntentError, InvalidBillError, UnpricedToolWarning, UsageError
     from intent.nesting import FromParent
     from intent.pricing import ModelPrice, ModelPrices, UnpricedModelError
     from intent.report import budget_report

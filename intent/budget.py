@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from intent.errors import UsageError
 from intent.market import check_amount
 
 __all__ = ["CAP_OF_KIND", "ENTRY_KINDS", "Budget", "EntryKind"]
@@ -38,7 +39,7 @@ class Budget:
             if value is not None:
                 object.__setattr__(self, name, check_amount(value, f"Budget.{name}"))
         if self.currency is not None and (not isinstance(self.currency, str) or not self.currency.strip()):
-            raise ValueError(f"Budget.currency must be a currency code like 'USD', got {self.currency!r}")
+            raise UsageError(f"Budget.currency must be a currency code like 'USD', got {self.currency!r}")
 
     def caps(self) -> dict[str, float]:
         return {k: v for k, v in (("tools", self.tools), ("llm", self.llm)) if v is not None}

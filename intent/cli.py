@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from intent.errors import IntentError
+from intent.errors import IntentError, UsageError
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -22,11 +22,11 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.store or args.key:
         if not (args.store and args.key):
-            raise ValueError("--store and --key go together: intent report --store sqlite:///budgets.db --key K")
+            raise UsageError("--store and --key go together: intent report --store sqlite:///budgets.db --key K")
         print(shared_budget_report(args.store, args.key), end="")
         return 0
     if args.source is None:
-        raise ValueError("give a guard log or run directory, or --store URL --key K for a shared budget")
+        raise UsageError("give a guard log or run directory, or --store URL --key K for a shared budget")
     report = budget_report(args.source)
     written = report.write(args.out) if args.out else []  # before printing: a bad --out fails with no output
     print(report.to_markdown(), end="")
@@ -85,28 +85,15 @@ positive_int = _positive(int, "an integer", "an integer >= 1")
 positive_float = _positive(float, "a number", "a number > 0")
 
 
-def _raised_on_purpose(exc: BaseException) -> bool:
-    """Whether ``exc`` came out of a ``raise`` statement (a check that names the field and the fix) rather
-    than out of an expression that failed (``range(..., 0)``, ``max([])``): the line it was raised on says."""
-    import linecache
-
-    tb = exc.__traceback__
-    if tb is None:
-        return True
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno).lstrip().startswith("raise")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, IntentError) as exc:
-        if isinstance(exc, ValueError) and not isinstance(exc, IntentError) and not _raised_on_purpose(exc):
-            raise  # a ValueError out of a computation (range(), max(), float()): a bug, with its traceback
-        print(f"intent {args.command}: error: {exc}", file=sys.stderr)  # an error raised on purpose, with its fix
+    except (IntentError, FileNotFoundError) as exc:
+        # Raised on purpose (a UsageError names the input and the fix): one line. Anything else, a plain
+        # ValueError included, is a bug and propagates with its traceback.
+        print(f"intent {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"intent {args.command}: interrupted; what finished is saved (benchmarks: run the same command to "

@@ -11,6 +11,7 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     │       └── ModelCallRefused          a model execution the budget does not cover (raised in its invoke)
     │           └── MeteredModelRefused (langchain ModelError)  one of guard.metered_model's, not retried
     ├── InvalidDecisionError (TypeError)  an oracle returned something that is not a Decision
+    ├── UsageError (ValueError)           the user's input is wrong: a flag, a file, a config field
     ├── GuardConfigError (ValueError, TypeError)  a BudgetGuard built with a bad argument
     ├── InvalidBillError (ValueError, TypeError)  a tool reported a bill that is not a number >= 0
     ├── LogFormatError (ValueError)       a log line is not a valid step record
@@ -50,6 +51,15 @@ Everything else raised inside an oracle (a ``KeyError``, ``TypeError``, ``Attrib
 its code, a :class:`ModelRequestError` from a misconfigured model name or URL) is a bug or a
 configuration error: it propagates out of the guard unchanged, so the run fails loudly instead
 of being silently decided by the fallback.
+
+**User input and bugs.** A :class:`UsageError` says the user's input is wrong (a CLI flag, a file or
+log the user pointed to, a config field of a public class, an argument of the public API); its
+message names the input and says the fix, and ``intent``'s command line prints it as one line
+(``intent bench: error: ...``, exit 2), as it does a ``FileNotFoundError``. A plain ``ValueError``
+(or any other exception that is not an :class:`IntentError`) is a bug: the command line lets it
+propagate with its traceback. The
+harness's own input errors subclass UsageError (``eval``'s ``EndpointError``, ``StbDataError``,
+``ResultsFormatError``, ``PromptDoesNotFitError``).
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ __all__ = [
     "OracleTimeoutError",
     "OracleUnavailableError",
     "UnpricedToolWarning",
+    "UsageError",
     "as_oracle_unavailable",
     "is_context_overflow",
     "model_call",
@@ -79,6 +90,13 @@ __all__ = [
 
 class IntentError(Exception):
     """Base class of every error ``intent`` raises on purpose."""
+
+
+class UsageError(IntentError, ValueError):
+    """The user's input is wrong: a flag, a file, a config field; the message names it and says the fix.
+
+    A ``ValueError`` too, so ``except ValueError`` keeps catching it. The command line prints it as one
+    line (exit 2); a plain ``ValueError`` is a bug and keeps its traceback."""
 
 
 class UnpricedToolWarning(UserWarning):

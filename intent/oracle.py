@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from intent.errors import IntentError
+from intent.errors import IntentError, UsageError
 from intent.market import Market
 
 __all__ = [
@@ -71,7 +71,7 @@ class PlannedStep:
 
     def __post_init__(self) -> None:
         if not (0.0 < self.p_success <= 1.0) or math.isnan(self.p_success):
-            raise ValueError(
+            raise UsageError(
                 f"PlannedStep.p_success for {self.tool!r} is {self.p_success}; it must be in (0, 1] "
                 "(clip predictor outputs away from 0)"
             )

@@ -33,6 +33,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
 from intent.logs import LogFormatError, StepRecord, read_log
 
 __all__ = ["BudgetReport", "EpisodeBudget", "budget_report"]
@@ -330,7 +331,7 @@ class BudgetReport:
         """``budget_report.md``, ``.json`` and ``.png`` in the directory ``out``; returns their paths."""
         out = Path(out)
         if out.exists() and not out.is_dir():
-            raise ValueError(f"{out} is a file; --out takes a directory to write budget_report.* into")
+            raise UsageError(f"{out} is a file; --out takes a directory to write budget_report.* into")
         out.mkdir(parents=True, exist_ok=True)
         md, js = out / "budget_report.md", out / "budget_report.json"
         md.write_text(self.to_markdown(), encoding="utf-8")
@@ -364,7 +365,7 @@ def _read(source: str | Path | Iterable[StepRecord]) -> tuple[list[StepRecord], 
         used.append(str(f))
     if not used:
         found = f" ({len(skipped)} *.jsonl files, none of them a guard log)" if skipped else ""
-        raise ValueError(f"{path} holds no guard log{found}: expected *.jsonl files written by "
+        raise UsageError(f"{path} holds no guard log{found}: expected *.jsonl files written by "
                          "BudgetGuard(log_sink=JsonlLogSink(...))")
     return records, used, skipped
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from intent.errors import ContextOverflowError, model_call
+from intent.errors import ContextOverflowError, UsageError, model_call
 from intent.market import Market
 from intent.messages import merge_identical
 from intent.oracle import DecisionContext
@@ -79,7 +79,7 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
     from worldmodel.protocols import simulate_counted
 
     if max_depth < 1:
-        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+        raise UsageError(f"max_depth must be >= 1, got {max_depth}")
     history = list(ctx.history)
     cut = max((i for i, m in enumerate(history) if isinstance(m, AIMessage)), default=len(history))
     messages: list[BaseMessage] = history[:cut]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from intent import AcceptAll, BudgetGuard, GuardConfigError, Market, PricedTool
+from intent import AcceptAll, BudgetGuard, GuardConfigError, IntentError, Market, PricedTool, UsageError
 from intent.market import InvalidPriceError
 from intent.cli import main
 
@@ -171,14 +171,72 @@ def test_bench_commands_name_a_bad_flag(argv, says, capsys):
     assert raised.value.code == 2 and says in capsys.readouterr().err
 
 
-def test_a_value_error_out_of_a_computation_is_a_bug_with_its_traceback(monkeypatch):
-    # The CLI turned every ValueError into a one-line "error:", so a bug (range() with a step of 0, max() of
-    # nothing) read as a user mistake. A check's own `raise ValueError(...)` still gets one line.
+@pytest.mark.parametrize("bug", [lambda: max([]), lambda: _raise(ValueError("bug"))],
+                         ids=["out-of-an-expression", "raised-on-purpose"])
+def test_a_plain_value_error_is_a_bug_with_its_traceback(bug, monkeypatch, capsys):
+    # The CLI printed one line for a ValueError whose last traceback line started with `raise`, so a bug that
+    # raises ValueError on purpose read as a user mistake. Only an IntentError (a UsageError for the user's
+    # input) gets one line now; any plain ValueError propagates with its traceback.
     import eval.cli
 
-    def buggy(args):
-        return max([])  # a bug: ValueError out of an expression
-
-    monkeypatch.setattr(eval.cli, "_bench", buggy)
-    with pytest.raises(ValueError, match="empty"):
+    monkeypatch.setattr(eval.cli, "_bench", lambda args: bug())
+    with pytest.raises(ValueError) as raised:
         main(["bench", "--methods", "raw"])
+    assert not isinstance(raised.value, IntentError)
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_a_usage_error_is_one_line_and_exit_2(monkeypatch, capsys):
+    import eval.cli
+
+    def wrong_input(args):
+        raise UsageError("--tasks is 0; give 1 or more")
+
+    monkeypatch.setattr(eval.cli, "_bench", wrong_input)
+    assert main(["bench", "--methods", "raw"]) == 2
+    assert capsys.readouterr().err == "intent bench: error: --tasks is 0; give 1 or more\n"
+
+
+def test_the_harness_errors_about_user_data_are_usage_errors(tmp_path, capsys):
+    # StbDataError, EndpointError, ResultsFormatError, PromptDoesNotFitError name a path, a URL or a setting the
+    # user gave: one line, like before (they were ValueErrors caught by the "raised on purpose" heuristic).
+    from eval.agents.chat import EndpointError
+    from eval.agents.context_full import PromptDoesNotFitError
+    from eval.results import ResultsFormatError
+    from eval.stabletoolbench.loader import StbDataError
+
+    assert all(issubclass(cls, UsageError) and issubclass(cls, ValueError)
+               for cls in (EndpointError, PromptDoesNotFitError, ResultsFormatError, StbDataError))
+    assert main(["bench", "--market", "stabletoolbench", "--stb-path", str(tmp_path / "none"), "--tasks", "1",
+                 "--methods", "raw", "--no-progress", "--out", str(tmp_path / "r")]) == 2
+    assert "StableToolBench data not found" in capsys.readouterr().err
+
+
+# The plain `raise ValueError(...)` left in the packages: each is a programming error (an embedder returning
+# the wrong shape, a model's reply retried in place), not the user's input. A new one must be one of those,
+# or a UsageError naming the input and the fix.
+_PLAIN_VALUE_ERRORS = {("baselines/embeddings.py", "l2_normalize"), ("baselines/btp/experience.py", "estimate"),
+                       ("eval/stabletoolbench/retrieval.py", "encode_batched"), ("eval/judges.py", "_ask")}
+
+
+def test_every_value_error_raised_on_purpose_is_a_usage_error_or_a_known_bug_check():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = set()
+    for package in ("intent", "eval", "training", "baselines", "worldmodel", "intent_vllm"):
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for func in ast.walk(tree):
+                if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(func):
+                    if (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                            and getattr(node.exc.func, "id", None) == "ValueError"):
+                        found.add((path.relative_to(root).as_posix(), func.name))
+    assert found == _PLAIN_VALUE_ERRORS
+
+
+def _raise(exc: BaseException):
+    raise exc

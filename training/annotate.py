@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
 from intent.logs import StepRecord, label_of
 from worldmodel.formats import JUDGE_SYSTEM, judge_prompt, parse_judge
 
@@ -31,7 +32,7 @@ class LLMJudge:
         from eval.agents.chat import check_endpoint
 
         if votes < 1 or votes % 2 == 0:
-            raise ValueError(f"votes must be an odd number >= 1 (a majority), got {votes}")
+            raise UsageError(f"votes must be an odd number >= 1 (a majority), got {votes}")
         check_endpoint(base_url, api_key=api_key, url_flag="--judge-url")
         self.model, self.votes, self.temperature = model, votes, temperature
         self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
@@ -57,9 +58,9 @@ class LLMJudge:
 def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "ground_truth",
              judge: LLMJudge | None = None) -> dict[str, Any]:
     if method not in ("ground_truth", "llm"):
-        raise ValueError(f"annotation method must be ground_truth or llm, got {method!r}")
+        raise UsageError(f"annotation method must be ground_truth or llm, got {method!r}")
     if method == "llm" and judge is None:
-        raise ValueError(LLM_NEEDS_JUDGE)
+        raise UsageError(LLM_NEEDS_JUDGE)
     counts: Counter[str] = Counter()
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -76,5 +77,5 @@ def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "
                 counts["labelled" if z is not None else "unlabelled"] += 1
             fh.write(json.dumps(data) + "\n")
     if counts["labelled"] == 0:
-        raise ValueError("no call could be labelled: the logs carry no ground truth (artifact z); use --method llm")
+        raise UsageError("no call could be labelled: the logs carry no ground truth (artifact z); use --method llm")
     return dict(counts)

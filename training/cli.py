@@ -8,6 +8,7 @@ from typing import Any
 
 from intent.cli import positive_float as _positive_float
 from intent.cli import positive_int as _positive_int
+from intent.errors import UsageError
 
 
 def _annotate(args: argparse.Namespace) -> int:
@@ -15,7 +16,7 @@ def _annotate(args: argparse.Namespace) -> int:
     from training.data import load_records
 
     if args.method == "llm" and not (args.judge_url and args.judge_model):
-        raise ValueError(LLM_NEEDS_JUDGE)  # before the logs are read or the endpoint is tried
+        raise UsageError(LLM_NEEDS_JUDGE)  # before the logs are read or the endpoint is tried
     judge = LLMJudge(args.judge_url, args.judge_model, votes=args.votes) if args.method == "llm" else None
     print(json.dumps(annotate(load_records(args.logs), args.out, method=args.method, judge=judge)))
     return 0

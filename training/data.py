@@ -10,6 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
 from intent.feedback import without_result_note
 from intent.logs import LogFormatError, StepRecord, label_of, read_log
 
@@ -38,7 +39,7 @@ def load_records(paths: str | Path | Sequence[str | Path]) -> list[StepRecord]:
     """Every record of the given logs; errors name the file and line, empty logs are refused."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
-        raise ValueError("no log files given; pass --logs with the JSONL written by the guard or the benchmark")
+        raise UsageError("no log files given; pass --logs with the JSONL written by the guard or the benchmark")
     out: list[StepRecord] = []
     for path in paths:
         records = list(read_log(path, skip_torn_tail=True))
@@ -86,9 +87,9 @@ def parse_fraction(text: str | float) -> float:
     try:
         value = float(Fraction(str(text)))
     except (ValueError, ZeroDivisionError) as exc:
-        raise ValueError(f"--fraction {text!r} is not a number like 1/32 or 0.25") from exc
+        raise UsageError(f"--fraction {text!r} is not a number like 1/32 or 0.25") from exc
     if not 0 < value <= 1:
-        raise ValueError(f"--fraction must be in (0, 1], got {text!r}")
+        raise UsageError(f"--fraction must be in (0, 1], got {text!r}")
     return value
 
 
@@ -105,7 +106,7 @@ def split_by_task(items: Sequence[Any], *, seed: int, ratios: tuple[float, float
                   ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """Train/dev/test 8:1:1 by task: no task is in two splits. Returns the splits and a manifest."""
     if abs(sum(ratios) - 1) > 1e-9 or min(ratios) < 0:
-        raise ValueError(f"split ratios must be >= 0 and sum to 1, got {ratios}")
+        raise UsageError(f"split ratios must be >= 0 and sum to 1, got {ratios}")
     tasks = sorted({it.task_id for it in items})
     random.Random(seed).shuffle(tasks)
     n_train = int(round(len(tasks) * ratios[0]))

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
 from training.data import triples
 
 __all__ = ["ECE_BINS", "auroc", "auroc_by_fraction", "ece_floor", "predictor_report", "score", "split_tasks"]
@@ -87,11 +88,11 @@ def split_tasks(task_ids: Sequence[str], *, seed: int, test_fraction: float = 0.
     from collections import Counter
 
     if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        raise UsageError(f"test_fraction must be in (0, 1), got {test_fraction}")
     per_task = Counter(task_ids)
     tasks = sorted(per_task)
     if len(tasks) < 5:
-        raise ValueError(f"the logs hold {len(tasks)} task(s); a by-task split needs at least 5 (collect more logs)")
+        raise UsageError(f"the logs hold {len(tasks)} task(s); a by-task split needs at least 5 (collect more logs)")
     random.Random(seed).shuffle(tasks)
     n_test = max(1, int(round(len(tasks) * test_fraction)))
     while n_test < len(tasks) // 2 and sum(per_task[t] for t in tasks[:n_test]) < min_test_examples:
@@ -140,7 +141,7 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
 
     labelled = triples(records)  # executed calls with a label, in canonical order
     if not labelled:
-        raise ValueError("the logs hold no executed calls with a label z; nothing to evaluate")
+        raise UsageError("the logs hold no executed calls with a label z; nothing to evaluate")
     train_tasks, test_tasks = split_tasks([t.task_id for t in labelled], seed=seed, test_fraction=test_fraction,
                                           min_test_examples=min_test_examples)
     train = [t for t in labelled if t.task_id in train_tasks]
@@ -162,7 +163,7 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
     encoder_report = None
     if encoder is not None:
         if out is None:
-            raise ValueError("predictor_report(encoder=...) needs out= (the encoder is saved in out/encoder)")
+            raise UsageError("predictor_report(encoder=...) needs out= (the encoder is saved in out/encoder)")
         from training.train_intention import train_predictor
         from worldmodel.predictors import EncoderIntentionPredictor
 

@@ -12,6 +12,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from intent.errors import UsageError
+
 __all__ = ["serve", "vllm_command"]
 
 
@@ -44,9 +46,12 @@ def serve(model_dir: str | Path, *, print_only: bool = False, python: str | None
     config = Path(model_dir) / "config.json"
     if not config.exists():
         raise FileNotFoundError(f"{model_dir} is not an exported model directory (no config.json)")
-    architectures = json.loads(config.read_text()).get("architectures") or []
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise UsageError(f"{config} is not a model's config.json ({exc}); pass an exported model directory") from exc
     if any("SequenceClassification" in a for a in architectures):
-        raise ValueError(f"{model_dir} is a classifier ({architectures[0]}: the intention predictor), not a generator; "
+        raise UsageError(f"{model_dir} is a classifier ({architectures[0]}: the intention predictor), not a generator; "
                          "vLLM serves the world model: `intent serve worldmodel DIR/worldmodel`")
     python = python or _vllm_python()
     if python is None and not print_only:

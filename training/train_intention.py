@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
 from intent.progress import progress as progress_reporter
 from training.common import check_base_model, memory_warning, reliability_png
 from training.data import Triple, save_manifest, split_by_task, subsample
@@ -53,7 +54,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
     out = Path(out_dir)
     items = subsample(items, fraction, seed=seed)
     if len({t.z for t in items}) < 2:
-        raise ValueError("the intention labels are all one class; the predictor needs both z=0 and z=1 examples")
+        raise UsageError("the intention labels are all one class; the predictor needs both z=0 and z=1 examples")
     if test_tasks is None:
         splits, manifest = split_by_task(items, seed=seed)
     else:
@@ -64,7 +65,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         manifest["sizes"] = {k: len(v) for k, v in splits.items()}
     for name in ("dev", "test"):
         if len({t.z for t in splits[name]}) < 2:
-            raise ValueError(f"the {name} split ({len(splits[name])} examples) lacks one of the classes: too small "
+            raise UsageError(f"the {name} split ({len(splits[name])} examples) lacks one of the classes: too small "
                              "to calibrate/evaluate; collect more logs (more tasks)")
     base = base_model or default_encoder()
     cfg = check_base_model(base, "encoder")

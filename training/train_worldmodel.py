@@ -18,6 +18,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
 from training.common import check_base_model, memory_warning
 from training.data import Pair, save_manifest, split_by_task, subsample
 
@@ -109,7 +110,10 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     to ``eval_examples`` dev examples is recorded: ``loss_curve.json`` and ``loss_curve.png``. With
     ``keep_best`` the weights exported are those of the lowest validation loss (``exported_step``)."""
     if config is not None:
-        cfg_file = json.loads(Path(config).read_text())
+        try:
+            cfg_file = json.loads(Path(config).read_text())
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--config {config} is not valid JSON ({exc}); fix the file or leave --config out") from exc
         base_model = base_model or cfg_file.get("base_model")
         epochs, batch_size = cfg_file.get("epochs", epochs), cfg_file.get("batch_size", batch_size)
         grad_accumulation, lr = cfg_file.get("grad_accumulation", grad_accumulation), cfg_file.get("lr", lr)
@@ -118,7 +122,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     rows = [p for p in items if p.z == 1] if conditional else list(items)
     rows = subsample(rows, fraction, seed=seed)
     if len(rows) < 3:
-        raise ValueError(f"only {len(rows)} (tool, arguments) -> observation pairs"
+        raise UsageError(f"only {len(rows)} (tool, arguments) -> observation pairs"
                          + (" with z = 1" if conditional else "") + "; collect more logs")
     splits, manifest = split_by_task(rows, seed=seed)
     out = Path(out_dir)

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from intent.errors import UsageError
+
 __all__ = ["apply_isotonic", "brier", "ece", "fit_isotonic", "fit_temperature", "nll", "reliability_bins", "sigmoid"]
 
 
@@ -55,7 +57,7 @@ def fit_temperature(logits: Sequence[float], labels: Sequence[int], *, low: floa
     """The T > 0 minimising the NLL of sigmoid(logit / T) (golden-section search on log T)."""
     z, y = np.asarray(logits, dtype=float), np.asarray(labels, dtype=int)
     if len(set(y.tolist())) < 2:
-        raise ValueError("temperature scaling needs both classes in the calibration split; "
+        raise UsageError("temperature scaling needs both classes in the calibration split; "
                          "collect more data or use a larger dev split")
 
     def loss(log_t: float) -> float:
@@ -86,9 +88,9 @@ def fit_isotonic(probs: Sequence[float], labels: Sequence[int], *, min_block: in
     """
     p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=float)
     if len(p) != len(y) or len(p) == 0:
-        raise ValueError(f"isotonic calibration needs one label per probability (got {len(p)} and {len(y)})")
+        raise UsageError(f"isotonic calibration needs one label per probability (got {len(p)} and {len(y)})")
     if len(set(y.tolist())) < 2:
-        raise ValueError("isotonic calibration needs both classes in the calibration split")
+        raise UsageError("isotonic calibration needs both classes in the calibration split")
     order = np.argsort(p, kind="mergesort")
     # Start from blocks of min_block consecutive calls, then pool adjacent violators.
     blocks: list[list[float]] = []  # [sum p, sum y, n]

@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from intent.errors import UsageError
 from intent.errors import (
     ContextOverflowError,
     MalformedModelOutputError,
@@ -75,9 +76,10 @@ class OpenAICompatibleWorldModel:
         import httpx
 
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+            raise UsageError(f"base_url must start with http:// or https://, got {base_url!r}")
         if retries < 0 or max_concurrency < 1 or timeout <= 0:
-            raise ValueError("retries must be >= 0, max_concurrency >= 1 and timeout > 0")
+            raise UsageError(f"retries must be >= 0, max_concurrency >= 1 and timeout > 0, got {retries}, {max_concurrency} "
+                             f"and {timeout}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.temperature = temperature

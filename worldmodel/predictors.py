@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
 from worldmodel.formats import FORMAT_VERSION, predictor_text
 from worldmodel.protocols import ModelError, PredictorInput
 from worldmodel.replay import label_of
@@ -84,7 +85,7 @@ class EncoderIntentionPredictor:
         calibration_file = path / "calibration.json"
         calibration = json.loads(calibration_file.read_text()) if calibration_file.exists() else {}
         if calibration.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
-            raise ValueError(f"{calibration_file}: format_version {calibration.get('format_version')} != "
+            raise UsageError(f"{calibration_file}: format_version {calibration.get('format_version')} != "
                              f"{FORMAT_VERSION}; retrain with this version of worldmodel/formats.py")
         self.temperature = float(calibration.get("temperature", 1.0)) if calibrated else 1.0
         self._torch = torch
@@ -148,7 +149,7 @@ class HashedLogisticPredictor:
                  seed: int = 0, min_calibration_examples: int = 200,
                  isotonic_blocks: Sequence[int] = (20, 40, 80), min_isotonic_examples: int = 500) -> None:
         if epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {epochs}")
+            raise UsageError(f"epochs must be >= 1, got {epochs}")
         self.n_features, self.epochs, self.lr, self.seed = n_features, epochs, lr, seed
         self.min_calibration_examples = min_calibration_examples
         self.isotonic_blocks = tuple(isotonic_blocks)
@@ -250,11 +251,11 @@ class HashedLogisticPredictor:
         from worldmodel.calibration import ece, fit_temperature, nll, sigmoid
 
         if len(items) != len(labels) or (groups is not None and len(groups) != len(items)):
-            raise ValueError(f"items ({len(items)}), labels ({len(labels)}) and groups "
+            raise UsageError(f"items ({len(items)}), labels ({len(labels)}) and groups "
                              f"({'none' if groups is None else len(groups)}) must have one entry per call")
         y = np.asarray(labels, dtype=float)
         if len(set(y.tolist())) < 2:
-            raise ValueError("the intention labels are all one class; a predictor needs both z=0 and z=1 examples")
+            raise UsageError("the intention labels are all one class; a predictor needs both z=0 and z=1 examples")
         keys = [str(g) for g in groups] if groups is not None else [str(i) for i in range(len(items))]
         tasks = sorted(set(keys))
         random.Random(self.seed).shuffle(tasks)
@@ -361,7 +362,7 @@ class HashedLogisticPredictor:
 
     def logits(self, items: Sequence[PredictorInput]) -> Any:
         if self.weights is None:
-            raise ValueError("HashedLogisticPredictor is not fitted; call fit(items, labels) first")
+            raise UsageError("HashedLogisticPredictor is not fitted; call fit(items, labels) first")
         return self._dot(self._matrix(items), self.weights, self.bias)
 
     def predict(self, reasoning: str, tool: str, args: Mapping[str, Any]) -> float:

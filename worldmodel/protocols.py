@@ -6,6 +6,8 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from intent.errors import UsageError
+
 __all__ = ["AtTemperature", "IntentionPredictor", "ModelError", "PredictorInput", "WorldModel", "accepts_temperature",
            "predict_many", "simulate_counted"]
 
@@ -100,7 +102,7 @@ class AtTemperature:
 
     def __init__(self, model: Any, temperature: float) -> None:
         if not float(temperature) >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+            raise UsageError(f"temperature must be >= 0, got {temperature!r}")
         if not accepts_temperature(model):
             raise TypeError(f"{type(model).__name__}.simulate takes no 'temperature' keyword; add "
                             "`temperature: float | None = None` to sample at a given temperature")

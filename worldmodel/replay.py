@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from intent.errors import UsageError
 from worldmodel.formats import canonical_args
 
 __all__ = ["ReplayWorldModel", "label_of"]
@@ -80,7 +81,7 @@ class ReplayWorldModel:
                  temperature: float | None = None) -> str:
         t = self.temperature if temperature is None else float(temperature)
         if not t >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+            raise UsageError(f"temperature must be >= 0, got {temperature!r}")
         pool = self._by_tool.get(tool, [])
         if satisfied is not None:
             pool = [p for p in pool if p[1] == int(satisfied)]

@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from intent.errors import UsageError
 from intent.logs import label_of, read_log_rows
 
 # The embedders are shared with StableToolBench retrieval; their names stay importable from here.
@@ -99,9 +100,9 @@ class Usage:
 
     def __post_init__(self) -> None:
         if self.useful not in (0, 1) or isinstance(self.useful, float):
-            raise ValueError(f"Usage.useful={self.useful!r} for tool {self.tool!r}: must be 0 or 1")
+            raise UsageError(f"Usage.useful={self.useful!r} for tool {self.tool!r}: must be 0 or 1")
         if isinstance(self.calls_in_query, bool) or not isinstance(self.calls_in_query, int) or self.calls_in_query < 1:
-            raise ValueError(f"Usage.calls_in_query={self.calls_in_query!r} for tool {self.tool!r}: must be an "
+            raise UsageError(f"Usage.calls_in_query={self.calls_in_query!r} for tool {self.tool!r}: must be an "
                              "integer >= 1 (this usage is itself a call)")
 
 
@@ -244,7 +245,7 @@ class ExperienceStore:
         ``embedder`` defaults to :meth:`default_embedder`, a TF-IDF fitted on the store's queries.
         """
         if not temperature > 0:
-            raise ValueError(f"temperature={temperature!r} must be > 0 (BTP uses T = 1)")
+            raise UsageError(f"temperature={temperature!r} must be > 0 (BTP uses T = 1)")
         tools = list(dict.fromkeys(tools))
         usable = [u for u in self.usages if not (exclude_same_query and u.query == query)]
         if not usable:

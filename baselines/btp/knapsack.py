@@ -99,6 +99,8 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 import numpy as np
 
+from intent.errors import UsageError
+
 __all__ = ["DEFAULT_EPSILON", "MAX_UNITS", "QuotaPlan", "plan_quotas", "plan_quotas_detailed"]
 
 DEFAULT_EPSILON = 0.01
@@ -152,26 +154,26 @@ def _validate(prices: Mapping[str, float], values: Mapping[str, float], caps: Ma
               precision: int | None) -> dict[str, int]:
     for name, arg in (("prices", prices), ("values", values), ("caps", caps)):
         if not isinstance(arg, Mapping):
-            raise ValueError(f"{name} must be a mapping from tool name to number, got {type(arg).__name__}")
+            raise UsageError(f"{name} must be a mapping from tool name to number, got {type(arg).__name__}")
     for t, c in prices.items():
         if not _is_real(c) or not math.isfinite(c) or c < 0:
-            raise ValueError(f"prices[{t!r}]={c!r} is invalid: a price must be a finite number >= 0 (the cost of "
+            raise UsageError(f"prices[{t!r}]={c!r} is invalid: a price must be a finite number >= 0 (the cost of "
                              "one call)")
     if not _is_real(capacity) or not math.isfinite(capacity) or capacity < 0:
-        raise ValueError(f"capacity={capacity!r} is invalid: the capacity (R = B - c_s, the budget left to plan) "
+        raise UsageError(f"capacity={capacity!r} is invalid: the capacity (R = B - c_s, the budget left to plan) "
                          "must be a finite number >= 0")
     for name, src in (("values", values), ("caps", caps)):
         for t in src:
             if t not in prices:
-                raise ValueError(f"unknown tool {t!r} in {name}: it has no price; add it to prices or drop it "
+                raise UsageError(f"unknown tool {t!r} in {name}: it has no price; add it to prices or drop it "
                                  f"from {name}")
         for t in prices:
             if t not in src:
                 hint = "a value in [0, 1] (0 never plans it)" if name == "values" else "a cap >= 0 (0 never plans it)"
-                raise ValueError(f"tool {t!r} is missing from {name}: give every priced tool {hint}")
+                raise UsageError(f"tool {t!r} is missing from {name}: give every priced tool {hint}")
     for t, v in values.items():
         if not _is_real(v) or not 0.0 <= v <= 1.0:  # NaN fails the comparison too
-            raise ValueError(f"values[{t!r}]={v!r} is outside [0, 1]; BTP values are expected success-weighted "
+            raise UsageError(f"values[{t!r}]={v!r} is outside [0, 1]; BTP values are expected success-weighted "
                              "usefulness in [0, 1]")
     int_caps: dict[str, int] = {}
     for t, f in caps.items():
@@ -179,14 +181,14 @@ def _validate(prices: Mapping[str, float], values: Mapping[str, float], caps: Ma
             if _is_real(f) and math.isfinite(f) and float(f).is_integer():
                 f = int(f)
             else:
-                raise ValueError(f"caps[{t!r}]={f!r} is not an integer: caps are maximum call counts (integers >= 0)")
+                raise UsageError(f"caps[{t!r}]={f!r} is not an integer: caps are maximum call counts (integers >= 0)")
         if f < 0:
-            raise ValueError(f"caps[{t!r}]={f!r} is negative: caps are maximum call counts (integers >= 0); use 0 to "
+            raise UsageError(f"caps[{t!r}]={f!r} is negative: caps are maximum call counts (integers >= 0); use 0 to "
                              "forbid a tool")
         int_caps[t] = int(f)
     if precision is not None and (isinstance(precision, bool) or not isinstance(precision, numbers.Integral)
                                   or not 0 <= precision <= _MAX_PRECISION):
-        raise ValueError(f"precision={precision!r} is invalid: give an integer number of decimals in "
+        raise UsageError(f"precision={precision!r} is invalid: give an integer number of decimals in "
                          f"[0, {_MAX_PRECISION}], or None for the default")
     return int_caps
 
@@ -247,7 +249,7 @@ def plan_quotas_detailed(prices: Mapping[str, float], values: Mapping[str, float
         # a capacity above the cost of every allowed call binds nothing: shrink the table to that cost
         units = min(cap_units // g, sum(int_caps[t] * (weights[t] // g) for t in candidates))
         if units > MAX_UNITS:
-            raise ValueError(f"capacity={capacity} needs a DP table of {units} cost units at scale {scale} (more than "
+            raise UsageError(f"capacity={capacity} needs a DP table of {units} cost units at scale {scale} (more than "
                              f"MAX_UNITS={MAX_UNITS}); use coarser prices or a lower precision")
         # binary splitting: chunks 1, 2, 4, ..., rest cover every count 0..cap exactly once
         items: list[tuple[str, int, int]] = []  # (tool, weight of the chunk, calls in the chunk)

@@ -18,6 +18,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from intent.errors import UsageError
+
 __all__ = ["DEFAULT_MAX_TOKENS", "EndpointError", "chat_agent_factory", "check_endpoint", "check_model",
            "check_rollout_max_tokens", "with_reply_cap"]
 
@@ -30,7 +32,7 @@ def check_rollout_max_tokens(value: Any) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 16:
-        raise ValueError(f"--rollout-max-tokens must be an integer >= 16 (tokens per rollout reply of the agent's "
+        raise UsageError(f"--rollout-max-tokens must be an integer >= 16 (tokens per rollout reply of the agent's "
                          f"model), got {value!r}; without a cap rollouts use the agent's own --max-tokens")
 
 
@@ -45,7 +47,7 @@ def with_reply_cap(model: Any, cap: int) -> Any:
     check_rollout_max_tokens(cap)
     fields = getattr(type(model), "model_fields", {})
     if "max_tokens" not in fields:
-        raise ValueError(f"--rollout-max-tokens caps a chat model's replies, but the agent's model "
+        raise UsageError(f"--rollout-max-tokens caps a chat model's replies, but the agent's model "
                          f"{type(model).__name__} has no max_tokens setting; use it with --agent openai:NAME, "
                          "or leave it out")
     own = getattr(model, "max_tokens", None)
@@ -53,7 +55,7 @@ def with_reply_cap(model: Any, cap: int) -> Any:
     return model.model_copy(update={"max_tokens": min(cap, own) if isinstance(own, int) else cap})
 
 
-class EndpointError(ValueError):
+class EndpointError(UsageError):
     """An OpenAI-compatible endpoint cannot be reached or does not answer like one."""
 
 
@@ -118,12 +120,12 @@ def chat_agent_factory(spec: str, options: dict[str, Any] | None = None) -> Any:
     """
     options = dict(options or {})
     if ":" not in spec or not spec.split(":", 1)[1].strip():
-        raise ValueError(f"--agent {spec!r} is not 'sim', 'sim-llm' or a 'provider:model' spec such as "
+        raise UsageError(f"--agent {spec!r} is not 'sim', 'sim-llm' or a 'provider:model' spec such as "
                          "openai:gpt-4.1-mini")
     provider, name = (part.strip() for part in spec.split(":", 1))
     max_tokens = options.get("max_tokens", DEFAULT_MAX_TOKENS)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"--max-tokens must be an integer >= 1, got {max_tokens!r}")
+        raise UsageError(f"--max-tokens must be an integer >= 1, got {max_tokens!r}")
     kwargs: dict[str, Any] = {"temperature": options.get("temperature", 0.0), "max_tokens": max_tokens}
     base_url = options.get("base_url")
     api_key = options.get("api_key") or os.environ.get("OPENAI_API_KEY")
@@ -143,7 +145,7 @@ def chat_agent_factory(spec: str, options: dict[str, Any] | None = None) -> Any:
     try:
         model = init_chat_model(spec, **kwargs)
     except ImportError as exc:
-        raise ValueError(f"--agent {spec!r} needs its provider package ({exc}); "
+        raise UsageError(f"--agent {spec!r} needs its provider package ({exc}); "
                          "`make install` includes langchain-openai") from exc
 
     def build(env: Any, seed: int) -> Any:

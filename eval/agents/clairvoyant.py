@@ -16,6 +16,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict
 
+from intent.errors import UsageError
+
 __all__ = ["CLAIRVOYANT_AGENT_LABEL", "ClairvoyantAgent", "clairvoyant_agent_factory"]
 
 CLAIRVOYANT_AGENT_LABEL = "clairvoyant reference agent (reads the synthetic ground truth; a check, not a method)"
@@ -55,7 +57,7 @@ def clairvoyant_agent_factory() -> Any:
     def build(env: Any, seed: int) -> ClairvoyantAgent:
         truth = env.ground_truth
         if truth is None:
-            raise ValueError("the clairvoyant agent needs the synthetic market's ground truth (--market synthetic)")
+            raise UsageError("the clairvoyant agent needs the synthetic market's ground truth (--market synthetic)")
         plan = clairvoyant_plan(truth.task, seed)
         values = StateValues(truth.task)
         return ClairvoyantAgent(calls=plan.calls, args={t: values.canonical_args(t) for t in plan.calls},

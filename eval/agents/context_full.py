@@ -15,14 +15,14 @@ from typing import Any
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage
 
-from intent.errors import is_context_overflow
+from intent.errors import UsageError, is_context_overflow
 
 __all__ = ["CONTEXT_FULL", "PromptDoesNotFitError", "StopWhenContextFull", "ended_on_full_context"]
 
 CONTEXT_FULL = "intent_context_full"  # response_metadata flag on the empty final message
 
 
-class PromptDoesNotFitError(ValueError):
+class PromptDoesNotFitError(UsageError):
     """The episode's first model call does not fit the model's context: a configuration error
     (the reply cap, the tools' schemas or the system prompt are too large for the model), not a
     history that grew too long."""

@@ -36,6 +36,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from intent.errors import IntentError, UsageError
+
 __all__ = ["main", "parse_log_totals", "parse_metrics", "proposal_stats", "read_metrics", "server_stats"]
 
 _METRIC = re.compile(r"^(vllm:[A-Za-z0-9_:]+)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN|[+-]Inf)\s*$")
@@ -333,7 +335,7 @@ def oracle_logs_by_market(value: str | None, markets: list[str]) -> dict[str, st
         return {}
     if "=" not in value:
         if len(markets) != 1:
-            raise ValueError(f"--oracle-logs {value!r} with several markets ({','.join(markets)}): say which market's "
+            raise UsageError(f"--oracle-logs {value!r} with several markets ({','.join(markets)}): say which market's "
                              f"logs they are, e.g. --oracle-logs {markets[0]}={value} (ORACLE_LOGS in "
                              "scripts/bench_llm.sh); a market without logs collects its own")
         return {markets[0]: value}
@@ -342,7 +344,7 @@ def oracle_logs_by_market(value: str | None, markets: list[str]) -> dict[str, st
         market, sep, path = part.partition("=")
         market, path = market.strip(), path.strip()
         if not sep or not path or market not in markets:
-            raise ValueError(f"--oracle-logs: {part!r} is not MARKET=PATH for one of --markets {','.join(markets)}")
+            raise UsageError(f"--oracle-logs: {part!r} is not MARKET=PATH for one of --markets {','.join(markets)}")
         out[market] = path
     return out
 
@@ -398,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     markets = [m.strip() for m in args.markets.split(",") if m.strip()]
     args.oracle_logs_by_market = oracle_logs_by_market(args.oracle_logs, markets)
     if not args.request_timeout > 0:
-        raise ValueError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+        raise UsageError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
     check_model(args.base_url, args.model, flag="--model ", max_tokens=args.max_tokens)
     for market in markets:
         run_market(market, args, methods)
@@ -410,6 +412,6 @@ if __name__ == "__main__":
 
     try:
         raise SystemExit(main())
-    except ValueError as exc:  # EndpointError and the runner's config errors: one line
+    except (IntentError, FileNotFoundError) as exc:  # EndpointError and the runner's config errors: one line
         print(f"llm_bench: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

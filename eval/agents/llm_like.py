@@ -95,6 +95,7 @@ from eval.agents.simulated import (
     _stable_seed,
     looks_successful,
 )
+from intent.errors import UsageError
 
 __all__ = ["CALIBRATION_RESULT", "LLM_AGENT_LABEL", "LLMAgentConfig", "LLMLikeAgent", "TaskViewV2",
            "llm_agent_factory"]
@@ -142,16 +143,16 @@ class LLMAgentConfig:
     def __post_init__(self) -> None:
         for name in ("temperature", "prior_strength", "cost_alarm"):
             if not float(getattr(self, name)) > 0:
-                raise ValueError(f"LLMAgentConfig.{name} must be > 0, got {getattr(self, name)!r}")
+                raise UsageError(f"LLMAgentConfig.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("belief_noise", "price_noise", "cost_weight", "reject_penalty"):
             if not float(getattr(self, name)) >= 0:
-                raise ValueError(f"LLMAgentConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+                raise UsageError(f"LLMAgentConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("follow_suggestion", "track_budget", "respect_dependencies", "give_up_below", "quit_rate",
                      "parallel", "arg_noise"):
             if not 0.0 <= float(getattr(self, name)) <= 1.0:
-                raise ValueError(f"LLMAgentConfig.{name} must be a probability in [0, 1], got {getattr(self, name)!r}")
+                raise UsageError(f"LLMAgentConfig.{name} must be a probability in [0, 1], got {getattr(self, name)!r}")
         if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 1:
-            raise ValueError(f"LLMAgentConfig.max_steps must be an int >= 1, got {self.max_steps!r}")
+            raise UsageError(f"LLMAgentConfig.max_steps must be an int >= 1, got {self.max_steps!r}")
 
 
 @dataclass

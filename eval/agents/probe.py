@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.agents.chat import EndpointError, check_model
+from intent.errors import UsageError
 
 __all__ = ["PROBES", "ProbeResult", "classify", "main_probe", "run_probe"]
 
@@ -187,7 +188,7 @@ def summary(results: list[ProbeResult]) -> dict[str, Any]:
 
 def main_probe(args: argparse.Namespace) -> int:
     if not 0.0 <= args.min_rate <= 1.0:
-        raise ValueError(f"--min-rate must be between 0 and 1, got {args.min_rate}")
+        raise UsageError(f"--min-rate must be between 0 and 1, got {args.min_rate}")
     print(f"probing {args.model} at {args.base_url} with {len(PROBES)} tool-calling prompts ...", flush=True)
     results = run_probe(args.base_url, args.model, api_key=args.api_key, max_tokens=args.max_tokens,
                         timeout=args.timeout, echo=lambda line: print("  " + line, flush=True))

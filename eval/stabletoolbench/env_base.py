@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from intent.errors import UsageError
+
 from .loader import StbApi
 from .schemas import FINISH_NAME
 
@@ -140,7 +142,8 @@ class BaseToolEnvironment(ABC):
     def __init__(self, apis: Iterable[StbApi], max_observation_length: int = MAX_OBSERVATION_LENGTH) -> None:
         self.apis: tuple[StbApi, ...] = tuple(apis)
         if max_observation_length < 1:
-            raise ValueError("max_observation_length must be positive")
+            raise UsageError(f"max_observation_length must be >= 1 (characters kept of an observation), got "
+                             f"{max_observation_length}")
         self.max_observation_length = max_observation_length
 
     @property

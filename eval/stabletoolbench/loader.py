@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
+
 from .naming import function_name as _function_name
 from .naming import param_name, pure_api_name, standardize
 
@@ -52,7 +54,7 @@ _API_KEYS = ("category_name", "tool_name", "api_name", "required_parameters", "o
 _PARAM_KEYS = ("name", "type")
 
 
-class StbDataError(ValueError):
+class StbDataError(UsageError):
     """The StableToolBench data is missing or malformed; the message names the path and the fix."""
 
 

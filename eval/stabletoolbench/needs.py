@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from baselines.embeddings import Embedder
+from intent.errors import UsageError
 
 from .loader import StbApi
 from .retrieval import api_document
@@ -63,9 +64,9 @@ class NeedInference:
 
     def __init__(self, embedder: Embedder, *, min_score: float = 0.2, query_weight: float = 0.5) -> None:
         if not 0.0 <= min_score <= 1.0:
-            raise ValueError(f"min_score is a cosine threshold in [0, 1], got {min_score}")
+            raise UsageError(f"min_score is a cosine threshold in [0, 1], got {min_score}")
         if query_weight < 0:
-            raise ValueError(f"query_weight must be >= 0, got {query_weight}")
+            raise UsageError(f"query_weight must be >= 0, got {query_weight}")
         self.embedder, self.min_score, self.query_weight = embedder, min_score, query_weight
         self._doc_vectors: dict[tuple[str, str, str], np.ndarray] = {}
 
@@ -89,7 +90,7 @@ class NeedInference:
         for query, apis in items:
             apis = list({a.function_name: a for a in apis}.values())  # one need per callable name
             if not apis:
-                raise ValueError(f"NeedInference.infer needs the query's retrieved APIs; got none for {query[:60]!r}")
+                raise UsageError(f"NeedInference.infer needs the query's retrieved APIs; got none for {query[:60]!r}")
             prepared.append((query, apis, query_clauses(query) or [query]))
         self._docs([a for _, apis, _ in prepared for a in apis])  # encode every new API document at once
         texts = [t for query, _, clauses in prepared for t in (query, *clauses)]

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from intent.errors import UsageError
+
 from .naming import param_name
 
 __all__ = [
@@ -131,7 +133,7 @@ class PayloadFiller:
 
     def __init__(self, max_list_items: int = 8, max_depth: int = 12) -> None:
         if max_list_items < 0 or max_depth < 1:
-            raise ValueError("max_list_items must be >= 0 and max_depth >= 1")
+            raise UsageError(f"max_list_items must be >= 0 and max_depth >= 1, got {max_list_items} and {max_depth}")
         self.max_list_items = max_list_items
         self.max_depth = max_depth
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
+
 from .loader import StbApi
 
 __all__ = [
@@ -46,13 +48,13 @@ def _is_int(x: Any) -> bool:
 
 def _check_range(seed: Any, low: Any, high: Any) -> None:
     if not _is_int(seed):
-        raise ValueError(f"price seed must be an integer, got {seed!r}")
+        raise UsageError(f"price seed must be an integer, got {seed!r}")
     if not (_is_int(low) and _is_int(high)):
-        raise ValueError(f"price range bounds must be integers, got low={low!r} high={high!r}")
+        raise UsageError(f"price range bounds must be integers, got low={low!r} high={high!r}")
     if low < 1:
-        raise ValueError(f"prices must be positive integers (BTP's knapsack needs cost > 0), got low={low}")
+        raise UsageError(f"prices must be positive integers (BTP's knapsack needs cost > 0), got low={low}")
     if low > high:
-        raise ValueError(f"empty price range: low={low} > high={high}")
+        raise UsageError(f"empty price range: low={low} > high={high}; give low <= high")
 
 
 def assign_prices(
@@ -67,7 +69,7 @@ def assign_prices(
         elif isinstance(item, str) and item:
             names.add(item)
         else:
-            raise ValueError(f"expected StbApi objects or non-empty function names, got {item!r}")
+            raise UsageError(f"expected StbApi objects or non-empty function names, got {item!r}")
     rng = random.Random(seed)
     return {name: rng.randint(low, high) for name in sorted(names)}
 
@@ -77,7 +79,7 @@ def price_meta(seed: int, low: int = DEFAULT_LOW, high: int = DEFAULT_HIGH, budg
     """The meta block of a prices file: seed, range, budget (plus any extra fields)."""
     _check_range(seed, low, high)
     if not _is_int(budget) or budget <= 0:
-        raise ValueError(f"budget must be a positive integer, got {budget!r}")
+        raise UsageError(f"budget must be a positive integer, got {budget!r}")
     return {"seed": seed, "range": [low, high], "budget": budget,
             "note": "simulated prices (seeded uniform integers)", **extra}
 
@@ -85,10 +87,10 @@ def price_meta(seed: int, low: int = DEFAULT_LOW, high: int = DEFAULT_HIGH, budg
 def _check_meta(meta: Mapping[str, Any], where: str) -> dict[str, Any]:
     missing = [k for k in ("seed", "range", "budget") if k not in meta]
     if missing:
-        raise ValueError(f"{where}: price meta is missing {missing}; build it with price_meta(seed, low, high, budget)")
+        raise UsageError(f"{where}: price meta is missing {missing}; build it with price_meta(seed, low, high, budget)")
     rng = meta["range"]
     if not (isinstance(rng, list | tuple) and len(rng) == 2):
-        raise ValueError(f"{where}: price meta 'range' must be [low, high], got {rng!r}")
+        raise UsageError(f"{where}: price meta 'range' must be [low, high], got {rng!r}")
     _check_range(meta["seed"], rng[0], rng[1])
     return dict(meta)
 
@@ -98,7 +100,7 @@ def _check_prices(prices: Mapping[str, Any], meta: Mapping[str, Any], where: str
     out: dict[str, int] = {}
     for name, price in prices.items():
         if not _is_int(price) or not (low <= price <= high):
-            raise ValueError(f"{where}: price of {name!r} is {price!r}, expected an integer in [{low}, {high}]")
+            raise UsageError(f"{where}: price of {name!r} is {price!r}, expected an integer in [{low}, {high}]")
         out[str(name)] = price
     return out
 
@@ -118,14 +120,14 @@ def read_prices(path: str | os.PathLike[str]) -> PriceFile:
     """Read and validate a prices file written by :func:`write_prices`."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"prices file not found: {p}")
+        raise UsageError(f"prices file not found: {p}")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"malformed prices file {p}: {exc.msg} at line {exc.lineno}") from exc
+        raise UsageError(f"malformed prices file {p}: {exc.msg} at line {exc.lineno}") from exc
     if not isinstance(data, dict) or "meta" not in data or "prices" not in data:
-        raise ValueError(f"prices file {p} must be an object with 'meta' and 'prices'")
+        raise UsageError(f"prices file {p} must be an object with 'meta' and 'prices'")
     if not isinstance(data["prices"], dict):
-        raise ValueError(f"prices file {p}: 'prices' must be an object")
+        raise UsageError(f"prices file {p}: 'prices' must be an object")
     meta = _check_meta(data["meta"], str(p))
     return PriceFile(prices=_check_prices(data["prices"], meta, str(p)), meta=meta)

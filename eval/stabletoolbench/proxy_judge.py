@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from intent.errors import UsageError
+
 __all__ = ["PROXY_LABEL", "SOPR_SCORES", "answer_given", "proxy_pass", "sopr_aggregate"]
 
 PROXY_LABEL = "proxy pass rate (deterministic; not SoPR)"
@@ -57,17 +59,17 @@ def _score(label: str) -> float:
     try:
         return SOPR_SCORES[key.lower()]
     except KeyError:
-        raise ValueError(f"unknown SoPR label {label!r}; expected Solved, Unsure or Unsolved") from None
+        raise UsageError(f"unknown SoPR label {label!r}; expected Solved, Unsure or Unsolved") from None
 
 
 def sopr_aggregate(labels_per_run: Sequence[Sequence[str]]) -> tuple[float, float]:
     """``(mean, std)`` in percent over runs; each run is a list of per-query labels."""
     if not labels_per_run:
-        raise ValueError("sopr_aggregate needs at least one run")
+        raise UsageError("sopr_aggregate needs at least one run (a list of per-query labels); got none")
     per_run = []
     for i, run in enumerate(labels_per_run):
         if not run:
-            raise ValueError(f"run {i} has no labels")
+            raise UsageError(f"sopr_aggregate: run {i} has no labels; give each run one label per query")
         per_run.append(sum(_score(x) for x in run) / len(run))
     arr = np.asarray(per_run, dtype=float)
     return float(arr.mean() * 100), float(np.std(arr) * 100)

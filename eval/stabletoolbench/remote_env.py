@@ -24,6 +24,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from intent.errors import UsageError
+
 from .env_base import (
     ERROR_STATUS_CODES,
     PARSE_ERROR,
@@ -111,7 +113,7 @@ class _HttpEnvironment(BaseToolEnvironment):
     def __init__(self, apis: Iterable[StbApi], timeout: float, client: Any | None, **kwargs: Any) -> None:
         super().__init__(apis, **kwargs)
         if timeout <= 0:
-            raise ValueError("timeout must be positive")
+            raise UsageError(f"timeout must be > 0 seconds (per request), got {timeout}")
         self.timeout = timeout
         self._client = client
         self._owns_client = client is None

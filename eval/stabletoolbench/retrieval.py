@@ -22,6 +22,7 @@ import numpy as np
 
 # One embedding implementation for BTP and retrieval; re-exported under the names used here.
 from baselines.embeddings import Embedder, MiniLMEmbedder, TfidfEmbedder
+from intent.errors import UsageError
 
 from .loader import StbApi, StbQuery
 
@@ -53,7 +54,7 @@ def encode_batched(embedder: Embedder, texts: Sequence[str], batch_size: int = 2
     from tqdm.auto import tqdm
 
     if batch_size < 1:
-        raise ValueError("batch_size must be >= 1")
+        raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     parts = []
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=not progress, leave=False):
         emb = np.asarray(embedder.encode(list(texts[start : start + batch_size])), dtype=np.float32)
@@ -101,9 +102,9 @@ def retrieve(
 ) -> RetrievalResult:
     """Top-``k`` APIs of ``pool`` per query by cosine similarity (ties: pool order)."""
     if k < 1:
-        raise ValueError("k must be >= 1")
+        raise UsageError(f"k (APIs retrieved per query) must be >= 1, got {k}")
     if not pool:
-        raise ValueError("the API pool is empty")
+        raise UsageError("the API pool is empty; pass the APIs to retrieve from (check the StableToolBench data path)")
     docs = [api_document(a) for a in pool]
     fit = getattr(embedder, "fit", None)
     if callable(fit) and not getattr(embedder, "fitted", True):

@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from intent.errors import UsageError
+
 __all__ = ["SOLVABILITY_FILE", "SearchSettings", "SolvabilityResult", "ensure_solvability", "load_solvable",
            "search_solvable"]
 
@@ -58,7 +60,7 @@ class SearchSettings:
     def __post_init__(self) -> None:
         for name in ("width", "solutions", "max_llm_calls", "max_depth"):
             if getattr(self, name) < 1:
-                raise ValueError(f"SearchSettings.{name} must be >= 1, got {getattr(self, name)}")
+                raise UsageError(f"SearchSettings.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def load_solvable(out: str | Path, market: Any) -> dict[str, bool]:
         entry = data["searches"].get(_key(market)) or {}
         return {tid: bool(r["solvable"]) for tid, r in (entry.get("tasks") or {}).items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path} is not a solvability cache ({exc!r}); delete it and rerun the search") from exc
+        raise UsageError(f"{path} is not a solvability cache ({exc!r}); delete it and rerun the search") from exc
 
 
 def _signature(messages: Sequence[Any]) -> tuple[Any, ...]:

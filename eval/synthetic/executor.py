@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from intent.errors import UsageError
 from intent.market import Market
 
 from .domains import DOMAINS
@@ -130,9 +131,9 @@ class SyntheticEnvironment:
 
     def __post_init__(self) -> None:
         if not isinstance(self.task, Task):
-            raise ValueError(f"task must be a synthetic Task, got {type(self.task).__name__}")
+            raise UsageError(f"task must be a synthetic Task, got {type(self.task).__name__}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}; e.g. seed=0")
+            raise UsageError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}; e.g. seed=0")
         self._truth = EpisodeTruth(self.task.need_ids)
 
     # ------------------------------------------------------------------ state

@@ -30,6 +30,8 @@ import numbers
 import random
 from collections.abc import Iterable
 
+from intent.errors import UsageError
+
 from .domains import DOMAIN_NAMES, DOMAINS, Domain
 from .world import MarketEvent, Need, Task, ToolSpec
 
@@ -52,9 +54,9 @@ _BUDGET_LO, _BUDGET_HI = 0.65, 1.15
 
 def _check_int(value: object, name: str, minimum: int, hint: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}; {hint}")
+        raise UsageError(f"{name} must be an int, got {type(value).__name__} {value!r}; {hint}")
     if int(value) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}; {hint}")
+        raise UsageError(f"{name} must be >= {minimum}, got {value!r}; {hint}")
     return int(value)
 
 
@@ -262,21 +264,21 @@ def generate_tasks(
     seed = _check_int(seed, "seed", 0, "pass a non-negative integer seed, e.g. seed=0")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, numbers.Real)
                                or not 0 < float(budget) < float("inf")):
-        raise ValueError(f"budget must be a number > 0, got {budget!r}; e.g. budget=50, or budget=None to draw "
+        raise UsageError(f"budget must be a number > 0, got {budget!r}; e.g. budget=50, or budget=None to draw "
                          "one per task")
     max_needs = _check_int(max_needs, "max_needs", 1, "pass 1..4")
     if max_needs > 4:
-        raise ValueError(f"max_needs must be <= 4, got {max_needs}; pass 1..4")
+        raise UsageError(f"max_needs must be <= 4, got {max_needs}; pass 1..4")
     if isinstance(domains, str):
         domains = (domains,)
     doms = tuple(dict.fromkeys(domains))
     unknown = [d for d in doms if d not in DOMAINS]
     if not doms or unknown:
-        raise ValueError(f"domains must be a non-empty subset of {DOMAIN_NAMES}; unknown: {unknown or 'none given'}")
+        raise UsageError(f"domains must be a non-empty subset of {DOMAIN_NAMES}; unknown: {unknown or 'none given'}")
     if isinstance(event_rate, bool) or not isinstance(event_rate, numbers.Real) or not 0.0 <= float(event_rate) <= 1.0:
-        raise ValueError(f"event_rate must be a probability in [0, 1], got {event_rate!r}; e.g. event_rate=0.3")
+        raise UsageError(f"event_rate must be a probability in [0, 1], got {event_rate!r}; e.g. event_rate=0.3")
     if isinstance(budget_scale, bool) or not isinstance(budget_scale, numbers.Real) or not float(budget_scale) > 0:
-        raise ValueError(f"budget_scale must be a number > 0, got {budget_scale!r}; e.g. budget_scale=1.0")
+        raise UsageError(f"budget_scale must be a number > 0, got {budget_scale!r}; e.g. budget_scale=1.0")
     master = random.Random(seed)
     task_seeds = [master.getrandbits(63) for _ in range(n)]
     return [

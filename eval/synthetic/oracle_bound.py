@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from intent.errors import UsageError
 from intent.market import Market
 
 from .world import Task
@@ -144,7 +145,7 @@ def _actions(task: Task, market: Market, need_bits: dict[str, int]) -> list[tupl
             continue
         price = int(math.ceil(market.price(t.name) - 1e-9))
         if price < 1:
-            raise ValueError(
+            raise UsageError(
                 f"tool {t.name!r} costs {market.price(t.name)} in the market; the bound needs prices >= 1 "
                 "(a free tool allows unlimited retries)"
             )
@@ -276,10 +277,10 @@ def optimal_plan(
     ``market`` defaults to the initial snapshot (events ignored); ``budget`` to ``task.budget``.
     """
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence <= 1.0:
-        raise ValueError(f"confidence must be a probability in [0, 1], got {confidence!r}; e.g. confidence=0.5")
+        raise UsageError(f"confidence must be a probability in [0, 1], got {confidence!r}; e.g. confidence=0.5")
     given = task.budget if budget is None else budget
     if isinstance(given, bool) or not isinstance(given, (int, float)) or not 0 <= given < float("inf"):
-        raise ValueError(f"budget must be a finite number >= 0, got {given!r}")
+        raise UsageError(f"budget must be a finite number >= 0, got {given!r}")
     b_total = int(math.floor(given + 1e-9))  # prices are integers: a fractional rest buys nothing
     mkt = task.market() if market is None else market
     need_bits = {n.id: 1 << i for i, n in enumerate(task.needs)}
@@ -408,7 +409,7 @@ def _check_clairvoyant_dependencies(task: Task) -> None:
     related = _related(task)
     for t in task.tools:
         if len(t.covers) > 1 and t.covers & related:
-            raise ValueError(
+            raise UsageError(
                 f"clairvoyant_plan: tool {t.name!r} of task {task.task_id!r} covers {sorted(t.covers)}, including "
                 f"needs in a dependency ({sorted(t.covers & related)}); the exact bound supports dependencies only "
                 "when the tools touching them cover a single need (use optimal_plan for the expected-value bound)"

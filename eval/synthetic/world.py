@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from intent.errors import UsageError
 from intent.market import Market, MarketError, PricedTool
 
 __all__ = [
@@ -86,15 +87,15 @@ class Need:
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"Need.id must be a non-empty string, got {self.id!r}")
+            raise UsageError(f"Need.id must be a non-empty string, got {self.id!r}")
         if not self.arg_keys:
-            raise ValueError(f"Need {self.id!r} has no arg_keys; give at least one identifying argument key")
+            raise UsageError(f"Need {self.id!r} has no arg_keys; give at least one identifying argument key")
         if isinstance(self.requires, str) or not all(isinstance(r, str) and r for r in self.requires):
-            raise ValueError(f"Need {self.id!r}: requires must be a tuple of need ids, got {self.requires!r}")
+            raise UsageError(f"Need {self.id!r}: requires must be a tuple of need ids, got {self.requires!r}")
         if not isinstance(self.requires, tuple):
             object.__setattr__(self, "requires", tuple(self.requires))
         if self.id in self.requires:
-            raise ValueError(f"Need {self.id!r}: requires names the need itself")
+            raise UsageError(f"Need {self.id!r}: requires names the need itself")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,15 +119,15 @@ class ToolSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
-            raise ValueError(f"ToolSpec.name must be a non-empty string, got {self.name!r}")
+            raise UsageError(f"ToolSpec.name must be a non-empty string, got {self.name!r}")
         if self.tier not in TIERS:
-            raise ValueError(f"ToolSpec {self.name!r}: tier must be one of {TIERS}, got {self.tier!r}")
+            raise UsageError(f"ToolSpec {self.name!r}: tier must be one of {TIERS}, got {self.tier!r}")
         if isinstance(self.price, bool) or not isinstance(self.price, int) or self.price < 1:
-            raise ValueError(f"ToolSpec {self.name!r}: price must be an int >= 1, got {self.price!r}")
+            raise UsageError(f"ToolSpec {self.name!r}: price must be an int >= 1, got {self.price!r}")
         if not 0.0 <= float(self.base_success) <= 1.0:
-            raise ValueError(f"ToolSpec {self.name!r}: base_success must be in [0, 1], got {self.base_success!r}")
+            raise UsageError(f"ToolSpec {self.name!r}: base_success must be in [0, 1], got {self.base_success!r}")
         if float(self.arg_sensitivity) < 0.0:
-            raise ValueError(f"ToolSpec {self.name!r}: arg_sensitivity must be >= 0, got {self.arg_sensitivity!r}")
+            raise UsageError(f"ToolSpec {self.name!r}: arg_sensitivity must be >= 0, got {self.arg_sensitivity!r}")
         if not isinstance(self.covers, frozenset):
             object.__setattr__(self, "covers", frozenset(self.covers))
 
@@ -146,15 +147,15 @@ class MarketEvent:
 
     def __post_init__(self) -> None:
         if isinstance(self.at_step, bool) or not isinstance(self.at_step, int) or self.at_step < 0:
-            raise ValueError(f"MarketEvent.at_step must be an int >= 0, got {self.at_step!r}")
+            raise UsageError(f"MarketEvent.at_step must be an int >= 0, got {self.at_step!r}")
         if self.kind not in EVENT_KINDS:
-            raise ValueError(f"MarketEvent.kind must be one of {EVENT_KINDS}, got {self.kind!r}")
+            raise UsageError(f"MarketEvent.kind must be one of {EVENT_KINDS}, got {self.kind!r}")
         if self.kind == "price_change":
             p = self.new_price
             if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-                raise ValueError(f"MarketEvent price_change of {self.tool!r} needs new_price as an int >= 1, got {p!r}")
+                raise UsageError(f"MarketEvent price_change of {self.tool!r} needs new_price as an int >= 1, got {p!r}")
         elif self.new_price is not None:
-            raise ValueError(f"MarketEvent {self.kind} of {self.tool!r} takes no new_price; pass new_price=None")
+            raise UsageError(f"MarketEvent {self.kind} of {self.tool!r} takes no new_price; pass new_price=None")
 
 
 def apply_event(market: Market, event: MarketEvent) -> Market:
@@ -179,7 +180,7 @@ def _check_acyclic(task_id: str, requires: Mapping[str, tuple[str, ...]]) -> Non
         if state.get(n) == 2:
             return
         if state.get(n) == 1:
-            raise ValueError(f"Task {task_id!r}: need dependencies form a cycle: {' -> '.join((*path, n))}")
+            raise UsageError(f"Task {task_id!r}: need dependencies form a cycle: {' -> '.join((*path, n))}")
         state[n] = 1
         for r in requires.get(n, ()):
             visit(r, (*path, n))
@@ -223,30 +224,30 @@ class Task:
     def __post_init__(self) -> None:
         if (isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not self.budget >= 0
                 or self.budget == float("inf")):
-            raise ValueError(f"Task {self.task_id!r}: budget must be a finite number >= 0, got {self.budget!r}")
+            raise UsageError(f"Task {self.task_id!r}: budget must be a finite number >= 0, got {self.budget!r}")
         ids = [n.id for n in self.needs]
         if not ids or len(set(ids)) != len(ids):
-            raise ValueError(f"Task {self.task_id!r}: needs must be non-empty with unique ids, got {ids}")
+            raise UsageError(f"Task {self.task_id!r}: needs must be non-empty with unique ids, got {ids}")
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             dups = sorted({n for n in names if names.count(n) > 1})
-            raise ValueError(f"Task {self.task_id!r}: tool names must be unique, duplicated: {dups}")
+            raise UsageError(f"Task {self.task_id!r}: tool names must be unique, duplicated: {dups}")
         known = set(ids)
         for t in self.tools:
             if not t.covers <= known:
-                raise ValueError(
+                raise UsageError(
                     f"Task {self.task_id!r}: tool {t.name!r} covers unknown needs {sorted(t.covers - known)}"
                 )
         for n in self.needs:
             if n.id not in self.canonical_args:
-                raise ValueError(f"Task {self.task_id!r}: canonical_args lacks need {n.id!r}")
+                raise UsageError(f"Task {self.task_id!r}: canonical_args lacks need {n.id!r}")
             if not set(n.requires) <= known:
-                raise ValueError(f"Task {self.task_id!r}: need {n.id!r} requires unknown needs "
+                raise UsageError(f"Task {self.task_id!r}: need {n.id!r} requires unknown needs "
                                  f"{sorted(set(n.requires) - known)}")
         _check_acyclic(self.task_id, {n.id: n.requires for n in self.needs})
         for e in self.events:
             if e.tool not in names:
-                raise ValueError(f"Task {self.task_id!r}: event targets unknown tool {e.tool!r}")
+                raise UsageError(f"Task {self.task_id!r}: event targets unknown tool {e.tool!r}")
 
     # ------------------------------------------------------------------ lookups
     @property

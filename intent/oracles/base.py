@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 from intent import feedback as fb
-from intent.errors import as_oracle_unavailable
+from intent.errors import UsageError, as_oracle_unavailable
 from intent.market import Market
 from intent.oracle import ORACLE_ERROR, Decision, DecisionContext, EpisodeInfo, Oracle, Outcome
 from intent.oracles.caches import EpisodeMemory
@@ -40,9 +40,9 @@ class PlanningOracle(Oracle):
                  show_market: bool = True, on_model_error: ModelErrorPolicy = "accept_if_fits",
                  merge_identical_calls: bool = True) -> None:
         if max_depth < 1:
-            raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+            raise UsageError(f"max_depth must be >= 1, got {max_depth}")
         if on_model_error not in ("accept_if_fits", "reject"):
-            raise ValueError(f"on_model_error must be 'accept_if_fits' or 'reject', got {on_model_error!r}")
+            raise UsageError(f"on_model_error must be 'accept_if_fits' or 'reject', got {on_model_error!r}")
         self._policy = policy
         self.max_depth = max_depth
         self.show_market = show_market

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from intent import feedback as fb
-from intent.errors import model_call
+from intent.errors import UsageError, model_call
 from intent.market import Market
 from intent.oracle import ACCEPTED, CACHE_HIT, PLAN_OVER_BUDGET, Decision, DecisionContext, PlannedStep
 from intent.oracles.base import ModelErrorPolicy, PlanningOracle, usage
@@ -79,15 +79,15 @@ class IntentOracle(PlanningOracle):
         super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error,
                          merge_identical_calls=merge_identical_calls)
         if not gamma > 0:
-            raise ValueError(f"gamma must be > 0 (the paper uses 0.5; 0.5-0.7 is the sweet spot), got {gamma}")
+            raise UsageError(f"gamma must be > 0 (the paper uses 0.5; 0.5-0.7 is the sweet spot), got {gamma}")
         if not 0 <= delta < 1:
-            raise ValueError(f"delta must be in [0, 1) (the paper uses 0.1), got {delta}")
+            raise UsageError(f"delta must be in [0, 1) (the paper uses 0.1), got {delta}")
         self.generator, self.predictor = generator, predictor
         self.gamma, self.delta = gamma, delta
         self.rollout_cache, self.last_call_cache, self.use_blacklist = rollout_cache, last_call_cache, blacklist
         self.trace_feedback, self.stochastic, self.lookahead = trace_feedback, stochastic, lookahead
         if alternatives < 0:
-            raise ValueError(f"alternatives must be >= 0 (0 = off), got {alternatives}")
+            raise UsageError(f"alternatives must be >= 0 (0 = off), got {alternatives}")
         self.alternatives = alternatives
         self.ideal_plan_must_fit = ideal_plan_must_fit
 
