@@ -19,6 +19,7 @@ from langchain_core.messages import AIMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.graph import END, START, StateGraph
 
+from intent.errors import GuardConfigError
 from intent.graph import route_after_guard
 from intent.guard import BudgetGuard
 from intent.ledger import merge_ledger_states
@@ -56,8 +57,8 @@ def guard_react_agent(
     model: Any,
     tools: Sequence[Any],
     *,
-    market: Market,
-    budget: float,
+    market: Market | None = None,
+    budget: float | None = None,
     oracle: Oracle | None = None,
     system_prompt: str | None = None,
     checkpointer: Any = None,
@@ -67,9 +68,21 @@ def guard_react_agent(
     """A compiled ReAct graph with the budget guard between the agent and its tools.
 
     ``model`` is any LangChain chat model with ``bind_tools``. Pass ``guard=`` to reuse a
-    configured guard (then ``market``, ``budget`` and ``oracle`` must match it).
+    configured guard (then leave out ``market``, ``budget``, ``oracle`` and the guard's other
+    arguments, or pass the guard's own: anything else would be silently ignored, so it is refused).
     """
-    guard = guard or BudgetGuard(oracle or AcceptAll(), market, budget, **guard_kwargs)
+    if guard is not None:
+        differs = [name for name, given, its in (("market", market, guard.market), ("budget", budget, guard.budget),
+                                                 ("oracle", oracle, guard.oracle))
+                   if given is not None and given is not its and given != its] + sorted(guard_kwargs)
+        if differs:
+            raise GuardConfigError(
+                f"guard_react_agent(guard=...) uses that guard's configuration; {', '.join(differs)} would be "
+                "ignored: leave them out, or build the guard with them")
+    elif market is None or budget is None:
+        raise GuardConfigError("guard_react_agent needs market= and budget= (or guard=BudgetGuard(...))")
+    else:
+        guard = BudgetGuard(oracle or AcceptAll(), market, budget, **guard_kwargs)
     tools = list(tools)
 
     def _prepare(state: Mapping[str, Any], config: RunnableConfig) -> tuple[Any, list[Any]]:

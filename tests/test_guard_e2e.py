@@ -191,6 +191,19 @@ def test_hand_built_state_graph_and_guard_react_agent():
     assert app.guard.ledger(out).spent == 12
 
 
+def test_guard_react_agent_with_a_guard_refuses_arguments_it_would_ignore():
+    # budget=1000, tool_errors="message" with guard= were silently dropped (the guard's own were used).
+    from intent import GuardConfigError
+
+    guard = BudgetGuard(AcceptAll(), market(), 13)
+    for kwargs in ({"budget": 1000}, {"market": Market([PricedTool("get_quote", 1.0)])}, {"tool_errors": "message"}):
+        with pytest.raises(GuardConfigError, match=f"{next(iter(kwargs))} would be ignored"):
+            guard_react_agent(scripted([AIMessage("x")]), TOOLS, guard=guard, **kwargs)
+    assert guard_react_agent(scripted([AIMessage("x")]), TOOLS, guard=guard, market=guard.market, budget=13).guard is guard
+    with pytest.raises(GuardConfigError, match="needs market= and budget="):
+        guard_react_agent(scripted([AIMessage("x")]), TOOLS, budget=13)
+
+
 def test_sqlite_checkpointer_resume_in_a_new_process_knows_the_spend(tmp_path):
     from langgraph.checkpoint.sqlite import SqliteSaver
 

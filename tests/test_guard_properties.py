@@ -106,7 +106,7 @@ def test_budget_is_never_exceeded_and_every_charge_logged_once(sc):
         if sc["shape"] == "middleware":
             return create_agent(model, tools, middleware=[guard.middleware()], checkpointer=saver,
                                 interrupt_after=["tools"])
-        graph = guard_react_agent(model, tools, market=market, budget=sc["budget"], guard=guard, checkpointer=saver)
+        graph = guard_react_agent(model, tools, guard=guard, checkpointer=saver)
         graph.interrupt_after_nodes = ["tools"]
         return graph
 
