@@ -22,6 +22,7 @@ other fold's logs — no query's own logs ever inform the oracle that guards it.
 
 from __future__ import annotations
 
+import json
 import threading
 import zlib
 from pathlib import Path
@@ -88,7 +89,9 @@ class OracleResources:
                 n_train = int(self.config.options.get("oracle_train_tasks", max(50, self.config.tasks)))
                 train_cfg = _replace(self.config, tasks=n_train, seed=agent_seed, out=str(out))
             self.collect(train_cfg, agent_seed, JsonlLogSink(logs))
-            done.write_text("ok\n")
+            # What the logs are of, for a later run given them with --oracle-logs (logs_market).
+            done.write_text(json.dumps({"market": self.config.market, "seed": train_cfg.seed,
+                                        "tasks": train_cfg.tasks}) + "\n")
         return list(read_log(logs))
 
     def records_for(self, fold: int | None) -> list[Any]:
@@ -195,6 +198,22 @@ class OracleResources:
         if report["chosen"] == "encoder":
             return EncoderIntentionPredictor(out / "encoder")
         return self._build("predictor_hashed", records, fold)
+
+
+def logs_market(logs: str | Path) -> str | None:
+    """The market a benchmark's collected oracle logs are of (its ``oracle_data/COMPLETE`` marker, or the
+    run's ``run_config.json`` for runs before the marker said), or None for any other guard log."""
+    path = Path(logs)
+    marker, run_config = path.parent / "COMPLETE", path.parent.parent / "run_config.json"
+    if path.parent.name != "oracle_data" or not marker.is_file():
+        return None
+    try:
+        return str(json.loads(marker.read_text())["market"])
+    except (ValueError, KeyError, TypeError):  # an older marker ("ok"): the run that collected them says
+        try:
+            return str(json.loads(run_config.read_text())["market"]) if run_config.is_file() else None
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 def _inner_task_id(episode_id: str) -> str:

@@ -322,6 +322,15 @@ def _check_oracle_options(config: BenchConfig) -> None:
     if directory and not Path(directory).is_dir():
         raise UsageError(f"--predictor-dir {directory} is not a directory; give an `intent train predictor` output "
                          "directory, or leave it out to train the predictor on the oracle logs")
+    if directory:
+        missing = [f for f in ("config.json", "calibration.json") if not (Path(directory) / f).is_file()]
+        if missing:
+            # A base encoder's directory loads too, with an untrained head (p about 0.5 for every call).
+            raise UsageError(f"--predictor-dir {directory} has no {' or '.join(missing)}: it is not an `intent train "
+                             "predictor` output; train one (intent train predictor --logs ... --out DIR) and pass DIR")
+        if opts.get("predictor", "hashed") != "hashed":
+            raise UsageError(f"--predictor {opts['predictor']} trains a predictor on the oracle logs and would ignore "
+                             f"--predictor-dir {directory}; give one of the two")
     logs = opts.get("oracle_logs")
     if logs:
         path = Path(logs)
@@ -337,24 +346,48 @@ def _check_oracle_logs(config: BenchConfig, market: BenchMarket, specs: Sequence
     logs = config.options.get("oracle_logs")
     if not logs or not _uses_oracle_models(specs):
         return
+    from eval.oracle_methods import _inner_task_id, logs_market
     from intent.logs import read_log
 
+    collected_on = logs_market(logs)
+    if collected_on is not None and collected_on != config.market:
+        raise UsageError(f"--oracle-logs {logs} were collected on --market {collected_on}, not {config.market}: the "
+                         f"oracle models would know another market's tools; collect them on --market {config.market} "
+                         "(leave --oracle-logs out) or give that market's logs")
+    cross_fit = bool(config.options.get("cross_fit", config.market == "stabletoolbench"))
+    evaluated = set() if cross_fit else {market.task_id(t) for t in market.tasks()}
     tools: set[str] = set()
     # (The synthetic markets only: a StableToolBench episode may start an environment server.)
     for task in list(market.tasks())[:20] if config.market.startswith("synthetic") else ():
         tools |= {getattr(t, "name", "") for t in market.episode(task, config.seed).tools}
     logged: set[str] = set()
-    for record in read_log(logs):  # up to the first call of one of this market's tools (the oracle reads them all)
+    known = False
+    for record in read_log(logs):
+        if evaluated and _inner_task_id(record.task_id) in evaluated:
+            # Without cross-fitting every oracle model is built from all the logs: an evaluated task's own
+            # episodes would inform the oracle that guards it.
+            raise UsageError(f"--oracle-logs {logs} hold episodes of the evaluated task {_inner_task_id(record.task_id)}"
+                             f" (seed {config.seed}): the oracle models must be built from other tasks; collect logs "
+                             "on another --seed, or leave --oracle-logs out (the run collects them on a separate "
+                             "task set)")
         if record.tool:
             logged.add(record.tool)
-            if not tools or record.tool in tools:
-                return
+            known = known or not tools or record.tool in tools
+    if known:
+        return
     if not logged:
         raise UsageError(f"--oracle-logs {logs} holds no tool calls; collect logs on this market (leave the flag "
                          "out) or give a guard log of it")
     raise UsageError(f"--oracle-logs {logs} logs calls of tools this market does not have ({sorted(logged)[:3]}"
                      f"...; this market's are {sorted(tools)[:3]}...): logs of another market; collect them on "
                      f"--market {config.market} (leave --oracle-logs out) or give that market's logs")
+
+
+def _oracle_models_label(config: BenchConfig, cross_fit: bool) -> str:
+    label = "cross-fitted (2 folds)" if cross_fit else "built from other tasks"
+    if config.options.get("predictor_dir"):
+        label += f"; the predictor from --predictor-dir {config.options['predictor_dir']} (trained elsewhere, not folded)"
+    return label
 
 
 def default_reference(methods: Sequence[str]) -> str:
@@ -486,7 +519,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
         "config": {**asdict(config), "methods": list(config.methods), "market_label": market.label,
                    "agent_label": _agent_label(config.agent), "judge": _judge_label(config),
                    "workers": config.workers, "oracle_notes": notes,
-                   "oracle_models": "cross-fitted (2 folds)" if resources.cross_fit else "built from other tasks",
+                   "oracle_models": _oracle_models_label(config, resources.cross_fit),
                    "world_model": world_model,
                    "rollout_depth": rollout_depth(config.options),
                    "oracle_data_collection_s": round(timing.get("oracle_data_collection", 0.0), 3),

@@ -357,6 +357,27 @@ def test_oracle_options_are_checked_before_anything_runs(tmp_path):
                                          status="ok", budget=1.0, spent=0.0, remaining=1.0))
     with pytest.raises(ValueError, match="another market"):
         bench(oracle_logs=str(other))
+    # An empty or base-model directory passed this check and failed (or loaded an untrained head) later.
+    (tmp_path / "pred").mkdir()
+    with pytest.raises(ValueError, match="no config.json or calibration.json"):
+        bench(predictor_dir=str(tmp_path / "pred"))
+    (tmp_path / "pred" / "config.json").write_text("{}")
+    (tmp_path / "pred" / "calibration.json").write_text("{}")
+    with pytest.raises(ValueError, match="would ignore --predictor-dir"):
+        bench(predictor_dir=str(tmp_path / "pred"), predictor="encoder")
+    # Logs of the evaluated tasks themselves (the run's own suggestion to reuse them, with its --seed): the models
+    # would be built from the episodes they guard. Logs a benchmark collected on another market, by its marker.
+    own = tmp_path / "own.jsonl"
+    JsonlLogSink(own).write(StepRecord(task_id="prompt:syn-0-0001:10007", step=0, call_id="c", tool="x",
+                                       decision="accept", status="ok", budget=1.0, spent=0.0, remaining=1.0))
+    with pytest.raises(ValueError, match="evaluated task syn-0-0001"):
+        bench(oracle_logs=str(own))
+    collected = tmp_path / "v2run" / "oracle_data"
+    collected.mkdir(parents=True)
+    (collected / "logs.jsonl").write_text(other.read_text())
+    (collected / "COMPLETE").write_text('{"market": "synthetic-v2", "seed": 10007, "tasks": 50}\n')
+    with pytest.raises(ValueError, match="collected on --market synthetic-v2, not synthetic"):
+        bench(oracle_logs=str(collected / "logs.jsonl"))
 
 
 def _never(env: Any, seed: int) -> Any:

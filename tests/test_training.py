@@ -99,6 +99,17 @@ def test_annotate_ground_truth_and_llm_judge(logs, tmp_path):
         LLMJudge("http://127.0.0.1:9/v1", "j", votes=2)
 
 
+@pytest.mark.ml
+def test_a_directory_without_calibration_is_not_taken_for_a_trained_predictor(tmp_path):
+    # A base encoder's directory loaded with an untrained head and temperature 1 (p about 0.5 for every call).
+    from intent.errors import UsageError
+    from worldmodel.predictors import EncoderIntentionPredictor
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UsageError, match="no calibration.json.*intent train predictor"):
+        EncoderIntentionPredictor(tmp_path)
+
+
 @pytest.mark.slow
 @pytest.mark.ml
 def test_predictor_one_step_export_reload_and_calibrated_output(logs, tmp_path):

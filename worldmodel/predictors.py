@@ -83,7 +83,11 @@ class EncoderIntentionPredictor:
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json); "
                                     "pass the output directory of `intent train predictor`")
         calibration_file = path / "calibration.json"
-        calibration = json.loads(calibration_file.read_text()) if calibration_file.exists() else {}
+        if not calibration_file.is_file():
+            # A base encoder's directory (config.json, weights) loads too, with an untrained head.
+            raise UsageError(f"{path} has no calibration.json: it is not an `intent train predictor` output (a base "
+                             "encoder's classification head is untrained); train one and pass its --out directory")
+        calibration = json.loads(calibration_file.read_text())
         if calibration.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
             raise UsageError(f"{calibration_file}: format_version {calibration.get('format_version')} != "
                              f"{FORMAT_VERSION}; retrain with this version of worldmodel/formats.py")
