@@ -39,7 +39,7 @@ from intent import feedback as fb
 from intent.episodes import RUNNING_EPISODE
 from intent.ledger import merge_ledger_states
 from intent.messages import provider_run, tool_name, turns_before
-from intent.state import LEDGER_KEY, LedgerChannel, current_config
+from intent.state import LEDGER_KEY, LedgerAggregate, LedgerChannel, current_config
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -53,7 +53,7 @@ __all__ = ["BudgetGuardAfterModelMiddleware", "BudgetGuardMiddleware", "BudgetSt
 class BudgetState(AgentState):
     """Agent state with the guard's ledger channel (merged by charge id)."""
 
-    intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
+    intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states, LedgerAggregate]]
 
 
 # A reply of malformed calls only is sent back to the model with the errors, inside the same model
