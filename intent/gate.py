@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from langchain_core.messages import AIMessage, ToolMessage
 
 from intent import feedback as fb
+from intent._build import builder
 from intent.errors import OracleUnavailableError
 from intent.human import HumanTopUps
 from intent.ledger import BudgetExceededError, LedgerEntry
@@ -77,6 +78,11 @@ class _Pending:
 
 # HumanInTheLoopMiddleware's private state key: {call id: the reviewer's edited action}.
 HITL_EDITS_KEY = "hitl_edited_tool_calls"
+
+
+# Proposal(...) and DecisionContext(...) for every call gated, made the cheap way (intent._build).
+_proposal = builder(Proposal)
+_context = builder(DecisionContext)
 
 
 def _edited_ids(state: Any) -> Any:
@@ -206,7 +212,7 @@ def gate_batch(
         if cid in renamed:
             refuse(key, cid, name, args, None, "invalid", BAD_ARGUMENTS, fb.duplicate_call(name, renamed[cid]))
             continue
-        proposal = Proposal(cid, name, args, reasoning)
+        proposal = _proposal(cid, name, args, reasoning)
         if name in market.banned:
             refuse(key, cid, name, args, None, "invalid", BANNED_TOOL, fb.banned_tool(name))
             continue
@@ -236,7 +242,7 @@ def gate_batch(
             asked = 0
             while True:
                 left = max(0.0, ledger.remaining_for("tool") - held)
-                ctx = DecisionContext(
+                ctx = _context(
                     episode_id=episode_id, query=query, proposal=item.proposal, price=item.price,
                     budget=ledger.budget, spent=ledger.spent, remaining=left, market=market, step=step,
                     history=messages, batch=batch, batch_index=batch_index,

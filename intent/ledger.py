@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from intent._build import builder
 from intent.budget import CAP_OF_KIND, ENTRY_KINDS, Budget, EntryKind
 from intent.errors import IntentError
 from intent.market import check_amount
@@ -109,6 +110,11 @@ class LedgerEntry:
             "execution": self.execution, "overrun": self.overrun, "kind": self.kind,
             **({"store_id": self.store_id} if self.store_id else {}),
         }
+
+
+# LedgerEntry(...) for the ledger's own operations, made the cheap way (intent._build): two or three
+# entries are made on every tool call.
+_entry = builder(LedgerEntry)
 
 
 class BudgetLedger:
@@ -412,8 +418,8 @@ class BudgetLedger:
             if self._shared is not None:  # atomic in the store: raises if another run took the money
                 store, key, run_id = self._shared
                 store.reserve(key, f"{run_id}/{call_id}", amount, run_id=run_id, tool=tool, kind=kind)
-            entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version,
-                                tool_call_id, execution, kind=kind)
+            entry = _entry(call_id, tool, amount, "reserved", len(self._entries), market_version,
+                           tool_call_id, execution, kind=kind)
             self._put(entry)
             if self.owner is not None:
                 self._owners[call_id] = self.owner()
@@ -517,9 +523,9 @@ class BudgetLedger:
                     # Held, it would sit beside the re-run's own hold until its lease ran out.
                     store, key, run_id = self._shared
                     store.release(key, entry.store_id or f"{run_id}/{call_id}")  # the re-run rekeys
-                entry = LedgerEntry(entry.call_id, entry.tool, entry.amount, entry.status, entry.seq,
-                                    entry.market_version, entry.tool_call_id, execution, entry.overrun, entry.kind,
-                                    entry.store_id)  # _evolve(entry, execution=execution), on every tool call
+                entry = _entry(entry.call_id, entry.tool, entry.amount, entry.status, entry.seq,
+                               entry.market_version, entry.tool_call_id, execution, entry.overrun, entry.kind,
+                               entry.store_id)  # _evolve(entry, execution=execution), on every tool call
             self._put(entry)
             return entry
 
@@ -710,7 +716,7 @@ def _evolve(entry: LedgerEntry, **changes: Any) -> LedgerEntry:
     ledger makes two or three of these on every tool call."""
     if not changes.keys() <= _EVOLVABLE:
         raise TypeError(f"cannot change {sorted(changes.keys() - _EVOLVABLE)} of a ledger entry")
-    return LedgerEntry(
+    return _entry(
         changes.get("call_id", entry.call_id), changes.get("tool", entry.tool), changes.get("amount", entry.amount),
         changes.get("status", entry.status), entry.seq, changes.get("market_version", entry.market_version),
         entry.tool_call_id, changes.get("execution", entry.execution), changes.get("overrun", entry.overrun),
@@ -719,8 +725,8 @@ def _evolve(entry: LedgerEntry, **changes: Any) -> LedgerEntry:
 
 
 def _with_status(entry: LedgerEntry, status: EntryStatus) -> LedgerEntry:
-    return LedgerEntry(entry.call_id, entry.tool, entry.amount, status, entry.seq, entry.market_version,
-                       entry.tool_call_id, entry.execution, entry.overrun, entry.kind, entry.store_id)
+    return _entry(entry.call_id, entry.tool, entry.amount, status, entry.seq, entry.market_version,
+                  entry.tool_call_id, entry.execution, entry.overrun, entry.kind, entry.store_id)
 
 
 def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -80,3 +80,35 @@ def test_what_state_lacks_is_told_the_same_with_or_without_the_serialised_entrie
     assert ledger.behind(further) and ledger.behind({**unseen, "k3": {**unseen["k2"], "call_id": "k3"}})
     assert not ledger.behind({"k1": unseen["k1"]}), "state lacking an entry is not ahead of the ledger"
     assert set(ledger.unseen_in({"k1": unseen["k1"]})) == {"k2"}
+
+
+def test_a_frozen_dataclass_made_the_cheap_way_is_the_one_its_constructor_makes():
+    from intent._build import builder
+    from intent.ledger import LedgerEntry
+    from intent.oracle import Decision
+
+    build = builder(LedgerEntry)
+    made, expected = build("k", "a", 1.5, "reserved", 3, kind="model"), LedgerEntry("k", "a", 1.5, "reserved", 3, kind="model")
+    assert build is not LedgerEntry and type(made) is LedgerEntry
+    assert made == expected and hash(made) == hash(expected) and repr(made) == repr(expected)
+    assert dataclasses.replace(made, amount=2.0) == dataclasses.replace(expected, amount=2.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.amount = 2.0  # type: ignore[misc]
+    with pytest.raises(TypeError):  # a field the class does not have, or one missing: as the constructor says
+        build("k", "a", 1.5, "reserved", 3, nonsense=1)
+    with pytest.raises(TypeError):
+        build("k")
+    # A default_factory gives each instance its own value, and accepted() still makes a Decision
+    one, two = builder(Decision)(True), builder(Decision)(True)
+    assert one == Decision(True) and one.usage is not two.usage
+    assert Decision.accepted(tokens=3.0) == Decision(True, usage={"tokens": 3.0})
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        value: int
+
+        def __post_init__(self) -> None:
+            if self.value < 0:
+                raise ValueError("negative")
+
+    assert builder(Checked) is Checked  # its __post_init__ would be skipped: the class itself
