@@ -12,6 +12,7 @@ are held and committed here too (:func:`hold_oracle`, :func:`charge_oracle`).
 
 from __future__ import annotations
 
+import operator
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -83,6 +84,7 @@ HITL_EDITS_KEY = "hitl_edited_tool_calls"
 # Proposal(...) and DecisionContext(...) for every call gated, made the cheap way (intent._build).
 _proposal = builder(Proposal)
 _context = builder(DecisionContext)
+_proposal_of = operator.attrgetter("proposal")
 
 
 def _edited_ids(state: Any) -> Any:
@@ -231,7 +233,7 @@ def gate_batch(
                 refuse(key, cid, name, args, None, "invalid", UNKNOWN_TOOL,
                        fb.unknown_tool(name, guard._visible_names(state, config, market, offered)))
 
-    batch = tuple(p.proposal for p in pending)
+    batch = tuple(map(_proposal_of, pending))  # (no generator made per gate)
     held = 0.0  # accepted earlier in this batch: reserved once the whole batch is decided
     top_ups: dict[str, float] = {}
     # Top-ups a human approves in this run: taken back if the run is interrupted before it
@@ -310,7 +312,7 @@ def gate_batch(
                 decisions[item.key] = {
                     "accept": True, "tool": item.proposal.tool, "args": dict(item.proposal.args), "price": item.price, "step": step,
                     "reason": decision.reason, "feedback": decision.feedback,
-                    "trace": [s.to_dict() for s in decision.trace], "decision_ms": decision_ms,
+                    "trace": [s.to_dict() for s in decision.trace] if decision.trace else [], "decision_ms": decision_ms,
                     "usage": dict(decision.usage),
                 }
             else:
@@ -330,8 +332,10 @@ def gate_batch(
     if out_messages:
         update["messages"] = out_messages
     channel_update = dict((settled or {}).get(LEDGER_KEY) or guard._channel_base(episode))
-    channel_update["entries"] = {**channel_update.get("entries", {}),
-                                 **{k: ledger.serialized(e) for k, e in new_entries.items()}}
+    entries = dict(channel_update.get("entries", {}))
+    for k, e in new_entries.items():  # (a loop, not a dict comprehension: no function made per gate)
+        entries[k] = ledger.serialized(e)
+    channel_update["entries"] = entries
     if decisions:
         channel_update["decisions"] = decisions
     if top_ups:

@@ -630,7 +630,9 @@ class BudgetGuard:
         others: list[str] = []
         own_task = False  # a visitor in the very task this branch runs in (a model called beside the agent there)
         if branch is not None:
-            others = [b for b in episode.branches.copy() if b != branch]
+            for b in episode.branches.copy():  # (a loop, not a list comprehension: one branch, on every model step)
+                if b != branch:
+                    others.append(b)
             for task in episode.visitors.copy():
                 if task != branch:
                     others.append(task)

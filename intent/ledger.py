@@ -250,11 +250,19 @@ class BudgetLedger:
     def remaining_for(self, kind: str = "tool") -> float:
         """What a call of ``kind`` may still reserve: the total left, its sub-cap's left, and the
         shared budget's left."""
+        # (_sum and budget inlined, the same arithmetic: the gate asks this for every call)
         with self._lock:
-            left = max(0.0, self._budget + sum(self._top_ups.values()) - self._sum("committed") - self._sum("reserved"))
-            group = CAP_OF_KIND.get(kind)
-            if group in self._caps:
-                left = min(left, max(0.0, self._caps[group] - self._held_by_group.get(group, 0.0)))
+            committed, reserved = self._totals["committed"], self._totals["reserved"]
+            committed = 0.0 if -1e-12 < committed < 1e-12 else committed
+            reserved = 0.0 if -1e-12 < reserved < 1e-12 else reserved
+            budget = self._budget + sum(self._top_ups.values()) if self._top_ups else self._budget
+            left = max(0.0, budget - committed - reserved)
+            if self._caps:
+                group = CAP_OF_KIND.get(kind)
+                if group in self._caps:
+                    left = min(left, max(0.0, self._caps[group] - self._held_by_group.get(group, 0.0)))
+        if self._shared is None:
+            return left
         shared = self._shared_left()
         return left if shared is None else min(left, shared)
 
@@ -316,20 +324,27 @@ class BudgetLedger:
 
     def _fits_here(self, amount: float, kind: str) -> bool:
         """The local part of :meth:`fits` (the shared store checks its own part atomically)."""
+        # (_sum and budget inlined, the same arithmetic: asked twice for every call gated)
         with self._lock:
             if self._blocking_overrun > _EPS and not self._allow_overspend:  # halted
                 return False
-            group = CAP_OF_KIND.get(kind)
-            if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
-                return False
-            return (self._sum("committed") + self._sum("reserved") + amount
-                    <= self._budget + sum(self._top_ups.values()) + _EPS)
+            if self._caps:
+                group = CAP_OF_KIND.get(kind)
+                if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
+                    return False
+            committed, reserved = self._totals["committed"], self._totals["reserved"]
+            committed = 0.0 if -1e-12 < committed < 1e-12 else committed
+            reserved = 0.0 if -1e-12 < reserved < 1e-12 else reserved
+            budget = self._budget + sum(self._top_ups.values()) if self._top_ups else self._budget
+            return committed + reserved + amount <= budget + _EPS
 
     def fits(self, amount: float, kind: str = "tool") -> bool:
         """Whether ``amount`` more of ``kind`` can be reserved: within the total, the kind's
         sub-cap and the shared budget. After a tool's overrun nothing fits (enforcing ledgers)."""
         if not self._fits_here(amount, kind):
             return False
+        if self._shared is None:
+            return True
         shared = self._shared_left()
         return shared is None or amount <= shared + _EPS
 
@@ -380,13 +395,13 @@ class BudgetLedger:
 
     def held(self) -> list[LedgerEntry]:
         """Reservations not yet committed or released."""
-        with self._lock:
-            return [self._entries[c] for c in self._held_ids]
+        with self._lock:  # (map, not a list comprehension: no function made on every model step)
+            return list(map(self._entries.__getitem__, self._held_ids))
 
     def charges_of(self, call_key: str) -> list[LedgerEntry]:
         """Every charge of one proposed call: its gate reservation, then one per further run."""
-        with self._lock:
-            return [self._entries[c] for c in self._by_call.get(call_key, ())]
+        with self._lock:  # (map, not a list comprehension: no function made twice per tool call)
+            return list(map(self._entries.__getitem__, self._by_call.get(call_key, ())))
 
     def __contains__(self, call_id: object) -> bool:
         return call_id in self._entries
@@ -745,7 +760,15 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
     # read fresh state for the next edge, once to apply the step), two writes per tool call.
     merged = dict(left)
     for key, value in right.items():
-        if key == "entries":
+        how = _MERGE.get(key)  # one lookup per key (not a test of each set in turn)
+        if how is None:
+            # Everything else (budget, episode id, overspend flag) is fixed by the first state that sets it.
+            if key not in merged:
+                merged[key] = value
+        elif how == _LATEST:
+            # The market snapshot and the turn count are the latest the gate wrote.
+            merged[key] = value
+        elif how == _ENTRIES:
             value = value or {}
             known = left.get("entries")
             if not known:
@@ -757,23 +780,18 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
                 if old is None or _RANK[entry["status"]] > _RANK[old["status"]]:
                     entries[cid] = entry
             merged["entries"] = entries
-        elif key in _UNION:
+        elif how == _UNITE:
             # Top-ups and the gate's decisions are keyed by id and never change once written.
             known = left.get(key)
             merged[key] = {**known, **(value or {})} if known else dict(value or {})
-        elif key in _RUN_TASK:
+        elif how == _RUN_TASK_KEY:
             # A run's task (intent.messages.query_of) and its run, written together: a later run's replaces
             # an earlier one's; within one run the first written stays (a run's task is fixed at its first step).
             if right.get("query_run", 1) > (left.get("query_run", 1) if "query" in left else 0):
                 merged[key] = value
-        elif key in _HIGHEST_WINS:
+        else:  # _HIGHEST
             # Run counters (intent.state.runs_of): parallel branches may write them in any order.
             merged[key] = max(value, left.get(key) or 0)
-        elif key in _LATEST_WINS or key not in merged:
-            # Everything else (budget, episode id, overspend flag) is fixed by
-            # the first state that sets it; the market snapshot and the turn count are the latest
-            # the gate wrote.
-            merged[key] = value
     return merged
 
 
@@ -783,4 +801,8 @@ _LATEST_WINS = frozenset({"market", "market_version", "market_scope", "turns", "
 _RUN_TASK = frozenset({"query", "query_run"})
 _UNION = frozenset({"top_ups", "top_up_by", "decisions", "caps"})
 _HIGHEST_WINS = frozenset({"runs_started", "runs_ended"})
+# How merge_ledger_states merges each key it knows (any other key: the first state that sets it wins).
+_ENTRIES, _UNITE, _RUN_TASK_KEY, _HIGHEST, _LATEST = range(5)
+_MERGE: dict[str, int] = {"entries": _ENTRIES, **dict.fromkeys(_UNION, _UNITE), **dict.fromkeys(_RUN_TASK, _RUN_TASK_KEY),
+                          **dict.fromkeys(_HIGHEST_WINS, _HIGHEST), **dict.fromkeys(_LATEST_WINS, _LATEST)}
 _EVOLVABLE = frozenset({"call_id", "tool", "amount", "status", "market_version", "execution", "overrun", "store_id"})

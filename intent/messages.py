@@ -296,7 +296,10 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
     validate = getattr(found.schema, "model_validate", None)
     if validate is None:
         return None  # a JSON-schema dict tool: the tool validates its own input
-    given = model_args(tool, args) if type(args) is dict or isinstance(args, Mapping) else args
+    if type(args) is dict and not found.injected:
+        given = args.copy()  # model_args(tool, args), without its comprehension (a copy: a validator may change it)
+    else:
+        given = model_args(tool, args) if type(args) is dict or isinstance(args, Mapping) else args
     if found.full is None or not isinstance(given, Mapping):
         try:
             validate(given)

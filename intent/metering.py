@@ -766,6 +766,8 @@ class CallRun:
                 self._defer(exc)
             if note:
                 message = message.model_copy(update={"content": f"{text_of(message)}\n{note}"})
-        update = {LEDGER_KEY: self.guard._channel_base(episode) | {
-            "entries": {e.call_id: ledger.serialized(e) for e in entries}}}
+        charges = {}
+        for e in entries:  # (a loop, not a dict comprehension: no function made per tool call)
+            charges[e.call_id] = ledger.serialized(e)
+        update = {LEDGER_KEY: self.guard._channel_base(episode) | {"entries": charges}}
         return with_update(result, self.tool_call_id, message, update)

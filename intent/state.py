@@ -121,16 +121,19 @@ class LedgerAggregate(BinaryOperatorAggregate):
         return new
 
     def update(self, values: Sequence[Any]) -> bool:
-        if len(values) != 1:
-            return super().update(values)
+        if len(values) != 1:  # (LangGraph's fresh read updates every channel, most with no write)
+            return _aggregate_update(self, values)
         before, write = self.value, values[0]
         last = self._last[0]
         if last is not None and last[0] is before and last[1] is write:
             self.value = last[2]
             return True
-        changed = super().update(values)
+        changed = _aggregate_update(self, values)
         self._last[0] = (before, write, self.value)
         return changed
+
+
+_aggregate_update = BinaryOperatorAggregate.update
 
 
 class GuardState(TypedDict):
