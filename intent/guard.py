@@ -509,8 +509,9 @@ class BudgetGuard:
         ledger = episode.ledger
         base = {"episode_id": episode.episode_id, "budget": ledger.base_budget,
                 "allow_overspend": ledger.allow_overspend}
-        if ledger.caps:
-            base["caps"] = ledger.caps
+        caps = ledger.caps  # (a copy each time it is read)
+        if caps:
+            base["caps"] = caps
         if isinstance(ledger, CarvedLedger):
             base["carved_by"] = ledger.carve_id  # the carve holding these charges (CarvedLedger.take_over)
         return base

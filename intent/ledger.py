@@ -170,38 +170,40 @@ class BudgetLedger:
             self._put(entry)
 
     def _put(self, entry: LedgerEntry) -> None:
-        old = self._entries.get(entry.call_id)
-        if (old is not None and old.status == entry.status and old.amount == entry.amount
-                and old.overrun == entry.overrun and old.kind == entry.kind):
-            self._entries[entry.call_id] = entry  # no total moves (a run number, a store id): every tool call
-            self._dicts.pop(entry.call_id, None)
+        # (Runs two or three times per tool call: attributes read once, the sub-cap groups' sums kept inline.)
+        cid, status, amount, kind = entry.call_id, entry.status, entry.amount, entry.kind
+        old = self._entries.get(cid)
+        if (old is not None and old.status == status and old.amount == amount
+                and old.overrun == entry.overrun and old.kind == kind):
+            self._entries[cid] = entry  # no total moves (a run number, a store id): every tool call
+            self._dicts.pop(cid, None)
             return
+        totals, by_group = self._totals, self._held_by_group
         if old is not None:
-            self._totals[old.status] -= old.amount
+            totals[old.status] -= old.amount
             self._overrun -= old.overrun
             if old.kind not in _ESTIMATED_KINDS:
                 self._blocking_overrun -= old.overrun
             if old.status != "released":
-                self._group_add(old.kind, -old.amount)
+                group = CAP_OF_KIND.get(old.kind)
+                if group is not None:
+                    by_group[group] = by_group.get(group, 0.0) + -old.amount
         else:
-            self._by_call.setdefault(entry.call_key, []).append(entry.call_id)
-        self._entries[entry.call_id] = entry
-        self._dicts.pop(entry.call_id, None)
-        if entry.status == "reserved":
-            self._held_ids[entry.call_id] = None
+            self._by_call.setdefault(entry.call_key, []).append(cid)
+        self._entries[cid] = entry
+        self._dicts.pop(cid, None)
+        if status == "reserved":
+            self._held_ids[cid] = None
         else:
-            self._held_ids.pop(entry.call_id, None)
-        self._totals[entry.status] += entry.amount
+            self._held_ids.pop(cid, None)
+        totals[status] += amount
         self._overrun += entry.overrun
-        if entry.kind not in _ESTIMATED_KINDS:
+        if kind not in _ESTIMATED_KINDS:
             self._blocking_overrun += entry.overrun
-        if entry.status != "released":
-            self._group_add(entry.kind, entry.amount)
-
-    def _group_add(self, kind: str, amount: float) -> None:
-        group = CAP_OF_KIND.get(kind)
-        if group is not None:
-            self._held_by_group[group] = self._held_by_group.get(group, 0.0) + amount
+        if status != "released":
+            group = CAP_OF_KIND.get(kind)
+            if group is not None:
+                by_group[group] = by_group.get(group, 0.0) + amount
 
     # ------------------------------------------------------------------ totals
     @property

@@ -204,8 +204,8 @@ class MeteredTool:
     __slots__ = ("_run", "_tool")
 
     def __init__(self, tool: Any, run: CallRun) -> None:
-        object.__setattr__(self, "_tool", tool)
-        object.__setattr__(self, "_run", run)
+        self._tool = tool
+        self._run = run
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tool, name)
