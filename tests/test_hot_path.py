@@ -112,3 +112,39 @@ def test_a_frozen_dataclass_made_the_cheap_way_is_the_one_its_constructor_makes(
                 raise ValueError("negative")
 
     assert builder(Checked) is Checked  # its __post_init__ would be skipped: the class itself
+
+
+def test_the_ledger_channel_applies_a_write_as_its_reducer_does_also_when_it_takes_the_last_result_again():
+    from langgraph.channels.binop import BinaryOperatorAggregate
+    from langgraph.types import Overwrite
+
+    from intent.ledger import merge_ledger_states
+    from intent.state import LedgerAggregate, LedgerChannel
+
+    channel = LedgerAggregate(LedgerChannel | None)
+    assert channel == BinaryOperatorAggregate(LedgerChannel | None, merge_ledger_states)  # LangGraph: the same channel
+    assert not channel.is_available() and not channel.copy().is_available()
+    first = {"episode_id": "e", "budget": 5.0, "entries": {}}
+    entry = {"call_id": "m:c", "tool": "a", "amount": 1.0, "status": "reserved", "seq": 0, "market_version": 0,
+             "tool_call_id": "c", "execution": 0, "overrun": 0.0}
+    write = {"episode_id": "e", "entries": {"m:c": entry}, "decisions": {"m:c": {"accept": True}}}
+    channel.update([first])
+    beside = channel.copy()  # a parallel branch's fresh read, of the same value
+    fresh = channel.copy()  # a conditional edge's fresh read, then the step's end: the same write twice
+    assert fresh.update([write]) and channel.update([write])
+    assert channel.get() is fresh.get() and channel.get() == merge_ledger_states(first, write)
+    # Another write object, or the same one on another value, is merged afresh
+    committed = {"entries": {"m:c": {**entry, "status": "committed"}}}
+    beside.update([committed])
+    assert beside.get() == merge_ledger_states(first, committed)
+    again = channel.copy()
+    again.update([committed])
+    assert again.get() == merge_ledger_states(merge_ledger_states(first, write), committed)
+    other = LedgerAggregate(LedgerChannel | None)
+    other.update([{"episode_id": "f", "budget": 1.0}])
+    other._last = channel._last  # even sharing what it remembers
+    other.update([committed])
+    assert other.get() == merge_ledger_states({"episode_id": "f", "budget": 1.0}, committed)
+    channel.update([Overwrite({"episode_id": "g"})])
+    assert channel.get() == {"episode_id": "g"}
+    assert channel.update([]) is False and channel.get() == {"episode_id": "g"}
