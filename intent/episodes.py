@@ -160,8 +160,9 @@ class EpisodeRegistry:
         return episode_id in self._episodes
 
     def peek(self, episode_id: str) -> Episode | None:
-        with self._lock:
-            return self._episodes.get(episode_id)
+        # One read of the (C) OrderedDict, atomic under the GIL like __contains__ above: no lock taken
+        # (the market is looked up this way three times per tool call).
+        return self._episodes.get(episode_id)
 
     def get(self, episode_id: str, channel: Mapping[str, Any] | None = None, *, branch: str | None = None,
             stamp: str | None = None) -> Episode:

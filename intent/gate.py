@@ -12,6 +12,7 @@ are held and committed here too (:func:`hold_oracle`, :func:`charge_oracle`).
 
 from __future__ import annotations
 
+import operator
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from langchain_core.messages import AIMessage, ToolMessage
 
 from intent import feedback as fb
+from intent._build import builder
 from intent.errors import OracleUnavailableError
 from intent.human import HumanTopUps
 from intent.ledger import BudgetExceededError, LedgerEntry
@@ -77,6 +79,12 @@ class _Pending:
 
 # HumanInTheLoopMiddleware's private state key: {call id: the reviewer's edited action}.
 HITL_EDITS_KEY = "hitl_edited_tool_calls"
+
+
+# Proposal(...) and DecisionContext(...) for every call gated, made the cheap way (intent._build).
+_proposal = builder(Proposal)
+_context = builder(DecisionContext)
+_proposal_of = operator.attrgetter("proposal")
 
 
 def _edited_ids(state: Any) -> Any:
@@ -206,7 +214,7 @@ def gate_batch(
         if cid in renamed:
             refuse(key, cid, name, args, None, "invalid", BAD_ARGUMENTS, fb.duplicate_call(name, renamed[cid]))
             continue
-        proposal = Proposal(cid, name, args, reasoning)
+        proposal = _proposal(cid, name, args, reasoning)
         if name in market.banned:
             refuse(key, cid, name, args, None, "invalid", BANNED_TOOL, fb.banned_tool(name))
             continue
@@ -225,7 +233,7 @@ def gate_batch(
                 refuse(key, cid, name, args, None, "invalid", UNKNOWN_TOOL,
                        fb.unknown_tool(name, guard._visible_names(state, config, market, offered)))
 
-    batch = tuple(p.proposal for p in pending)
+    batch = tuple(map(_proposal_of, pending))  # (no generator made per gate)
     held = 0.0  # accepted earlier in this batch: reserved once the whole batch is decided
     top_ups: dict[str, float] = {}
     # Top-ups a human approves in this run: taken back if the run is interrupted before it
@@ -236,7 +244,7 @@ def gate_batch(
             asked = 0
             while True:
                 left = max(0.0, ledger.remaining_for("tool") - held)
-                ctx = DecisionContext(
+                ctx = _context(
                     episode_id=episode_id, query=query, proposal=item.proposal, price=item.price,
                     budget=ledger.budget, spent=ledger.spent, remaining=left, market=market, step=step,
                     history=messages, batch=batch, batch_index=batch_index,
@@ -304,7 +312,7 @@ def gate_batch(
                 decisions[item.key] = {
                     "accept": True, "tool": item.proposal.tool, "args": dict(item.proposal.args), "price": item.price, "step": step,
                     "reason": decision.reason, "feedback": decision.feedback,
-                    "trace": [s.to_dict() for s in decision.trace], "decision_ms": decision_ms,
+                    "trace": [s.to_dict() for s in decision.trace] if decision.trace else [], "decision_ms": decision_ms,
                     "usage": dict(decision.usage),
                 }
             else:
@@ -324,8 +332,10 @@ def gate_batch(
     if out_messages:
         update["messages"] = out_messages
     channel_update = dict((settled or {}).get(LEDGER_KEY) or guard._channel_base(episode))
-    channel_update["entries"] = {**channel_update.get("entries", {}),
-                                 **{k: ledger.serialized(e) for k, e in new_entries.items()}}
+    entries = dict(channel_update.get("entries", {}))
+    for k, e in new_entries.items():  # (a loop, not a dict comprehension: no function made per gate)
+        entries[k] = ledger.serialized(e)
+    channel_update["entries"] = entries
     if decisions:
         channel_update["decisions"] = decisions
     if top_ups:

@@ -554,8 +554,9 @@ class BudgetGuard:
         ledger = episode.ledger
         base = {"episode_id": episode.episode_id, "budget": ledger.base_budget,
                 "allow_overspend": ledger.allow_overspend}
-        if ledger.caps:
-            base["caps"] = ledger.caps
+        caps = ledger.caps  # (a copy each time it is read)
+        if caps:
+            base["caps"] = caps
         if isinstance(ledger, CarvedLedger):
             base["carved_by"] = ledger.carve_id  # the carve holding these charges (CarvedLedger.take_over)
         return base
@@ -675,7 +676,9 @@ class BudgetGuard:
         others: list[str] = []
         own_task = False  # a visitor in the very task this branch runs in (a model called beside the agent there)
         if branch is not None:
-            others = [b for b in episode.branches.copy() if b != branch]
+            for b in episode.branches.copy():  # (a loop, not a list comprehension: one branch, on every model step)
+                if b != branch:
+                    others.append(b)
             for task in episode.visitors.copy():
                 if task != branch:
                     others.append(task)

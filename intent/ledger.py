@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from intent._build import builder
 from intent.budget import CAP_OF_KIND, ENTRY_KINDS, Budget, EntryKind
 from intent.errors import IntentError
 from intent.market import InvalidPriceError, check_amount
@@ -111,6 +112,11 @@ class LedgerEntry:
         }
 
 
+# LedgerEntry(...) for the ledger's own operations, made the cheap way (intent._build): two or three
+# entries are made on every tool call.
+_entry = builder(LedgerEntry)
+
+
 class BudgetLedger:
     """Thread-safe reserve/commit/release ledger for one episode (one graph thread)."""
 
@@ -164,38 +170,40 @@ class BudgetLedger:
             self._put(entry)
 
     def _put(self, entry: LedgerEntry) -> None:
-        old = self._entries.get(entry.call_id)
-        if (old is not None and old.status == entry.status and old.amount == entry.amount
-                and old.overrun == entry.overrun and old.kind == entry.kind):
-            self._entries[entry.call_id] = entry  # no total moves (a run number, a store id): every tool call
-            self._dicts.pop(entry.call_id, None)
+        # (Runs two or three times per tool call: attributes read once, the sub-cap groups' sums kept inline.)
+        cid, status, amount, kind = entry.call_id, entry.status, entry.amount, entry.kind
+        old = self._entries.get(cid)
+        if (old is not None and old.status == status and old.amount == amount
+                and old.overrun == entry.overrun and old.kind == kind):
+            self._entries[cid] = entry  # no total moves (a run number, a store id): every tool call
+            self._dicts.pop(cid, None)
             return
+        totals, by_group = self._totals, self._held_by_group
         if old is not None:
-            self._totals[old.status] -= old.amount
+            totals[old.status] -= old.amount
             self._overrun -= old.overrun
             if old.kind not in _ESTIMATED_KINDS:
                 self._blocking_overrun -= old.overrun
             if old.status != "released":
-                self._group_add(old.kind, -old.amount)
+                group = CAP_OF_KIND.get(old.kind)
+                if group is not None:
+                    by_group[group] = by_group.get(group, 0.0) + -old.amount
         else:
-            self._by_call.setdefault(entry.call_key, []).append(entry.call_id)
-        self._entries[entry.call_id] = entry
-        self._dicts.pop(entry.call_id, None)
-        if entry.status == "reserved":
-            self._held_ids[entry.call_id] = None
+            self._by_call.setdefault(entry.call_key, []).append(cid)
+        self._entries[cid] = entry
+        self._dicts.pop(cid, None)
+        if status == "reserved":
+            self._held_ids[cid] = None
         else:
-            self._held_ids.pop(entry.call_id, None)
-        self._totals[entry.status] += entry.amount
+            self._held_ids.pop(cid, None)
+        totals[status] += amount
         self._overrun += entry.overrun
-        if entry.kind not in _ESTIMATED_KINDS:
+        if kind not in _ESTIMATED_KINDS:
             self._blocking_overrun += entry.overrun
-        if entry.status != "released":
-            self._group_add(entry.kind, entry.amount)
-
-    def _group_add(self, kind: str, amount: float) -> None:
-        group = CAP_OF_KIND.get(kind)
-        if group is not None:
-            self._held_by_group[group] = self._held_by_group.get(group, 0.0) + amount
+        if status != "released":
+            group = CAP_OF_KIND.get(kind)
+            if group is not None:
+                by_group[group] = by_group.get(group, 0.0) + amount
 
     # ------------------------------------------------------------------ totals
     @property
@@ -244,11 +252,19 @@ class BudgetLedger:
     def remaining_for(self, kind: str = "tool") -> float:
         """What a call of ``kind`` may still reserve: the total left, its sub-cap's left, and the
         shared budget's left."""
+        # (_sum and budget inlined, the same arithmetic: the gate asks this for every call)
         with self._lock:
-            left = max(0.0, self._budget + sum(self._top_ups.values()) - self._sum("committed") - self._sum("reserved"))
-            group = CAP_OF_KIND.get(kind)
-            if group in self._caps:
-                left = min(left, max(0.0, self._caps[group] - self._held_by_group.get(group, 0.0)))
+            committed, reserved = self._totals["committed"], self._totals["reserved"]
+            committed = 0.0 if -1e-12 < committed < 1e-12 else committed
+            reserved = 0.0 if -1e-12 < reserved < 1e-12 else reserved
+            budget = self._budget + sum(self._top_ups.values()) if self._top_ups else self._budget
+            left = max(0.0, budget - committed - reserved)
+            if self._caps:
+                group = CAP_OF_KIND.get(kind)
+                if group in self._caps:
+                    left = min(left, max(0.0, self._caps[group] - self._held_by_group.get(group, 0.0)))
+        if self._shared is None:
+            return left
         shared = self._shared_left()
         return left if shared is None else min(left, shared)
 
@@ -310,20 +326,27 @@ class BudgetLedger:
 
     def _fits_here(self, amount: float, kind: str) -> bool:
         """The local part of :meth:`fits` (the shared store checks its own part atomically)."""
+        # (_sum and budget inlined, the same arithmetic: asked twice for every call gated)
         with self._lock:
             if self._blocking_overrun > _EPS and not self._allow_overspend:  # halted
                 return False
-            group = CAP_OF_KIND.get(kind)
-            if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
-                return False
-            return (self._sum("committed") + self._sum("reserved") + amount
-                    <= self._budget + sum(self._top_ups.values()) + _EPS)
+            if self._caps:
+                group = CAP_OF_KIND.get(kind)
+                if group in self._caps and self._held_by_group.get(group, 0.0) + amount > self._caps[group] + _EPS:
+                    return False
+            committed, reserved = self._totals["committed"], self._totals["reserved"]
+            committed = 0.0 if -1e-12 < committed < 1e-12 else committed
+            reserved = 0.0 if -1e-12 < reserved < 1e-12 else reserved
+            budget = self._budget + sum(self._top_ups.values()) if self._top_ups else self._budget
+            return committed + reserved + amount <= budget + _EPS
 
     def fits(self, amount: float, kind: str = "tool") -> bool:
         """Whether ``amount`` more of ``kind`` can be reserved: within the total, the kind's
         sub-cap and the shared budget. After a tool's overrun nothing fits (enforcing ledgers)."""
         if not self._fits_here(amount, kind):
             return False
+        if self._shared is None:
+            return True
         shared = self._shared_left()
         return shared is None or amount <= shared + _EPS
 
@@ -374,13 +397,13 @@ class BudgetLedger:
 
     def held(self) -> list[LedgerEntry]:
         """Reservations not yet committed or released."""
-        with self._lock:
-            return [self._entries[c] for c in self._held_ids]
+        with self._lock:  # (map, not a list comprehension: no function made on every model step)
+            return list(map(self._entries.__getitem__, self._held_ids))
 
     def charges_of(self, call_key: str) -> list[LedgerEntry]:
         """Every charge of one proposed call: its gate reservation, then one per further run."""
-        with self._lock:
-            return [self._entries[c] for c in self._by_call.get(call_key, ())]
+        with self._lock:  # (map, not a list comprehension: no function made twice per tool call)
+            return list(map(self._entries.__getitem__, self._by_call.get(call_key, ())))
 
     def __contains__(self, call_id: object) -> bool:
         return call_id in self._entries
@@ -412,8 +435,8 @@ class BudgetLedger:
             if self._shared is not None:  # atomic in the store: raises if another run took the money
                 store, key, run_id = self._shared
                 store.reserve(key, f"{run_id}/{call_id}", amount, run_id=run_id, tool=tool, kind=kind)
-            entry = LedgerEntry(call_id, tool, amount, "reserved", len(self._entries), market_version,
-                                tool_call_id, execution, kind=kind)
+            entry = _entry(call_id, tool, amount, "reserved", len(self._entries), market_version,
+                           tool_call_id, execution, kind=kind)
             self._put(entry)
             if self.owner is not None:
                 self._owners[call_id] = self.owner()
@@ -517,9 +540,9 @@ class BudgetLedger:
                     # Held, it would sit beside the re-run's own hold until its lease ran out.
                     store, key, run_id = self._shared
                     store.release(key, entry.store_id or f"{run_id}/{call_id}")  # the re-run rekeys
-                entry = LedgerEntry(entry.call_id, entry.tool, entry.amount, entry.status, entry.seq,
-                                    entry.market_version, entry.tool_call_id, execution, entry.overrun, entry.kind,
-                                    entry.store_id)  # _evolve(entry, execution=execution), on every tool call
+                entry = _entry(entry.call_id, entry.tool, entry.amount, entry.status, entry.seq,
+                               entry.market_version, entry.tool_call_id, execution, entry.overrun, entry.kind,
+                               entry.store_id)  # _evolve(entry, execution=execution), on every tool call
             self._put(entry)
             return entry
 
@@ -713,7 +736,7 @@ def _evolve(entry: LedgerEntry, **changes: Any) -> LedgerEntry:
     ledger makes two or three of these on every tool call."""
     if not changes.keys() <= _EVOLVABLE:
         raise TypeError(f"cannot change {sorted(changes.keys() - _EVOLVABLE)} of a ledger entry")
-    return LedgerEntry(
+    return _entry(
         changes.get("call_id", entry.call_id), changes.get("tool", entry.tool), changes.get("amount", entry.amount),
         changes.get("status", entry.status), entry.seq, changes.get("market_version", entry.market_version),
         entry.tool_call_id, changes.get("execution", entry.execution), changes.get("overrun", entry.overrun),
@@ -722,8 +745,8 @@ def _evolve(entry: LedgerEntry, **changes: Any) -> LedgerEntry:
 
 
 def _with_status(entry: LedgerEntry, status: EntryStatus) -> LedgerEntry:
-    return LedgerEntry(entry.call_id, entry.tool, entry.amount, status, entry.seq, entry.market_version,
-                       entry.tool_call_id, entry.execution, entry.overrun, entry.kind, entry.store_id)
+    return _entry(entry.call_id, entry.tool, entry.amount, status, entry.seq, entry.market_version,
+                  entry.tool_call_id, entry.execution, entry.overrun, entry.kind, entry.store_id)
 
 
 def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -742,7 +765,15 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
     # read fresh state for the next edge, once to apply the step), two writes per tool call.
     merged = dict(left)
     for key, value in right.items():
-        if key == "entries":
+        how = _MERGE.get(key)  # one lookup per key (not a test of each set in turn)
+        if how is None:
+            # Everything else (budget, episode id, overspend flag) is fixed by the first state that sets it.
+            if key not in merged:
+                merged[key] = value
+        elif how == _LATEST:
+            # The market snapshot and the turn count are the latest the gate wrote.
+            merged[key] = value
+        elif how == _ENTRIES:
             value = value or {}
             known = left.get("entries")
             if not known:
@@ -754,23 +785,18 @@ def merge_ledger_states(left: Mapping[str, Any] | None, right: Mapping[str, Any]
                 if old is None or _RANK[entry["status"]] > _RANK[old["status"]]:
                     entries[cid] = entry
             merged["entries"] = entries
-        elif key in _UNION:
+        elif how == _UNITE:
             # Top-ups and the gate's decisions are keyed by id and never change once written.
             known = left.get(key)
             merged[key] = {**known, **(value or {})} if known else dict(value or {})
-        elif key in _RUN_TASK:
+        elif how == _RUN_TASK_KEY:
             # A run's task (intent.messages.query_of) and its run, written together: a later run's replaces
             # an earlier one's; within one run the first written stays (a run's task is fixed at its first step).
             if right.get("query_run", 1) > (left.get("query_run", 1) if "query" in left else 0):
                 merged[key] = value
-        elif key in _HIGHEST_WINS:
+        else:  # _HIGHEST
             # Run counters (intent.state.runs_of): parallel branches may write them in any order.
             merged[key] = max(value, left.get(key) or 0)
-        elif key in _LATEST_WINS or key not in merged:
-            # Everything else (budget, episode id, overspend flag) is fixed by
-            # the first state that sets it; the market snapshot and the turn count are the latest
-            # the gate wrote.
-            merged[key] = value
     return merged
 
 
@@ -780,4 +806,8 @@ _LATEST_WINS = frozenset({"market", "market_version", "market_scope", "turns", "
 _RUN_TASK = frozenset({"query", "query_run"})
 _UNION = frozenset({"top_ups", "top_up_by", "decisions", "caps"})
 _HIGHEST_WINS = frozenset({"runs_started", "runs_ended"})
+# How merge_ledger_states merges each key it knows (any other key: the first state that sets it wins).
+_ENTRIES, _UNITE, _RUN_TASK_KEY, _HIGHEST, _LATEST = range(5)
+_MERGE: dict[str, int] = {"entries": _ENTRIES, **dict.fromkeys(_UNION, _UNITE), **dict.fromkeys(_RUN_TASK, _RUN_TASK_KEY),
+                          **dict.fromkeys(_HIGHEST_WINS, _HIGHEST), **dict.fromkeys(_LATEST_WINS, _LATEST)}
 _EVOLVABLE = frozenset({"call_id", "tool", "amount", "status", "market_version", "execution", "overrun", "store_id"})

@@ -143,7 +143,11 @@ def turns_before(messages: Sequence[AnyMessage], index: int, counted: Mapping[st
         for j in range(min(index, len(messages)) - 1, -1, -1):
             m = messages[j]
             if isinstance(m, AIMessage) and m.id == last_id:
-                return max(total, int(counted["count"]) + sum(1 for x in messages[j + 1:index] if isinstance(x, AIMessage)))
+                later = 0  # AIMessages between it and this one (a loop, not sum(<genexpr>): mostly none)
+                for x in messages[j + 1:index]:
+                    if isinstance(x, AIMessage):
+                        later += 1
+                return max(total, int(counted["count"]) + later)
         if "total" not in counted:  # written before totals were kept: count on from it, with a gap
             before = int(counted["count"])
     # Not in the history (removed by a summariser, rebuilt outside the guard): the AIMessages left
@@ -160,7 +164,11 @@ def messages_of(state: Any) -> Sequence[AnyMessage]:
 
 def answered_after(messages: Sequence[AnyMessage], index: int) -> set[str]:
     """Tool-call ids answered by a ToolMessage after the message at ``index`` (LangChain's own rule)."""
-    return {m.tool_call_id for m in messages[index + 1:] if isinstance(m, ToolMessage)}
+    answered = set()
+    for m in messages[index + 1:]:  # (a loop, not a set comprehension: no function made per gate; mostly none)
+        if isinstance(m, ToolMessage):
+            answered.add(m.tool_call_id)
+    return answered
 
 
 def call_key(ai: AIMessage, index: int, tool_call_id: str) -> str:
@@ -296,7 +304,10 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
     validate = getattr(found.schema, "model_validate", None)
     if validate is None:
         return None  # a JSON-schema dict tool: the tool validates its own input
-    given = model_args(tool, args) if type(args) is dict or isinstance(args, Mapping) else args
+    if type(args) is dict and not found.injected:
+        given = args.copy()  # model_args(tool, args), without its comprehension (a copy: a validator may change it)
+    else:
+        given = model_args(tool, args) if type(args) is dict or isinstance(args, Mapping) else args
     if found.full is None or not isinstance(given, Mapping):
         try:
             validate(given)

@@ -221,8 +221,8 @@ class MeteredTool:
     __slots__ = ("_run", "_tool")
 
     def __init__(self, tool: Any, run: CallRun) -> None:
-        object.__setattr__(self, "_tool", tool)
-        object.__setattr__(self, "_run", run)
+        self._tool = tool
+        self._run = run
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tool, name)
@@ -783,6 +783,8 @@ class CallRun:
                 self._defer(exc)
             if note:
                 message = message.model_copy(update={"content": f"{text_of(message)}\n{note}"})
-        update = {LEDGER_KEY: self.guard._channel_base(episode) | {
-            "entries": {e.call_id: ledger.serialized(e) for e in entries}}}
+        charges = {}
+        for e in entries:  # (a loop, not a dict comprehension: no function made per tool call)
+            charges[e.call_id] = ledger.serialized(e)
+        update = {LEDGER_KEY: self.guard._channel_base(episode) | {"entries": charges}}
         return with_update(result, self.tool_call_id, message, update)

@@ -39,7 +39,7 @@ from intent import feedback as fb
 from intent.episodes import RUNNING_EPISODE
 from intent.ledger import merge_ledger_states
 from intent.messages import provider_run, tool_name, turns_before
-from intent.state import LEDGER_KEY, LedgerChannel, current_config
+from intent.state import LEDGER_KEY, LedgerAggregate, LedgerChannel, current_config
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -53,7 +53,7 @@ __all__ = ["BudgetGuardAfterModelMiddleware", "BudgetGuardMiddleware", "BudgetSt
 class BudgetState(AgentState):
     """Agent state with the guard's ledger channel (merged by charge id)."""
 
-    intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
+    intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states, LedgerAggregate]]
 
 
 # A reply of malformed calls only is sent back to the model with the errors, inside the same model
@@ -184,7 +184,10 @@ class _Step:
 
 
 def _ledger_of(updates: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    parts = [update[LEDGER_KEY] for update in updates if update and update.get(LEDGER_KEY)]
+    parts = []
+    for update in updates:  # (a loop, not a list comprehension: no function made twice per model step)
+        if update and update.get(LEDGER_KEY):
+            parts.append(update[LEDGER_KEY])
     if len(parts) == 1:
         return parts[0]  # one writer this step (the common case): nothing to merge
     merged: dict[str, Any] | None = None
@@ -228,6 +231,11 @@ class _RunningEpisode:
     def __exit__(self, *exc: object) -> None:
         if self._token is not None:
             RUNNING_EPISODE.reset(self._token)
+
+
+# What a guard that made no metered model enters instead (nothing to name): made once, never changed.
+_NOT_RUNNING = object.__new__(_RunningEpisode)
+_NOT_RUNNING._value = _NOT_RUNNING._token = None
 
 
 class BudgetGuardMiddleware(AgentMiddleware):
@@ -321,7 +329,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
         guard, config = self.guard, current_config()
         run = self._model_step(request, config)
         kind, arg = next(run)
-        with _RunningEpisode(guard, arg.state, config):
+        with _RunningEpisode(guard, arg.state, config) if guard.made_metered_models else _NOT_RUNNING:
             while True:
                 if kind == "model":  # every execution of the model reserved and charged, with model_prices
                     out = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
@@ -338,7 +346,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
         guard, config = self.guard, current_config()
         run = self._model_step(request, config)
         kind, arg = next(run)
-        with _RunningEpisode(guard, arg.state, config):
+        with _RunningEpisode(guard, arg.state, config) if guard.made_metered_models else _NOT_RUNNING:
             while True:
                 if kind == "model":
                     out = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from intent._build import builder
 from intent.errors import IntentError, UsageError
 from intent.market import Market
 
@@ -105,13 +106,13 @@ class Decision:
 
     @classmethod
     def accepted(cls, *, trace: Sequence[PlannedStep] = (), reason: ReasonCode = ACCEPTED, **usage: float) -> Decision:
-        return cls(True, "", tuple(trace), reason, dict(usage))
+        return (_decision if cls is Decision else cls)(True, "", tuple(trace), reason, dict(usage))
 
     @classmethod
     def rejected(
         cls, feedback: str, *, reason: ReasonCode, trace: Sequence[PlannedStep] = (), **usage: float
     ) -> Decision:
-        return cls(False, feedback, tuple(trace), reason, dict(usage))
+        return (_decision if cls is Decision else cls)(False, feedback, tuple(trace), reason, dict(usage))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +122,10 @@ class Decision:
             "reason": self.reason,
             "usage": dict(self.usage),
         }
+
+
+# Decision(...) for accepted() and rejected(), called for most decisions: made the cheap way (intent._build).
+_decision = builder(Decision)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,11 @@ step needs travels through process memory.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage
+from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.graph.message import add_messages
 from typing_extensions import NotRequired, TypedDict
 
@@ -86,6 +87,55 @@ class LedgerChannel(TypedDict, total=False):
     runs_ended: int  # ... and ended: a run that starts with the two equal calls the oracle's start again
 
 
+class LedgerAggregate(BinaryOperatorAggregate):
+    """The ledger channel's LangGraph channel: a ``BinaryOperatorAggregate`` with
+    :func:`~intent.ledger.merge_ledger_states` (equal to the one LangGraph makes from the reducer
+    alone), made cheaper for what LangGraph does with it on every step.
+
+    LangGraph copies every channel of the graph for each conditional edge's fresh read of state
+    (twice per tool call in ``create_agent``) and applies the step's write to the copy; at the
+    step's end it applies the same write to the channel itself. So:
+
+    * a copy skips ``__init__``, which for this annotation (a union, not instantiable) raises and
+      catches a ``TypeError`` on every copy;
+    * the channel and its copies remember the last single write they applied, with the value it
+      was applied to and the result; the same write applied to the same value (the same objects)
+      takes that result instead of merging again. The merge is a function of its two inputs, so
+      the result is the one a second merge would make.
+
+    Named in the annotation after the reducer (``Annotated[..., reducer, LedgerAggregate]``),
+    which LangGraph picks before the reducer.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self, typ: Any, operator: Any = merge_ledger_states) -> None:
+        super().__init__(typ, operator)
+        # (value, write, result) of the last single write, shared with the copies; replaced whole, never
+        # changed in place (a copy may be updated in another thread).
+        self._last: list[tuple[Any, Any, Any] | None] = [None]
+
+    def copy(self) -> LedgerAggregate:
+        new = object.__new__(type(self))
+        new.typ, new.key, new.operator, new.value, new._last = self.typ, self.key, self.operator, self.value, self._last
+        return new
+
+    def update(self, values: Sequence[Any]) -> bool:
+        if len(values) != 1:  # (LangGraph's fresh read updates every channel, most with no write)
+            return _aggregate_update(self, values)
+        before, write = self.value, values[0]
+        last = self._last[0]
+        if last is not None and last[0] is before and last[1] is write:
+            self.value = last[2]
+            return True
+        changed = _aggregate_update(self, values)
+        self._last[0] = (before, write, self.value)
+        return changed
+
+
+_aggregate_update = BinaryOperatorAggregate.update
+
+
 class GuardState(TypedDict):
     """Graph state for hand-built graphs: messages plus the guard's ledger channel.
 
@@ -93,7 +143,7 @@ class GuardState(TypedDict):
     """
 
     messages: Annotated[list[AnyMessage], add_messages]
-    intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states]]
+    intent_ledger: NotRequired[Annotated[LedgerChannel | None, merge_ledger_states, LedgerAggregate]]
 
 
 _get_config: Any = None  # langgraph.config.get_config, imported on first use (import intent stays light)

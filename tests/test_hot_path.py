@@ -80,3 +80,71 @@ def test_what_state_lacks_is_told_the_same_with_or_without_the_serialised_entrie
     assert ledger.behind(further) and ledger.behind({**unseen, "k3": {**unseen["k2"], "call_id": "k3"}})
     assert not ledger.behind({"k1": unseen["k1"]}), "state lacking an entry is not ahead of the ledger"
     assert set(ledger.unseen_in({"k1": unseen["k1"]})) == {"k2"}
+
+
+def test_a_frozen_dataclass_made_the_cheap_way_is_the_one_its_constructor_makes():
+    from intent._build import builder
+    from intent.ledger import LedgerEntry
+    from intent.oracle import Decision
+
+    build = builder(LedgerEntry)
+    made, expected = build("k", "a", 1.5, "reserved", 3, kind="model"), LedgerEntry("k", "a", 1.5, "reserved", 3, kind="model")
+    assert build is not LedgerEntry and type(made) is LedgerEntry
+    assert made == expected and hash(made) == hash(expected) and repr(made) == repr(expected)
+    assert dataclasses.replace(made, amount=2.0) == dataclasses.replace(expected, amount=2.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.amount = 2.0  # type: ignore[misc]
+    with pytest.raises(TypeError):  # a field the class does not have, or one missing: as the constructor says
+        build("k", "a", 1.5, "reserved", 3, nonsense=1)
+    with pytest.raises(TypeError):
+        build("k")
+    # A default_factory gives each instance its own value, and accepted() still makes a Decision
+    one, two = builder(Decision)(True), builder(Decision)(True)
+    assert one == Decision(True) and one.usage is not two.usage
+    assert Decision.accepted(tokens=3.0) == Decision(True, usage={"tokens": 3.0})
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        value: int
+
+        def __post_init__(self) -> None:
+            if self.value < 0:
+                raise ValueError("negative")
+
+    assert builder(Checked) is Checked  # its __post_init__ would be skipped: the class itself
+
+
+def test_the_ledger_channel_applies_a_write_as_its_reducer_does_also_when_it_takes_the_last_result_again():
+    from langgraph.channels.binop import BinaryOperatorAggregate
+    from langgraph.types import Overwrite
+
+    from intent.ledger import merge_ledger_states
+    from intent.state import LedgerAggregate, LedgerChannel
+
+    channel = LedgerAggregate(LedgerChannel | None)
+    assert channel == BinaryOperatorAggregate(LedgerChannel | None, merge_ledger_states)  # LangGraph: the same channel
+    assert not channel.is_available() and not channel.copy().is_available()
+    first = {"episode_id": "e", "budget": 5.0, "entries": {}}
+    entry = {"call_id": "m:c", "tool": "a", "amount": 1.0, "status": "reserved", "seq": 0, "market_version": 0,
+             "tool_call_id": "c", "execution": 0, "overrun": 0.0}
+    write = {"episode_id": "e", "entries": {"m:c": entry}, "decisions": {"m:c": {"accept": True}}}
+    channel.update([first])
+    beside = channel.copy()  # a parallel branch's fresh read, of the same value
+    fresh = channel.copy()  # a conditional edge's fresh read, then the step's end: the same write twice
+    assert fresh.update([write]) and channel.update([write])
+    assert channel.get() is fresh.get() and channel.get() == merge_ledger_states(first, write)
+    # Another write object, or the same one on another value, is merged afresh
+    committed = {"entries": {"m:c": {**entry, "status": "committed"}}}
+    beside.update([committed])
+    assert beside.get() == merge_ledger_states(first, committed)
+    again = channel.copy()
+    again.update([committed])
+    assert again.get() == merge_ledger_states(merge_ledger_states(first, write), committed)
+    other = LedgerAggregate(LedgerChannel | None)
+    other.update([{"episode_id": "f", "budget": 1.0}])
+    other._last = channel._last  # even sharing what it remembers
+    other.update([committed])
+    assert other.get() == merge_ledger_states({"episode_id": "f", "budget": 1.0}, committed)
+    channel.update([Overwrite({"episode_id": "g"})])
+    assert channel.get() == {"episode_id": "g"}
+    assert channel.update([]) is False and channel.get() == {"episode_id": "g"}
