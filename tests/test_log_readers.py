@@ -113,6 +113,24 @@ def test_read_log_rows_accepts_hand_made_records_only_when_asked(tmp_path):
         list(read_log_rows(path, skip_torn_tail=False))
 
 
+def test_a_complete_bad_last_line_is_an_error_not_a_torn_write(tmp_path):
+    # Was: any unparsable last line was dropped as a torn write, also one ending in its newline (a complete
+    # line: JsonlLogSink writes record and newline at once, so a crash cannot leave that).
+    good = json.dumps({"schema_version": 2, "task_id": "t"})
+    path = tmp_path / "logs.jsonl"
+    path.write_text(f"{good}\nhello world\n")
+    with pytest.raises(LogFormatError, match=r"logs\.jsonl:2: not valid JSON"):
+        list(read_log_rows(path))
+    path.write_text("hello world\n")
+    with pytest.raises(LogFormatError, match=r"logs\.jsonl:1: not valid JSON"):
+        list(read_log_rows(path))
+    path.write_text(f"{good}\nhello world\n\n")  # trailing blank lines do not make it a torn write either
+    with pytest.raises(LogFormatError, match=r"logs\.jsonl:2: not valid JSON"):
+        list(read_log_rows(path))
+    path.write_text(f"{good}\n{good[:9]}")  # no newline at the end: torn, skipped
+    assert len(list(read_log_rows(path))) == 1
+
+
 def test_read_log_names_the_field_of_an_invalid_record(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"schema_version": 2, "task_id": "t"}) + "\n")
