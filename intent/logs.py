@@ -210,7 +210,9 @@ def _rows(path: str | os.PathLike[str], *, skip_torn_tail: bool, require_version
     except UnicodeDecodeError as exc:
         raise LogFormatError(f"{p} is not a text log (byte {exc.start} is not UTF-8); pass the JSONL written by "
                              "intent.logs.JsonlLogSink") from exc
-    lines = text.splitlines()
+    # Records end in "\n" only: str.splitlines would also cut at U+2028, \x1c, ... that a record's strings
+    # (an observation) may hold unescaped, making a valid log unreadable.
+    lines = text.split("\n")
     # JsonlLogSink writes each record with its newline in one write: only a last line WITHOUT its
     # newline can be a torn write. A complete (newline-terminated) bad last line is an error like any other.
     torn = len(lines) if skip_torn_tail and text and not text.endswith("\n") else None

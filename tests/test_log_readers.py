@@ -136,3 +136,16 @@ def test_read_log_names_the_field_of_an_invalid_record(tmp_path):
     path.write_text(json.dumps({"schema_version": 2, "task_id": "t"}) + "\n")
     with pytest.raises(LogFormatError, match=r"(?s)bad\.jsonl:1: not a StepRecord.*\nstep\n"):
         list(read_log(path))
+
+
+def test_a_record_holding_unicode_line_separators_reads_back(tmp_path):
+    # Was: the reader cut lines with str.splitlines, which also splits at U+2028, \x1c, \x85 ...: a tool
+    # observation holding one made the whole log unreadable ("not valid JSON ... Unterminated string").
+    path = tmp_path / "logs.jsonl"
+    sink = JsonlLogSink(path)
+    for obs in ("a\u2028b", "c\x1cd\x85e\u2029f", "crlf\r\nin text"):
+        sink.write(StepRecord(task_id="t", step=0, call_id="c", tool="a", decision="accept", status="ok", spent=1.0,
+                              remaining=1.0, budget=2.0, observation=obs))
+    assert [r.observation for r in read_log(path)] == ["a\u2028b", "c\x1cd\x85e\u2029f", "crlf\r\nin text"]
+    path.write_text(path.read_text().replace("\n", "\r\n"))  # a log whose lines end in CRLF still reads
+    assert len(list(read_log(path))) == 3
