@@ -1,6 +1,8 @@
 """``intent loop``: from the guard's logs to an oracle that uses the models trained on them, in one command.
 
-Stages, each skipped when its output is complete (so an interrupted loop resumes where it stopped):
+Stages, each skipped when its output is complete (so an interrupted loop resumes where it stopped; only
+over the same logs: ``OUT/labelled.COMPLETE`` records each input log's path, size and SHA-256, and a
+loop with other ``--logs`` into the same ``OUT`` is refused):
 
 1. ``annotate``: label z on the logs (ground truth from the synthetic market's artifacts) ->
    ``OUT/labelled.jsonl``.
@@ -85,6 +87,40 @@ def observation_answers(tool: str, args: dict[str, Any], observation: str) -> bo
     return any(answers(name, part) for name, part in parts.items())
 
 
+def logs_fingerprint(paths: list[str]) -> list[dict[str, Any]]:
+    """Each input log's path, size and SHA-256: what ``labelled.COMPLETE`` records of the loop's input."""
+    import hashlib
+
+    out = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            return []  # missing or a directory: load_records names the problem when the stage runs
+        h = hashlib.sha256()
+        with p.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        out.append({"path": str(p.resolve()), "size": p.stat().st_size, "sha256": h.hexdigest()})
+    return out
+
+
+def _check_same_logs(out: Path, marker: Path, inputs: list[dict[str, Any]]) -> None:
+    """A loop resumes only over the same logs: every later stage is skipped when its output exists, so
+    a finished annotate stage of other logs would silently train and evaluate everything on those."""
+    try:
+        recorded = json.loads(marker.read_text()).get("logs")
+    except (json.JSONDecodeError, AttributeError):
+        recorded = None
+    if not isinstance(recorded, list):
+        raise UsageError(f"--out {out} holds a loop whose input logs are not recorded ({marker} was written by an "
+                         f"older version); use a new --out, or delete {out} to start over")
+    if [r.get("sha256") for r in recorded] != [i["sha256"] for i in inputs]:
+        then = ", ".join(r.get("path", "?") for r in recorded)
+        raise UsageError(f"--out {out} holds a loop over other logs (it was run on {then}, or those files changed since); "
+                         f"an interrupted loop resumes only with the same --logs: use a new --out, or delete {out} "
+                         "to start over")
+
+
 def _stage(path: Path, name: str, done: bool, progress: bool) -> bool:
     if done and progress:
         print(f"[loop] {name}: done already ({path}); skipped")
@@ -111,13 +147,20 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
 
         chat_agent_factory(cfg.agent, {})
     out = Path(cfg.out)
+    inputs = logs_fingerprint(cfg.logs)
+    marker = out / "labelled.COMPLETE"
+    done = marker.exists()
+    if done:
+        if not inputs:
+            load_records(cfg.logs)  # a missing log: its error names the file
+        _check_same_logs(out, marker, inputs)  # before loop_config.json is rewritten
     out.mkdir(parents=True, exist_ok=True)
     (out / "loop_config.json").write_text(json.dumps(asdict(cfg), indent=2))
 
     labelled = out / "labelled.jsonl"
-    if _stage(labelled, "annotate", (out / "labelled.COMPLETE").exists(), cfg.progress):
+    if _stage(labelled, "annotate", done, cfg.progress):
         annotate(load_records(cfg.logs), labelled, method="ground_truth")
-        (out / "labelled.COMPLETE").write_text("ok\n")
+        marker.write_text(json.dumps({"logs": inputs}, indent=2) + "\n")
     records = list(read_log(labelled))
 
     pred_dir = out / "predictor"

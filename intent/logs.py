@@ -145,7 +145,7 @@ class JsonlLogSink:
     """Appends one JSON line per record; thread-safe; each line is flushed whole.
 
     A crash can at worst leave a torn last line, which :func:`read_log` reports with its
-    line number (``skip_torn_tail=True`` ignores only a torn *final* line).
+    line number (``skip_torn_tail=True`` ignores only a torn *final* line: one without its newline).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
@@ -206,17 +206,23 @@ def _rows(path: str | os.PathLike[str], *, skip_torn_tail: bool, require_version
         raise LogFormatError(f"{p} is a directory; pass its log file (the JSONL written by intent.logs.JsonlLogSink, "
                              f"e.g. {p / 'logs.jsonl'})")
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise LogFormatError(f"{p} is not a text log (byte {exc.start} is not UTF-8); pass the JSONL written by "
                              "intent.logs.JsonlLogSink") from exc
+    # Records end in "\n" only: str.splitlines would also cut at U+2028, \x1c, ... that a record's strings
+    # (an observation) may hold unescaped, making a valid log unreadable.
+    lines = text.split("\n")
+    # JsonlLogSink writes each record with its newline in one write: only a last line WITHOUT its
+    # newline can be a torn write. A complete (newline-terminated) bad last line is an error like any other.
+    torn = len(lines) if skip_torn_tail and text and not text.endswith("\n") else None
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
-            if skip_torn_tail and i == len(lines):
+            if i == torn:
                 return  # a crash mid-write leaves at most a torn last line (JsonlLogSink)
             raise LogFormatError(f"{p}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); expected one "
                                  "interaction-log record (a JSON object) per line") from exc

@@ -113,8 +113,39 @@ def test_read_log_rows_accepts_hand_made_records_only_when_asked(tmp_path):
         list(read_log_rows(path, skip_torn_tail=False))
 
 
+def test_a_complete_bad_last_line_is_an_error_not_a_torn_write(tmp_path):
+    # Was: any unparsable last line was dropped as a torn write, also one ending in its newline (a complete
+    # line: JsonlLogSink writes record and newline at once, so a crash cannot leave that).
+    good = json.dumps({"schema_version": 2, "task_id": "t"})
+    path = tmp_path / "logs.jsonl"
+    path.write_text(f"{good}\nhello world\n")
+    with pytest.raises(LogFormatError, match=r"logs\.jsonl:2: not valid JSON"):
+        list(read_log_rows(path))
+    path.write_text("hello world\n")
+    with pytest.raises(LogFormatError, match=r"logs\.jsonl:1: not valid JSON"):
+        list(read_log_rows(path))
+    path.write_text(f"{good}\nhello world\n\n")  # trailing blank lines do not make it a torn write either
+    with pytest.raises(LogFormatError, match=r"logs\.jsonl:2: not valid JSON"):
+        list(read_log_rows(path))
+    path.write_text(f"{good}\n{good[:9]}")  # no newline at the end: torn, skipped
+    assert len(list(read_log_rows(path))) == 1
+
+
 def test_read_log_names_the_field_of_an_invalid_record(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"schema_version": 2, "task_id": "t"}) + "\n")
     with pytest.raises(LogFormatError, match=r"(?s)bad\.jsonl:1: not a StepRecord.*\nstep\n"):
         list(read_log(path))
+
+
+def test_a_record_holding_unicode_line_separators_reads_back(tmp_path):
+    # Was: the reader cut lines with str.splitlines, which also splits at U+2028, \x1c, \x85 ...: a tool
+    # observation holding one made the whole log unreadable ("not valid JSON ... Unterminated string").
+    path = tmp_path / "logs.jsonl"
+    sink = JsonlLogSink(path)
+    for obs in ("a\u2028b", "c\x1cd\x85e\u2029f", "crlf\r\nin text"):
+        sink.write(StepRecord(task_id="t", step=0, call_id="c", tool="a", decision="accept", status="ok", spent=1.0,
+                              remaining=1.0, budget=2.0, observation=obs))
+    assert [r.observation for r in read_log(path)] == ["a\u2028b", "c\x1cd\x85e\u2029f", "crlf\r\nin text"]
+    path.write_text(path.read_text().replace("\n", "\r\n"))  # a log whose lines end in CRLF still reads
+    assert len(list(read_log(path))) == 3

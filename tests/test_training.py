@@ -223,11 +223,11 @@ def test_interrupted_predictor_training_resumes_from_its_checkpoint(logs, tmp_pa
     tri = triples(load_records(logs))
     first = train_predictor(tri, tmp_path / "p", epochs=2, max_steps=1, batch_size=8, max_length=64, progress=False)
     state = json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())
-    assert first["steps"] == 1 and state == {"epoch": 0}  # "interrupted" after epoch 1 of 2
+    assert first["steps"] == 1 and state["epoch"] == 0  # "interrupted" after epoch 1 of 2
     resumed = train_predictor(tri, tmp_path / "p", epochs=2, max_steps=1, batch_size=8, max_length=64,
                               progress=False)
     assert resumed["steps"] == 1  # only the remaining epoch ran, starting from the checkpoint
-    assert json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text()) == {"epoch": 1}
+    assert json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())["epoch"] == 1
 
 
 def test_synthetic_checker_accepts_real_answers_and_rejects_others(logs):
@@ -367,3 +367,172 @@ def test_annotate_by_llm_without_its_endpoint_is_a_one_line_error(tmp_path, caps
     assert main(["train", "annotate", "--logs", str(logs), "--out", str(tmp_path / "l.jsonl"), "--method", "llm"]) == 2
     err = capsys.readouterr().err
     assert "--judge-url" in err and "--judge-model" in err and "Traceback" not in err
+
+
+# --- Resuming only the same run; --max-length that fits no example; logs without labels (found by a probe) ---
+
+
+@pytest.fixture()
+def tiny_encoder(tmp_path) -> Path:
+    """A tiny random BERT classifier with the MiniLM tokenizer: a training step takes well under a second."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from training.train_intention import default_encoder
+
+    tok = AutoTokenizer.from_pretrained(default_encoder())
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, max_position_embeddings=128, num_labels=2)
+    path = tmp_path / "tiny-encoder"
+    BertForSequenceClassification(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _two_task_halves(items):
+    tasks = sorted({t.task_id for t in items})
+    first = set(tasks[: len(tasks) * 3 // 4])
+    return [t for t in items if t.task_id in first], [t for t in items if t.task_id not in first]
+
+
+@pytest.mark.ml
+def test_a_checkpoint_of_another_predictor_run_is_refused_not_resumed(logs, tiny_encoder, tmp_path):
+    # Was: --out holding another run's checkpoint was "resumed": with other logs zero steps ran and the
+    # exported model was the old one, while split.json / report.json described the new data.
+    from intent.errors import UsageError
+    from training.train_intention import train_predictor
+
+    tri = triples(load_records(logs))
+    other = [t for t in tri if t.task_id != tri[0].task_id]
+    kw = dict(base_model=str(tiny_encoder), epochs=2, max_steps=1, batch_size=8, max_length=32, progress=False)
+    first = train_predictor(tri, tmp_path / "p", **kw)  # "interrupted" after epoch 1 of 2
+    assert first["steps"] == 1
+    with pytest.raises(UsageError, match=r"holds a checkpoint of another training run \(logs differ\).*delete .*checkpoint"):
+        train_predictor(other, tmp_path / "p", **kw)
+    with pytest.raises(UsageError, match=r"\(--lr differs\)"):
+        train_predictor(tri, tmp_path / "p", **{**kw, "lr": 1e-3})
+    with pytest.raises(UsageError, match=r"\(--seed differs\)"):
+        train_predictor(tri, tmp_path / "p", **{**kw, "seed": 1})
+    resumed = train_predictor(tri, tmp_path / "p", **kw)  # the same run: resumed
+    assert resumed["steps"] == 1 and json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())["epoch"] == 1
+    fresh = train_predictor(other, tmp_path / "p", resume=False, **kw)  # resume=False starts over
+    assert fresh["steps"] == 1
+    state = tmp_path / "p" / "checkpoint" / "state.json"
+    state.write_text(json.dumps({"epoch": 0}))  # a checkpoint that records no run (older version)
+    with pytest.raises(UsageError, match="records no fingerprint of its run"):
+        train_predictor(other, tmp_path / "p", **kw)
+
+
+@pytest.mark.ml
+def test_train_report_encoder_into_an_out_of_other_logs_is_refused(logs, tiny_encoder, tmp_path):
+    # `intent train report --encoder` trains through train_predictor (resuming by default): the same rule.
+    from intent.errors import UsageError
+    from training.predictor_report import predictor_report
+
+    records = load_records(logs)
+    encoder = {"base_model": str(tiny_encoder), "max_steps": 1, "epochs": 2, "batch_size": 8, "max_length": 32,
+               "progress": False}
+    predictor_report(records, out=tmp_path / "rep", encoder=encoder, min_test_examples=10)
+    # Other logs with the same tasks (the same split): one call's reasoning differs.
+    i = next(i for i, r in enumerate(records) if r.decision == "accept" and r.status == "ok")
+    edited = records[:i] + [records[i].model_copy(update={"reasoning": "something else"})] + records[i + 1:]
+    with pytest.raises(UsageError, match=r"encoder holds a checkpoint of another training run \(logs differ\)"):
+        predictor_report(edited, out=tmp_path / "rep", encoder=encoder, min_test_examples=10)
+
+
+@pytest.mark.ml
+def test_a_checkpoint_of_another_world_model_run_is_refused_not_resumed(logs, tiny_lm, tmp_path):
+    from intent.errors import UsageError
+    from training.train_worldmodel import train_world_model
+
+    prs = pairs(load_records(logs))
+    tasks = sorted({p.task_id for p in prs})
+    other = [p for p in prs if p.task_id != tasks[0]]
+    kw = dict(base_model=str(tiny_lm), conditional=True, epochs=2, max_steps=1, batch_size=2, max_length=96,
+              progress=False, samples=0)
+    assert train_world_model(prs, tmp_path / "wm", **kw)["steps"] == 1
+    with pytest.raises(UsageError, match=r"holds a checkpoint of another training run \(logs differ\)"):
+        train_world_model(other, tmp_path / "wm", **kw)
+    with pytest.raises(UsageError, match=r"\(--max-length differs\)"):
+        train_world_model(prs, tmp_path / "wm", **{**kw, "max_length": 128})
+    again = train_world_model(prs, tmp_path / "wm", **kw)  # the same (finished) run: nothing more to train
+    assert again["steps"] == 1
+
+
+@pytest.mark.ml
+def test_a_world_model_max_length_shorter_than_every_prompt_is_refused(logs, tiny_lm, tmp_path):
+    # Was: 0 usable examples, 0 steps, exit 0, held-out loss 0.0 and perplexity 1.0 (a perfect score).
+    from transformers import AutoTokenizer
+
+    from intent.errors import UsageError
+    from training.train_worldmodel import train_world_model
+    from worldmodel.transformers_lm import render_prompt
+
+    prs = [p for p in pairs(load_records(logs)) if p.z == 1]
+    tok = AutoTokenizer.from_pretrained(tiny_lm)
+    lengths = sorted(len(tok(render_prompt(tok, p.tool, p.args, True), add_special_tokens=False)["input_ids"])
+                     for p in prs)
+    kw = dict(base_model=str(tiny_lm), conditional=True, max_steps=1, batch_size=2, progress=False, samples=0)
+    with pytest.raises(UsageError, match=rf"--max-length {lengths[0] - 1} leaves no training example.*"
+                                         rf"{lengths[0]}\.\.{lengths[-1]} tokens.*raise --max-length above {lengths[-1]}"):
+        train_world_model(prs, tmp_path / "wm", max_length=lengths[0] - 1, **kw)
+    assert not (tmp_path / "wm" / "report.json").exists()
+    if lengths[0] < lengths[-1]:  # some fit, some do not: trained, with a warning and the count in report.json
+        with pytest.warns(UserWarning, match="pairs left out"):
+            report = train_world_model(prs, tmp_path / "wm2", max_length=lengths[-1], **kw)
+        assert report["steps"] == 1 and report["dropped_examples"]["max_length"] == lengths[-1]
+        assert sum(v for k, v in report["dropped_examples"].items() if k != "max_length") > 0
+
+
+def test_training_the_predictor_on_logs_without_labels_points_to_annotate(logs, tmp_path, capsys):
+    # Was: "the intention labels are all one class".
+    from intent.cli import main
+
+    rows = [json.loads(line) for line in logs.read_text().splitlines() if line.strip()]
+    for row in rows:
+        if isinstance(row.get("artifact"), dict):
+            row["artifact"].pop("z", None)
+    unlabelled = tmp_path / "unlabelled.jsonl"
+    unlabelled.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["train", "predictor", "--logs", str(unlabelled), "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "no executed call carries a label z" in err and "intent train annotate" in err and "one class" not in err
+    from intent.errors import UsageError
+    from training.train_intention import train_predictor
+
+    with pytest.raises(UsageError, match="intent train annotate"):
+        train_predictor([], tmp_path / "q")
+
+
+def test_a_loop_over_other_logs_into_the_same_out_is_refused(logs, tmp_path, monkeypatch):
+    # Was: the annotate stage was skipped whenever labelled.COMPLETE existed, so everything downstream
+    # trained on the old logs while loop_config.json named the new ones.
+    import training.predictor_report as pr
+    from eval.loop import LoopConfig, run_loop
+    from intent.errors import UsageError
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def stop(records, **kw):
+        seen.append(len(records))
+        raise Stop
+
+    monkeypatch.setattr(pr, "predictor_report", stop)
+    lines = logs.read_text().splitlines(keepends=True)
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(lines[: len(lines) // 2]))
+    out = tmp_path / "loop"
+    with pytest.raises(Stop):
+        run_loop(LoopConfig(logs=[str(logs)], out=str(out), progress=False))
+    config = (out / "loop_config.json").read_text()
+    with pytest.raises(UsageError, match=r"holds a loop over other logs .*use a new --out"):
+        run_loop(LoopConfig(logs=[str(other)], out=str(out), progress=False))
+    assert (out / "loop_config.json").read_text() == config  # still names the logs it was run on
+    with pytest.raises(Stop):  # the same logs: the annotate stage is done, the loop resumes after it
+        run_loop(LoopConfig(logs=[str(logs)], out=str(out), progress=False))
+    assert seen[0] == seen[1]
+    (out / "labelled.COMPLETE").write_text("ok\n")  # written by an older version: inputs unknown
+    with pytest.raises(UsageError, match="not recorded"):
+        run_loop(LoopConfig(logs=[str(logs)], out=str(out), progress=False))

@@ -26,7 +26,12 @@ def _predictor(args: argparse.Namespace) -> int:
     from training.data import load_records, parse_fraction, triples
     from training.train_intention import train_predictor
 
-    report = train_predictor(triples(load_records(args.logs)), args.out, base_model=args.base_model,
+    items = triples(load_records(args.logs))
+    if not items:
+        raise UsageError(f"--logs {' '.join(args.logs)}: no executed call carries a label z; label the logs first "
+                         f"(`intent train annotate --logs {' '.join(args.logs)} --out labelled.jsonl`) and pass "
+                         "--logs labelled.jsonl")
+    report = train_predictor(items, args.out, base_model=args.base_model,
                              epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                              seed=args.seed, fraction=parse_fraction(args.fraction), max_steps=args.max_steps)
     print(json.dumps({k: v for k, v in report.items() if k.startswith("test") or k == "temperature"}, indent=2))

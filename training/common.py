@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from intent.errors import UsageError
 from worldmodel.plots import reliability_png  # one implementation, shared with worldmodel
 
-__all__ = ["check_base_model", "memory_warning", "reliability_png"]
+__all__ = ["check_base_model", "check_resume", "memory_warning", "reliability_png", "run_fingerprint"]
 
 _ENCODERS = {"bert", "roberta", "distilbert", "xlm-roberta", "mpnet", "deberta", "deberta-v2", "electra",
              "albert", "modernbert", "qwen3", "qwen2"}
@@ -49,3 +52,45 @@ def memory_warning(n_params: int, batch_size: int, max_length: int, hidden: int,
         warnings.warn(f"training may need ~{gb:.1f} GB of memory ({n_params / 1e6:.0f}M parameters, batch "
                       f"{batch_size} x {max_length} tokens); lower --batch-size or --max-length", stacklevel=2)
     return gb
+
+
+def run_fingerprint(items: Iterable[Any], **settings: Any) -> dict[str, Any]:
+    """What shapes a training run: a hash of the examples it trains and evaluates on (the logs'
+    content, labels included, after ``--fraction``) plus the settings (base model, seed,
+    hyper-parameters). Stored in the checkpoint's ``state.json``; JSON-normalised so that it
+    compares equal after a round trip."""
+    h = hashlib.sha256()
+    n = 0
+    for it in items:
+        row = dataclasses.asdict(it) if dataclasses.is_dataclass(it) else it
+        h.update(json.dumps(row, sort_keys=True, default=str).encode())
+        h.update(b"\n")
+        n += 1
+    fp = {"data": h.hexdigest(), "examples": n, **settings}
+    return json.loads(json.dumps(fp, sort_keys=True, default=lambda v: sorted(v) if isinstance(v, (set, frozenset))
+                                 else str(v)))
+
+
+_FIELD_NAMES = {"data": "logs", "examples": "logs", "test_tasks": "test tasks"}
+
+
+def _field(key: str) -> str:
+    return _FIELD_NAMES.get(key) or "--" + key.replace("_", "-")
+
+
+def check_resume(out: Path, state: dict[str, Any], fingerprint: dict[str, Any]) -> None:
+    """Refuse to resume ``out/checkpoint`` unless it was written by the same training run: same
+    examples (logs and labels), same base model, seed and hyper-parameters. (Was: any checkpoint
+    in ``--out`` was resumed, so training on other logs ran zero steps and exported the old model.)"""
+    old = state.get("run")
+    if old == fingerprint:
+        return
+    if not isinstance(old, dict):
+        why = "it records no fingerprint of its run: written by an older version"
+    else:
+        differ = sorted({_field(k) for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k)})
+        why = ", ".join(differ) + (" differ" if len(differ) > 1 or differ[0] == "logs" else " differs")
+    ckpt = Path(out) / "checkpoint"
+    raise UsageError(f"--out {out} holds a checkpoint of another training run ({why}); use a new --out or delete "
+                     f"{ckpt} (an interrupted run resumes only with the same logs, labels, base model, seed and "
+                     "hyper-parameters)")

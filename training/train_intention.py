@@ -6,7 +6,9 @@ fits the temperature on the dev split (on the logit difference l1 - l0, so that
 ``softmax(logits / T)[1]`` — what :class:`worldmodel.predictors.EncoderIntentionPredictor`
 computes — is the calibrated probability), reports accuracy, AUROC, NLL, Brier and ECE on the
 test split before and after calibration, and saves an HF directory plus ``calibration.json`` and
-``reliability.png``. Each epoch is checkpointed; an interrupted run resumes from the last one.
+``reliability.png``. Each epoch is checkpointed; an interrupted run resumes from the last one
+(only the same run: a checkpoint of other logs, labels, base model, seed or hyper-parameters is
+refused, see :func:`training.common.check_resume`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from intent.errors import UsageError
 from intent.progress import progress as progress_reporter
-from training.common import check_base_model, memory_warning, reliability_png
+from training.common import check_base_model, check_resume, memory_warning, reliability_png, run_fingerprint
 from training.data import Triple, save_manifest, split_by_task, subsample
 from worldmodel.formats import FORMAT_VERSION, predictor_text
 
@@ -52,6 +54,10 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
     (e.g. the one :func:`training.predictor_report.predictor_report` scores every predictor on);
     the dev split is then a seeded eighth of the other tasks."""
     out = Path(out_dir)
+    if not items:
+        raise UsageError("the logs hold no executed calls with a label z; label them first with `intent train "
+                         "annotate --logs LOGS --out labelled.jsonl` (z from the synthetic market's ground truth, "
+                         "or --method llm) and train on labelled.jsonl")
     items = subsample(items, fraction, seed=seed)
     if len({t.z for t in items}) < 2:
         raise UsageError("the intention labels are all one class; the predictor needs both z=0 and z=1 examples")
@@ -76,7 +82,13 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
 
     torch.manual_seed(seed)
     ckpt = out / "checkpoint"
+    # What shapes this run; a checkpoint in --out is resumed only when it was written by the same run.
+    run = run_fingerprint(items, base_model=base, seed=seed, epochs=epochs, batch_size=batch_size, lr=lr,
+                          max_length=max_length, fraction=fraction, max_steps=max_steps,
+                          test_tasks=None if test_tasks is None else sorted(test_tasks))
     state = json.loads((ckpt / "state.json").read_text()) if resume and (ckpt / "state.json").exists() else None
+    if state is not None:
+        check_resume(out, state, run)
     source = str(ckpt) if state else base
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=2)
@@ -107,7 +119,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         ckpt.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(ckpt)
         tokenizer.save_pretrained(ckpt)
-        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch}))
+        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "run": run}))
         if max_steps is not None and steps >= max_steps:
             break
 

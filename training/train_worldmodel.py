@@ -15,11 +15,12 @@ import importlib.util
 import json
 import math
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
 from intent.errors import UsageError
-from training.common import check_base_model, memory_warning
+from training.common import check_base_model, check_resume, memory_warning, run_fingerprint
 from training.data import Pair, save_manifest, split_by_task, subsample
 
 __all__ = ["convert_smollm2", "train_world_model"]
@@ -51,7 +52,11 @@ def convert_smollm2(out_dir: str | Path) -> Path:
     return out
 
 
-def _examples(tokenizer: Any, rows: list[Pair], satisfied: bool | None, max_length: int) -> list[tuple[list[int], list[int]]]:
+def _examples(tokenizer: Any, rows: list[Pair], satisfied: bool | None, max_length: int,
+              dropped: list[int] | None = None) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) per pair, cut to ``max_length``; a pair whose prompt alone fills
+    ``max_length`` has no observation token left to learn and is left out (its prompt length is
+    appended to ``dropped`` when given)."""
     from worldmodel.transformers_lm import render_prompt
 
     out = []
@@ -64,6 +69,8 @@ def _examples(tokenizer: Any, rows: list[Pair], satisfied: bool | None, max_leng
         labels = ([-100] * len(p_ids) + o_ids)[:max_length]
         if any(x != -100 for x in labels):
             out.append((ids, labels))
+        elif dropped is not None:
+            dropped.append(len(p_ids))
     return out
 
 
@@ -96,7 +103,7 @@ def _mean_loss(model: Any, examples: list[tuple[list[int], list[int]]], batch_si
             n = int((labels[:, 1:] != -100).sum())
             total += float(model(input_ids=ids, attention_mask=mask, labels=labels).loss) * n
             tokens += n
-    return total / max(1, tokens)
+    return total / tokens if tokens else float("nan")
 
 
 def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str | None = None,
@@ -119,6 +126,10 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         grad_accumulation, lr = cfg_file.get("grad_accumulation", grad_accumulation), cfg_file.get("lr", lr)
         warmup, max_length = cfg_file.get("warmup", warmup), cfg_file.get("max_length", max_length)
         bf16, lora = cfg_file.get("bf16", bf16), cfg_file.get("lora", lora)
+    if conditional and items and all(p.z is None for p in items):
+        raise UsageError("--conditional trains on the z = 1 pairs, but no call in the logs carries a label z; label "
+                         "them first (`intent train annotate --logs LOGS --out labelled.jsonl`) and pass --logs "
+                         "labelled.jsonl")
     rows = [p for p in items if p.z == 1] if conditional else list(items)
     rows = subsample(rows, fraction, seed=seed)
     if len(rows) < 3:
@@ -136,7 +147,13 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
 
     torch.manual_seed(seed)
     ckpt = out / "checkpoint"
+    # What shapes this run; a checkpoint in --out is resumed only when it was written by the same run.
+    run = run_fingerprint(rows, base_model=base, conditional=conditional, seed=seed, epochs=epochs,
+                          batch_size=batch_size, grad_accumulation=grad_accumulation, lr=lr, warmup=warmup,
+                          max_length=max_length, max_steps=max_steps, fraction=fraction, lora=lora, bf16=bf16)
     state = json.loads((ckpt / "state.json").read_text()) if resume and (ckpt / "state.json").exists() else None
+    if state is not None:
+        check_resume(out, state, run)
     source = str(ckpt) if state else base
     tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.pad_token_id is None:
@@ -151,8 +168,24 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     memory_warning(sum(p.numel() for p in model.parameters()), batch_size, max_length,
                    int(getattr(model.config, "hidden_size", 576)))
     satisfied = True if conditional else None
-    train = _examples(tokenizer, splits["train"] or splits["dev"], satisfied, max_length)
-    test = _examples(tokenizer, splits["test"] or splits["dev"], satisfied, max_length)
+    too_long: dict[str, list[int]] = {"train": [], "test": [], "dev": []}
+    train = _examples(tokenizer, splits["train"] or splits["dev"], satisfied, max_length, too_long["train"])
+    test = _examples(tokenizer, splits["test"] or splits["dev"], satisfied, max_length, too_long["test"])
+    dev = _examples(tokenizer, splits["dev"] or splits["test"], satisfied, max_length, too_long["dev"])[:eval_examples]
+    dropped = {k: len(v) for k, v in too_long.items()}
+    if not train or not test:
+        lengths = sorted(n for v in too_long.values() for n in v)
+        if not lengths:
+            raise UsageError(f"{len(rows)} pairs from {len({p.task_id for p in rows})} task(s) leave no held-out task "
+                             "to measure the world model on (the split is by task, 8:1:1); collect logs of more tasks")
+        side = "training" if not train else "test"
+        raise UsageError(f"--max-length {max_length} leaves no {side} example with an observation token to learn: "
+                         f"the prompts alone are {lengths[0]}..{lengths[-1]} tokens long ({sum(dropped.values())} "
+                         f"pairs dropped); raise --max-length above {lengths[-1]} (e.g. {lengths[-1] + 96})")
+    if any(dropped.values()):
+        warnings.warn(f"--max-length {max_length}: {sum(dropped.values())} pairs left out (their prompt fills "
+                      f"--max-length, no observation token is left to learn; per split {dropped}); raise "
+                      "--max-length to keep them", stacklevel=2)
     pad = tokenizer.pad_token_id
     total = max(1, math.ceil(len(train) / batch_size / grad_accumulation) * epochs)
     if max_steps is not None:
@@ -161,7 +194,6 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     schedule = get_cosine_schedule_with_warmup(optimizer, int(warmup * total), total)
     from intent.progress import progress as progress_reporter
 
-    dev = _examples(tokenizer, splits["dev"] or splits["test"], satisfied, max_length)[:eval_examples]
     every = eval_every or max(1, total // 10)
     curve: list[dict[str, Any]] = list(state.get("curve", [])) if state else []
     window: list[float] = []
@@ -178,6 +210,8 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     with progress_reporter(total, "world model steps", enabled=progress) as bar:
         bar.update(min(steps, total))
         for epoch in range(start_epoch, epochs):
+            if steps >= total:
+                break  # a finished run found again in its own checkpoint: nothing left to train
             model.train()
             for k, (ids, labels, mask) in enumerate(_batches(train, batch_size, pad, seed + epoch)):
                 loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss / grad_accumulation
@@ -202,7 +236,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
             ckpt.mkdir(parents=True, exist_ok=True)
             model.save_pretrained(ckpt)
             tokenizer.save_pretrained(ckpt)
-            (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "curve": curve}))
+            (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "curve": curve, "run": run}))
             if steps >= total:
                 break
     best_step = steps
@@ -229,6 +263,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
               "held_out_loss": held_out, "perplexity": math.exp(min(held_out, 50)), "samples": generations}
     report["loss_curve"] = curve
     report["exported_step"] = best_step  # the step whose weights were exported (best validation loss)
+    report["dropped_examples"] = {"max_length": max_length, **dropped}  # pairs whose prompt fills max_length
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "loss_curve.json").write_text(json.dumps(curve, indent=2))
     if curve:
