@@ -45,7 +45,8 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
         *([f"- upper bounds (read the ground truth; not deployable): {', '.join(cfg['upper_bounds'])}"]
           if cfg.get("upper_bounds") else []),
         "- Regret: decision regret (exact DP; synthetic market, enforcing methods)"
-        + (f"; collecting the oracle logs took {cfg.get('oracle_data_collection_s', 0.0):.1f} s, not in any Time×"
+        + (f"; collecting the oracle logs took {cfg.get('oracle_data_collection_s', 0.0):.1f} s and building the oracle "
+           f"models {cfg.get('oracle_models_s', 0.0):.1f} s, neither in any Time×"
            if not str(cfg.get("world_model", "")).startswith("none") else ""),
         f"- WR reference: {cfg['reference']}; Time/Lat./Tok. are ratios to `raw` measured in this run",
         "- PR, OR, WR, FR in percent; AC = average cost per task; AP = average price per executed call",
