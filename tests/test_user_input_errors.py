@@ -106,7 +106,9 @@ def test_a_log_given_as_a_directory_names_the_file_to_pass(tmp_path, capsys):
 
 def test_judge_runs_zero_is_refused_not_replaced_by_three(tmp_path, capsys):
     # The CLI copied only truthy options: --judge-runs 0 became the default 3.
-    assert main(["bench", "--tasks", "1", "--methods", "raw", "--judge-runs", "0", "--no-progress",
+    # (on the market where the flag applies: the synthetic markets refuse --judge-runs whatever its value)
+    assert main(["bench", "--market", "stabletoolbench", "--judge", "sopr", "--judge-url", "http://127.0.0.1:9/v1",
+                 "--judge-model", "m", "--tasks", "1", "--methods", "raw", "--judge-runs", "0", "--no-progress",
                  "--out", str(tmp_path / "run")]) == 2
     assert "--judge-runs is 0" in capsys.readouterr().err
 
