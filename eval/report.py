@@ -21,10 +21,19 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _regret_cell(v: dict[str, Any]) -> str:
+    """Regret, with the episodes it is over when a crashed one has none (it crashed before any decision)."""
+    cell = _fmt(v.get("decision_regret"))
+    if v.get("decision_regret_crashed_without") and v.get("decision_regret") is not None:
+        cell += f" (n={v.get('decision_regret_n')}/{v.get('n')})"
+    return cell
+
+
 def markdown_table(summary: dict[str, Any]) -> str:
     head = "| method | " + " | ".join(label for _, label in COLUMNS) + " |"
     sep = "|---|" + "---:|" * len(COLUMNS)
-    rows = [f"| {m} | " + " | ".join(_fmt(v.get(k)) for k, _ in COLUMNS) + " |"
+    rows = [f"| {m} | " + " | ".join(_regret_cell(v) if k == "decision_regret" else _fmt(v.get(k))
+                                     for k, _ in COLUMNS) + " |"
             for m, v in summary["methods"].items()]
     return "\n".join([head, sep, *rows])
 

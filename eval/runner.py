@@ -184,6 +184,12 @@ def run_episode(
         working = guard.episodes.peek(episode_id)
         result.cost = working.ledger.spent if working is not None else sum(r.charged for r in records.records)
         _count_records(result, records.records)
+        if audit is not None and audit.regrets:
+            # The decisions it made before the crash were audited: their regret counts (an oracle that
+            # crashes on hard tasks must not look better for it). One that crashed before any decision
+            # has none; the table says over how many episodes Regret is computed then.
+            result.extra = {"decision_regret": sum(audit.regrets) / len(audit.regrets),
+                            "decisions_audited": len(audit.regrets), "regret_up_to_crash": True}
         return result
     if "proposed_calls" not in extra or "answered_calls" not in extra:
         raise HarnessError(f"method {spec.name!r}: its episode loop must report proposed_calls and answered_calls")
