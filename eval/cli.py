@@ -71,14 +71,31 @@ def _refuse_flags_that_do_not_apply(args: argparse.Namespace, methods: list[str]
     if not args.market.startswith("stabletoolbench"):
         given = [flag for flag, value in (("--judge", args.judge), ("--judge-url", args.judge_url),
                                           ("--judge-model", args.judge_model), ("--stb-path", args.stb_path),
-                                          ("--groups", args.groups), ("--stb-env", args.stb_env))
+                                          ("--groups", args.groups), ("--stb-env", args.stb_env),
+                                          ("--stb-env-url", args.stb_env_url), ("--stb-env-model", args.stb_env_model),
+                                          ("--retriever", args.retriever), ("--no-solvability", args.no_solvability),
+                                          ("--judge-runs", args.judge_runs is not None))
                  if value]
         if given:
             raise UsageError(f"{', '.join(given)} apply to --market stabletoolbench; the {args.market} market has "
                              "exact ground truth (its judge is exact): drop them")
+    else:
+        if args.event_rate != 0.0:
+            raise UsageError(f"--event-rate {args.event_rate}: market events are the synthetic markets'; "
+                             "StableToolBench has none: drop --event-rate")
+        if args.judge_runs is not None and args.judge != "sopr":
+            raise UsageError("--judge-runs is the SoPR judge's runs per answer; the proxy judge runs once: add "
+                             "--judge sopr (with --judge-url and --judge-model) or drop --judge-runs")
     if args.agent in ("sim", "sim-llm") and (args.base_url or args.max_tokens is not None):
         raise UsageError(f"--base-url and --max-tokens are a served model's (--agent openai:NAME); the {args.agent!r} "
                          "agent is simulated: drop them")
+    if args.agent in ("sim", "sim-llm") and args.max_turns is not None:
+        raise UsageError(f"--max-turns limits a real LLM agent's model calls (--agent openai:NAME); the {args.agent!r} "
+                         "agent is simulated and ends on its own: drop --max-turns")
+    # The encoder predictor's epochs: trained for --predictor encoder or auto, and for the intent-minilm method.
+    if args.encoder_epochs is not None and args.predictor not in ("encoder", "auto") and "intent-minilm" not in methods:
+        raise UsageError(f"--encoder-epochs trains the encoder predictor, which this run does not use (--predictor "
+                         f"{args.predictor or 'hashed'}): add --predictor encoder (or auto) or drop --encoder-epochs")
     if args.paired_with:
         unknown = [m.strip() for m in args.paired_with.split(",") if m.strip() and m.strip() not in methods]
         if unknown:
@@ -101,6 +118,9 @@ def _study(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(unused)} shape one comparison (intent bench run), not the study, which runs "
                          "its own markets, methods and task counts: drop them (--quick runs the reduced study)")
 
+    if args.agent in ("sim", "sim-llm") and args.max_turns is not None:
+        raise UsageError(f"--max-turns limits a real LLM agent's model calls (--agent openai:NAME); the {args.agent!r} "
+                         "agent is simulated and ends on its own: drop --max-turns")
     kw: dict[str, Any] = {"out": args.out, "seed": args.seed, "workers": args.workers, "agent": args.agent,
                           "progress": not args.no_progress}
     if args.base_url:

@@ -14,7 +14,9 @@ Per method, over its episodes:
 * **decision_regret** (synthetic market, enforcing methods): per gate decision, the optimal
   success probability ``V*(needs left, budget left)`` minus the value of the decision taken
   (exact DP, :mod:`eval.optimal`), averaged per episode, then over episodes. 0 for ``optimal``.
-  The agent-independent measure of an oracle.
+  The agent-independent measure of an oracle. A crashed episode's decisions up to the crash count;
+  one that crashed before any decision has no regret, and then ``decision_regret_n`` (episodes the
+  mean is over) is below ``n`` and the table's Regret cell says so (``0.012 (n=5/6)``).
 * A **crashed** episode (an exception in the harness, agent or oracle) counts as failed and
   infeasible, and is listed by task id under ``crashed``.
 * **WR** win rate against a named reference method, x 100: a task is a win when the method's
@@ -123,6 +125,10 @@ def compute_metrics(
             **_oracle_stats(rs, len(decisions)),
             "opened_with_rejection": _pct(sum(bool(r.extra.get("opened_with_rejection")) for r in rs) / n) if n else None,
             "decision_regret": round(statistics.fmean(regrets), 5) if regrets else None,
+            # Episodes the mean is over, and crashed ones without a regret (crashed before any decision):
+            # the table marks Regret "n=k/n" then.
+            "decision_regret_n": len(regrets),
+            "decision_regret_crashed_without": sum(r.crashed and r.extra.get("decision_regret") is None for r in rs),
             **_regret_split(rs),
             "proposed_calls": sum(r.proposed_calls for r in rs),
             "answered_calls": sum(r.answered_calls for r in rs),

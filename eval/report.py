@@ -21,10 +21,19 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _regret_cell(v: dict[str, Any]) -> str:
+    """Regret, with the episodes it is over when a crashed one has none (it crashed before any decision)."""
+    cell = _fmt(v.get("decision_regret"))
+    if v.get("decision_regret_crashed_without") and v.get("decision_regret") is not None:
+        cell += f" (n={v.get('decision_regret_n')}/{v.get('n')})"
+    return cell
+
+
 def markdown_table(summary: dict[str, Any]) -> str:
     head = "| method | " + " | ".join(label for _, label in COLUMNS) + " |"
     sep = "|---|" + "---:|" * len(COLUMNS)
-    rows = [f"| {m} | " + " | ".join(_fmt(v.get(k)) for k, _ in COLUMNS) + " |"
+    rows = [f"| {m} | " + " | ".join(_regret_cell(v) if k == "decision_regret" else _fmt(v.get(k))
+                                     for k, _ in COLUMNS) + " |"
             for m, v in summary["methods"].items()]
     return "\n".join([head, sep, *rows])
 
@@ -45,7 +54,8 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
         *([f"- upper bounds (read the ground truth; not deployable): {', '.join(cfg['upper_bounds'])}"]
           if cfg.get("upper_bounds") else []),
         "- Regret: decision regret (exact DP; synthetic market, enforcing methods)"
-        + (f"; collecting the oracle logs took {cfg.get('oracle_data_collection_s', 0.0):.1f} s, not in any Time×"
+        + (f"; collecting the oracle logs took {cfg.get('oracle_data_collection_s', 0.0):.1f} s and building the oracle "
+           f"models {cfg.get('oracle_models_s', 0.0):.1f} s, neither in any Time×"
            if not str(cfg.get("world_model", "")).startswith("none") else ""),
         f"- WR reference: {cfg['reference']}; Time/Lat./Tok. are ratios to `raw` measured in this run",
         "- PR, OR, WR, FR in percent; AC = average cost per task; AP = average price per executed call",

@@ -184,6 +184,12 @@ def run_episode(
         working = guard.episodes.peek(episode_id)
         result.cost = working.ledger.spent if working is not None else sum(r.charged for r in records.records)
         _count_records(result, records.records)
+        if audit is not None and audit.regrets:
+            # The decisions it made before the crash were audited: their regret counts (an oracle that
+            # crashes on hard tasks must not look better for it). One that crashed before any decision
+            # has none; the table says over how many episodes Regret is computed then.
+            result.extra = {"decision_regret": sum(audit.regrets) / len(audit.regrets),
+                            "decisions_audited": len(audit.regrets), "regret_up_to_crash": True}
         return result
     if "proposed_calls" not in extra or "answered_calls" not in extra:
         raise HarnessError(f"method {spec.name!r}: its episode loop must report proposed_calls and answered_calls")
@@ -282,6 +288,10 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
                          "own budget")
     if not config.methods:
         raise UsageError("--methods is empty; name at least one method, e.g. --methods raw,prompt")
+    repeated = sorted({m for m in config.methods if list(config.methods).count(m) > 1})
+    if repeated:
+        raise UsageError(f"--methods names {', '.join(repeated)} more than once; list each method once (a method runs "
+                         "every task once, and a second listing would run and time it twice)")
     runs = config.options.get("judge_runs")
     if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
         raise UsageError(f"--judge-runs is {runs!r}; give the SoPR judge's runs per answer, 1 or more (StableToolBench "
@@ -299,6 +309,11 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
     specs = [get_method(m) for m in config.methods]
     if _uses_oracle_models(specs):
         _check_oracle_options(config)
+    if config.options.get("world_model") == "schema" and config.market.startswith("synthetic"):
+        # Checked here, before run_config.json locks the directory (the oracle would refuse it at its first episode).
+        raise UsageError(f"--world-model schema: the {config.market} market's environment has no simulator to use as "
+                         "a world model (only StableToolBench's schema environment has one); drop --world-model or "
+                         "use --world-model replay")
     if config.reference and config.reference not in config.methods:
         raise UsageError(f"--reference {config.reference!r} is not among --methods {list(config.methods)}; "
                          "leave it out to use prompt (when listed) or the first method")
@@ -469,22 +484,24 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     timing_path = out / "timing.json"
     timing: dict[str, float] = json.loads(timing_path.read_text()) if timing_path.exists() else {}
     tasks = list(market.tasks())
+    todos = {spec.name: [t for t in tasks if (spec.name, market.task_id(t), config.seed) not in done] if run_missing
+             else [] for spec in specs}
     # One discarded episode first, so that import and first-call costs do not land on
-    # whichever method happens to run first (the time ratios compare methods). Only for the
-    # simulated agent: with a real endpoint a warm-up episode would cost real tokens.
-    if config.agent in ("sim", "sim-llm") and run_missing:
-        run_episode(specs[0], market.episode(tasks[0], config.seed), config.seed, agent_factory,
-                    options=config.options, resources=resources)
+    # whichever method happens to run first (the time ratios compare methods). Always Raw's, and
+    # without the oracle resources, whatever the order of --methods: the warm-up never collects logs
+    # or builds a model (that would be setup time lost from every table). Only for the simulated
+    # agent: with a real endpoint a warm-up episode would cost real tokens.
+    if config.agent in ("sim", "sim-llm") and any(todos.values()):
+        run_episode(get_method("raw"), market.episode(tasks[0], config.seed), config.seed, agent_factory,
+                    options=config.options, resources=None)
+    oracle_specs = [s for s in specs if s.needs_oracle_logs and todos[s.name]]
+    if oracle_specs:
+        _prepare_oracles(oracle_specs, todos, market, config, agent_factory, resources, timing, timing_path,
+                         out, progress)
     for spec in specs:
-        todo = [t for t in tasks if (spec.name, market.task_id(t), config.seed) not in done]
-        if not todo or not run_missing:
+        todo = todos[spec.name]
+        if not todo:
             continue
-        if spec.needs_oracle_logs and "oracle_data_collection" not in timing:
-            # Collecting the oracle's training logs is timed on its own, not charged to the first
-            # method that happens to need them.
-            collect_started = time.perf_counter()
-            resources.records()
-            timing["oracle_data_collection"] = time.perf_counter() - collect_started
         started = time.perf_counter()
         def job(task: Any, spec: MethodSpec = spec) -> None:
             # Each episode is saved the moment it ends, by its own worker: a crash elsewhere
@@ -502,8 +519,11 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
             except BaseException:
                 # Ctrl-C (or a crashed episode): the queued episodes are dropped, not run to the end; the
                 # running ones finish and are saved (the interpreter would wait for them anyway), and the same
-                # command resumes from there.
+                # command resumes from there. The time spent so far is the saved episodes' and is kept, so a
+                # resumed run's Time× covers every process, not the last one only.
                 pool.shutdown(wait=True, cancel_futures=True)
+                timing[spec.name] = timing.get(spec.name, 0.0) + (time.perf_counter() - started)
+                _atomic_write(timing_path, json.dumps(timing, indent=2))
                 raise
             pool.shutdown(wait=True)
         timing[spec.name] = timing.get(spec.name, 0.0) + (time.perf_counter() - started)
@@ -523,6 +543,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
                    "world_model": world_model,
                    "rollout_depth": rollout_depth(config.options),
                    "oracle_data_collection_s": round(timing.get("oracle_data_collection", 0.0), 3),
+                   "oracle_models_s": round(timing.get("oracle_models", 0.0), 3),
                    "upper_bounds": [s.name for s in specs if s.upper_bound],
                    **({"agent_needs": market.need_inference_label,
                        "agent_need_recall": getattr(market, "need_recall", None)}
@@ -539,16 +560,59 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     return summary
 
 
-def _oracle_context(out: Path, config: BenchConfig, specs: list[Any], resources: Any) -> tuple[str, list[str]]:
-    """The world model's label and the notes building the oracle models left, kept in the run directory
-    (``oracle_context.json``): a resumed run whose oracle episodes are all done builds no model, and must
-    not relabel an upper bound that read the environment's simulator as the replay world model."""
+def _prepare_oracles(specs: list[MethodSpec], todos: dict[str, list[Any]], market: BenchMarket, config: BenchConfig,
+                     agent_factory: AgentFactory, resources: Any, timing: dict[str, float], timing_path: Path,
+                     out: Path, progress: bool) -> None:
+    """Collect (or load) the oracle logs and build every oracle model the run's oracle methods need, before
+    the method phases, each timed on its own (reported apart, in no method's Time×): whichever oracle
+    method is listed first, none pays for a model another one shares, and none hides it."""
+    from eval.progress import progress as progress_bar
+
+    collecting = not config.options.get("oracle_logs") and not (out / "oracle_data" / "COMPLETE").exists()
+    started = time.perf_counter()
+    # The collection has its own progress bar; loading logs already collected gets one too (no silent gap).
+    with progress_bar(1, "loading oracle logs", enabled=progress and not collecting) as bar:
+        resources.records()
+        bar.update(1)
+    if "oracle_data_collection" not in timing:
+        timing["oracle_data_collection"] = time.perf_counter() - started
+    # One oracle per method and per fold of its remaining tasks builds (and caches) the models its episodes use.
+    builds: list[tuple[MethodSpec, Any]] = []
+    for spec in specs:
+        folds: dict[Any, Any] = {}
+        for task in todos[spec.name]:
+            folds.setdefault(resources.fold_for(market.task_id(task)), task)
+        builds += [(spec, task) for task in folds.values()]
+    started = time.perf_counter()
+    with progress_bar(len(builds), "oracle models", enabled=progress) as bar:
+        for spec, task in builds:
+            env = market.episode(task, config.seed)
+            model = agent_factory(env, config.seed)
+            spec.build(MethodContext(env=env, seed=config.seed, options=dict(config.options), model=model,
+                                     simulated_agent=_is_simulated(model), resources=resources))
+            bar.update(1)
+    timing["oracle_models"] = timing.get("oracle_models", 0.0) + (time.perf_counter() - started)
+    _atomic_write(timing_path, json.dumps(timing, indent=2))
+    _save_oracle_context(out, resources)  # now, not when the run completes: a resumed run keeps the label
+
+
+def _save_oracle_context(out: Path, resources: Any) -> tuple[str | None, list[str]]:
+    """The world model's label and the building notes, merged into ``oracle_context.json``."""
     path = out / "oracle_context.json"
     saved = json.loads(path.read_text()) if path.exists() else {}
     label = getattr(resources, "world_model_label", None) or saved.get("world_model")
     notes = sorted(set(resources.notes) | set(saved.get("notes") or []))
     if label or notes:
         _atomic_write(path, json.dumps({"world_model": label, "notes": notes}, indent=2))
+    return label, notes
+
+
+def _oracle_context(out: Path, config: BenchConfig, specs: list[Any], resources: Any) -> tuple[str, list[str]]:
+    """The world model's label and the notes building the oracle models left, kept in the run directory
+    (``oracle_context.json``, written as soon as the models are built): a resumed run whose oracle episodes
+    are all done builds no model, and must not relabel an upper bound that read the environment's simulator
+    as the replay world model."""
+    label, notes = _save_oracle_context(out, resources)
     if label is None:
         if not _uses_oracle_models(specs):
             label = "none (no method here uses one)"

@@ -227,6 +227,15 @@ def _cell(v: Any) -> str:
     return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
+def _method_cell(v: dict[str, Any], key: str) -> str:
+    """A method's cell; Regret says over how many episodes it is when a crashed one has none."""
+    if key == "decision_regret":
+        from eval.report import _regret_cell
+
+        return _regret_cell(v)
+    return _cell(v.get(key))
+
+
 GROUPS = ("G1_instruction", "G1_category", "G1_tool", "G2_instruction", "G2_category", "G3_instruction")
 
 
@@ -247,7 +256,7 @@ def _stb_section(stb: dict[str, Any] | None, cols: tuple[str, ...], command: str
              "same agent, environment and judge (`OUT/solvability.json`).", "",
              "| method | " + " | ".join(_LABELS.get(k, k) for k in cols) + " |", "|---|" + "---:|" * len(cols)]
     for m, v in stb["methods"].items():
-        lines.append(f"| {m} | " + " | ".join(_cell(v.get(k)) for k in cols) + " |")
+        lines.append(f"| {m} | " + " | ".join(_method_cell(v, k) for k in cols) + " |")
     lines += ["", "Group-wise PR (proxy):", "", "| method | " + " | ".join(GROUPS) + " |",
               "|---|" + "---:|" * len(GROUPS)]
     for m, groups in stb.get("groups", {}).items():
@@ -298,7 +307,7 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
     ]
     for m, v in main["methods"].items():
         p = PAPER_TABLE1.get(m, {})
-        lines.append(f"| {m} | " + " | ".join(_cell(v.get(k)) for k in cols)
+        lines.append(f"| {m} | " + " | ".join(_method_cell(v, k) for k in cols)
                      + f" | {_cell(p.get('PR'))} | {_cell(p.get('FR'))} | {_cell(p.get('time_ratio'))} | "
                      f"{_cell(p.get('latency_ratio'))} | {_cell(p.get('token_ratio'))} |")
     lines += ["", "PR, OR, WR, FR in %; AC, AP in money; Time×, Lat.×, Tok.× are ratios to Raw in the same run. "
@@ -306,7 +315,8 @@ def render_report(summary: dict[str, Any], cfg: StudyConfig) -> str:
               "the decision taken, averaged per episode (synthetic market; enforcing methods; 0 for `optimal`). "
               "`optimal` is an **upper bound**: it reads the hidden success probabilities and the satisfied needs.",
               f"Collecting the oracle models' training logs (Prompt agent, separate tasks) took "
-              f"{c.get('oracle_data_collection_s', 0.0):.1f} s, reported apart: it is not in any method's Time×.", "",
+              f"{c.get('oracle_data_collection_s', 0.0):.1f} s and building the oracle models "
+              f"{c.get('oracle_models_s', 0.0):.1f} s, reported apart: neither is in any method's Time×.", "",
               "Per-decision cost of the gate (main run; decision latency includes the oracle's rollout):", "",
               "| method | decision ms (mean) | decision ms (p95) | rollout steps / decision | policy tokens | "
               "world-model tokens (replay model: no LLM, so 0) | cache hit rate | BTP planning ms / task |",

@@ -8,6 +8,10 @@ who approved them, and what is left. ``to_markdown()`` gives the tables, ``to_di
 same as JSON, ``plot(path)`` a PNG, ``write(out_dir)`` all three files.
 ``intent report RUN_DIR_OR_LOG [--out DIR]`` is the command line.
 
+An episode is a task id within one directory: the logs of different run directories under the one
+given (a study's sweeps) are kept apart even where their episode ids repeat (labelled with the
+directory then), while one directory's logs of the same episode merge.
+
 The numbers are sums of the log's own fields, never recomputed from prices: a record's
 ``charged`` is what that record charged (Σ over an episode == its spend), ``budget`` /
 ``remaining`` are the ledger after it, so the last record says the final budget (top-ups
@@ -97,7 +101,7 @@ class EpisodeBudget:
         self.spent += r.charged
         self.overrun += r.overrun
         if r.decision == "top_up":
-            self.top_ups.append({"episode": r.task_id, "amount": r.price or 0.0, "approved_by": r.approved_by,
+            self.top_ups.append({"episode": self.episode, "amount": r.price or 0.0, "approved_by": r.approved_by,
                                  "reason": r.reason})
         elif r.decision in ("reject", "invalid"):
             row = self.refusals.setdefault(r.reason or r.decision, {"count": 0, "price": 0.0})
@@ -339,16 +343,17 @@ class BudgetReport:
         return [md, js, self.plot(out / "budget_report.png")]
 
 
-def _read(source: str | Path | Iterable[StepRecord]) -> tuple[list[StepRecord], list[str], list[str]]:
-    """The records, the logs they came from, and the *.jsonl files skipped as not guard logs."""
+def _read(source: str | Path | Iterable[StepRecord]) -> tuple[list[tuple[str, StepRecord]], list[str], list[str]]:
+    """The records, each with the directory of its log relative to the given one ('' for the log or records
+    given), the logs they came from, and the *.jsonl files skipped as not guard logs."""
     if not isinstance(source, (str, Path)):
-        return list(source), [], []
+        return [("", r) for r in source], [], []
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; pass a guard log (.jsonl) or a run directory")
     if not path.is_dir():
-        return list(read_log(path, skip_torn_tail=True)), [str(path)], []
-    records: list[StepRecord] = []
+        return [("", r) for r in read_log(path, skip_torn_tail=True)], [str(path)], []
+    records: list[tuple[str, StepRecord]] = []
     used: list[str] = []
     skipped: list[str] = []
     for f in sorted(path.rglob("*.jsonl")):
@@ -358,7 +363,8 @@ def _read(source: str | Path | Iterable[StepRecord]) -> tuple[list[StepRecord], 
             skipped.append(f"{f} (the oracle models' training logs)")
             continue
         try:
-            records += list(read_log(f, skip_torn_tail=True))
+            where = f.parent.relative_to(path).as_posix()
+            records += [("" if where == "." else where, r) for r in read_log(f, skip_torn_tail=True)]
         except LogFormatError:
             skipped.append(f"{f} (not a guard log)")  # another JSONL file of the run (results, progress)
             continue
@@ -376,14 +382,25 @@ def budget_report(source: str | Path | Iterable[StepRecord], *, out: str | Path 
     With ``out`` (a directory), also writes ``budget_report.md``, ``.json`` and ``.png`` there.
     """
     records, sources, skipped = _read(source)
-    episodes: dict[str, EpisodeBudget] = {}
-    for r in sorted(records, key=lambda r: r.timestamp):  # stable: equal timestamps keep log order
-        episodes.setdefault(r.task_id, EpisodeBudget(r.task_id)).add(r)
-    for r in records:
+    # An episode is its task id within one directory: runs in different directories (a study's sweeps,
+    # the same configuration run twice) reuse ids like raw:syn-0-0000:0 and are different episodes, while
+    # the logs of one directory (two processes of one thread) are one episode's records. An id found in
+    # more than one directory is labelled with its directory ("budget-0.5/raw:syn-0-0000:0").
+    dirs: dict[str, set[str]] = {}
+    for where, r in records:
+        dirs.setdefault(r.task_id, set()).add(where)
+
+    def label(where: str, task_id: str) -> str:
+        return f"{where}/{task_id}" if len(dirs.get(task_id, ())) > 1 else task_id
+
+    episodes: dict[tuple[str, str], EpisodeBudget] = {}
+    for where, r in sorted(records, key=lambda wr: wr[1].timestamp):  # stable: equal timestamps keep log order
+        episodes.setdefault((where, r.task_id), EpisodeBudget(label(where, r.task_id))).add(r)
+    for where, r in records:
         if r.kind == "sub_agent" and r.tool.startswith("sub-agent:"):  # the carve names the child's episode
-            child = episodes.get(r.tool.split(":", 1)[1])
-            if child is not None and child.episode != r.task_id:
-                child.parent = r.task_id
+            child = episodes.get((where, r.tool.split(":", 1)[1]))  # a parent link stays within its directory
+            if child is not None and child is not episodes.get((where, r.task_id)):
+                child.parent = label(where, r.task_id)
     report = BudgetReport(list(episodes.values()), sources, skipped)
     if out is not None:
         report.write(out)

@@ -170,8 +170,10 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path):
         run_benchmark(BenchConfig(tasks=13, methods=["raw"], out=str(out), reference="raw"), progress=False)
 
 
+# (--world-model schema is refused on the synthetic market before the directory is looked at:
+# tests/test_bench_setup_timing.py)
 @pytest.mark.parametrize("option,value", [("gamma", 5.0), ("delta", 0.9), ("predictor", "encoder"),
-                                          ("world_model", "schema"), ("oracle_logs", "/elsewhere/logs.jsonl")])
+                                          ("oracle_fraction", 0.5), ("oracle_logs", "/elsewhere/logs.jsonl")])
 def test_a_run_directory_refuses_results_made_with_another_option(tmp_path, option, value):
     # A rerun with --gamma 5 into the same --out printed the old INTENT numbers under the new settings.
     out = tmp_path / "run"

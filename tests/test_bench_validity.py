@@ -37,6 +37,7 @@ def _strip_timings(summary: dict) -> dict:
             m.pop(k, None)
     out["config"].pop("out", None)
     out["config"].pop("oracle_data_collection_s", None)
+    out["config"].pop("oracle_models_s", None)
     return out
 
 

@@ -216,3 +216,29 @@ def test_episodes_that_spent_more_than_their_budget_are_named(tmp_path):
     report = budget_report(tmp_path / "log.jsonl")
     assert [(e.episode, e.over_budget) for e in report.episodes] == [("R", 170.0), ("S", 0.0)]
     assert "Over budget: 1 episode spent 170 more than their budgets" in report.to_markdown()
+
+
+def test_runs_in_different_directories_are_different_episodes_even_with_the_same_ids(tmp_path):
+    # A study's sweep folders (main/, budget-0.5/) reuse episode ids: merged by id, each episode showed both
+    # runs' spend, and an enforcing run's episodes were reported over budget.
+    root = tmp_path / "study"
+    write_log(root / "main" / "logs.jsonl")
+    write_log(root / "budget-0.5" / "logs.jsonl")
+    report = budget_report(root)
+    assert report.spent == pytest.approx(2 * 0.803)
+    names = sorted(e.episode for e in report.episodes)
+    assert names == ["budget-0.5/A", "budget-0.5/B", "main/A", "main/B"]
+    assert all(e.over_budget == 0 for e in report.episodes)
+    parents = {e.episode: e.parent for e in report.episodes}
+    assert parents["main/B"] == "main/A" and parents["budget-0.5/B"] == "budget-0.5/A"  # within its directory
+    assert sorted(t["episode"] for t in report.top_ups) == ["budget-0.5/A", "main/A"]
+
+
+def test_one_episodes_records_in_two_logs_of_one_directory_merge(tmp_path):
+    # Two processes of one thread, each with its own log file in the same run directory: one episode.
+    run = tmp_path / "run"
+    sink_a, sink_b = JsonlLogSink(run / "a.jsonl"), JsonlLogSink(run / "b.jsonl")
+    sink_a.write(rec("E", price=2.0, charged=2.0, execution=1, spent=2.0, remaining=8.0, budget=10.0, timestamp=1.0))
+    sink_b.write(rec("E", price=3.0, charged=3.0, execution=1, spent=5.0, remaining=5.0, budget=10.0, timestamp=2.0))
+    report = budget_report(run)
+    assert [(e.episode, e.spent, e.left) for e in report.episodes] == [("E", 5.0, 5.0)]

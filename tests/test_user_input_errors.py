@@ -106,7 +106,9 @@ def test_a_log_given_as_a_directory_names_the_file_to_pass(tmp_path, capsys):
 
 def test_judge_runs_zero_is_refused_not_replaced_by_three(tmp_path, capsys):
     # The CLI copied only truthy options: --judge-runs 0 became the default 3.
-    assert main(["bench", "--tasks", "1", "--methods", "raw", "--judge-runs", "0", "--no-progress",
+    # (on the market where the flag applies: the synthetic markets refuse --judge-runs whatever its value)
+    assert main(["bench", "--market", "stabletoolbench", "--judge", "sopr", "--judge-url", "http://127.0.0.1:9/v1",
+                 "--judge-model", "m", "--tasks", "1", "--methods", "raw", "--judge-runs", "0", "--no-progress",
                  "--out", str(tmp_path / "run")]) == 2
     assert "--judge-runs is 0" in capsys.readouterr().err
 
@@ -148,6 +150,17 @@ def test_serve_refuses_a_predictor_and_a_missing_vllm_environment(tmp_path, monk
     (["--base-url", "http://127.0.0.1:9/v1"], "the 'sim' agent is simulated"),
     (["--paired-with", "nope"], "--paired-with nope: not among --methods"),
     (["--quick"], "--quick is the study's"),
+    # Each of these was accepted, ignored, and recorded in run_config.json (locking the directory).
+    (["--retriever", "minilm"], "--retriever apply to --market stabletoolbench"),
+    (["--no-solvability"], "--no-solvability apply to --market stabletoolbench"),
+    (["--stb-env-url", "http://x"], "--stb-env-url apply to --market stabletoolbench"),
+    (["--stb-env-model", "m"], "--stb-env-model apply to --market stabletoolbench"),
+    (["--judge-runs", "5"], "--judge-runs apply to --market stabletoolbench"),
+    (["--max-turns", "5"], "--max-turns limits a real LLM agent's"),
+    (["--agent", "sim-llm", "--max-turns", "5"], "the 'sim-llm' agent is simulated"),
+    (["--market", "stabletoolbench", "--event-rate", "0.5"], "--event-rate 0.5: market events are the synthetic"),
+    (["--market", "stabletoolbench", "--judge-runs", "2"], "--judge-runs is the SoPR judge's"),
+    (["--encoder-epochs", "2"], "--encoder-epochs trains the encoder predictor"),
 ])
 def test_a_flag_this_comparison_would_ignore_is_refused(flags, says, tmp_path, capsys):
     # Each was dropped without a word (and --paired-with foo also dropped the default paired table).
@@ -240,3 +253,21 @@ def test_every_value_error_raised_on_purpose_is_a_usage_error_or_a_known_bug_che
 
 def _raise(exc: BaseException):
     raise exc
+
+
+@pytest.mark.parametrize("flags", [["--predictor", "encoder"], ["--predictor", "auto"], ["--methods", "intent-minilm"]])
+def test_encoder_epochs_is_accepted_where_the_encoder_is_trained(flags):
+    import argparse
+
+    from eval.cli import _refuse_flags_that_do_not_apply, register
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    args = sub.choices["bench"].parse_args(["--encoder-epochs", "1", *flags])
+    _refuse_flags_that_do_not_apply(args, [m for m in args.methods.split(",")])  # no error
+
+
+def test_the_study_refuses_max_turns_with_a_simulated_agent(tmp_path, capsys):
+    assert main(["bench", "study", "--quick", "--max-turns", "5", "--out", str(tmp_path / "s")]) == 2
+    assert "--max-turns limits a real LLM agent's" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
