@@ -267,6 +267,28 @@ def _metered_request_class() -> type:
     return MeteredToolCallRequest
 
 
+@functools.cache
+def _fast_classes() -> tuple[type | None, type, type | None]:
+    """``ToolCallRequest``, its metered subclass and ``ToolRuntime``, each ``None`` where
+    :meth:`CallRun.metered_request`'s direct copy would not equal :func:`_copy_with`'s (a class
+    with a ``__post_init__``, or whose fields are not the ones copied)."""
+    from langgraph.prebuilt.tool_node import ToolRuntime
+
+    request = _tool_call_request()
+    fields = _copyable_fields(request)
+    runtime_fields = _copyable_fields(ToolRuntime)
+    return (request if fields is not None and {"tool", "runtime"} <= fields.keys() else None,
+            _metered_request_class(),
+            ToolRuntime if runtime_fields is not None and "tools" in runtime_fields else None)
+
+
+def _metered_tools(tools: Sequence[Any], run: CallRun) -> _MeteredTools:
+    """``_MeteredTools(tools, run)`` without a Python ``__init__`` (list's own, in C, fills it)."""
+    metered = _MeteredTools(tools)
+    metered._run = run
+    return metered
+
+
 class _MeteredTools(list):  # type: ignore[type-arg]
     """``runtime.tools`` as a middleware inside the guard sees it (HumanInTheLoopMiddleware
     picks a reviewer's redirected tool from there): each tool metered, wrapped when read, so
@@ -274,9 +296,7 @@ class _MeteredTools(list):  # type: ignore[type-arg]
     themselves underneath, so that LangChain serialising the runtime (with a tool's input) sees
     the ``list[BaseTool]`` it declares instead of warning."""
 
-    def __init__(self, tools: Sequence[Any], run: CallRun) -> None:
-        super().__init__(tools)
-        self._run = run
+    _run: CallRun  # set by _metered_tools, which makes them
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -370,13 +390,34 @@ class CallRun:
     # ------------------------------------------------------------------ request
     def metered_request(self) -> ToolCallRequest:
         request = self.request
+        fast = _fast_classes()
+        if type(request) is fast[0]:
+            # What the general way below makes of ToolNode's own request and runtime, made directly: the
+            # copy is made an instance of the metered class at once (no ``__class__`` assignment, no
+            # ``is_dataclass``, no check per copy of what ``_copyable_fields`` says once per class).
+            metered = object.__new__(fast[1])
+            fields = metered.__dict__
+            fields.update(request.__dict__)
+            if request.tool is not None:
+                fields["tool"] = MeteredTool(request.tool, self)
+            runtime = request.runtime
+            tools = getattr(runtime, "tools", None)
+            if tools and type(runtime) is fast[2]:
+                copied = object.__new__(fast[2])
+                copied.__dict__.update(runtime.__dict__)
+                copied.__dict__["tools"] = _metered_tools(tools, self)
+                fields["runtime"] = copied
+            elif tools and dataclasses.is_dataclass(runtime):
+                fields["runtime"] = _copy_with(runtime, tools=_metered_tools(tools, self))
+            fields["_intent_run"] = self
+            return metered
         overrides: dict[str, Any] = {}
         if request.tool is not None:
             overrides["tool"] = MeteredTool(request.tool, self)
         runtime = request.runtime
         tools = getattr(runtime, "tools", None)
         if tools and dataclasses.is_dataclass(runtime):
-            overrides["runtime"] = _copy_with(runtime, tools=_MeteredTools(tools, self))
+            overrides["runtime"] = _copy_with(runtime, tools=_metered_tools(tools, self))
         # request.override(**overrides), which is dataclasses.replace for these keys (not "state")
         metered = _copy_with(request, **overrides)  # a copy even without overrides: its class changes below
         if type(metered) is _tool_call_request():
