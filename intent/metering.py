@@ -32,7 +32,7 @@ from intent.errors import GuardConfigError, InvalidBillError
 PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead of serving the call
 from intent.ledger import BudgetExceededError
 from intent.market import UnpricedToolError, payment_required
-from intent.nesting import close_carves, spending_scope
+from intent.nesting import _CURRENT, close_carves, enter_spending, spending_scope
 from intent.messages import (
     argument_problem,
     billed_amount,
@@ -588,9 +588,18 @@ class CallRun:
             if watch is not None:
                 tool, body = watch
         try:
-            # Sub-agents carve from this call; a shared budget's lease is renewed while it runs.
-            with spending_scope(self.guard, self.episode, self.key, config), _lease(self.episode.ledger, charge_id):
-                out = tool.invoke(tool_input, config, **kwargs)
+            # Sub-agents carve from this call (spending_scope, entered and left here without a `with`: this runs
+            # on every tool call); a shared budget's lease is renewed while it runs (no `with` without one).
+            scope = enter_spending(self.guard, self.episode, self.key, config)
+            try:
+                lease = _lease(self.episode.ledger, charge_id)
+                if lease is _NO_LEASE:
+                    out = tool.invoke(tool_input, config, **kwargs)
+                else:
+                    with lease:
+                        out = tool.invoke(tool_input, config, **kwargs)
+            finally:
+                _CURRENT.reset(scope)
         except ParentCommand as handoff:
             # The body finished and a graph it ran handed control to a graph above (its node returned
             # Command(graph=Command.PARENT)): the run happened, unlike an interrupt's, which re-runs.

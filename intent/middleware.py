@@ -329,7 +329,10 @@ class BudgetGuardMiddleware(AgentMiddleware):
         guard, config = self.guard, current_config()
         run = self._model_step(request, config)
         kind, arg = next(run)
-        with _RunningEpisode(guard, arg.state, config) if guard.made_metered_models else _NOT_RUNNING:
+        # _RunningEpisode's work without a `with`: for a guard that made no metered model (the usual case) a
+        # `with` on a no-op context manager would cost two Python method calls on every model step.
+        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config))) if guard.made_metered_models else None
+        try:
             while True:
                 if kind == "model":  # every execution of the model reserved and charged, with model_prices
                     out = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
@@ -339,6 +342,9 @@ class BudgetGuardMiddleware(AgentMiddleware):
                     kind, arg = run.send(out)
                 except StopIteration as stop:
                     return stop.value
+        finally:
+            if token is not None:
+                RUNNING_EPISODE.reset(token)
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
