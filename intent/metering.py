@@ -277,9 +277,12 @@ def _fast_classes() -> tuple[type | None, type, type | None]:
     request = _tool_call_request()
     fields = _copyable_fields(request)
     runtime_fields = _copyable_fields(ToolRuntime)
-    return (request if fields is not None and {"tool", "runtime"} <= fields.keys() else None,
+    # (``__dictoffset__``: instances with a ``__dict__``, which the direct copy reads, as _copy_with requires.)
+    return (request if fields is not None and {"tool", "runtime"} <= fields.keys() and request.__dictoffset__
+            else None,
             _metered_request_class(),
-            ToolRuntime if runtime_fields is not None and "tools" in runtime_fields else None)
+            ToolRuntime if runtime_fields is not None and "tools" in runtime_fields and ToolRuntime.__dictoffset__
+            else None)
 
 
 def _metered_tools(tools: Sequence[Any], run: CallRun) -> _MeteredTools:
@@ -729,14 +732,17 @@ class CallRun:
                 reason = CANCELLED
         else:
             message = result_message(result, self.tool_call_id)
+            # The message's artifact, read once: billed_amount(message) and payment_required(artifact) read it,
+            # and an answer without one (every tool call of most agents) needs neither.
+            artifact = getattr(message, "artifact", None)
             try:
-                billed = billed_amount(message, self.tool_call_id)
+                billed = billed_amount(message, self.tool_call_id) if artifact is not None else None
                 if billed is None and handled is not None:
                     billed = raised_bill(handled)
             except InvalidBillError as exc:
                 # The tool's bill is malformed: the run happened, so charge the quote, then fail loudly.
                 bad_bill, billed = exc, None
-            required = payment_required(getattr(message, "artifact", None), self.name)
+            required = payment_required(artifact, self.name) if artifact is not None else None
             if required is not None:
                 # An x402-style "payment required" answer: the call was not served, so it is not
                 # billed, and the market learns the tool's price for the calls that follow.
@@ -812,7 +818,8 @@ class CallRun:
     def finish(self, result: Any) -> Any:
         """The call's answer with every charge of the call, and its unused reservation released."""
         episode, ledger = self.episode, self.episode.ledger
-        close_carves(episode, self.key)  # a sub-agent that did not end its episode: its spend is kept
+        if episode.carves:  # (close_carves' own test, without the call on every tool call)
+            close_carves(episode, self.key)  # a sub-agent that did not end its episode: its spend is kept
         with episode.lock:
             gated = ledger.get(self.key)
             if gated is not None and gated.status == "reserved" and gated.execution == 0:
