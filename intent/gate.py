@@ -1,7 +1,7 @@
 """The batch gate: the tool calls of one model message, decided in order as one batch.
 
 :func:`gate_batch` is a generator that yields a :class:`~intent.oracle.DecisionContext` per
-call and receives the oracle's decision; :meth:`BudgetGuard.gate` drives it with a sync loop and
+call and reads the oracle's decision from the list its driver passes (``io[0]``); :meth:`BudgetGuard.gate` drives it with a sync loop and
 :meth:`BudgetGuard.agate` with an async one, so the logic is written once. It validates each call
 (malformed, duplicated id, banned, unpriced, already answered by another middleware), asks the
 oracle, applies the guard's own check that the call fits what the batch has not yet held, asks
@@ -94,18 +94,24 @@ def _edited_ids(state: Any) -> Any:
 
 def gate_batch(
     guard: BudgetGuard, state: Any, config: Mapping[str, Any] | None, settle: bool = True,
-    episode: Episode | None = None,
-) -> Generator[DecisionContext, Decision | BaseException, dict[str, Any] | None]:
-    """The batch gate as a generator: yields each context, receives the oracle's decision.
+    episode: Episode | None = None, io: list[Any] | None = None,
+) -> Generator[DecisionContext, None, None]:
+    """The batch gate as a generator: yields each context and reads the oracle's decision from ``io[0]``,
+    where the driver puts it before going on; leaves the state update (or ``None``) in ``io[0]`` at its end.
+    (Not sent in and returned: the driver's ``for`` loop then sees the end without the StopIteration that
+    ends a generator's ``send``, an exception raised and caught at every gate.)
 
     Written once and driven by a sync loop (:meth:`BudgetGuard.gate`) or an async one
     (:meth:`BudgetGuard.agate`). ``episode``: the episode the same model step prepared (already
     started), or ``None`` to find it from ``state``.
     """
+    if io is None:
+        io = [None]
     messages = messages_of(state)
     index, ai = last_ai(messages)
     if ai is None:
-        return None
+        io[0] = None
+        return
     channel = channel_of(state)
     if episode is None:
         episode = guard.follow(guard.episodes.get(guard.episode_id(state, config), channel), channel, config)
@@ -257,7 +263,8 @@ def gate_batch(
                     answer = OracleUnavailableError("the budget left does not cover the oracle's next "
                                                     f"decision ({guard.oracle_max_tokens} tokens)")
                 else:
-                    answer = yield ctx
+                    yield ctx
+                    answer = io[0]
                 decision_ms = (guard._clock() - started) * 1000.0
                 decision = guard.check_decision(answer, ctx)
                 if guard.charge_oracle and oracle_hold != "":
@@ -357,7 +364,7 @@ def gate_batch(
     if (settled or not channel or decisions or top_ups or channel.get("market_version") != market.version
             or counted != turns):
         update[LEDGER_KEY] = channel_update
-    return update or None
+    io[0] = update or None
 
 
 def _oracle_price(guard: BudgetGuard) -> tuple[str, ModelPrice]:

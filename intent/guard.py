@@ -904,32 +904,28 @@ class BudgetGuard:
         middleware settles before each model call), so unused reservations are not looked for twice;
         ``episode``: the one :meth:`prepared` returned in that step, so it is not looked for again.
         """
-        gen = gate_batch(self, state, config, settle, episode)
+        io: list[Any] = [None]  # each decision in, the update out (gate_batch: no StopIteration at its end)
+        gen = gate_batch(self, state, config, settle, episode, io)
         try:
-            ctx = next(gen)
-            while True:
-                answer = self.decide(ctx)  # may raise (a bug): the batch is then dropped undecided
-                ctx = gen.send(answer)
-        except StopIteration as stop:  # only the gate's own end: decide() never lets one out
-            return stop.value
+            for ctx in gen:
+                io[0] = self.decide(ctx)  # may raise (a bug): the batch is then dropped undecided
         finally:
             gen.close()
+        return io[0]
 
     async def agate(
         self, state: Any, config: Mapping[str, Any] | None = None, *, settle: bool = True,
         episode: Episode | None = None,
     ) -> dict[str, Any] | None:
         """Async twin of :meth:`gate`, using the oracle's ``adecide`` when it has one."""
-        gen = gate_batch(self, state, config, settle, episode)
+        io: list[Any] = [None]
+        gen = gate_batch(self, state, config, settle, episode, io)
         try:
-            ctx = next(gen)
-            while True:
-                answer = await self.adecide(ctx)
-                ctx = gen.send(answer)
-        except StopIteration as stop:
-            return stop.value
+            for ctx in gen:
+                io[0] = await self.adecide(ctx)
         finally:
             gen.close()
+        return io[0]
 
     # ===================================================== running a tool call
     def wrap_tool_call(

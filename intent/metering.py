@@ -32,7 +32,7 @@ from intent.errors import GuardConfigError, InvalidBillError
 PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead of serving the call
 from intent.ledger import BudgetExceededError
 from intent.market import UnpricedToolError, payment_required
-from intent.nesting import close_carves, spending_scope
+from intent.nesting import _CURRENT, close_carves, enter_spending, spending_scope
 from intent.messages import (
     argument_problem,
     billed_amount,
@@ -267,6 +267,31 @@ def _metered_request_class() -> type:
     return MeteredToolCallRequest
 
 
+@functools.cache
+def _fast_classes() -> tuple[type | None, type, type | None]:
+    """``ToolCallRequest``, its metered subclass and ``ToolRuntime``, each ``None`` where
+    :meth:`CallRun.metered_request`'s direct copy would not equal :func:`_copy_with`'s (a class
+    with a ``__post_init__``, or whose fields are not the ones copied)."""
+    from langgraph.prebuilt.tool_node import ToolRuntime
+
+    request = _tool_call_request()
+    fields = _copyable_fields(request)
+    runtime_fields = _copyable_fields(ToolRuntime)
+    # (``__dictoffset__``: instances with a ``__dict__``, which the direct copy reads, as _copy_with requires.)
+    return (request if fields is not None and {"tool", "runtime"} <= fields.keys() and request.__dictoffset__
+            else None,
+            _metered_request_class(),
+            ToolRuntime if runtime_fields is not None and "tools" in runtime_fields and ToolRuntime.__dictoffset__
+            else None)
+
+
+def _metered_tools(tools: Sequence[Any], run: CallRun) -> _MeteredTools:
+    """``_MeteredTools(tools, run)`` without a Python ``__init__`` (list's own, in C, fills it)."""
+    metered = _MeteredTools(tools)
+    metered._run = run
+    return metered
+
+
 class _MeteredTools(list):  # type: ignore[type-arg]
     """``runtime.tools`` as a middleware inside the guard sees it (HumanInTheLoopMiddleware
     picks a reviewer's redirected tool from there): each tool metered, wrapped when read, so
@@ -274,9 +299,7 @@ class _MeteredTools(list):  # type: ignore[type-arg]
     themselves underneath, so that LangChain serialising the runtime (with a tool's input) sees
     the ``list[BaseTool]`` it declares instead of warning."""
 
-    def __init__(self, tools: Sequence[Any], run: CallRun) -> None:
-        super().__init__(tools)
-        self._run = run
+    _run: CallRun  # set by _metered_tools, which makes them
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -370,13 +393,34 @@ class CallRun:
     # ------------------------------------------------------------------ request
     def metered_request(self) -> ToolCallRequest:
         request = self.request
+        fast = _fast_classes()
+        if type(request) is fast[0]:
+            # What the general way below makes of ToolNode's own request and runtime, made directly: the
+            # copy is made an instance of the metered class at once (no ``__class__`` assignment, no
+            # ``is_dataclass``, no check per copy of what ``_copyable_fields`` says once per class).
+            metered = object.__new__(fast[1])
+            fields = metered.__dict__
+            fields.update(request.__dict__)
+            if request.tool is not None:
+                fields["tool"] = MeteredTool(request.tool, self)
+            runtime = request.runtime
+            tools = getattr(runtime, "tools", None)
+            if tools and type(runtime) is fast[2]:
+                copied = object.__new__(fast[2])
+                copied.__dict__.update(runtime.__dict__)
+                copied.__dict__["tools"] = _metered_tools(tools, self)
+                fields["runtime"] = copied
+            elif tools and dataclasses.is_dataclass(runtime):
+                fields["runtime"] = _copy_with(runtime, tools=_metered_tools(tools, self))
+            fields["_intent_run"] = self
+            return metered
         overrides: dict[str, Any] = {}
         if request.tool is not None:
             overrides["tool"] = MeteredTool(request.tool, self)
         runtime = request.runtime
         tools = getattr(runtime, "tools", None)
         if tools and dataclasses.is_dataclass(runtime):
-            overrides["runtime"] = _copy_with(runtime, tools=_MeteredTools(tools, self))
+            overrides["runtime"] = _copy_with(runtime, tools=_metered_tools(tools, self))
         # request.override(**overrides), which is dataclasses.replace for these keys (not "state")
         metered = _copy_with(request, **overrides)  # a copy even without overrides: its class changes below
         if type(metered) is _tool_call_request():
@@ -547,9 +591,18 @@ class CallRun:
             if watch is not None:
                 tool, body = watch
         try:
-            # Sub-agents carve from this call; a shared budget's lease is renewed while it runs.
-            with spending_scope(self.guard, self.episode, self.key, config), _lease(self.episode.ledger, charge_id):
-                out = tool.invoke(tool_input, config, **kwargs)
+            # Sub-agents carve from this call (spending_scope, entered and left here without a `with`: this runs
+            # on every tool call); a shared budget's lease is renewed while it runs (no `with` without one).
+            scope = enter_spending(self.guard, self.episode, self.key, config)
+            try:
+                lease = _lease(self.episode.ledger, charge_id)
+                if lease is _NO_LEASE:
+                    out = tool.invoke(tool_input, config, **kwargs)
+                else:
+                    with lease:
+                        out = tool.invoke(tool_input, config, **kwargs)
+            finally:
+                _CURRENT.reset(scope)
         except ParentCommand as handoff:
             # The body finished and a graph it ran handed control to a graph above (its node returned
             # Command(graph=Command.PARENT)): the run happened, unlike an interrupt's, which re-runs.
@@ -679,14 +732,17 @@ class CallRun:
                 reason = CANCELLED
         else:
             message = result_message(result, self.tool_call_id)
+            # The message's artifact, read once: billed_amount(message) and payment_required(artifact) read it,
+            # and an answer without one (every tool call of most agents) needs neither.
+            artifact = getattr(message, "artifact", None)
             try:
-                billed = billed_amount(message, self.tool_call_id)
+                billed = billed_amount(message, self.tool_call_id) if artifact is not None else None
                 if billed is None and handled is not None:
                     billed = raised_bill(handled)
             except InvalidBillError as exc:
                 # The tool's bill is malformed: the run happened, so charge the quote, then fail loudly.
                 bad_bill, billed = exc, None
-            required = payment_required(getattr(message, "artifact", None), self.name)
+            required = payment_required(artifact, self.name) if artifact is not None else None
             if required is not None:
                 # An x402-style "payment required" answer: the call was not served, so it is not
                 # billed, and the market learns the tool's price for the calls that follow.
@@ -762,7 +818,8 @@ class CallRun:
     def finish(self, result: Any) -> Any:
         """The call's answer with every charge of the call, and its unused reservation released."""
         episode, ledger = self.episode, self.episode.ledger
-        close_carves(episode, self.key)  # a sub-agent that did not end its episode: its spend is kept
+        if episode.carves:  # (close_carves' own test, without the call on every tool call)
+            close_carves(episode, self.key)  # a sub-agent that did not end its episode: its spend is kept
         with episode.lock:
             gated = ledger.get(self.key)
             if gated is not None and gated.status == "reserved" and gated.execution == 0:

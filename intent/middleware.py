@@ -302,10 +302,14 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 request = request.override(state={**state, LEDGER_KEY: channel})
         return request, episode, settled
 
-    def _model_step(self, request: ModelRequest, config: Any) -> Generator[tuple[str, Any], Any, Any]:
+    def _model_step(self, request: ModelRequest, config: Any, io: list[Any]) -> Generator[tuple[str, Any], None, None]:
         """One model step, written once for the sync and async hooks: yields ``("model", request)``
-        for each model call and ``("gate", (state, episode))`` for each gate, receives their results, and
-        returns the step's response."""
+        for each model call and ``("gate", (state, episode))`` for each gate, reads their results from
+        ``io[0]`` (where the driver puts them before going on), and leaves the step's response there.
+
+        (Results passed in ``io``, not sent, and the generator ends without a value: the driver advances it
+        with ``next(run, None)``, which sees its end without the StopIteration a ``send`` raises there, an
+        exception raised and caught on every model step.)"""
         state = request.state
         overwrite = self.guard.inherits_parent_ledger(state)
         if overwrite:  # a sub-agent's first step, on a copy of its parent's state: not our ledger
@@ -314,48 +318,58 @@ class BudgetGuardMiddleware(AgentMiddleware):
         request, episode, settled = self._settled_request(request, config)
         step = _Step(state, settled, overwrite=overwrite)
         while True:
-            result = yield "model", self._prepare(request, config)
-            gated_state = step.open(result, gate=self.gates_in_model_call)
+            yield "model", self._prepare(request, config)
+            gated_state = step.open(io[0], gate=self.gates_in_model_call)
             if gated_state is not None:
-                step.updates.append((yield "gate", (gated_state, episode)))
+                yield "gate", (gated_state, episode)
+                step.updates.append(io[0])
             shown = step.ask_again()
             if shown is None:
-                return step.close()
+                io[0] = step.close()
+                return
             # The next reply's charge and turn go on from what this step wrote (the turn counted).
             request = request.override(messages=[*request.messages, *shown],
                                        state={**request.state, LEDGER_KEY: step.channel()})
 
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
         guard, config = self.guard, current_config()
-        run = self._model_step(request, config)
-        kind, arg = next(run)
-        with _RunningEpisode(guard, arg.state, config) if guard.made_metered_models else _NOT_RUNNING:
+        io: list[Any] = [None]
+        run = self._model_step(request, config, io)
+        kind, arg = next(run)  # a model call, always first
+        # _RunningEpisode's work without a `with`: for a guard that made no metered model (the usual case) a
+        # `with` on a no-op context manager would cost two Python method calls on every model step.
+        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config))) if guard.made_metered_models else None
+        try:
             while True:
                 if kind == "model":  # every execution of the model reserved and charged, with model_prices
-                    out = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
+                    io[0] = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
                 else:
-                    out = guard.gate(arg[0], config, settle=False, episode=arg[1])
-                try:  # only the step's own end: the model and the gate run outside it
-                    kind, arg = run.send(out)
-                except StopIteration as stop:
-                    return stop.value
+                    io[0] = guard.gate(arg[0], config, settle=False, episode=arg[1])
+                following = next(run, None)  # None: the step has ended, its response in io[0]
+                if following is None:
+                    return io[0]
+                kind, arg = following
+        finally:
+            if token is not None:
+                RUNNING_EPISODE.reset(token)
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> Any:
         guard, config = self.guard, current_config()
-        run = self._model_step(request, config)
+        io: list[Any] = [None]
+        run = self._model_step(request, config, io)
         kind, arg = next(run)
         with _RunningEpisode(guard, arg.state, config) if guard.made_metered_models else _NOT_RUNNING:
             while True:
                 if kind == "model":
-                    out = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
+                    io[0] = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
                 else:
-                    out = await guard.agate(arg[0], config, settle=False, episode=arg[1])
-                try:
-                    kind, arg = run.send(out)
-                except StopIteration as stop:
-                    return stop.value
+                    io[0] = await guard.agate(arg[0], config, settle=False, episode=arg[1])
+                following = next(run, None)
+                if following is None:
+                    return io[0]
+                kind, arg = following
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:

@@ -56,6 +56,15 @@ def current_parent() -> ParentCall | None:
     return _CURRENT.get()
 
 
+def enter_spending(guard: BudgetGuard, episode: Episode, key: str, config: Mapping[str, Any] | None = None) -> Any:
+    """What ``with spending_scope(guard, episode, key, config):`` does on entering, for a caller on the hot path
+    (every sync tool run) that resets the returned token itself (``_CURRENT.reset`` in a ``finally``): a
+    ``with`` on a Python-level context manager costs two Python method calls and an instance."""
+    parent = object.__new__(ParentCall)
+    parent.__dict__.update(guard=guard, episode=episode, key=key, config=config)
+    return _CURRENT.set(parent)
+
+
 class spending_scope:  # noqa: N801 - used as a function: ``with spending_scope(guard, episode, key):``
     """Sub-agents started inside carve from ``episode`` under ``key``. (A class, not a
     ``contextmanager`` generator: it is entered around every tool run.)"""
