@@ -49,6 +49,18 @@ def test_parser_log_totals_start_after_the_skipped_lines(tmp_path):
                                                                 "duplicates": 0, "unknown": 0, "malformed_replies": 0})
 
 
+def test_a_row_holding_a_unicode_line_separator_is_one_row(tmp_path):
+    # str.splitlines cut it at U+2028 (json.dumps leaves it unescaped with ensure_ascii=False): one row read
+    # as two broken ones, its counts lost, and the line count (the next skip) off by one.
+    log = tmp_path / "parse.jsonl"
+    log.write_text(json.dumps({"calls": 2, "malformed": 1, "note": "a\u2028b"}, ensure_ascii=False) + "\n"
+                   + json.dumps({"calls": 1}) + "\n", encoding="utf-8")
+    n, totals = parse_log_totals(log)
+    assert n == 2 and totals["replies"] == 2 and totals["calls"] == 3 and totals["malformed"] == 1
+    (tmp_path / "empty.jsonl").write_text("")
+    assert parse_log_totals(tmp_path / "empty.jsonl")[0] == 0
+
+
 def _rec(episode, step, call_id, tool, args, decision="accept", reason="accepted"):
     return json.dumps({"task_id": episode, "step": step, "call_id": call_id, "tool": tool, "args": args,
                        "decision": decision, "reason": reason})

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from intent.errors import IntentError, UsageError
+from intent.logs import read_log_rows
 
 __all__ = ["main", "parse_log_totals", "parse_metrics", "proposal_stats", "read_metrics", "server_stats"]
 
@@ -76,7 +77,10 @@ def parse_log_totals(path: str | os.PathLike[str] | None, skip: int = 0) -> tupl
     totals = {"replies": 0, "calls": 0, "malformed": 0, "duplicates": 0, "unknown": 0, "malformed_replies": 0}
     if not path or not Path(path).exists():
         return 0, totals
-    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    # Rows end in "\n" only (splitlines would also cut at U+2028 and the like inside a row's strings).
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the last row's newline
     for line in lines[skip:]:
         try:
             row = json.loads(line)
@@ -141,7 +145,7 @@ def _episode_rows(out: Path, method: str, seed: int) -> list[dict[str, Any]]:
     path = out / "episodes.jsonl"
     rows: list[dict[str, Any]] = []
     if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_text(encoding="utf-8").split("\n"):  # (not splitlines: see parse_log_totals)
             try:
                 row = json.loads(line)
             except ValueError:
@@ -218,8 +222,7 @@ class _CollectionHeartbeat:
             if (self.dir / "COMPLETE").exists():
                 return
             logs = self.dir / "logs.jsonl"
-            episodes = len({json.loads(line).get("task_id") for line in logs.read_text().splitlines()
-                            if line.strip()}) if logs.exists() else 0
+            episodes = len({row.get("task_id") for row in read_log_rows(logs, require_version=False)}) if logs.exists() else 0
             if self._stop.is_set():
                 return  # the collection ended while the logs were read: no line after the end
             print(f"  {self.method}: collecting oracle logs (Prompt agent, {self.tasks} tasks): {episodes} episodes "
