@@ -50,7 +50,8 @@ def route_after_guard(state: Mapping[str, Any], *, tools: str = "tools", agent: 
     # run, refused ones get their refusal, and one the gate never saw (added or re-id'd by
     # graph.update_state while paused before the tools) is refused as not approved, not left unanswered.
     # (An empty id is a call too: some OpenAI-compatible servers send "", and create_agent runs it.)
-    sends = [Send(tools, [call]) for call in ai.tool_calls if call.get("id") not in answered]
+    sends = [Send(tools, [call]) for call in ai.tool_calls
+             if call.get("id") is not None and call["id"] not in answered]
     if sends and channel_of(state) is None:
         # The gate has just written its decisions to the ledger channel: a state without one is a schema
         # without the channel (LangGraph drops the keys a schema lacks), and every call would be refused as

@@ -10,6 +10,7 @@ deterministic id (so the re-run applies it once) and who approved it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -68,6 +69,9 @@ class HumanTopUps:
             answer = interrupt(payload)
             try:
                 action, amount, approved_by = read_resume(answer, shortfall)
+                if amount > 0 and math.isinf(ledger.budget + amount):  # the ledger would refuse it after the loop
+                    raise InvalidPriceError(f"resume value 'amount' {amount:g} on a budget of {ledger.budget:g} "
+                                            "makes it infinite; top up by a smaller amount")
                 break
             except (GuardConfigError, InvalidPriceError) as exc:  # read_resume's two
                 # Asked again, not raised: LangGraph keeps a resume value as its interrupt's answer for good,

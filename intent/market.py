@@ -46,6 +46,8 @@ def check_amount(value: Any, field_name: str, *, allow_zero: bool = True) -> flo
         )
     try:
         v = float(value)
+    except ValueError:  # Decimal("sNaN") will not convert
+        raise InvalidPriceError(f"{field_name} is {value!r}; pass a finite number >= 0") from None
     except OverflowError:
         raise InvalidPriceError(f"{field_name} is too large to be a float ({str(value)[:24]}...); pass a finite "
                                 "float >= 0") from None

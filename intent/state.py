@@ -90,7 +90,9 @@ class LedgerChannel(TypedDict, total=False):
 class LedgerAggregate(BinaryOperatorAggregate):
     """The ledger channel's LangGraph channel: a ``BinaryOperatorAggregate`` with
     :func:`~intent.ledger.merge_ledger_states` (equal to the one LangGraph makes from the reducer
-    alone), made cheaper for what LangGraph does with it on every step.
+    alone), made cheaper for what LangGraph does with it on every step. (The last merge is reused by
+    the identity of the value and the write: a node that edited the channel's value in place, which
+    LangGraph's state contract forbids, could be given the merge of the unedited one.)
 
     LangGraph copies every channel of the graph for each conditional edge's fresh read of state
     (twice per tool call in ``create_agent``) and applies the step's write to the copy; at the

@@ -45,6 +45,8 @@ def test_any_real_number_is_a_price_or_budget():
     assert guard.budget == 2.5 and type(guard.budget) is float
     for price in (Fraction(1, 2), np.int64(3), np.float32(0.5)):
         assert PricedTool("a", price).price == float(price)
+    with pytest.raises(InvalidPriceError, match="sNaN"):  # float() raised a bare ValueError
+        PricedTool("a", Decimal("sNaN"))
 
 
 def test_guard_ledger_reads_a_snapshot_a_thread_id_and_refuses_what_is_not_a_state():
