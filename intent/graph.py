@@ -16,9 +16,8 @@ from langgraph.graph import END
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Send
 
-from intent.errors import GuardConfigError
 from intent.messages import answered_after, last_ai, messages_of
-from intent.state import LEDGER_KEY, channel_of
+from intent.state import channel_of, missing_channel_error
 
 if TYPE_CHECKING:
     from intent.guard import BudgetGuard
@@ -56,8 +55,5 @@ def route_after_guard(state: Mapping[str, Any], *, tools: str = "tools", agent: 
         # The gate has just written its decisions to the ledger channel: a state without one is a schema
         # without the channel (LangGraph drops the keys a schema lacks), and every call would be refused as
         # never approved.
-        raise GuardConfigError(
-            f"the graph's state has no {LEDGER_KEY!r} channel, so the gate's decisions cannot reach the tools: build "
-            "the graph on intent.GuardState (StateGraph(GuardState)), or add the channel to your state schema "
-            "(class State(MessagesState, GuardState))")
+        raise missing_channel_error()
     return sends or agent

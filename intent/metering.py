@@ -27,7 +27,7 @@ from langgraph.errors import GraphBubbleUp, ParentCommand
 from langgraph.types import Command
 
 from intent import feedback as fb
-from intent.errors import GuardConfigError, InvalidBillError
+from intent.errors import InvalidBillError
 
 PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead of serving the call
 from intent.ledger import BudgetExceededError
@@ -59,7 +59,7 @@ from intent.oracle import (
     Outcome,
     Proposal,
 )
-from intent.state import LEDGER_KEY, channel_of, task_free_ns
+from intent.state import LEDGER_KEY, channel_of, missing_channel_error, task_free_ns
 from intent.tool_body import WatchedBody, as_message, watched
 
 if TYPE_CHECKING:
@@ -172,10 +172,7 @@ def _check_channel_kept(guard: BudgetGuard, request: ToolCallRequest, key: str) 
     thread = (config.get("configurable") or {}).get("thread_id") if isinstance(config, Mapping) else None
     episode = guard.episodes.peek(str(thread)) if thread is not None else None
     if episode is not None and key in episode.ledger:
-        raise GuardConfigError(
-            f"the graph's state has no {LEDGER_KEY!r} channel, so the gate's decisions cannot reach the tools: "
-            "build the graph on intent.GuardState (StateGraph(GuardState)), or add the channel to your state "
-            "schema (class State(MessagesState, GuardState))")
+        raise missing_channel_error()
 
 
 def _rebuilt_call_key(episode: Episode, channel: Mapping[str, Any], messages: Sequence[AnyMessage], index: int,

@@ -15,6 +15,7 @@ from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.graph.message import add_messages
 from typing_extensions import NotRequired, TypedDict
 
+from intent.errors import GuardConfigError
 from intent.ledger import merge_ledger_states
 
 __all__ = ["LEDGER_KEY", "DecisionDict", "EntryDict", "GuardState", "LedgerChannel", "TurnCount", "channel_of",
@@ -283,3 +284,10 @@ def channel_of(state: Any) -> LedgerChannel | None:
         return state.get(LEDGER_KEY)
     return getattr(state, LEDGER_KEY, None)
 
+
+def missing_channel_error() -> GuardConfigError:
+    """A graph whose state schema lacks the ledger channel (LangGraph drops the keys a schema lacks)."""
+    return GuardConfigError(
+        f"the graph's state has no {LEDGER_KEY!r} channel, so the gate's decisions cannot reach the tools: build "
+        "the graph on intent.GuardState (StateGraph(GuardState)), or add the channel to your state schema "
+        "(class State(MessagesState, GuardState))")
