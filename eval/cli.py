@@ -96,11 +96,38 @@ def _refuse_flags_that_do_not_apply(args: argparse.Namespace, methods: list[str]
     if args.encoder_epochs is not None and args.predictor not in ("encoder", "auto") and "intent-minilm" not in methods:
         raise UsageError(f"--encoder-epochs trains the encoder predictor, which this run does not use (--predictor "
                          f"{args.predictor or 'hashed'}): add --predictor encoder (or auto) or drop --encoder-epochs")
+    _refuse_oracle_flags_without_oracle(args, methods)
     if args.paired_with:
         unknown = [m.strip() for m in args.paired_with.split(",") if m.strip() and m.strip() not in methods]
         if unknown:
             raise UsageError(f"--paired-with {', '.join(unknown)}: not among --methods {methods}; name methods of "
                              "this run")
+
+
+# Built-in methods that read none of the planning oracles' flags (a plugin's method may read any of them).
+_NO_ORACLE_MODELS = frozenset({"eval.baseline_methods", "eval.optimal"})
+
+
+def _refuse_oracle_flags_without_oracle(args: argparse.Namespace, methods: list[str]) -> None:
+    """The planning oracles' flags (world model, rollouts, INTENT's predictor and thresholds, the oracle logs)
+    with only methods that read none of them: refused, as each would be recorded in run_config.json and ignored."""
+    from eval.methods import get_method
+
+    specs = [get_method(name) for name in methods]  # an unknown method's error names the methods there are
+    if not any(s.build.__module__ not in _NO_ORACLE_MODELS for s in specs):
+        given = [flag for flag, value in (("--world-model", args.world_model), ("--max-depth", args.max_depth), ("--gamma", args.gamma),
+                                          ("--delta", args.delta), ("--predictor", args.predictor),
+                                          ("--predictor-dir", args.predictor_dir))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} shape the planning oracles (mco, intent and its variants), and "
+                             f"--methods {','.join(methods)} runs none: add one of them or drop the flags")
+    if not any(s.needs_oracle_logs for s in specs):
+        given = [flag for flag, value in (("--oracle-tasks", args.oracle_tasks), ("--oracle-logs", args.oracle_logs))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} feed the methods built from logs (mco, intent, btp), and --methods "
+                             f"{','.join(methods)} runs none: add one of them or drop the flags")
 
 
 # The flags `intent bench study` reads; the others shape one comparison (`intent bench run`).

@@ -163,6 +163,12 @@ def test_serve_refuses_a_predictor_and_a_missing_vllm_environment(tmp_path, monk
     (["--market", "stabletoolbench", "--event-rate", "0.5"], "--event-rate 0.5: market events are the synthetic"),
     (["--market", "stabletoolbench", "--judge-runs", "2"], "--judge-runs is the SoPR judge's"),
     (["--encoder-epochs", "2"], "--encoder-epochs trains the encoder predictor"),
+    # The planning oracles' flags with no planning oracle among --methods (raw):
+    (["--world-model", "replay"], "--world-model shape the planning oracles"),
+    (["--max-depth", "3", "--gamma", "0.4"], "--max-depth, --gamma shape the planning oracles"),
+    (["--predictor-dir", "p"], "--predictor-dir shape the planning oracles"),
+    (["--oracle-tasks", "5"], "--oracle-tasks feed the methods built from logs"),
+    (["--methods", "raw,tracker,optimal", "--oracle-logs", "l.jsonl"], "--methods raw,tracker,optimal runs none"),
 ])
 def test_a_flag_this_comparison_would_ignore_is_refused(flags, says, tmp_path, capsys):
     # Each was dropped without a word (and --paired-with foo also dropped the default paired table).
@@ -257,7 +263,8 @@ def _raise(exc: BaseException):
     raise exc
 
 
-@pytest.mark.parametrize("flags", [["--predictor", "encoder"], ["--predictor", "auto"], ["--methods", "intent-minilm"]])
+@pytest.mark.parametrize("flags", [["--predictor", "encoder", "--methods", "intent"],
+                                   ["--predictor", "auto", "--methods", "raw,intent"], ["--methods", "intent-minilm"]])
 def test_encoder_epochs_is_accepted_where_the_encoder_is_trained(flags):
     import argparse
 
