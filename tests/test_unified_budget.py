@@ -449,6 +449,27 @@ def test_a_malformed_resume_value_asks_again_with_the_fix_and_the_thread_goes_on
     assert [r.price for r in sink.records if r.decision == "top_up"] == [pytest.approx(0.10)]
 
 
+def test_a_top_up_that_would_make_the_budget_infinite_asks_again():
+    # The ask loop checks the top-up before leaving it (the ledger would refuse it after the loop, with the
+    # answer kept by LangGraph: every later resume would replay it and the thread could never go on).
+    runs, sink = Runs(), MemoryLogSink()
+    market = Market([PricedTool("search", 0.02), PricedTool("fetch", 1.5e308)])
+    guard = BudgetGuard(AcceptAll(), market, 1e308, model_prices=PRICES, max_output_tokens=64, log_sink=sink,
+                        on_over_budget="ask")
+    msgs = [ai(call("fetch", q="1"), usage=(50, 5)), ai(text="done", usage=(50, 5))]
+    agent = create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()],
+                         checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "inf-top-up"}}
+    first = agent.invoke({"messages": [HumanMessage("go")]}, cfg)["__interrupt__"][0].value
+    again = agent.invoke(Command(resume={"action": "top_up", "amount": 1e308}), cfg)["__interrupt__"][0].value
+    assert "error" not in first and "makes it infinite" in again["error"]
+    out = agent.invoke(Command(resume={"action": "deny"}), cfg)
+    assert "__interrupt__" not in out and out["messages"][-1].content == "done" and runs["fetch"] == 0
+    ledger = guard.ledger(out)
+    assert not ledger.top_ups and ledger.budget == 1e308 and ledger.reserved == 0
+    assert_each_call_answered_once(out["messages"])
+
+
 def test_a_model_call_over_budget_also_asks_and_resumes():
     sink = MemoryLogSink()
     msgs = [ai(text="answer", usage=(50, 5))]
