@@ -540,3 +540,43 @@ def test_a_postgres_server_defaulting_to_serializable_still_charges_a_contended_
         other.execute("UPDATE intent_budgets SET created_at = created_at WHERE key = %s", (budget_key,))
     committing.join(10)
     assert store.spent(budget_key) == pytest.approx(0.4) and store.reserved(budget_key) == 0
+
+
+def test_a_machine_whose_clock_runs_ahead_does_not_expire_another_machines_live_hold(request, budget_key):
+    # Leases were read and written in each process's own clock: a machine an hour ahead saw every other
+    # machine's hold as long expired and released it while its call ran (that money could then be spent twice).
+    # A second interpreter with its Python clock an hour ahead (patched before the store is imported, as a
+    # machine's skewed clock would be) reads and reserves on the same key.
+    import subprocess
+    import sys
+    import textwrap
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    store = PostgresBudgetStore(dsn, lease_seconds=600)
+    store.create_budget(budget_key, 1.0)
+    store.reserve(budget_key, "live", 0.6, run_id="here", tool="fetch")
+    ahead = textwrap.dedent(f"""
+        import time
+        real = time.time
+        time.time = lambda: real() + 3600
+        from intent.stores import PostgresBudgetStore
+        from intent.ledger import BudgetExceededError
+        s = PostgresBudgetStore({dsn!r}, lease_seconds=600)
+        print(s.left({budget_key!r}))
+        try:
+            s.reserve({budget_key!r}, "other", 0.6, run_id="there", tool="fetch")
+            print("reserved")
+        except BudgetExceededError:
+            print("refused")
+    """)
+    out = subprocess.run([sys.executable, "-c", ahead], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["0.4", "refused"], out.stdout + out.stderr
+    assert store.reserved(budget_key) == pytest.approx(0.6)
+    assert [c.status for c in store.charges(budget_key)] == ["reserved"]
+    # Its lease is in the server's time: about lease_seconds from now there, whatever this process's clock says.
+    with store._tx(None) as cur:
+        server_now = store._now(cur)
+    (held,) = store.charges(budget_key)
+    assert 590 < held.lease_until - server_now <= 600

@@ -79,6 +79,10 @@ class _SqlBudgetStore:
     def _q(self, sql: str) -> str:
         return sql.replace("?", self.placeholder)
 
+    def _now(self, cur: Any) -> float:
+        """The time leases are read and written in (seconds since the epoch), inside the transaction."""
+        return self._clock()
+
     # -- helpers -------------------------------------------------------------
     def _row(self, cur: Any, key: str) -> tuple[int, int, int]:
         cur.execute(self._q("SELECT amount, spent, reserved FROM intent_budgets WHERE key = ?"), (key,))
@@ -88,7 +92,7 @@ class _SqlBudgetStore:
         return int(row[0]), int(row[1]), int(row[2])
 
     def _expire(self, cur: Any, key: str) -> list[StoreCharge]:
-        now = self._clock()
+        now = self._now(cur)
         cur.execute(self._q(f"SELECT {_COLS} FROM intent_charges WHERE key = ? AND status = 'reserved' "
                             "AND lease_until < ?"), (key, now))
         stale = [_charge(r) for r in cur.fetchall()]
@@ -106,7 +110,7 @@ class _SqlBudgetStore:
 
     def _hold(self, cur: Any, key: str, charge_id: str, n: int, run_id: str, tool: str, kind: str) -> StoreCharge:
         """Insert a held charge of ``n`` nano-units under a fresh lease (the fit already checked)."""
-        now = self._clock()
+        now = self._now(cur)
         cur.execute(self._q(f"INSERT INTO intent_charges ({_COLS}) VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?, ?)"),
                     (key, charge_id, n, False, run_id, tool, kind, now + self.lease_seconds, now))
         cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved + ? WHERE key = ?"), (n, key))
@@ -115,7 +119,7 @@ class _SqlBudgetStore:
 
     def _unhold(self, cur: Any, charge: StoreCharge) -> StoreCharge:
         """Give a held charge back (its status checked by the caller)."""
-        now = self._clock()
+        now = self._now(cur)
         cur.execute(self._q("UPDATE intent_charges SET status = 'released', updated_at = ? "
                             "WHERE key = ? AND charge_id = ?"), (now, charge.key, charge.charge_id))
         cur.execute(self._q("UPDATE intent_budgets SET reserved = reserved - ? WHERE key = ?"),
@@ -140,7 +144,7 @@ class _SqlBudgetStore:
                                      "budget is never changed in place: use a new key")
                 return
             cur.execute(self._q("INSERT INTO intent_budgets (key, amount, spent, reserved, created_at) "
-                                "VALUES (?, ?, 0, 0, ?)"), (key, n, self._clock()))
+                                "VALUES (?, ?, 0, 0, ?)"), (key, n, self._now(cur)))
 
     def budget(self, key: str) -> float:
         with self._tx(None) as cur:
@@ -159,7 +163,7 @@ class _SqlBudgetStore:
         """Extend a held reservation's lease by ``lease_seconds`` from now (a call still running).
         False when it is no longer held (committed, released, or already expired)."""
         with self._tx(key) as cur:
-            now = self._clock()
+            now = self._now(cur)
             cur.execute(self._q("UPDATE intent_charges SET lease_until = ?, updated_at = ? WHERE key = ? "
                                 "AND charge_id = ? AND status = 'reserved' AND lease_until >= ?"),
                         (now + self.lease_seconds, now, key, charge_id, now))
@@ -220,7 +224,7 @@ class _SqlBudgetStore:
             if late:
                 log.warning("late commit: charge %s on %s arrived after its lease expired; charged %g (money spent)",
                             charge_id, key, from_nano(billed))
-            now = self._clock()
+            now = self._now(cur)
             cur.execute(self._q("UPDATE intent_charges SET status = 'committed', amount = ?, late = ?, updated_at = ? "
                                 "WHERE key = ? AND charge_id = ?"), (billed, late, now, key, charge_id))
             cur.execute(self._q("UPDATE intent_budgets SET spent = spent + ?, reserved = reserved - ? WHERE key = ?"),
@@ -314,8 +318,13 @@ class PostgresBudgetStore(_SqlBudgetStore):
 
     placeholder = "%s"
 
-    def __init__(self, dsn: str, *, lease_seconds: float = 600.0, clock: Callable[[], float] = time.time) -> None:
-        super().__init__(lease_seconds=lease_seconds, clock=clock)
+    def __init__(self, dsn: str, *, lease_seconds: float = 600.0, clock: Callable[[], float] | None = None) -> None:
+        # clock=None (the default): leases in the database server's time, one clock for every machine, so a
+        # machine whose clock runs ahead cannot expire another machine's live hold. A callable: that clock
+        # (tests that move time).
+        super().__init__(lease_seconds=lease_seconds, clock=clock or time.time)
+        self._server_clock = clock is None
+        self._tx_time: float | None = None
         try:
             import psycopg
         except ImportError as exc:
@@ -338,7 +347,16 @@ class PostgresBudgetStore(_SqlBudgetStore):
             cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             if key is not None:
                 cur.execute("SELECT 1 FROM intent_budgets WHERE key = %s FOR UPDATE", (key,))
+            self._tx_time = None  # (the store's lock is held for the whole transaction)
             yield cur
+
+    def _now(self, cur: Any) -> float:
+        if not self._server_clock:
+            return self._clock()
+        if self._tx_time is None:  # read once per transaction (after the row lock), one round trip
+            cur.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
+            self._tx_time = float(cur.fetchone()[0])
+        return self._tx_time
 
     def _reconnect(self) -> None:
         import psycopg
