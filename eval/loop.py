@@ -1,8 +1,9 @@
 """``intent loop``: from the guard's logs to an oracle that uses the models trained on them, in one command.
 
 Stages, each skipped when its output is complete (so an interrupted loop resumes where it stopped; only
-over the same logs: ``OUT/labelled.COMPLETE`` records each input log's path, size and SHA-256, and a
-loop with other ``--logs`` into the same ``OUT`` is refused):
+over the same logs and settings: ``OUT/labelled.COMPLETE`` records each input log's path, size and SHA-256,
+and a loop with other ``--logs``, or other settings than ``OUT/loop_config.json`` records, into the same
+``OUT`` is refused):
 
 1. ``annotate``: label z on the logs (ground truth from the synthetic market's artifacts) ->
    ``OUT/labelled.jsonl``.
@@ -121,6 +122,30 @@ def _check_same_logs(out: Path, marker: Path, inputs: list[dict[str, Any]]) -> N
                          "to start over")
 
 
+# The settings that shape a finished stage's output, with their flags. Left out: --logs (checked by their
+# content), --out, --workers and --no-progress (results do not depend on them), and where the trained generator
+# is served (--world-model-url, --world-model-name: the same model).
+_STAGE_SETTINGS = {"seed": "--seed", "encoder_epochs": "--encoder-epochs", "wm_steps": "--wm-steps",
+                   "wm_base": "--wm-base", "wm_batch_size": "--wm-batch-size", "wm_max_length": "--wm-max-length",
+                   "fidelity_calls": "--fidelity-calls", "bench_tasks": "--tasks", "market": "--market",
+                   "agent": "--agent"}
+
+
+def _check_same_settings(out: Path, cfg: LoopConfig) -> None:
+    """A loop resumes only with the settings its finished stages were made with: a stage whose output
+    exists is skipped, so another --seed or --wm-steps would be recorded in loop_config.json and ignored."""
+    try:
+        then = json.loads((out / "loop_config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # not written (the loop stopped before it) or unreadable: nothing to hold this run to
+    now = asdict(cfg)
+    changed = [f"{flag} {then[key]!r} (now {now[key]!r})" for key, flag in _STAGE_SETTINGS.items()
+               if key in then and then[key] != now[key]]
+    if changed:
+        raise UsageError(f"--out {out} holds a loop run with {', '.join(changed)}; an interrupted loop resumes only "
+                         f"with the same settings: give them again, or use a new --out (or delete {out} to start over)")
+
+
 def _stage(path: Path, name: str, done: bool, progress: bool) -> bool:
     if done and progress:
         print(f"[loop] {name}: done already ({path}); skipped")
@@ -154,6 +179,7 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
         if not inputs:
             load_records(cfg.logs)  # a missing log: its error names the file
         _check_same_logs(out, marker, inputs)  # before loop_config.json is rewritten
+        _check_same_settings(out, cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "loop_config.json").write_text(json.dumps(asdict(cfg), indent=2))
 
@@ -178,7 +204,7 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
         train_world_model(train_pairs, wm_dir, base_model=cfg.wm_base, conditional=True, max_steps=cfg.wm_steps,
                           epochs=100,
                           batch_size=cfg.wm_batch_size, max_length=cfg.wm_max_length, seed=cfg.seed,
-                          progress=cfg.progress)
+                          progress=cfg.progress, flag_prefix="wm-")
     wm_report = json.loads((wm_dir / "report.json").read_text())
 
     fid_path = out / "fidelity.json"

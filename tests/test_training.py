@@ -475,6 +475,8 @@ def test_a_world_model_max_length_shorter_than_every_prompt_is_refused(logs, tin
     with pytest.raises(UsageError, match=rf"--max-length {lengths[0] - 1} leaves no training example.*"
                                          rf"{lengths[0]}\.\.{lengths[-1]} tokens.*raise --max-length above {lengths[-1]}"):
         train_world_model(prs, tmp_path / "wm", max_length=lengths[0] - 1, **kw)
+    with pytest.raises(UsageError, match=r"--wm-max-length \d+ leaves .*raise --wm-max-length above"):  # intent loop's flag
+        train_world_model(prs, tmp_path / "wm", max_length=lengths[0] - 1, flag_prefix="wm-", **kw)
     assert not (tmp_path / "wm" / "report.json").exists()
     if lengths[0] < lengths[-1]:  # some fit, some do not: trained, with a warning and the count in report.json
         with pytest.warns(UserWarning, match="pairs left out"):
@@ -533,6 +535,13 @@ def test_a_loop_over_other_logs_into_the_same_out_is_refused(logs, tmp_path, mon
     with pytest.raises(Stop):  # the same logs: the annotate stage is done, the loop resumes after it
         run_loop(LoopConfig(logs=[str(logs)], out=str(out), progress=False))
     assert seen[0] == seen[1]
+    # The same logs with other settings: each finished stage would be skipped and the setting ignored.
+    with pytest.raises(UsageError, match=r"--seed 0 \(now 1\), --wm-steps 300 \(now 5\); .*resumes only with the "
+                                         r"same settings"):
+        run_loop(LoopConfig(logs=[str(logs)], out=str(out), seed=1, wm_steps=5, progress=False))
+    assert (out / "loop_config.json").read_text() == config
+    with pytest.raises(Stop):  # what does not shape an output may change: workers, progress
+        run_loop(LoopConfig(logs=[str(logs)], out=str(out), workers=1, progress=False))
     (out / "labelled.COMPLETE").write_text("ok\n")  # written by an older version: inputs unknown
     with pytest.raises(UsageError, match="not recorded"):
         run_loop(LoopConfig(logs=[str(logs)], out=str(out), progress=False))

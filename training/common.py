@@ -43,14 +43,16 @@ def check_base_model(path: str | Path, kind: str) -> dict[str, Any]:
     return cfg
 
 
-def memory_warning(n_params: int, batch_size: int, max_length: int, hidden: int, *, limit_gb: float = 20.0) -> float:
+def memory_warning(n_params: int, batch_size: int, max_length: int, hidden: int, *, limit_gb: float = 20.0,
+                   flag_prefix: str = "") -> float:
     """A rough peak estimate (fp32 weights + Adam states + activations); warns above ``limit_gb``."""
     weights = n_params * 4 * 4  # params, grads, two Adam moments
     activations = batch_size * max_length * hidden * 4 * 24  # ~24 activations per token and layer-ish
     gb = (weights + activations) / 1e9
     if gb > limit_gb:
         warnings.warn(f"training may need ~{gb:.1f} GB of memory ({n_params / 1e6:.0f}M parameters, batch "
-                      f"{batch_size} x {max_length} tokens); lower --batch-size or --max-length", stacklevel=2)
+                      f"{batch_size} x {max_length} tokens); lower --{flag_prefix}batch-size or --{flag_prefix}max-length",
+                      stacklevel=2)
     return gb
 
 

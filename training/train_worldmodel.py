@@ -112,10 +112,13 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                       seed: int = 0, fraction: float = 1.0, lora: bool = False, bf16: bool = False,
                       resume: bool = True, progress: bool = True, config: str | Path | None = None,
                       samples: int = 3, eval_every: int | None = None, eval_examples: int = 64,
-                      keep_best: bool = True) -> dict[str, Any]:
+                      keep_best: bool = True, flag_prefix: str = "") -> dict[str, Any]:
     """Fine-tune; every ``eval_every`` optimizer steps (default: a tenth of the run) the loss on up
     to ``eval_examples`` dev examples is recorded: ``loss_curve.json`` and ``loss_curve.png``. With
-    ``keep_best`` the weights exported are those of the lowest validation loss (``exported_step``)."""
+    ``keep_best`` the weights exported are those of the lowest validation loss (``exported_step``).
+    ``flag_prefix``: what the caller's flags put before ``max-length`` / ``batch-size`` (``intent loop``'s
+    are ``--wm-max-length``), so an error names the flag the user typed."""
+    length_flag = f"--{flag_prefix}max-length"
     if config is not None:
         try:
             cfg_file = json.loads(Path(config).read_text())
@@ -166,7 +169,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
             raise ImportError("lora=True needs peft: pip install peft") from exc
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, task_type="CAUSAL_LM"))
     memory_warning(sum(p.numel() for p in model.parameters()), batch_size, max_length,
-                   int(getattr(model.config, "hidden_size", 576)))
+                   int(getattr(model.config, "hidden_size", 576)), flag_prefix=flag_prefix)
     satisfied = True if conditional else None
     too_long: dict[str, list[int]] = {"train": [], "test": [], "dev": []}
     train = _examples(tokenizer, splits["train"] or splits["dev"], satisfied, max_length, too_long["train"])
@@ -179,13 +182,13 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
             raise UsageError(f"{len(rows)} pairs from {len({p.task_id for p in rows})} task(s) leave no held-out task "
                              "to measure the world model on (the split is by task, 8:1:1); collect logs of more tasks")
         side = "training" if not train else "test"
-        raise UsageError(f"--max-length {max_length} leaves no {side} example with an observation token to learn: "
+        raise UsageError(f"{length_flag} {max_length} leaves no {side} example with an observation token to learn: "
                          f"the prompts alone are {lengths[0]}..{lengths[-1]} tokens long ({sum(dropped.values())} "
-                         f"pairs dropped); raise --max-length above {lengths[-1]} (e.g. {lengths[-1] + 96})")
+                         f"pairs dropped); raise {length_flag} above {lengths[-1]} (e.g. {lengths[-1] + 96})")
     if any(dropped.values()):
-        warnings.warn(f"--max-length {max_length}: {sum(dropped.values())} pairs left out (their prompt fills "
-                      f"--max-length, no observation token is left to learn; per split {dropped}); raise "
-                      "--max-length to keep them", stacklevel=2)
+        warnings.warn(f"{length_flag} {max_length}: {sum(dropped.values())} pairs left out (their prompt fills "
+                      f"{length_flag}, no observation token is left to learn; per split {dropped}); raise "
+                      f"{length_flag} to keep them", stacklevel=2)
     pad = tokenizer.pad_token_id
     total = max(1, math.ceil(len(train) / batch_size / grad_accumulation) * epochs)
     if max_steps is not None:
