@@ -354,8 +354,9 @@ class BudgetLedger:
 
     # ------------------------------------------------------------- operations
     def get(self, call_id: str) -> LedgerEntry | None:
-        with self._lock:
-            return self._entries.get(call_id)
+        # No lock: one dict read is atomic, and an entry is immutable (replaced whole, never changed), so the
+        # lock would add nothing but its cost (this is read twice per tool call).
+        return self._entries.get(call_id)
 
     def entries(self) -> list[LedgerEntry]:
         """Every entry, in the order made (cheaper than iterating, which sorts by ``seq``)."""
