@@ -104,12 +104,14 @@ class LedgerEntry:
         return self.call_id.split("#", 1)[0]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "call_id": self.call_id, "tool": self.tool, "amount": self.amount, "status": self.status,
             "seq": self.seq, "market_version": self.market_version, "tool_call_id": self.tool_call_id,
             "execution": self.execution, "overrun": self.overrun, "kind": self.kind,
-            **({"store_id": self.store_id} if self.store_id else {}),
         }
+        if self.store_id:  # (set after the others, in the same order; no empty dict made and unpacked per entry)
+            d["store_id"] = self.store_id
+        return d
 
 
 # LedgerEntry(...) for the ledger's own operations, made the cheap way (intent._build): two or three
@@ -352,8 +354,9 @@ class BudgetLedger:
 
     # ------------------------------------------------------------- operations
     def get(self, call_id: str) -> LedgerEntry | None:
-        with self._lock:
-            return self._entries.get(call_id)
+        # No lock: one dict read is atomic, and an entry is immutable (replaced whole, never changed), so the
+        # lock would add nothing but its cost (this is read twice per tool call).
+        return self._entries.get(call_id)
 
     def entries(self) -> list[LedgerEntry]:
         """Every entry, in the order made (cheaper than iterating, which sorts by ``seq``)."""

@@ -30,7 +30,7 @@ from intent import feedback as fb
 from intent.errors import InvalidBillError
 
 PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead of serving the call
-from intent.ledger import BudgetExceededError
+from intent.ledger import BudgetExceededError, BudgetLedger
 from intent.market import UnpricedToolError, payment_required
 from intent.nesting import _CURRENT, close_carves, enter_spending, spending_scope
 from intent.messages import (
@@ -160,7 +160,7 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
                            status="error", artifact={"intent_reason": meta.get("reason", "")})
     if key not in episode.ledger:
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
-    return CallRun(guard, episode, key, request, meta, messages, ai)
+    return CallRun(guard, episode, key, request, meta, messages, ai, channel)
 
 
 def _check_channel_kept(guard: BudgetGuard, request: ToolCallRequest, key: str) -> None:
@@ -366,9 +366,10 @@ class CallRun:
 
     def __init__(
         self, guard: BudgetGuard, episode: Episode, key: str, request: ToolCallRequest, meta: dict[str, Any],
-        messages: Sequence[AnyMessage], ai: AIMessage,
+        messages: Sequence[AnyMessage], ai: AIMessage, channel: Mapping[str, Any] | None = None,
     ) -> None:
         self.guard, self.episode, self.key, self.request, self.meta = guard, episode, key, request, meta
+        self.channel = channel  # the ledger channel the tool step was given (request.state's), when known
         self.tool_call_id: str = request.tool_call["id"]
         self.name: str = request.tool_call["name"]
         self.messages = messages
@@ -840,5 +841,13 @@ class CallRun:
         charges = {}
         for e in entries:  # (a loop, not a dict comprehension: no function made per tool call)
             charges[e.call_id] = ledger.serialized(e)
-        update = {LEDGER_KEY: self.guard._channel_base(episode) | {"entries": charges}}
-        return with_update(result, self.tool_call_id, message, update)
+        written: dict[str, Any] = {"entries": charges}
+        seen = self.channel
+        if (seen is None or "episode_id" not in seen or "budget" not in seen or "allow_overspend" not in seen
+                or type(ledger) is not BudgetLedger or ledger.caps):
+            # The channel's fixed keys along with the charges. Left out when the channel the step was given has
+            # them: the reducer keeps the first value written of each (merge_ledger_states), and the channel only
+            # gains keys, so writing them again changes nothing; a smaller write is a cheaper merge on every call.
+            # (A carved ledger's carve id and sub-caps, which merge otherwise, are always written.)
+            written = self.guard._channel_base(episode) | written
+        return with_update(result, self.tool_call_id, message, {LEDGER_KEY: written})

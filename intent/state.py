@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage
+from langgraph._internal._constants import OVERWRITE as _OVERWRITE
+from langgraph._internal._typing import MISSING
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.graph.message import add_messages
 from typing_extensions import NotRequired, TypedDict
@@ -124,16 +126,24 @@ class LedgerAggregate(BinaryOperatorAggregate):
         return new
 
     def update(self, values: Sequence[Any]) -> bool:
-        if len(values) != 1:  # (LangGraph's fresh read updates every channel, most with no write)
+        if len(values) != 1:
+            if not values:  # (LangGraph's fresh read updates every channel, most with no write: no call for it)
+                return False
             return _aggregate_update(self, values)
         before, write = self.value, values[0]
         last = self._last[0]
         if last is not None and last[0] is before and last[1] is write:
             self.value = last[2]
             return True
-        changed = _aggregate_update(self, values)
+        if type(write) is dict and _OVERWRITE not in write and "type" not in write and before is not MISSING:
+            # What BinaryOperatorAggregate.update does with one write that is not an Overwrite in any of its forms
+            # (langgraph.channels.binop._get_overwrite: an Overwrite, {OVERWRITE: v}, {"type": OVERWRITE, "value": v})
+            # to a channel with a value: the merge, without the generic loop and its per-write checks.
+            self.value = self.operator(before, write)
+        else:
+            _aggregate_update(self, values)
         self._last[0] = (before, write, self.value)
-        return changed
+        return True
 
 
 _aggregate_update = BinaryOperatorAggregate.update
