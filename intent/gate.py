@@ -173,7 +173,8 @@ def gate_batch(
 
     # Two calls sharing an id cannot each get their own answer (answers match by id), so
     # the later one is renamed in the message and refused: each call answered once.
-    calls, renamed = dedupe_ids(ai) if ai.id else (list(ai.tool_calls), {})
+    # (A message of one call, the common case, has no id to share: nothing to rename.)
+    calls, renamed = dedupe_ids(ai) if ai.id and len(ai.tool_calls) > 1 else (list(ai.tool_calls), {})
     merged: dict[str, str] = {}
     if guard.merge_identical_calls and ai.id and len(calls) > 1:
         # A call renamed for a reused id, or one another middleware already answered (a call
@@ -338,8 +339,12 @@ def gate_batch(
     update: dict[str, Any] = {}
     if out_messages:
         update["messages"] = out_messages
-    channel_update = dict((settled or {}).get(LEDGER_KEY) or guard._channel_base(episode))
-    entries = dict(channel_update.get("entries", {}))
+    written = (settled or {}).get(LEDGER_KEY)
+    if written:
+        channel_update = dict(written)
+        entries = dict(channel_update.get("entries", {}))
+    else:  # (a new dict already: not copied again)
+        channel_update, entries = guard._channel_base(episode), {}
     for k, e in new_entries.items():  # (a loop, not a dict comprehension: no function made per gate)
         entries[k] = ledger.serialized(e)
     channel_update["entries"] = entries

@@ -609,6 +609,15 @@ class BudgetGuard:
 
     def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage],
                config: Mapping[str, Any] | None = None) -> None:
+        if episode.started and not episode.revived and not (messages and isinstance(messages[-1], HumanMessage)):
+            run, new_run = run_of(channel)
+            if not new_run and run <= episode.run:
+                # Every step of a run after its first (the common case), told without a lock: state places
+                # the step inside a run this working copy started, and no new user message can make it the
+                # next one (_run_left_behind). Below, that changes nothing and calls no hook; no start hook
+                # can still be running either: this run was started by an earlier step of this branch, or
+                # by a sibling's that this branch's first step waited for.
+                return
         # Held while the oracle's start hook runs: a sibling branch's step waits for it, so no decision of
         # the episode comes before its start has finished.
         with episode.start_lock:
@@ -711,8 +720,10 @@ class BudgetGuard:
         ``None`` when there is nothing."""
         known = (channel or {}).get("entries") or {}
         changed = episode.ledger.unseen_in(known)
-        with episode.lock:
-            top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
+        top_ups: dict[str, float] = {}
+        if episode.pending_top_ups:  # (none, mostly: no lock taken and no dict made on every model step)
+            with episode.lock:
+                top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
         held_top_ups = episode.ledger.top_ups
         if held_top_ups:
             # A top-up the working copy counts and this state lacks (written to another branch's checkpoint,
@@ -1091,6 +1102,8 @@ def _raise_deferred(episode: Episode, *, last: bool = False) -> None:
     run's end (``last``, the after_agent node no retry wraps) or the next run's start: a ModelRetryMiddleware
     listed before the guard retries the model step that raised it (and may turn it into a message), and the
     bug must not be lost with that step."""
+    if episode.oracle_bug is None:
+        return  # (one attribute read, atomic: no lock on every model step when there is none)
     with episode.lock:
         bug = episode.oracle_bug
         if last:
