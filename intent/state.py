@@ -11,8 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage
-from langgraph._internal._constants import OVERWRITE as _OVERWRITE
-from langgraph._internal._typing import MISSING
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.graph.message import add_messages
 from typing_extensions import NotRequired, TypedDict
@@ -135,7 +133,8 @@ class LedgerAggregate(BinaryOperatorAggregate):
         if last is not None and last[0] is before and last[1] is write:
             self.value = last[2]
             return True
-        if type(write) is dict and _OVERWRITE not in write and "type" not in write and before is not MISSING:
+        if (_OVERWRITE is not None and type(write) is dict and _OVERWRITE not in write and "type" not in write
+                and before is not _MISSING):
             # What BinaryOperatorAggregate.update does with one write that is not an Overwrite in any of its forms
             # (langgraph.channels.binop._get_overwrite: an Overwrite, {OVERWRITE: v}, {"type": OVERWRITE, "value": v})
             # to a channel with a value: the merge, without the generic loop and its per-write checks.
@@ -147,6 +146,11 @@ class LedgerAggregate(BinaryOperatorAggregate):
 
 
 _aggregate_update = BinaryOperatorAggregate.update
+try:  # LangGraph's private markers, for LedgerAggregate.update's direct merge
+    from langgraph._internal._constants import OVERWRITE as _OVERWRITE
+    from langgraph._internal._typing import MISSING as _MISSING
+except ImportError:  # another LangGraph layout: every write goes through BinaryOperatorAggregate.update
+    _OVERWRITE = _MISSING = None
 
 
 class GuardState(TypedDict):
