@@ -609,15 +609,6 @@ class BudgetGuard:
 
     def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage],
                config: Mapping[str, Any] | None = None) -> None:
-        if episode.started and not episode.revived and not (messages and isinstance(messages[-1], HumanMessage)):
-            run, new_run = run_of(channel)
-            if not new_run and run <= episode.run:
-                # Every step of a run after its first (the common case), told without a lock: state places
-                # the step inside a run this working copy started, and no new user message can make it the
-                # next one (_run_left_behind). Below, that changes nothing and calls no hook; no start hook
-                # can still be running either: this run was started by an earlier step of this branch, or
-                # by a sibling's that this branch's first step waited for.
-                return
         # Held while the oracle's start hook runs: a sibling branch's step waits for it, so no decision of
         # the episode comes before its start has finished.
         with episode.start_lock:

@@ -481,6 +481,75 @@ def test_no_decision_of_a_revived_episode_comes_before_its_start_hook_has_finish
     assert oracle.bad == [] and ledger.spent == sum(prices[n] for n in runs) <= 16.0 and ledger.reserved == 0
 
 
+def test_a_late_branch_inside_a_run_under_way_waits_for_the_revived_episodes_start_hook():
+    # A lead step of the guarded thread (guard.prepare) starts run 1, then sends three branches of the README
+    # agent with its ledger channel (a run under way) and its reply. Branch 0 ends the episode; branch 1
+    # revives it and its oracle's start hook is slow; branch 2 joins meanwhile. Branch 2's first step is inside
+    # the run state says is under way, with no new user message: it must still wait for that start.
+    import threading
+    import time
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Send
+
+    reviving, sibling_going, first_done = threading.Event(), threading.Event(), threading.Event()
+
+    class SlowStart(_LiveEpisodes):
+        def __init__(self) -> None:
+            super().__init__()
+            self.starts = 0
+
+        def start(self, info: Any) -> None:
+            self.starts += 1
+            if self.starts == 2:  # branch 1 revives the episode
+                reviving.set()
+                assert sibling_going.wait(timeout=30)
+                time.sleep(0.3)  # branch 2 reaches its model step while this start runs
+            super().start(info)
+
+    prices, runs, oracle = {"a": 1.0, "b": 2.0}, [], SlowStart()
+    guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in prices.items()]), 30.0)
+    agent = _readme_graph(guard, _ByTurn(names=("a", "b")), _priced_tools(prices, runs)).compile()
+
+    def wait_or_pass(state: Any) -> dict[str, Any]:
+        k = int(state["messages"][0].content.split()[-1])
+        if k > 0:
+            assert first_done.wait(timeout=30)
+            if k == 2:
+                assert reviving.wait(timeout=30)
+                sibling_going.set()
+        return {}
+
+    sub = StateGraph(GuardState)
+    sub.add_node("prepare", wait_or_pass)
+    sub.add_node("agent", agent)
+    sub.add_node("mark", lambda s: first_done.set() or {})
+    sub.add_edge(START, "prepare")
+    sub.add_edge("prepare", "agent")
+    sub.add_edge("agent", "mark")
+    sub.add_edge("mark", END)
+
+    def lead(state, config):
+        return {**(guard.prepare(state, config) or {}), "messages": [AIMessage("split into three tasks")]}
+
+    def send(state: Any) -> list[Any]:
+        return [Send("sub", {"messages": [HumanMessage(f"task {k}"), AIMessage(f"on task {k}")],
+                             "intent_ledger": state["intent_ledger"]}) for k in range(3)]
+
+    parent = StateGraph(GuardState)
+    parent.add_node("lead", lead)
+    parent.add_node("sub", sub.compile())
+    parent.add_edge(START, "lead")
+    parent.add_conditional_edges("lead", send, ["sub"])
+    parent.add_edge("sub", END)
+    graph = parent.compile(checkpointer=InMemorySaver())
+    out = graph.invoke({"messages": [("user", "plan")]}, {"configurable": {"thread_id": "lead-fan-out"}})
+    ledger = guard.ledger(out)
+    assert oracle.starts == 2
+    assert oracle.bad == [] and ledger.spent == sum(prices[n] for n in runs) and ledger.reserved == 0
+
+
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_two_sub_agents_in_one_tool_call_are_two_episodes(use_async):
     # A FromParent child agent run twice inside one guarded tool call, with the parent's config: the second
