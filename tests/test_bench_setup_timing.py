@@ -105,3 +105,19 @@ def test_a_method_listed_twice_is_refused(tmp_path):
     with pytest.raises(UsageError, match="--methods names tracker more than once"):
         run_benchmark(BenchConfig(tasks=2, methods=["raw", "tracker", "tracker"], out=str(tmp_path)), progress=False)
     assert not (tmp_path / "run_config.json").exists()
+
+
+@pytest.mark.parametrize("methods", [["intent", "raw"], ["raw", "intent"]])
+def test_the_oracle_setup_shows_its_progress_before_any_method_phase(tmp_path, capsys, methods):
+    # With an oracle method listed first, the logs' collection and the models' building ran inside that method's
+    # phase (after the warm-up), with no line of their own: a long silent stretch, then a method's bar.
+    run_benchmark(BenchConfig(tasks=2, methods=methods, out=str(tmp_path), workers=1,
+                              options={"oracle_train_tasks": 4}), progress=True)
+    out = capsys.readouterr()
+    lines = [line.strip() for line in (out.out + out.err).splitlines() if line.strip()]
+
+    def first(prefix: str) -> int:
+        return next(i for i, line in enumerate(lines) if line.startswith(prefix))
+
+    setup = max(first("oracle logs"), first("oracle models"))
+    assert setup < first("intent ") and setup < first("raw ")
