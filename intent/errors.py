@@ -10,6 +10,8 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     │   └── BudgetExceededError           a reservation that does not fit
     │       └── ModelCallRefused          a model execution the budget does not cover (raised in its invoke)
     │           └── MeteredModelRefused (langchain ModelError)  one of guard.metered_model's, not retried
+    ├── StoreError (RuntimeError)         a shared-budget store cannot do an operation (intent.stores)
+    │   └── StoreUnavailableError         it could not be reached past its retries (a commit is kept and resent)
     ├── InvalidDecisionError (TypeError)  an oracle returned something that is not a Decision
     ├── UsageError (ValueError)           the user's input is wrong: a flag, a file, a config field
     ├── GuardConfigError (ValueError, TypeError)  a BudgetGuard built with a bad argument

@@ -307,9 +307,17 @@ class BudgetGuard:
         else:
             def new_ledger(episode_id: str) -> BudgetLedger:
                 return BudgetLedger(spec, allow_overspend=not self.enforce)
+        # The ledgers draw on the store through one outbox per guard: a commit the store cannot take for now is
+        # kept (past the episode's end) and sent again before the guard's next operation on the store.
+        self.store_outbox: Any = None
+        if store is not None:
+            from intent.stores import CommitOutbox  # (only a guard with a store loads the stores)
+
+            self.store_outbox = CommitOutbox(store)
+
         def share(ledger: BudgetLedger, episode_id: str) -> None:
-            if self.store is not None:
-                ledger.share(self.store, self.budget_key, episode_id)
+            if self.store_outbox is not None:
+                ledger.share(self.store_outbox, self.budget_key, episode_id)
 
         self.episodes = EpisodeRegistry(spec, allow_overspend=not self.enforce, max_episodes=max_episodes,
                                         new_ledger=new_ledger, on_new=share, carves=isinstance(spec, FromParent))

@@ -7,7 +7,6 @@ by the ``postgres_dsn`` fixture, or the server named by ``INTENT_TEST_POSTGRES_D
 from __future__ import annotations
 
 import json
-from typing import Any
 import multiprocessing as mp
 import os
 import random
@@ -580,3 +579,92 @@ def test_a_machine_whose_clock_runs_ahead_does_not_expire_another_machines_live_
         server_now = store._now(cur)
     (held,) = store.charges(budget_key)
     assert 590 < held.lease_until - server_now <= 600
+
+
+# ================================================= a store unreachable when a call ends
+def _flaky_store(failures: int):
+    from intent.stores import StoreUnavailableError
+
+    class Flaky(MemoryBudgetStore):
+        """Its commits fail as an unreachable PostgreSQL's do past their retries, `failures` times."""
+
+        left_failures = failures
+
+        def commit(self, *args, **kwargs):
+            if self.left_failures > 0:
+                self.left_failures -= 1
+                raise StoreUnavailableError("the budget store failed commit 5 times: OperationalError: server closed")
+            return super().commit(*args, **kwargs)
+
+    return Flaky()
+
+
+def test_a_commit_the_store_cannot_take_is_kept_and_sent_before_the_next_operation(budget_key):
+    # Was: the StoreError left the tool step without its answer; LangGraph ran the call again on resume (two
+    # executions) and neither charge reached the store, whose holds then expired: the money was spent twice
+    # and the shared budget showed none of it.
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from intent.testing import ai, call, scripted
+
+    store = _flaky_store(1)
+    store.create_budget(budget_key, 1.0)
+    runs: list[str] = []
+
+    def fetch(q: str = "") -> str:
+        runs.append(q)
+        return "ok"
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 10.0, store=store, budget_key=budget_key)
+    agent = create_agent(scripted([ai(call("fetch", q="1")), ai(call("fetch", q="2")), ai(text="done")]),
+                         [StructuredTool.from_function(fetch, name="fetch", description="f")],
+                         middleware=[guard.middleware()], checkpointer=InMemorySaver())
+    out = agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "unreachable"}})
+    assert out["messages"][-1].content == "done" and runs == ["1", "2"]
+    assert store.spent(budget_key) == pytest.approx(0.5) and store.reserved(budget_key) == 0.0
+    assert guard.ledger(out).spent == pytest.approx(0.5) and not guard.store_outbox.pending
+    statuses = [c.status for c in store.charges(budget_key)]
+    assert statuses.count("committed") == 2 and "reserved" not in statuses and "expired" not in statuses
+
+
+def test_the_outbox_keeps_commits_while_the_store_is_away_and_raises_what_is_a_bug(budget_key):
+    from intent.stores import CommitOutbox, StoreUnavailableError
+
+    store = _flaky_store(3)
+    store.create_budget(budget_key, 1.0)
+    outbox = CommitOutbox(store)
+    outbox.reserve(budget_key, "a", 0.25)
+    outbox.reserve(budget_key, "b", 0.25)
+    assert outbox.commit(budget_key, "a", 0.2) is None  # failure 1: kept
+    assert outbox.commit(budget_key, "b") is None  # failure 2 (sending "a" again): both kept, in order
+    assert list(outbox.pending) == [(budget_key, "a"), (budget_key, "b")]
+    with pytest.raises(StoreUnavailableError):  # failure 3: a reservation waits for the kept commits
+        outbox.reserve(budget_key, "c", 0.25)
+    assert store.reserved(budget_key) == pytest.approx(0.5)  # nothing changed
+    assert outbox.spent(budget_key) == pytest.approx(0.45)  # the store is back: sent first, then read
+    assert not outbox.pending and outbox.lease_seconds == store.lease_seconds
+    outbox.release(budget_key, "a")  # committed: a release changes nothing
+    with pytest.raises(StoreError, match="never reserved"):  # a bug, not an outage: raised, not kept
+        outbox.commit(budget_key, "zzz")
+    assert not outbox.pending
+
+
+def test_postgres_past_its_retries_is_unavailable_not_a_bug(request, budget_key, monkeypatch):
+    # The guard keeps a commit only on StoreUnavailableError; the retry wrapper raised a plain StoreError.
+    import psycopg
+
+    import intent.stores.sql as sql
+    from intent.stores import PostgresBudgetStore, StoreUnavailableError
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    store = PostgresBudgetStore(dsn, lease_seconds=60)
+    store.create_budget(budget_key, 1.0)
+    store.reserve(budget_key, "a", 0.25)
+    monkeypatch.setattr(sql, "PG_ATTEMPTS", 1)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
+    with pytest.raises(StoreUnavailableError, match="failed commit 1 times"):
+        store.commit(budget_key, "a")

@@ -43,16 +43,18 @@ import datetime as _dt
 import logging
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from intent.stores.base import StoreCharge, StoreError
+from intent.stores.base import StoreCharge, StoreError, StoreUnavailableError
 
 __all__ = [
     "BudgetStore",
+    "CommitOutbox",
     "LeaseKeeper",
     "MemoryBudgetStore",
     "PostgresBudgetStore",
     "SqliteBudgetStore",
     "StoreCharge",
     "StoreError",
+    "StoreUnavailableError",
     "open_store",
     "period_key",
 ]
@@ -123,6 +125,75 @@ class LeaseKeeper:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class CommitOutbox:
+    """The store as a guard uses it: a commit the store cannot take for now (:class:`StoreUnavailableError`:
+    unreachable past its own retries) is kept and sent again before the guard's next operation on the store.
+
+    The call has run by then, and its charge is in the guard's ledger: raising out of the tool step would lose its
+    answer, and LangGraph would run the call again when the thread resumes (a second execution, and neither
+    charge in the store). A kept commit goes out first on the next reserve, commit, release or read; while the
+    store is still away that operation fails (nothing else changed). Commits are idempotent by charge id, so one
+    the store took before its answer was lost is not charged twice; one sent after its lease ran out is charged
+    and flagged ``late``. Any other :class:`StoreError` (a released charge committed, an unknown key) is a bug
+    and is raised. What a process still keeps when it exits is lost with it: :attr:`pending` says what that is.
+    """
+
+    def __init__(self, store: Any) -> None:
+        import threading
+
+        self.store = store
+        self._pending: dict[tuple[str, str], float | None] = {}  # (key, charge id) -> billed amount, in order
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> dict[tuple[str, str], float | None]:
+        """The commits kept, not yet taken by the store."""
+        with self._lock:
+            return dict(self._pending)
+
+    def flush(self) -> None:
+        """Send the kept commits, oldest first; :class:`StoreUnavailableError` while the store is still away."""
+        if not self._pending:  # (the usual case: one dict test per operation)
+            return
+        with self._lock:
+            kept = list(self._pending.items())
+        for (key, charge_id), amount in kept:
+            self.store.commit(key, charge_id, amount)
+            with self._lock:
+                self._pending.pop((key, charge_id), None)
+            logging.getLogger("intent.stores").warning(
+                "kept commit of charge %s on %r sent to the store (it was unreachable when the call ended)",
+                charge_id, key)
+
+    def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge | None:
+        try:
+            self.flush()
+            return self.store.commit(key, charge_id, amount)
+        except StoreUnavailableError as exc:
+            with self._lock:
+                self._pending[(key, charge_id)] = amount
+            logging.getLogger("intent.stores").warning(
+                "charge %s on %r is in the guard's ledger but the store is unreachable (%s): kept, and sent again "
+                "before the next operation on the store", charge_id, key, exc)
+            return None
+
+    def _flushed(self, name: str) -> Any:
+        method = getattr(self.store, name)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self.flush()
+            return method(*args, **kwargs)
+        return run
+
+    def __getattr__(self, name: str) -> Any:
+        # The operations that read or move money send what is kept first; the rest (renew, lease_seconds,
+        # charges, a store's own extras) go straight through. An operation the store lacks (rekey is optional)
+        # is missing here too.
+        if name in ("reserve", "release", "rekey", "left", "budget", "spent", "reserved"):
+            return self._flushed(name)
+        return getattr(self.store, name)
 
 
 def open_store(url: str, **kwargs: Any) -> BudgetStore:

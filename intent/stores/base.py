@@ -10,7 +10,7 @@ from intent.errors import IntentError
 from intent.ledger import BudgetExceededError
 from intent.market import check_amount
 
-__all__ = ["NANO", "ChargeStatus", "StoreCharge", "StoreError", "from_nano", "to_nano"]
+__all__ = ["NANO", "ChargeStatus", "StoreCharge", "StoreError", "StoreUnavailableError", "from_nano", "to_nano"]
 
 NANO = 1_000_000_000
 ChargeStatus = Literal["reserved", "committed", "released", "expired"]
@@ -18,6 +18,11 @@ ChargeStatus = Literal["reserved", "committed", "released", "expired"]
 
 class StoreError(IntentError, RuntimeError):
     """A shared-budget operation the store cannot do (unknown key, released charge committed...)."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached (still failing after its own retries): the operation may succeed later.
+    A commit that fails so is kept by the guard and sent again (:class:`intent.stores.CommitOutbox`)."""
 
 
 def to_nano(amount: float) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 from intent.stores.base import (
     StoreCharge,
     StoreError,
+    StoreUnavailableError,
     _no_fit,
     from_nano,
     to_nano,
@@ -386,7 +387,7 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
                 return op(self, *args, **kwargs)
             except psycopg.OperationalError as exc:  # (serialization failures, deadlocks, lost connections)
                 if attempt == PG_ATTEMPTS - 1:
-                    raise StoreError(f"the budget store {self.dsn!r} failed {op.__name__} {PG_ATTEMPTS} times: "
+                    raise StoreUnavailableError(f"the budget store {self.dsn!r} failed {op.__name__} {PG_ATTEMPTS} times: "
                                      f"{type(exc).__name__}: {str(exc).strip()}") from exc
                 time.sleep(0.05 * 2 ** attempt)
                 if self._conn.broken or self._conn.closed:
