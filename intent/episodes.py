@@ -151,6 +151,13 @@ class EpisodeRegistry:
         # Charges that reached an episode after it ended here (a cancelled sync tool's late bill), by episode
         # id: taken into the episode when the thread's next run makes it again (see :meth:`post_late`).
         self._late: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # The last ledger of episodes that ended as a subgraph's run, by episode id: (the top graph's step it
+        # ran in, the ledger's state). The subgraph's result reaches the thread's state only as the parent
+        # step's write, which LangGraph drops when that step never completes (a sync stream closed by its
+        # reader: the node's thread runs the agent to its end regardless) and the thread then gets new input.
+        # The thread's next run here takes it back when the lineage shows just that (see
+        # BudgetGuard._take_back_dropped_run): otherwise its spending was forgotten and it ran on a fresh budget.
+        self._tails: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -254,6 +261,23 @@ class EpisodeRegistry:
             self._late.move_to_end(episode.episode_id)
             while len(self._late) > self.max_episodes:
                 self._late.popitem(last=False)
+
+    def keep_tail(self, episode_id: str, stamp: str, ledger_state: dict[str, Any]) -> None:
+        """An episode that ended in a subgraph run in the top graph's step ``stamp``: its ledger, kept for
+        the thread's next run in this process in case the parent step's write of it is dropped."""
+        with self._lock:
+            self._tails[episode_id] = (stamp, ledger_state)
+            self._tails.move_to_end(episode_id)
+            while len(self._tails) > self.max_episodes:
+                self._tails.popitem(last=False)
+
+    def take_tail(self, episode_id: str) -> tuple[str, dict[str, Any]] | None:
+        """What :meth:`keep_tail` kept for ``episode_id``, removed; ``None`` when nothing was (no lock
+        taken when nothing is kept for any episode: the common case, on every model step)."""
+        if not self._tails:
+            return None
+        with self._lock:
+            return self._tails.pop(episode_id, None)
 
     def leave(self, episode: Episode, branch: str, *, keep: bool = True) -> bool:
         """``branch`` has finished the episode. Returns whether it was the last one, and if so ends the

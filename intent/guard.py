@@ -757,6 +757,8 @@ class BudgetGuard:
         stamp = branch_stamp(config, branch)
         episode = self.follow(self.episodes.get(self.episode_id(state, config), channel, branch=branch, stamp=stamp),
                               channel, config, branch=branch, stamp=stamp)
+        if branch and stamp is not None:
+            self._take_back_dropped_run(episode, config, stamp)
         if episode.revived:
             # Revived for a fan-out branch that started after its siblings ended. An oracle with an end hook
             # was told it ended, so it is told it starts again (_start); one without keeps what it knows of
@@ -772,6 +774,38 @@ class BudgetGuard:
         self._start(episode, channel, messages_of(state), config)  # (a new run drops the last run's deferred bug)
         _raise_deferred(episode)
         return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
+
+    def _take_back_dropped_run(self, episode: Episode, config: Mapping[str, Any] | None, stamp: str) -> None:
+        """A subgraph's run whose episode ended here in an earlier step of the top graph (``finish`` kept its
+        ledger) and whose result that step never saved: taken back into ``episode``, the thread's next run.
+
+        The subgraph's spending reaches the thread's state only as the parent step's write. A sync caller
+        that stops reading the parent's stream closes the parent's loop, but the node's thread runs the agent
+        to its end (LangGraph cannot stop it), so the agent ends its episode here, and the parent step's write
+        stays pending, and a new input on the thread drops it. Without this the next run started from a fresh
+        budget and spent it again (9 spent of 7: tests/test_probe_runtime.py). The top graph's checkpoints
+        decide, on evidence only: the run is taken back when the checkpoint that follows the one its step ran
+        from is a new input's (the step's result never saved), not when it is that step's result (saved: state
+        has it, or the parent keeps no ledger channel and each turn starts a fresh budget, as documented)."""
+        tail = self.episodes.take_tail(episode.episode_id)
+        if tail is None:
+            return
+        ran_from, ledger_state = tail
+        reader, current = Reader(config or {}), stamp
+        for hop in range(32):  # the parent's steps between that step and this one (a new input, nodes before this)
+            if current == ran_from:
+                return  # this very step (a fan-out sibling that starts after the others ended)
+            read = reader.parent(current, wait=hop == 0)
+            if read is None:
+                return  # unreadable (durability="exit", an async saver on its own loop): not on a guess
+            source, parent = read
+            if parent == ran_from:
+                if source == "input":
+                    episode.ledger.absorb(ledger_state)  # entries only move forward: what state has is a no-op
+                return
+            if parent is None:
+                return
+            current = parent
 
     def follow(self, episode: Episode, channel: Mapping[str, Any] | None, config: Mapping[str, Any] | None,
                **get: Any) -> Episode:
@@ -824,6 +858,13 @@ class BudgetGuard:
                 return update  # parallel branches of this thread still run: the last one ends the episode
             if isinstance(episode.ledger, CarvedLedger):
                 episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
+            elif branch and current_parent() is None and episode.ledger.shared is None:
+                # A subgraph's run (not a sub-agent inside a guarded call, nor one on a budget store, which
+                # counts every run): its spending reaches state only with the parent step's result, which
+                # may be dropped; kept for the thread's next run here (_take_back_dropped_run).
+                stamp = branch_stamp(config, branch)
+                if stamp is not None:
+                    self.episodes.keep_tail(episode_id, stamp, episode.ledger.to_state())
             # The thread's next run starts the oracle again (_start). An episode made here (a run resumed by
             # this process that ended without another model step) is the run state says is under way.
             run = episode.run or max(runs_of(channel)[0], 1)
