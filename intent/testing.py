@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import uuid
 from collections import Counter
@@ -76,6 +77,23 @@ class ScriptedToolModel(GenericFakeChatModel):
         if len(self.executions) in self.fail_on:
             raise ConnectionError(f"provider hiccup (scripted failure of execution {len(self.executions)})")
         return super()._generate(*args, **kwargs)
+
+    def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        # GenericFakeChatModel's stream cuts the content into word chunks and drops the message's tool calls,
+        # so a streamed agent (stream_mode="messages") saw no call and ended. One chunk carries the whole
+        # message instead, its calls as tool-call chunks (malformed ones with their raw arguments).
+        message = self._generate(messages, stop=stop, run_manager=run_manager, **kwargs).generations[0].message
+        calls = [{"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i,
+                  "type": "tool_call_chunk"} for i, c in enumerate(message.tool_calls)]
+        calls += [{"name": c.get("name"), "args": c.get("args"), "id": c.get("id"), "index": len(calls) + i,
+                   "type": "tool_call_chunk"} for i, c in enumerate(message.invalid_tool_calls)]
+        chunk = AIMessageChunk(content=message.content, id=message.id, tool_call_chunks=calls,
+                               usage_metadata=message.usage_metadata, response_metadata=message.response_metadata,
+                               additional_kwargs=message.additional_kwargs)
+        if run_manager is not None:
+            run_manager.on_llm_new_token(chunk.content if isinstance(chunk.content, str) else "",
+                                         chunk=ChatGenerationChunk(message=chunk))
+        yield ChatGenerationChunk(message=chunk)
 
 
 class ModelRuns:

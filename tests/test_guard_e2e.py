@@ -271,3 +271,31 @@ def test_a_tool_filter_keeps_dict_schemas_in_openais_form():
     model = scripted([AIMessage("done")])
     create_agent(model, [*TOOLS, lookup], middleware=[guard.middleware()]).invoke({"messages": [("user", "x")]})
     assert model.bound and all("lookup" in names and "flaky" not in names for names in model.bound)
+
+
+def test_the_shipped_scripted_model_streams_its_tool_calls():
+    # intent.testing.scripted is GenericFakeChatModel underneath, whose stream dropped the message's tool
+    # calls: under stream_mode="messages" the agent saw none and ended without running a tool.
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import StructuredTool
+
+    from intent import AcceptAll, BudgetGuard, Market, PricedTool
+    from intent.testing import ai, assert_each_call_answered_once, call, scripted
+
+    runs: list[str] = []
+
+    def fetch(q: str = "") -> str:
+        runs.append(q)
+        return "ok"
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 1.0)]), 10.0)
+    agent = create_agent(scripted([ai(call("fetch", q="1"), call("fetch", q="2")), ai(text="done")]),
+                         [StructuredTool.from_function(fetch, name="fetch", description="f")],
+                         middleware=[guard.middleware()])
+    chunks = list(agent.stream({"messages": [HumanMessage("go")]}, stream_mode=["messages", "values"]))
+    final = [c for mode, c in chunks if mode == "values"][-1]
+    assert sorted(runs) == ["1", "2"] and final["messages"][-1].content == "done"
+    assert guard.ledger(final).spent == 2.0 and guard.ledger(final).reserved == 0
+    assert any(mode == "messages" and getattr(c[0], "tool_call_chunks", None) for mode, c in chunks)
+    assert_each_call_answered_once(final["messages"])

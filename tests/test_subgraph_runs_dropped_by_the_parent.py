@@ -1,5 +1,5 @@
-"""Probes of the guard against LangGraph runtime features: durability modes, stream modes and a stream
-closed early, cancellation, interrupts inside tools, the recursion limit, runtime context.
+"""A guarded agent run as a parent graph's node whose parent step never saved its result (a sync stream
+closed early, a sibling node that crashed the step), then a new message on the thread: its spending is kept.
 
 Each test counts executions inside the tools and checks the money promise: ``spent == Σ executions ×
 price <= budget``, nothing reserved after the run, one log record per execution."""
