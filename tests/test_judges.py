@@ -37,6 +37,13 @@ class _Judge(BaseHTTPRequestHandler):
             status = "Unsolved"
         if "NO CALL" in prompt:  # the judge model answers in prose: no forced call
             return self._send({"choices": [{"message": {"role": "assistant", "content": "Solved, I think"}}]})
+        if "NOT JSON" in prompt:  # a proxy's HTML error page, or a server that is not OpenAI-compatible
+            data = b"<html>bad gateway</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return None
         if "DOWN" in prompt:
             self.send_response(503)
             self.send_header("Content-Length", "0")
@@ -78,6 +85,16 @@ def test_a_malformed_judgment_counts_as_unsure_and_a_failing_endpoint_stops_the_
     assert judge.judge("q", "NO CALL", []) == ["Unsure"] and judge.malformed == 2  # the check, then the second look
     with pytest.raises(JudgeUnavailableError, match="--judge-url"):
         judge.judge("q", "DOWN", [])
+
+
+def test_a_judge_endpoint_answering_with_a_body_that_is_not_json_stops_the_run_with_one_line(url):
+    # A 200 whose body is not JSON raised json.JSONDecodeError out of SoPRJudge._ask: a traceback
+    # from `intent bench`, not the one-line error naming --judge-url.
+    from eval.judges import JudgeUnavailableError
+
+    judge = SoPRJudge(url, "judge", runs=1, retries=1)
+    with pytest.raises(JudgeUnavailableError, match="--judge-url"):
+        judge.judge("q", "NOT JSON", [])
 
 
 def test_unreachable_judge_fails_at_startup():
