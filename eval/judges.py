@@ -116,7 +116,10 @@ class SoPRJudge:
                 last = exc
         if isinstance(last, httpx.HTTPError):
             raise JudgeUnavailableError(
-                f"the SoPR judge at {self.base_url} failed {self.retries + 1} times ({type(last).__name__}: {last}); "
+                # Only the exception's first line: httpx's HTTPStatusError appends "\nFor more information check:
+                # <url>", and the CLI's error must stay one line.
+                f"the SoPR judge at {self.base_url} failed {self.retries + 1} times ({type(last).__name__}: "
+                f"{(str(last).splitlines() or [''])[0]}); "
                 "check --judge-url and --judge-model, then run the same command again to resume")
         self.malformed += 1  # documented: a reply the judge model got wrong every time counts as Unsure
         return "Unsure"
