@@ -176,7 +176,13 @@ class StableToolBenchMarket:
                                     a.description[:200]) for a in _unique(apis)])
         successes: set[str] = set()
         details: list[dict[str, Any]] = []  # (name, arguments, response) of every executed call, for SoPR
+        failures: list[str] = []  # the simulator's endpoint failed (EpisodeEnv.environment_failures)
         lock = threading.Lock()
+        # The MirrorAPI-style simulator's client codes 5 (timeout) and 12 (HTTP error / not JSON) mean its
+        # model endpoint failed: no response was simulated. Without this, a dead endpoint gave a normal-looking
+        # table (every call an error observation, tracker FR 100%). A StableToolBench server's own error
+        # answers stay observations, as upstream's client shows them to the agent.
+        infra_codes = (5, 12) if self.environment_kind == "mirror" else ()
 
         def make_tool(api: Any) -> StructuredTool:
             fn = openai_tool_schema(api)["function"]
@@ -193,6 +199,8 @@ class StableToolBenchMarket:
                     details.append({"name": fn["name"], "arguments": kwargs, "response": result.observation})
                     if result.ok:
                         successes.add(fn["name"])
+                    if result.status_code in infra_codes:
+                        failures.append(f"{fn['name']}: {result.error or result.observation[:120]}")
                 return result.observation, {"z": int(result.ok), "status_code": result.status_code,
                                             "environment": result.environment}
 
@@ -205,7 +213,7 @@ class StableToolBenchMarket:
             solvable=self.solvable_table.get(self.task_id(task)),
             judge=self._judge(task.query, relevant, successes, details),
             environment=getattr(env, "environment", self.environment_kind), relevant=frozenset(relevant),
-            schema_world_model=self._schema_world_model(apis),
+            schema_world_model=self._schema_world_model(apis), environment_failures=failures,
         )
 
     def view(self, task: Any, market: Market) -> TaskView:
