@@ -84,7 +84,8 @@ class StableToolBenchMarket:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
-        write_prices(out / "prices.json", prices, price_meta(seed, budget=int(budget)))
+        # The budget the episodes run with (scaled), as given: int() recorded --budget 12.5 as 12.
+        write_prices(out / "prices.json", prices, price_meta(seed, budget=budget * budget_scale))
         report = {k: v for k, v in self.retrieval.to_dict().items() if k != "retrieved"}
         report["agent_needs"] = {
             "label": "needs inferred by the simulated agent from the query text (scored against the answer key "
