@@ -86,6 +86,19 @@ def _refuse_flags_that_do_not_apply(args: argparse.Namespace, methods: list[str]
         if args.judge_runs is not None and args.judge != "sopr":
             raise UsageError("--judge-runs is the SoPR judge's runs per answer; the proxy judge runs once: add "
                              "--judge sopr (with --judge-url and --judge-model) or drop --judge-runs")
+        # These were accepted and ignored (the schema environment, the proxy judge), yet recorded in
+        # run_config.json: a run that looks like it used an endpoint that it never called.
+        judge_given = [f for f, v in (("--judge-url", args.judge_url), ("--judge-model", args.judge_model)) if v]
+        if judge_given and args.judge != "sopr":
+            raise UsageError(f"{', '.join(judge_given)} is the SoPR judge's endpoint; the proxy judge calls none: add "
+                             "--judge sopr or drop it")
+        env = args.stb_env or "schema"
+        if args.stb_env_url and env not in ("mirror", "server"):
+            raise UsageError("--stb-env-url is the mirror or server environment's endpoint; the schema environment "
+                             "calls none: add --stb-env mirror (or server) or drop --stb-env-url")
+        if args.stb_env_model and env != "mirror":
+            raise UsageError(f"--stb-env-model is the mirror environment's model; --stb-env {env} serves no model: add "
+                             "--stb-env mirror or drop --stb-env-model")
     if args.agent in ("sim", "sim-llm") and (args.base_url or args.max_tokens is not None):
         raise UsageError(f"--base-url and --max-tokens are a served model's (--agent openai:NAME); the {args.agent!r} "
                          "agent is simulated: drop them")

@@ -98,6 +98,13 @@ class SoPRJudge:
                 last = exc
                 time.sleep(0.2 * (attempt + 1))
                 continue
+            except ValueError as exc:
+                # A body that is not JSON (a proxy's error page, a server that is not OpenAI-compatible) is
+                # the endpoint's failure, not the judge model's: without this, json.JSONDecodeError escaped as
+                # a traceback instead of the one-line JudgeUnavailableError naming --judge-url.
+                last = httpx.DecodingError(f"the answer is not JSON ({exc})")
+                time.sleep(0.2 * (attempt + 1))
+                continue
             try:
                 self.tokens += int((data.get("usage") or {}).get("total_tokens") or 0)
                 call = data["choices"][0]["message"]["tool_calls"][0]["function"]
@@ -109,7 +116,10 @@ class SoPRJudge:
                 last = exc
         if isinstance(last, httpx.HTTPError):
             raise JudgeUnavailableError(
-                f"the SoPR judge at {self.base_url} failed {self.retries + 1} times ({type(last).__name__}: {last}); "
+                # Only the exception's first line: httpx's HTTPStatusError appends "\nFor more information check:
+                # <url>", and the CLI's error must stay one line.
+                f"the SoPR judge at {self.base_url} failed {self.retries + 1} times ({type(last).__name__}: "
+                f"{(str(last).splitlines() or [''])[0]}); "
                 "check --judge-url and --judge-model, then run the same command again to resume")
         self.malformed += 1  # documented: a reply the judge model got wrong every time counts as Unsure
         return "Unsure"

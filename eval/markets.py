@@ -15,10 +15,20 @@ from typing import Any, Protocol
 from langchain_core.tools import BaseTool, StructuredTool
 
 from eval.agents.simulated import NeedView, TaskView
-from intent.errors import UsageError
+from intent.errors import IntentError, UsageError
 from intent.market import Market
 
-__all__ = ["BenchMarket", "EpisodeEnv", "SyntheticBenchMarket", "tier_from_description"]
+__all__ = ["BenchMarket", "EnvironmentUnavailableError", "EpisodeEnv", "SyntheticBenchMarket", "tier_from_description"]
+
+
+class EnvironmentUnavailableError(IntentError):
+    """The tool environment's endpoint failed to answer calls (see ``EpisodeEnv.environment_failures``)."""
+
+    @classmethod
+    def of(cls, env: EpisodeEnv) -> EnvironmentUnavailableError:
+        fails = env.environment_failures
+        return cls(f"{env.task_id}: {len(fails)} call(s) got no response from the environment's endpoint (first: "
+                   f"{fails[0]}); check --stb-env-url and --stb-env-model, then run the same command again")
 
 
 @dataclass
@@ -43,6 +53,11 @@ class EpisodeEnv:
     # The environment's hidden state (synthetic: eval.optimal.SyntheticTruth). Only upper bounds
     # (the ``optimal`` gate) and measurements (decision regret) may read it, never an oracle under test.
     ground_truth: Any = None
+    # Calls the environment's own infrastructure failed to answer (a MirrorAPI-style simulator's
+    # endpoint down, timing out, answering 500 or not JSON), filled by the market as calls run. The
+    # runner records an episode with any as crashed (failed, infeasible, listed, re-run on resume):
+    # its observations were not the environment's, so its row must not count it.
+    environment_failures: list[str] = field(default_factory=list)
 
 
 class BenchMarket(Protocol):

@@ -99,7 +99,18 @@ class OracleResources:
         records = self.records()
         if fold is None:
             return records
-        return [r for r in records if self.fold_for(_inner_task_id(r.task_id)) != fold]
+        other = [r for r in records if self.fold_for(_inner_task_id(r.task_id)) != fold]
+        if not other:
+            # Few tasks (--tasks 1, 2, ...): the other fold has no logs and this fold's oracles learn from
+            # nothing. Said in results.json, which otherwise read "replay of logged observations from other
+            # queries" with only a cryptic "z=?" note.
+            logged = len({_inner_task_id(r.task_id) for r in records})
+            note = (f"fold {fold}: no logs of the other fold (all {logged} logged task(s) are in fold {fold}); its "
+                    "oracles were built from no experience: run more --tasks")
+            with self._lock:
+                if note not in self.notes:
+                    self.notes.append(note)
+        return other
 
     def get_or_build(self, key: str, build: Any, fold: int | None = None) -> Any:
         with self._lock:
@@ -143,8 +154,10 @@ class OracleResources:
             if len(set(labels)) < 2:
                 # A classifier cannot be fitted on one class (e.g. every logged call succeeded);
                 # fall back to the per-tool frequency and say so in results.json.
-                self.notes.append(f"{key}: the oracle logs hold only z={labels[0] if labels else '?'} labels; "
-                                  "used the empirical-mean predictor instead of the trained one")
+                self.notes.append(f"{key}: the oracle logs hold only z={labels[0]} labels; used the empirical-mean "
+                                  "predictor instead of the trained one" if labels else
+                                  f"{key}: the oracle logs hold no labelled accepted call; used the empirical-mean "
+                                  "predictor (no data) instead of the trained one")
                 return EmpiricalMeanPredictor(records)
             # Held-out split by task (the predictor chooses its L2 and temperature on unseen tasks).
             model = HashedLogisticPredictor(seed=self.config.seed).fit(

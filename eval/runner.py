@@ -23,7 +23,7 @@ from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
-from eval.markets import BenchMarket, EpisodeEnv, follow_market_events
+from eval.markets import BenchMarket, EnvironmentUnavailableError, EpisodeEnv, follow_market_events
 from eval.method_spec import (DEFAULT_DELTA, DEFAULT_GAMMA, DEFAULT_MAX_DEPTH, SYSTEM_PROMPT, MethodContext,
                               MethodSpec, positive_int_option, rollout_depth)
 from eval.methods import get_method
@@ -176,6 +176,10 @@ def run_episode(
                 extra["context_full"] = True
             if answer is not None and answer.startswith(TURN_LIMIT_TEXT):
                 extra["turn_limit"], answer = True, None  # LangChain's limit message is not an answer
+        if env.environment_failures:
+            # The environment's endpoint failed (see EpisodeEnv.environment_failures): the episode is a
+            # crash, listed and re-run on resume, never a feasible or solved one.
+            raise EnvironmentUnavailableError.of(env)
     except Exception as exc:  # noqa: BLE001 - a crashed episode is recorded, counted as failed and listed
         result.error = f"{type(exc).__name__}: {exc}"
         result.wall_s = time.perf_counter() - started

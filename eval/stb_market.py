@@ -84,7 +84,8 @@ class StableToolBenchMarket:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.out = out
-        write_prices(out / "prices.json", prices, price_meta(seed, budget=int(budget)))
+        # The budget the episodes run with (scaled), as given: int() recorded --budget 12.5 as 12.
+        write_prices(out / "prices.json", prices, price_meta(seed, budget=budget * budget_scale))
         report = {k: v for k, v in self.retrieval.to_dict().items() if k != "retrieved"}
         report["agent_needs"] = {
             "label": "needs inferred by the simulated agent from the query text (scored against the answer key "
@@ -176,7 +177,13 @@ class StableToolBenchMarket:
                                     a.description[:200]) for a in _unique(apis)])
         successes: set[str] = set()
         details: list[dict[str, Any]] = []  # (name, arguments, response) of every executed call, for SoPR
+        failures: list[str] = []  # the simulator's endpoint failed (EpisodeEnv.environment_failures)
         lock = threading.Lock()
+        # The MirrorAPI-style simulator's client codes 5 (timeout) and 12 (HTTP error / not JSON) mean its
+        # model endpoint failed: no response was simulated. Without this, a dead endpoint gave a normal-looking
+        # table (every call an error observation, tracker FR 100%). A StableToolBench server's own error
+        # answers stay observations, as upstream's client shows them to the agent.
+        infra_codes = (5, 12) if self.environment_kind == "mirror" else ()
 
         def make_tool(api: Any) -> StructuredTool:
             fn = openai_tool_schema(api)["function"]
@@ -193,6 +200,8 @@ class StableToolBenchMarket:
                     details.append({"name": fn["name"], "arguments": kwargs, "response": result.observation})
                     if result.ok:
                         successes.add(fn["name"])
+                    if result.status_code in infra_codes:
+                        failures.append(f"{fn['name']}: {result.error or result.observation[:120]}")
                 return result.observation, {"z": int(result.ok), "status_code": result.status_code,
                                             "environment": result.environment}
 
@@ -205,7 +214,7 @@ class StableToolBenchMarket:
             solvable=self.solvable_table.get(self.task_id(task)),
             judge=self._judge(task.query, relevant, successes, details),
             environment=getattr(env, "environment", self.environment_kind), relevant=frozenset(relevant),
-            schema_world_model=self._schema_world_model(apis),
+            schema_world_model=self._schema_world_model(apis), environment_failures=failures,
         )
 
     def view(self, task: Any, market: Market) -> TaskView:

@@ -37,6 +37,13 @@ class _Judge(BaseHTTPRequestHandler):
             status = "Unsolved"
         if "NO CALL" in prompt:  # the judge model answers in prose: no forced call
             return self._send({"choices": [{"message": {"role": "assistant", "content": "Solved, I think"}}]})
+        if "NOT JSON" in prompt:  # a proxy's HTML error page, or a server that is not OpenAI-compatible
+            data = b"<html>bad gateway</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return None
         if "DOWN" in prompt:
             self.send_response(503)
             self.send_header("Content-Length", "0")
@@ -76,8 +83,20 @@ def test_a_malformed_judgment_counts_as_unsure_and_a_failing_endpoint_stops_the_
 
     judge = SoPRJudge(url, "judge", runs=1, retries=1)
     assert judge.judge("q", "NO CALL", []) == ["Unsure"] and judge.malformed == 2  # the check, then the second look
-    with pytest.raises(JudgeUnavailableError, match="--judge-url"):
+    with pytest.raises(JudgeUnavailableError, match="--judge-url") as failed:
         judge.judge("q", "DOWN", [])
+    # One line: httpx's HTTPStatusError text adds "\nFor more information check: <mdn url>".
+    assert "\n" not in str(failed.value)
+
+
+def test_a_judge_endpoint_answering_with_a_body_that_is_not_json_stops_the_run_with_one_line(url):
+    # A 200 whose body is not JSON raised json.JSONDecodeError out of SoPRJudge._ask: a traceback
+    # from `intent bench`, not the one-line error naming --judge-url.
+    from eval.judges import JudgeUnavailableError
+
+    judge = SoPRJudge(url, "judge", runs=1, retries=1)
+    with pytest.raises(JudgeUnavailableError, match="--judge-url"):
+        judge.judge("q", "NOT JSON", [])
 
 
 def test_unreachable_judge_fails_at_startup():
@@ -128,3 +147,57 @@ def test_unreachable_stabletoolbench_environments_fail_at_startup(tmp_path):
                           options={"stb_env": env, "stb_env_url": "http://127.0.0.1:9/virtual"})
         with pytest.raises(err, match="cannot reach"):
             run_benchmark(cfg, progress=False)
+
+
+class _DeadMirror(BaseHTTPRequestHandler):
+    """A MirrorAPI-style endpoint that lists its model (the startup check passes) but answers every
+    completion with HTTP 500."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        data = json.dumps({"data": [{"id": "mirror"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(500)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_episodes_whose_mirror_endpoint_failed_are_listed_as_crashed_not_counted_feasible(tmp_path):
+    # With the simulator's endpoint answering 500 to every call, the run exited 0 with a normal table
+    # (tracker FR 100.00, AC 44.67 on 6 queries) and no word that no tool response was ever simulated.
+    from eval.runner import BenchConfig, run_benchmark
+
+    _stabletoolbench_root_or_skip()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _DeadMirror)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cfg = BenchConfig(market="stabletoolbench", methods=["raw", "tracker"], tasks=3, out=str(tmp_path),
+                          reference="raw", options={"stb_env": "mirror", "stb_env_model": "mirror", "solvability": False,
+                                                    "stb_env_url": f"http://127.0.0.1:{srv.server_address[1]}/v1"})
+        summary = run_benchmark(cfg, progress=False)
+        # OR's search stops the run instead of caching "unsolvable" verdicts from a dead endpoint.
+        from eval.markets import EnvironmentUnavailableError
+
+        searched = BenchConfig(market="stabletoolbench", methods=["raw"], tasks=2, out=str(tmp_path / "or"),
+                               reference="raw", options={**cfg.options, "solvability": True})
+        with pytest.raises(EnvironmentUnavailableError, match="--stb-env-url"):
+            run_benchmark(searched, progress=False)
+        cached = tmp_path / "or" / "solvability.json"
+        assert not cached.exists() or '"solvable"' not in cached.read_text()  # no verdict was cached
+    finally:
+        srv.shutdown()
+    tracker = summary["methods"]["tracker"]
+    assert tracker["FR"] == 0.0 and tracker["PR"] == 0.0
+    assert len(tracker["crashed"]) == 3
+    from eval.results import ResultStore
+
+    errors = [r.error for r in ResultStore(tmp_path / "episodes.jsonl").load() if r.method == "tracker"]
+    assert all("--stb-env-url" in e and "500" in e for e in errors), errors

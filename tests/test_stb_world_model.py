@@ -80,3 +80,16 @@ def test_schema_world_model_says_whether_it_leaks(stb_env):
     tool = stb_env.tools[0]
     args = {k: "x" for k in tool.args_schema["required"]} if isinstance(tool.args_schema, dict) else {}
     assert stb_env.schema_world_model.simulate(tool.name, args) == tool.invoke(args)
+
+
+def test_a_fold_without_other_fold_logs_is_said_not_labelled_a_replay_of_other_queries(stb_env, tmp_path):
+    # With --tasks 1 every oracle was built from zero records; results.json still said "replay of logged
+    # observations from other queries (cross-fitted by query fold)" and the only note was
+    # "the oracle logs hold only z=? labels".
+    from eval.runner import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(market="stabletoolbench", methods=["raw", "intent", "btp"], tasks=1, out=str(tmp_path),
+                      reference="raw", options={"solvability": False})
+    notes = run_benchmark(cfg, progress=False)["config"]["oracle_notes"]
+    assert any("no logs of the other fold" in n and "all 1 logged task(s)" in n for n in notes), notes
+    assert not any("z=?" in n for n in notes), notes

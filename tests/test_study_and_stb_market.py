@@ -78,3 +78,18 @@ def test_the_study_says_whether_the_blacklist_fired():
                              "intent-no-blacklist": {}})
     assert "never fired, so intent-no-blacklist makes the same decisions" in silent
     assert "not measured" in blacklist_line({"intent": {}})
+
+
+@pytest.mark.skipif(not _stb_available(), reason="StableToolBench data not found (../shared/stabletoolbench)")
+def test_a_fractional_budget_is_the_one_the_prices_file_records(tmp_path):
+    # --budget 12.5 wrote "budget": 12 into OUT/prices.json (int(budget)), and --budget 0.5, a valid
+    # budget, stopped the run with "budget must be a positive integer, got 0".
+    import json
+
+    from eval.stb_market import StableToolBenchMarket
+
+    for budget, scale in ((12.5, 1.0), (0.5, 1.0), (50.0, 0.5)):
+        out = tmp_path / f"{budget}-{scale}"
+        market = StableToolBenchMarket(limit=2, out=out, budget=budget, budget_scale=scale)
+        recorded = json.loads((out / "prices.json").read_text())["meta"]["budget"]
+        assert recorded == market.budget == budget * scale

@@ -162,6 +162,17 @@ def test_serve_refuses_a_predictor_and_a_missing_vllm_environment(tmp_path, monk
     (["--agent", "sim-llm", "--max-turns", "5"], "the 'sim-llm' agent is simulated"),
     (["--market", "stabletoolbench", "--event-rate", "0.5"], "--event-rate 0.5: market events are the synthetic"),
     (["--market", "stabletoolbench", "--judge-runs", "2"], "--judge-runs is the SoPR judge's"),
+    # On StableToolBench these were accepted and ignored (schema environment, proxy judge), exit 0:
+    (["--market", "stabletoolbench", "--stb-env-url", "http://127.0.0.1:9/v1"], "--stb-env-url is the mirror"),
+    (["--market", "stabletoolbench", "--stb-env-model", "m"], "--stb-env-model is the mirror"),
+    (["--market", "stabletoolbench", "--judge-url", "http://127.0.0.1:9/v1"], "--judge-url is the SoPR judge's"),
+    (["--market", "stabletoolbench", "--judge-model", "m"], "--judge-model is the SoPR judge's"),
+    (["--market", "stabletoolbench", "--stb-env", "server", "--stb-env-url", "http://127.0.0.1:9",
+      "--stb-env-model", "m"], "--stb-env-model is the mirror"),
+    # Run every query of the group twice (122 episodes for 61 queries) and change --tasks' subset:
+    (["--market", "stabletoolbench", "--groups", "G3_instruction,G3_instruction"],
+     "--groups names G3_instruction more than once"),
+    (["--market", "stabletoolbench", "--groups", "G9_x"], "--groups: unknown group(s) ['G9_x']"),
     (["--encoder-epochs", "2"], "--encoder-epochs trains the encoder predictor"),
     # The planning oracles' flags with no planning oracle among --methods (raw):
     (["--world-model", "replay"], "--world-model shape the planning oracles"),

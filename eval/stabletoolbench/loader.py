@@ -164,7 +164,12 @@ def _check_groups(groups: Iterable[str] | None) -> tuple[str, ...]:
     out = tuple(groups)
     bad = [g for g in out if g not in GROUPS]
     if bad:
-        raise StbDataError(f"unknown group(s) {bad}; valid groups are: {', '.join(GROUPS)}")
+        raise StbDataError(f"--groups: unknown group(s) {bad}; valid groups are: {', '.join(GROUPS)}")
+    repeated = sorted({g for g in out if out.count(g) > 1})
+    if repeated:
+        # A repeated group loaded its queries twice: every query ran twice under one task id (122 episodes
+        # for G3's 61 queries), and --tasks N spread over the doubled list picked another subset.
+        raise StbDataError(f"--groups names {', '.join(repeated)} more than once; list each group once")
     return out
 
 

@@ -8,6 +8,7 @@ names (never on their order). The prices file records the seed, the range and th
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from collections.abc import Iterable, Mapping
@@ -74,12 +75,19 @@ def assign_prices(
     return {name: rng.randint(low, high) for name in sorted(names)}
 
 
-def price_meta(seed: int, low: int = DEFAULT_LOW, high: int = DEFAULT_HIGH, budget: int = DEFAULT_BUDGET,
+def price_meta(seed: int, low: int = DEFAULT_LOW, high: int = DEFAULT_HIGH, budget: float = DEFAULT_BUDGET,
                **extra: Any) -> dict[str, Any]:
-    """The meta block of a prices file: seed, range, budget (plus any extra fields)."""
+    """The meta block of a prices file: seed, range, budget (plus any extra fields).
+
+    The budget is the run's, a number > 0 (``--budget 12.5`` stays 12.5; an integral one is written
+    as an integer). It was required to be an integer, so the benchmark passed ``int(budget)``:
+    12.5 was recorded as 12, and 0.5 became 0 and stopped the run.
+    """
     _check_range(seed, low, high)
-    if not _is_int(budget) or budget <= 0:
-        raise UsageError(f"budget must be a positive integer, got {budget!r}")
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or not math.isfinite(budget) or budget <= 0:
+        raise UsageError(f"budget must be a finite number > 0, got {budget!r}")
+    if float(budget).is_integer():
+        budget = int(budget)
     return {"seed": seed, "range": [low, high], "budget": budget,
             "note": "simulated prices (seeded uniform integers)", **extra}
 

@@ -162,6 +162,12 @@ def search_solvable(market: Any, task: Any, agent_factory: Callable[[Any, int], 
                          max_llm_calls=settings.max_llm_calls, system_prompt=SYSTEM_PROMPT, per_path_budget=True,
                          prune_partial_batches=False, on_answer=on_answer)
     res = runner.run(agent_factory(env, seed), env.query, episode_id=f"solvability:{env.task_id}:{seed}")
+    if getattr(env, "environment_failures", None):
+        # The environment's endpoint failed: "no solution found" would be the endpoint's verdict, cached in
+        # OUT/solvability.json for good (a dead MirrorAPI endpoint marked every query unsolvable).
+        from eval.markets import EnvironmentUnavailableError
+
+        raise EnvironmentUnavailableError.of(env)
     return SolvabilityResult(solvable=bool(correct_costs), solutions=len(seen), correct=len(correct_costs),
                              llm_calls=res.llm_calls,
                              capped=not correct_costs and len(seen) < settings.solutions
