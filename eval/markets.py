@@ -46,7 +46,8 @@ class EpisodeEnv:
     # Called by the runner after every executed call with the market now in force
     # (CostBench-style events); None when the market is static.
     market_now: Callable[[], Market] | None = None
-    relevant: frozenset[str] = field(default_factory=frozenset)
+    # (No answer key here: method builders get this object as ctx.env, and only the judge may read the key,
+    # which its closure holds.)
     # A world model that knows this market's response schemas (StableToolBench), used by the
     # planning oracles instead of the replay model when present.
     schema_world_model: Any = None

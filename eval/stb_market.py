@@ -213,7 +213,7 @@ class StableToolBenchMarket:
             tools=[make_tool(a) for a in _unique(apis)], view=self.view(task, market),
             solvable=self.solvable_table.get(self.task_id(task)),
             judge=self._judge(task.query, relevant, successes, details),
-            environment=getattr(env, "environment", self.environment_kind), relevant=frozenset(relevant),
+            environment=getattr(env, "environment", self.environment_kind),
             schema_world_model=self._schema_world_model(apis), environment_failures=failures,
         )
 
