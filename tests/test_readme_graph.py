@@ -318,6 +318,19 @@ def test_an_oracle_without_an_end_hook_keeps_its_episode_when_a_late_branch_revi
     assert oracle.starts == 1 and guard.ledger(out).spent == sum(prices[n] for n in runs) <= 12.0
 
 
+def _waiting_branch(agent: Any, wait_or_pass: Any, first_done: Any) -> Any:
+    """A fan-out branch: ``wait_or_pass`` (a late branch waits there), the agent, then ``first_done`` set."""
+    sub = StateGraph(GuardState)
+    sub.add_node("prepare", wait_or_pass)
+    sub.add_node("agent", agent)
+    sub.add_node("mark", lambda s: first_done.set() or {})
+    sub.add_edge(START, "prepare")
+    sub.add_edge("prepare", "agent")
+    sub.add_edge("agent", "mark")
+    sub.add_edge("mark", END)
+    return sub.compile()
+
+
 class _LiveEpisodes(Oracle):
     """Accepts every call, and notes each decision that comes outside its episode's start and end."""
 
@@ -354,15 +367,7 @@ def _late_fan_out(guard: BudgetGuard, prices: dict[str, float], runs: list[str],
                 after_wait(k)
         return {}
 
-    sub = StateGraph(GuardState)
-    sub.add_node("prepare", wait_or_pass)
-    sub.add_node("agent", agent)
-    sub.add_node("mark", lambda s: first_done.set() or {})
-    sub.add_edge(START, "prepare")
-    sub.add_edge("prepare", "agent")
-    sub.add_edge("agent", "mark")
-    sub.add_edge("mark", END)
-    return _fanned_out(sub.compile(), branches, carried=carried, each_turn=first_done.clear)  # branches wait again
+    return _fanned_out(_waiting_branch(agent, wait_or_pass, first_done), branches, carried=carried, each_turn=first_done.clear)  # branches wait again
 
 
 def _fanned_out(sub: Any, branches: int, *, carried: bool = False, each_turn: Any = None) -> Any:
@@ -402,6 +407,25 @@ class _Cued(_ByTurn):
         msg = AIMessage("done") if name is None else AIMessage("", tool_calls=[
             {"name": name, "args": {"x": k}, "id": f"c{k}-{turn}", "type": "tool_call"}])
         return ChatResult(generations=[ChatGeneration(message=msg)])
+
+
+class _SlowRevivingStart(_LiveEpisodes):
+    """An oracle whose second start hook (branch 1 reviving the episode) says so, waits for the sibling that
+    must wait for it to get going, then takes ``pause`` seconds: that sibling reaches its model step meanwhile."""
+
+    def __init__(self, reviving: Any, sibling_going: Any, pause: float) -> None:
+        super().__init__()
+        self.starts, self.reviving, self.sibling_going, self.pause = 0, reviving, sibling_going, pause
+
+    def start(self, info: Any) -> None:
+        import time
+
+        self.starts += 1
+        if self.starts == 2:
+            self.reviving.set()
+            assert self.sibling_going.wait(timeout=30)
+            time.sleep(self.pause)
+        super().start(info)
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
@@ -450,24 +474,10 @@ def test_no_decision_of_a_revived_episode_comes_before_its_start_hook_has_finish
     # (loads memory), branch 2 joins meanwhile. Was: branch 2 decided before that start had finished, then
     # ended the episode under branch 1, which decided after end.
     import threading
-    import time
 
     reviving, sibling_going = threading.Event(), threading.Event()
 
-    class SlowStart(_LiveEpisodes):
-        def __init__(self) -> None:
-            super().__init__()
-            self.starts = 0
-
-        def start(self, info: Any) -> None:
-            self.starts += 1
-            if self.starts == 2:  # branch 1 revives the episode
-                reviving.set()
-                assert sibling_going.wait(timeout=30)
-                time.sleep(0.2)  # branch 2 reaches its model step while this start runs
-            super().start(info)
-
-    prices, runs, oracle = {"a": 1.0, "b": 5.0}, [], SlowStart()
+    prices, runs, oracle = {"a": 1.0, "b": 5.0}, [], _SlowRevivingStart(reviving, sibling_going, 0.2)
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in prices.items()]), 16.0)
 
     def branch_2_joins_while_branch_1_starts(k: int) -> None:
@@ -487,7 +497,6 @@ def test_a_late_branch_inside_a_run_under_way_waits_for_the_revived_episodes_sta
     # revives it and its oracle's start hook is slow; branch 2 joins meanwhile. Branch 2's first step is inside
     # the run state says is under way, with no new user message: it must still wait for that start.
     import threading
-    import time
 
     from langchain_core.messages import HumanMessage
     from langgraph.checkpoint.memory import InMemorySaver
@@ -495,20 +504,7 @@ def test_a_late_branch_inside_a_run_under_way_waits_for_the_revived_episodes_sta
 
     reviving, sibling_going, first_done = threading.Event(), threading.Event(), threading.Event()
 
-    class SlowStart(_LiveEpisodes):
-        def __init__(self) -> None:
-            super().__init__()
-            self.starts = 0
-
-        def start(self, info: Any) -> None:
-            self.starts += 1
-            if self.starts == 2:  # branch 1 revives the episode
-                reviving.set()
-                assert sibling_going.wait(timeout=30)
-                time.sleep(0.3)  # branch 2 reaches its model step while this start runs
-            super().start(info)
-
-    prices, runs, oracle = {"a": 1.0, "b": 2.0}, [], SlowStart()
+    prices, runs, oracle = {"a": 1.0, "b": 2.0}, [], _SlowRevivingStart(reviving, sibling_going, 0.3)
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in prices.items()]), 30.0)
     agent = _readme_graph(guard, _ByTurn(names=("a", "b")), _priced_tools(prices, runs)).compile()
 
@@ -521,14 +517,7 @@ def test_a_late_branch_inside_a_run_under_way_waits_for_the_revived_episodes_sta
                 sibling_going.set()
         return {}
 
-    sub = StateGraph(GuardState)
-    sub.add_node("prepare", wait_or_pass)
-    sub.add_node("agent", agent)
-    sub.add_node("mark", lambda s: first_done.set() or {})
-    sub.add_edge(START, "prepare")
-    sub.add_edge("prepare", "agent")
-    sub.add_edge("agent", "mark")
-    sub.add_edge("mark", END)
+    sub = _waiting_branch(agent, wait_or_pass, first_done)
 
     def lead(state, config):
         return {**(guard.prepare(state, config) or {}), "messages": [AIMessage("split into three tasks")]}
@@ -539,7 +528,7 @@ def test_a_late_branch_inside_a_run_under_way_waits_for_the_revived_episodes_sta
 
     parent = StateGraph(GuardState)
     parent.add_node("lead", lead)
-    parent.add_node("sub", sub.compile())
+    parent.add_node("sub", sub)
     parent.add_edge(START, "lead")
     parent.add_conditional_edges("lead", send, ["sub"])
     parent.add_edge("sub", END)
