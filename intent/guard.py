@@ -792,6 +792,11 @@ class BudgetGuard:
             return
         ran_from, ledger_state = tail
         reader, current = Reader(config or {}), stamp
+        if reader.saver is None:
+            # No checkpointer (the caller carries state from one invoke to the next): no checkpoints to read,
+            # and nothing LangGraph could drop. (Reader needs a saver: this crashed the next turn's first model
+            # step with AttributeError; final review, test seen red.)
+            return
         for hop in range(32):  # the parent's steps between that step and this one (a new input, nodes before this)
             if current == ran_from:
                 return  # this very step (a fan-out sibling that starts after the others ended)
