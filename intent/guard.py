@@ -805,7 +805,12 @@ class BudgetGuard:
                 return  # unreadable (durability="exit", an async saver on its own loop): not on a guess
             source, parent = read
             if parent == ran_from:
-                if source == "input":
+                # An input on that step's checkpoint is also a fork (invoke(new input, config of that checkpoint))
+                # when the step's result WAS saved on the other branch (a "loop" child): the fork runs on its
+                # checkpoint's ledger (intent.lineage), so the run is taken back only when no child saved it.
+                # (Without this check the fork counted the other branch's run: 6 spent for one call of 3; final
+                # review, test seen red.)
+                if source == "input" and reader.result_saved(ran_from) is False:
                     episode.ledger.absorb(ledger_state)  # entries only move forward: what state has is a no-op
                 return
             if parent is None:

@@ -7,6 +7,7 @@ from collections import Counter
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 
 from intent import AcceptAll, BudgetGuard, BudgetState, Market, MemoryLogSink, PricedTool
@@ -43,3 +44,19 @@ def test_a_subgraph_agent_in_a_parent_without_checkpointer_runs_a_second_turn():
     assert runs["a"] == 2
     assert guard.ledger(state).spent == 6.0 and guard.ledger(state).reserved == 0
 
+
+def test_a_fork_from_a_saved_subgraph_step_runs_on_its_checkpoints_ledger():
+    # Run 1 spends 3 and its parent step saves the result. The user then forks from the checkpoint that
+    # step ran from, with a new message: the fork's state has no charge (run 1 is on the other branch), its
+    # own call costs 3. Taking run 1's ledger back gave the fork 6 spent for one call of its own.
+    parent, guard, runs = _parent(InMemorySaver())
+    cfg = {"configurable": {"thread_id": "fork"}}
+    parent.invoke({"messages": [("user", "go")]}, cfg)
+    ran_from = next(h for h in parent.get_state_history(cfg) if h.next == ("agent",))
+    parent.invoke({"messages": [("user", "instead")]}, ran_from.config)
+    state = parent.get_state(cfg)
+    assert [m.content for m in state.values["messages"]][:2] == ["go", "instead"]
+    assert runs["a"] == 2
+    ledger = guard.ledger(state)
+    assert ledger.spent == 3.0, f"the fork counts the other branch's run: {ledger.spent} spent for one call"
+    assert ledger.reserved == 0
