@@ -792,6 +792,11 @@ class BudgetGuard:
             return
         ran_from, ledger_state = tail
         reader, current = Reader(config or {}), stamp
+        if reader.saver is None:
+            # No checkpointer (the caller carries state from one invoke to the next): no checkpoints to read,
+            # and nothing LangGraph could drop. (Reader needs a saver: this crashed the next turn's first model
+            # step with AttributeError; final review, test seen red.)
+            return
         for hop in range(32):  # the parent's steps between that step and this one (a new input, nodes before this)
             if current == ran_from:
                 return  # this very step (a fan-out sibling that starts after the others ended)
@@ -800,7 +805,12 @@ class BudgetGuard:
                 return  # unreadable (durability="exit", an async saver on its own loop): not on a guess
             source, parent = read
             if parent == ran_from:
-                if source == "input":
+                # An input on that step's checkpoint is also a fork (invoke(new input, config of that checkpoint))
+                # when the step's result WAS saved on the other branch (a "loop" child): the fork runs on its
+                # checkpoint's ledger (intent.lineage), so the run is taken back only when no child saved it.
+                # (Without this check the fork counted the other branch's run: 6 spent for one call of 3; final
+                # review, test seen red.)
+                if source == "input" and reader.result_saved(ran_from) is False:
                     episode.ledger.absorb(ledger_state)  # entries only move forward: what state has is a no-op
                 return
             if parent is None:
