@@ -45,6 +45,7 @@ from intent.messages import (
     raised_bill,
     result_message,
     text_of,
+    turns_before,
     with_update,
 )
 from intent.oracle import (
@@ -75,6 +76,7 @@ ANSWERED_WITHOUT_RUN = "answered_without_run"
 CANCELLED = "cancelled"
 CANCELLED_BEFORE_RUN = "cancelled_before_run"  # the run was cancelled before the tool's body started
 LATE_BILL = "late_bill"  # what a cancelled sync tool's thread billed above its charge, when it ended
+NOT_GATED = "not_gated"  # a refusal at the tool step of a call the gate never decided (added after it)
 ORACLE_BUG = "oracle_bug"  # the oracle crashed deciding an edited call again: not run (the bug is raised after)
 # Set on an exception an oracle raised that is not a recoverable failure (intent.guard marks it), so that the
 # tool step, where an edited call is re-gated, treats it as the oracle's bug even with tool_errors="message".
@@ -159,7 +161,18 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
         return ToolMessage(str(meta.get("feedback") or fb.generic_rejection(name)), tool_call_id=cid, name=name,
                            status="error", artifact={"intent_reason": meta.get("reason", "")})
     if key not in episode.ledger:
-        return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
+        # A call the gate never decided: a middleware added it to the model's message, or gave it another id,
+        # after the gate (an after_model hook rewriting the calls). Refused here, unrun and free; this refusal
+        # is the call's one answering log record (the gate wrote none for it), as for every other refusal.
+        text = fb.not_gated(name)
+        proposed = next((c for c in ai.tool_calls if c.get("id") == cid), call)
+        guard.records.refusal(
+            episode.ledger, episode_id=episode.episode_id,
+            step=turns_before(messages, index, channel.get("turns")), query=episode.task(channel, messages),
+            reasoning=text_of(ai), call_id=cid, tool=name, args=dict(proposed.get("args") or {}), price=None,
+            kind="invalid", reason=NOT_GATED, text=text,
+            market_version=guard.market_for(episode.episode_id, channel).version)
+        return ToolMessage(text, tool_call_id=cid, name=name, status="error", artifact={"intent_reason": NOT_GATED})
     return CallRun(guard, episode, key, request, meta, messages, ai, channel)
 
 

@@ -1,0 +1,336 @@
+"""The guard composed with LangChain middleware the earlier composition tests did not cover.
+
+Each test checks the money promise per run: ``spent == Σ executions × price <= budget`` (executions
+counted inside the tools, and model executions outside the guard when it has ``model_prices``),
+``reserved == 0`` after the run, every proposed call answered by exactly one ToolMessage, one log
+record per execution, and ``guard.ledger(out)`` agreeing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    ClearToolUsesEdit,
+    ContextEditingMiddleware,
+    LLMToolSelectorMiddleware,
+    ModelCallLimitMiddleware,
+    ModelFallbackMiddleware,
+    PIIMiddleware,
+    TodoListMiddleware,
+    ToolCallLimitMiddleware,
+)
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import RunnableLambda
+from langchain_core.tools import StructuredTool
+from langgraph.checkpoint.memory import InMemorySaver
+
+from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, ModelPrice, Oracle, PricedTool
+from intent.testing import assert_each_call_answered_once, assert_one_record_per_call, scripted
+
+ORDERS = ["guard_first", "guard_last"]
+MODES = ["sync", "async"]
+
+
+class Runs:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def hit(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def __getitem__(self, name: str) -> int:
+        return self.counts.get(name, 0)
+
+
+def make_tool(name: str, runs: Runs) -> StructuredTool:
+    def fn(x: str = "0") -> str:
+        runs.hit(name)
+        return f"{name} ran with {x}"
+
+    return StructuredTool.from_function(fn, name=name, description=f"Tool {name}.")
+
+
+def tc(name: str, cid: str, **args: Any) -> dict[str, Any]:
+    return {"name": name, "args": args, "id": cid, "type": "tool_call"}
+
+
+def stack(guard: BudgetGuard, other: list[Any], order: str) -> list[Any]:
+    return [guard.middleware(), *other] if order == "guard_first" else [*other, guard.middleware()]
+
+
+def invoke(agent: Any, inp: Any, mode: str, config: Any = None) -> Any:
+    if mode == "async":
+        return asyncio.run(agent.ainvoke(inp, config))
+    return agent.invoke(inp, config)
+
+
+def check(guard: BudgetGuard, out: Any, runs: Runs, prices: dict[str, float], sink: MemoryLogSink,
+          *, model_cost: float = 0.0, all_messages: list[Any] | None = None) -> Any:
+    ledger = guard.ledger(out)
+    expected = sum(runs[n] * p for n, p in prices.items()) + model_cost
+    assert ledger.reserved == 0, f"reserved {ledger.reserved} after the run"
+    assert ledger.spent == pytest.approx(expected), f"spent {ledger.spent}, tools ran {runs.counts}: {expected}"
+    assert ledger.spent <= ledger.budget + 1e-9
+    msgs = list(out["messages"]) if all_messages is None else all_messages
+    assert_each_call_answered_once(msgs)
+    tool_runs = [r for r in sink.records if r.kind == "tool" and r.execution > 0 and r.tool in runs.counts]
+    assert len(tool_runs) == sum(runs.counts.get(n, 0) for n in prices), (
+        f"{len(tool_runs)} execution records, {runs.counts} executions")
+    assert sum(r.charged for r in sink.records) == pytest.approx(ledger.spent)
+    assert_one_record_per_call(msgs, sink.records)
+    return ledger
+
+
+USER = {"messages": [("user", "go")]}
+
+
+# ============================================== a middleware rewriting the calls in after_model
+class RewriteCalls(AgentMiddleware):
+    """after_model: renames tool ``a`` to ``b`` and changes its arguments (same message id)."""
+
+    def after_model(self, state: Any, runtime: Any) -> Any:
+        last = state["messages"][-1]
+        if not isinstance(last, AIMessage) or not last.tool_calls:
+            return None
+        calls = [{**c, "name": "b", "args": {"x": "rewritten"}} if c["name"] == "a" else c for c in last.tool_calls]
+        return {"messages": [last.model_copy(update={"tool_calls": calls})]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("budget", [10.0, 30.0])
+def test_after_model_rewrite_of_tool_and_args_is_regated_and_paid(order, mode, budget):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0, "b": 20.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), budget, log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="1")]), AIMessage("done")])
+    agent = create_agent(model, [make_tool("a", runs), make_tool("b", runs)],
+                         middleware=stack(guard, [RewriteCalls()], order))
+    out = invoke(agent, USER, mode)
+    check(guard, out, runs, prices, sink)
+    if budget == 10.0:
+        assert runs["b"] == 0 and runs["a"] == 0  # b (20) does not fit 10
+    else:
+        assert runs["b"] == 1 and runs["a"] == 0
+        rec = [r for r in sink.records if r.execution > 0]
+        assert [(r.tool, r.args) for r in rec] == [("b", {"x": "rewritten"})]
+
+
+# ============================================== ContextEditingMiddleware
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_context_editing_clearing_tool_results_leaves_money_alone(order, mode):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 3.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 3.0)]), 10.0, log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("a", f"c{i}", x=str(i)), tc("a", f"d{i}", x=str(i))])
+                      for i in range(3)] + [AIMessage("done")])
+    edit = ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=1, keep=0, clear_tool_inputs=True)])
+    agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [edit], order))
+    out = invoke(agent, USER, mode)
+    check(guard, out, runs, prices, sink)
+    assert runs["a"] == 3
+
+
+# ============================================== ModelFallbackMiddleware with tool calls, metered
+MPRICES = {"primary": ModelPrice(1000, 1000), "fallback": ModelPrice(5000, 5000)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_fallback_model_with_tool_calls_is_metered_each_execution(order, mode):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink, model_prices=MPRICES,
+                        max_output_tokens=100)
+    from intent.testing import ai
+
+    primary = scripted([ai(tc("a", "p1", x="p"), usage=(100, 100), model_name="primary"),
+                        ai(text="done", usage=(100, 100), model_name="primary")],
+                       model_name="primary", fail_on={1, 2, 3, 4})
+    fallback = scripted([ai(tc("a", "f1", x="f"), usage=(100, 100), model_name="fallback"),
+                         ai(text="done", usage=(100, 100), model_name="fallback")], model_name="fallback")
+    agent = create_agent(primary, [make_tool("a", runs)],
+                         middleware=stack(guard, [ModelFallbackMiddleware(fallback)], order))
+    out = invoke(agent, USER, mode)
+    # primary failed twice (not billed), fallback ran twice: 2 × 200 tokens at 5000/Mtok = 2.0
+    assert len(fallback.executions) == 2
+    model_records = [r for r in sink.records if r.kind == "model" and r.charged]
+    assert runs["a"] == 1
+    ledger = guard.ledger(out)
+    assert ledger.reserved == 0
+    assert_each_call_answered_once(list(out["messages"]))
+    if order == "guard_first":
+        assert ledger.spent == pytest.approx(1.0 + 2.0), (ledger.spent, [(r.tool, r.charged) for r in model_records])
+    else:
+        # listed before the guard, the fallback runs the guard again: each execution is metered too
+        assert ledger.spent == pytest.approx(1.0 + 2.0), (ledger.spent, [(r.tool, r.charged) for r in model_records])
+
+
+# ============================================== LLMToolSelectorMiddleware
+class SelectorModel(scripted([]).__class__):  # type: ignore[misc]
+    """A selector whose structured output picks ``picks``; counts its executions."""
+
+    picks: list = []
+    calls: list = []
+
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
+        def pick(_: Any) -> Any:
+            self.calls.append(1)
+            return {"tools": list(self.picks)}
+
+        return RunnableLambda(pick)
+
+
+class HideA_B(Oracle):
+    def decide(self, ctx: Any) -> Any:
+        from intent import Decision
+
+        return Decision(accept=True)
+
+    def visible_tools(self, market: Any, episode_id: str) -> Any:
+        return ["a", "b"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_tool_selector_picking_a_hidden_tool_cannot_unhide_it(order, mode):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0, "b": 2.0, "c": 1.0}
+    # b banned in the market (refused at the gate), c hidden by the oracle (not shown)
+    guard = BudgetGuard(HideA_B(), Market([PricedTool(n, p) for n, p in prices.items()], banned=["b"]), 10.0,
+                        log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("b", "c1"), tc("a", "c2")]), AIMessage("done")])
+    selector = SelectorModel(messages=iter([]), bound=[], picks=["b", "a"] if order == "guard_last" else ["a"], calls=[], executions=[])
+    agent = create_agent(model, [make_tool(n, runs) for n in prices],
+                         middleware=stack(guard, [LLMToolSelectorMiddleware(model=selector)], order))
+    out = invoke(agent, USER, mode)
+    check(guard, out, runs, prices, sink)
+    assert runs["b"] == 0 and runs["a"] == 1
+    assert all("b" not in bound and "c" not in bound for bound in model.bound), model.bound
+
+
+# ============================================== TodoListMiddleware
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("priced", [False, True])
+def test_todo_list_write_todos_priced_or_not(order, mode, priced):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0}
+    tools = [PricedTool("a", 1.0)] + ([PricedTool("write_todos", 0.0)] if priced else [])
+    guard = BudgetGuard(AcceptAll(), Market(tools), 10.0, log_sink=sink)
+    todos = [{"content": "x", "status": "pending"}]
+    model = scripted([AIMessage("", tool_calls=[tc("write_todos", "t1", todos=todos), tc("a", "c1")]),
+                      AIMessage("done")])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [TodoListMiddleware()], order))
+        out = invoke(agent, USER, mode)
+    check(guard, out, runs, prices, sink)
+    assert runs["a"] == 1
+    assert bool(out.get("todos")) == priced
+
+
+# ============================================== PIIMiddleware
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_pii_redacting_args_and_results(order, mode):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 2.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 2.0)]), 10.0, log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="mail bob@example.com"), tc("a", "c2", x="z")]),
+                      AIMessage("done")])
+    pii = PIIMiddleware("email", strategy="redact", apply_to_input=True, apply_to_output=True,
+                        apply_to_tool_results=True)
+    agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [pii], order))
+    out = invoke(agent, USER, mode)
+    check(guard, out, runs, prices, sink)
+    assert runs["a"] == 2
+
+
+# ============================================== ToolCallLimitMiddleware thread_limit across runs
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_tool_call_thread_limit_across_two_runs(order, mode):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="1"), tc("a", "c2", x="2")]), AIMessage("done"),
+                      AIMessage("", tool_calls=[tc("a", "c3", x="3"), tc("a", "c4", x="4")]), AIMessage("done")])
+    limit = ToolCallLimitMiddleware(thread_limit=3, exit_behavior="continue")
+    agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [limit], order),
+                         checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    invoke(agent, USER, mode, cfg)
+    out = invoke(agent, {"messages": [("user", "again")]}, mode, cfg)
+    check(guard, out, runs, prices, sink)
+    assert runs["a"] == 3
+
+
+# ============================================== ModelCallLimitMiddleware exit_behavior="end"
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_model_call_limit_end_mid_episode(order, mode):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("a", f"c{i}", x=str(i))]) for i in range(5)] + [AIMessage("done")])
+    limit = ModelCallLimitMiddleware(run_limit=2, exit_behavior="end")
+    agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [limit], order))
+    out = invoke(agent, USER, mode)
+    check(guard, out, runs, prices, sink)
+    assert runs["a"] == 2
+
+
+# ============================================== more after_model rewrites
+class Rewrite(AgentMiddleware):
+    """after_model: applies ``fn`` to the last AIMessage's tool calls (same message id)."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def after_model(self, state: Any, runtime: Any) -> Any:
+        last = state["messages"][-1]
+        if not isinstance(last, AIMessage) or not last.tool_calls:
+            return None
+        return {"messages": [last.model_copy(update={"tool_calls": self.fn(list(last.tool_calls))})]}
+
+
+REWRITES = {
+    "drop_second": lambda cs: cs[:1],
+    "new_id": lambda cs: [{**c, "id": c["id"] + "x"} for c in cs],
+    "add_call": lambda cs: [*cs, tc("b", "added", x="9")],
+    "to_unknown": lambda cs: [{**c, "name": "zzz"} for c in cs],
+    "swap_names": lambda cs: [{**c, "name": "b" if c["name"] == "a" else "a"} for c in cs],
+}
+
+
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("how", list(REWRITES))
+@pytest.mark.parametrize("budget", [6.0, 50.0])
+def test_after_model_rewrites(how, order, mode, gate_at, budget):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0, "b": 5.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), budget,
+                        log_sink=sink, gate_at=gate_at)
+    model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="1"), tc("b", "c2", x="2")]),
+                      AIMessage("", tool_calls=[tc("a", "c3", x="3"), tc("b", "c4", x="4")]),
+                      AIMessage("done")])
+    agent = create_agent(model, [make_tool("a", runs), make_tool("b", runs)],
+                         middleware=stack(guard, [Rewrite(REWRITES[how])], order))
+    out = invoke(agent, USER, mode)
+    check(guard, out, runs, prices, sink)
+    if how in ("new_id", "add_call") and not (order == "guard_first" and gate_at == "after_model"):
+        # (guard first with its gate in after_model: the rewrite runs before the gate, which decides it)
+        # a call the gate never decided is refused at the tool step, with its own log record
+        assert any(r.reason == "not_gated" for r in sink.records)
