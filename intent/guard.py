@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Collection, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import AnyMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langgraph.errors import ParentCommand
 from langgraph.types import Command
 
@@ -52,9 +52,9 @@ from intent.errors import (
 from intent.ledger import BudgetLedger
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
-from intent.gate import RELEASED_UNUSED, gate_batch
+from intent.gate import ANSWERED_ELSEWHERE, RELEASED_UNUSED, gate_batch
 from intent.lineage import Reader, checkpoint_here, forked, new_input
-from intent.messages import messages_of, provider_run, tool_name
+from intent.messages import answered_after, call_key, messages_of, provider_run, text_of, tool_name, turns_before
 from intent.oracle import (
     ORACLE_ERROR,
     Decision,
@@ -857,6 +857,7 @@ class BudgetGuard:
         _raise_deferred(episode, last=True)
         branch = branch_of(config)
         update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
+        update = self._log_answered_before_gate(episode, state, channel, update)
         # Held from leaving to the oracle's end: a fan-out sibling that revives the episode meanwhile starts it
         # again (_start takes the same lock) only after the end hook has returned.
         with episode.start_lock:
@@ -883,6 +884,45 @@ class BudgetGuard:
             end = getattr(self.oracle, "end", None)
             if callable(end):
                 end(episode_id)
+        return update
+
+    def _log_answered_before_gate(self, episode: Episode, state: Any, channel: Mapping[str, Any] | None,
+                                  update: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Log ``answered`` for the calls another middleware answered and then ended the run before the gate
+        saw their message: with the gate in an ``after_model`` hook listed after it, a call limit's
+        ``exit_behavior="end"`` answers the calls and jumps to the end, skipping the gate, so those calls had
+        no log record at all (each call gets exactly one). Only messages after the last one the guard counted,
+        and only calls answered in the history and never decided; their decisions go to state, so a later
+        run's end does not log them again."""
+        messages = messages_of(state)
+        turns = (channel or {}).get("turns") or {}
+        known = (channel or {}).get("decisions") or {}
+        last_id = turns.get("last_id")
+        start = next((i + 1 for i in range(len(messages) - 1, -1, -1) if last_id and messages[i].id == last_id), 0)
+        decisions: dict[str, Any] = {}
+        for index in range(start, len(messages)):
+            ai = messages[index]
+            if not isinstance(ai, AIMessage) or not ai.tool_calls or not ai.id:
+                continue
+            answered = answered_after(messages, index)
+            step = turns_before(messages, index, turns, gate=True)  # as the gate would have numbered it
+            for call in ai.tool_calls:
+                cid = call.get("id")
+                key = call_key(ai, index, cid) if cid else None
+                if key is None or cid not in answered or key in known or key in episode.ledger:
+                    continue
+                name, args = call["name"], dict(call.get("args") or {})
+                self.records.answered(episode.ledger, episode_id=episode.episode_id, step=step,
+                                      query=episode.task(channel, messages), reasoning=text_of(ai), call_id=cid,
+                                      tool=name, args=args, reason=ANSWERED_ELSEWHERE,
+                                      market_version=self.market_for(episode.episode_id, channel).version)
+                decisions[key] = {"accept": False, "tool": name, "args": args, "price": None, "step": step,
+                                  "reason": ANSWERED_ELSEWHERE, "feedback": "", "kind": "answered"}
+        if not decisions:
+            return update
+        update = update or {LEDGER_KEY: self._channel_base(episode)}
+        update[LEDGER_KEY] = {**update[LEDGER_KEY],
+                              "decisions": {**update[LEDGER_KEY].get("decisions", {}), **decisions}}
         return update
 
     # ============================================================ the gate

@@ -334,3 +334,161 @@ def test_after_model_rewrites(how, order, mode, gate_at, budget):
         # (guard first with its gate in after_model: the rewrite runs before the gate, which decides it)
         # a call the gate never decided is refused at the tool step, with its own log record
         assert any(r.reason == "not_gated" for r in sink.records)
+
+
+# ============================================== a billed selector model under model_prices
+from intent.testing import BilledChatModel, ModelRuns, ai  # noqa: E402
+
+
+class BilledSelector(BilledChatModel):
+    picks: list = []
+
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
+        return self | RunnableLambda(lambda _: {"tools": list(self.picks)})
+
+
+SPRICES = {"main": ModelPrice(1000, 1000), "selector": ModelPrice(2000, 2000)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_selector_model_executions_inside_the_guard_are_metered(order, mode):
+    runs, sink, mruns = Runs(), MemoryLogSink(), ModelRuns()
+    prices = {"a": 1.0, "b": 1.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 10.0, log_sink=sink,
+                        model_prices=SPRICES, max_output_tokens=100)
+    model = scripted([ai(tc("a", "c1", x="1"), usage=(100, 100), model_name="main"),
+                      ai(text="done", usage=(100, 100), model_name="main")], model_name="main")
+    selector = BilledSelector(model_name="selector", runs=mruns, tokens=(100, 100), picks=["a"])
+    agent = create_agent(model, [make_tool(n, runs) for n in prices],
+                         middleware=stack(guard, [LLMToolSelectorMiddleware(model=selector)], order))
+    out = invoke(agent, USER, mode)
+    assert len(mruns.log) == 2 and len(model.executions) == 2
+    main_cost = 2 * SPRICES["main"].cost(100, 100)
+    ledger = guard.ledger(out)
+    assert ledger.reserved == 0 and runs["a"] == 1
+    if order == "guard_first":
+        # the selector runs inside the guard's model call: each of its executions is paid
+        assert ledger.spent == pytest.approx(1.0 + main_cost + mruns.cost(SPRICES))
+    else:
+        assert ledger.spent == pytest.approx(1.0 + main_cost)  # documented: outside the guard, unmetered
+
+
+# ============================================== limits across runs, exit "end"
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("which", ["model_thread_end", "tool_thread_end", "tool_run_end"])
+def test_limits_ending_runs_across_a_thread(which, order, mode):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("a", f"c{i}a", x=f"{i}a"), tc("a", f"c{i}b", x=f"{i}b")])
+                      for i in range(8)] + [AIMessage("done")] * 4)
+    limit = {"model_thread_end": ModelCallLimitMiddleware(thread_limit=3, exit_behavior="end"),
+             "tool_thread_end": ToolCallLimitMiddleware(thread_limit=3, exit_behavior="end"),
+             "tool_run_end": ToolCallLimitMiddleware(run_limit=3, exit_behavior="end")}[which]
+    agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [limit], order),
+                         checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}, "recursion_limit": 40}
+    invoke(agent, USER, mode, cfg)
+    ledger1 = guard.ledger(agent.get_state(cfg).values)
+    assert ledger1.reserved == 0 and ledger1.spent == runs["a"]
+    out = invoke(agent, {"messages": [("user", "again")]}, mode, cfg)
+    check(guard, out, runs, prices, sink)
+
+
+# ============================================== PII block on a tool result
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_pii_block_on_tool_result_keeps_the_charge(order, mode):
+    from langchain.agents.middleware import PIIDetectionError
+
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 2.0)]), 10.0, log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="x@example.com"), tc("a", "c2", x="y")]),
+                      AIMessage("done")])
+    pii = PIIMiddleware("email", strategy="block", apply_to_input=False, apply_to_tool_results=True)
+    agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [pii], order),
+                         checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    with pytest.raises(PIIDetectionError):
+        invoke(agent, USER, mode, cfg)
+    ledger = guard.ledger(agent.get_state(cfg).values, cfg)
+    assert runs["a"] == 2
+    assert ledger.spent == pytest.approx(4.0) and ledger.reserved == 0
+    assert sum(r.charged for r in sink.records) == pytest.approx(4.0)
+
+
+def strict_tool(name: str, runs: Runs) -> StructuredTool:
+    def fn(x: int) -> str:
+        runs.hit(name)
+        return f"{name} ran with {x}"
+
+    return StructuredTool.from_function(fn, name=name, description=f"Tool {name}.")
+
+
+REWRITES2 = {
+    "to_unpriced": lambda cs: [{**c, "name": "free"} for c in cs],
+    "bad_args": lambda cs: [{**c, "args": {"x": "not an int"}} for c in cs],
+    "drop_args": lambda cs: [{**c, "args": {}} for c in cs],
+    "to_banned": lambda cs: [{**c, "name": "banned"} for c in cs],
+}
+
+
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("how", list(REWRITES2))
+def test_after_model_rewrites_to_unusable_calls(how, order, mode, gate_at):
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0, "banned": 1.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()], banned=["banned"]), 10.0,
+                        log_sink=sink, gate_at=gate_at)
+    model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x=1), tc("a", "c2", x=2)]), AIMessage("done")])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        agent = create_agent(model, [strict_tool("a", runs), strict_tool("free", runs), strict_tool("banned", runs)],
+                             middleware=stack(guard, [Rewrite(REWRITES2[how])], order))
+        out = invoke(agent, USER, mode)
+    check(guard, out, runs, {**prices, "free": 0.0}, sink)
+    assert runs["free"] == 0 and runs["banned"] == 0 and runs["a"] == 0
+
+
+@pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_priced_write_todos_and_pii_args(order, mode, gate_at):
+    runs, sink = Runs(), MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 2.0), PricedTool("write_todos", 0.5)]), 10.0,
+                        log_sink=sink, gate_at=gate_at)
+    todos = [{"content": "mail bob@example.com", "status": "pending"}]
+    model = scripted([AIMessage("", tool_calls=[tc("write_todos", "t1", todos=todos), tc("a", "c1", x="bob@example.com"),
+                                                tc("a", "c2", x="joe@example.com")]),
+                      AIMessage("", tool_calls=[tc("write_todos", "t2", todos=todos), tc("a", "c3", x="q")]),
+                      AIMessage("done")])
+    pii = PIIMiddleware("email", strategy="hash", apply_to_input=True, apply_to_output=True,
+                        apply_to_tool_results=True)
+    agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [TodoListMiddleware(), pii], order))
+    out = invoke(agent, USER, mode)
+    todo_runs = [m for m in out["messages"] if isinstance(m, ToolMessage) and m.name == "write_todos"
+                 and m.status != "error"]
+    ledger = guard.ledger(out)
+    assert ledger.reserved == 0
+    assert_each_call_answered_once(list(out["messages"]))
+    assert ledger.spent == pytest.approx(2.0 * runs["a"] + 0.5 * len(todo_runs)), (runs.counts, len(todo_runs))
+    assert sum(r.charged for r in sink.records) == pytest.approx(ledger.spent)
+    assert_one_record_per_call(list(out["messages"]), sink.records)
+
+
+@pytest.fixture(autouse=True, params=["default_gate", "after_model_gate"])
+def _gate_position(request, monkeypatch):
+    """Every test above runs with the gate in the model call and in an after_model hook (unless it chose)."""
+    if request.param == "after_model_gate":
+        class Guard(BudgetGuard):
+            def __init__(self, *a: Any, **kw: Any) -> None:
+                kw.setdefault("gate_at", "after_model")
+                super().__init__(*a, **kw)
+
+        monkeypatch.setitem(globals(), "BudgetGuard", Guard)
