@@ -482,6 +482,56 @@ def test_priced_write_todos_and_pii_args(order, mode, gate_at):
     assert_one_record_per_call(list(out["messages"]), sink.records)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_tool_call_limit_error_then_next_run_on_the_thread(order, mode):
+    from langchain.agents.middleware.tool_call_limit import ToolCallLimitExceededError
+
+    runs, sink = Runs(), MemoryLogSink()
+    prices = {"a": 1.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="1"), tc("a", "c2", x="2")]),
+                      AIMessage("", tool_calls=[tc("a", "c3", x="3"), tc("a", "c4", x="4")]),
+                      AIMessage("done"), AIMessage("done")])
+    limit = ToolCallLimitMiddleware(thread_limit=3, exit_behavior="error")
+    agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [limit], order),
+                         checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "t"}}
+    with pytest.raises(ToolCallLimitExceededError):
+        invoke(agent, USER, mode, cfg)
+    assert runs["a"] == 2
+    limit2 = ToolCallLimitMiddleware(thread_limit=30, exit_behavior="error")
+    agent2 = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [limit2], order),
+                          checkpointer=agent.checkpointer)
+    out = invoke(agent2, {"messages": [("user", "again")]}, mode, cfg)
+    ledger = guard.ledger(out)
+    assert ledger.reserved == 0 and ledger.spent == pytest.approx(runs["a"] * 1.0)
+    assert sum(r.charged for r in sink.records) == pytest.approx(ledger.spent)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_rewritten_args_retried_each_run_paid(order, mode):
+    from langchain.agents.middleware import ToolRetryMiddleware
+
+    runs, sink = Runs(), MemoryLogSink()
+
+    def fn(x: str = "0") -> str:
+        runs.hit("a")
+        raise RuntimeError("503")
+
+    tool = StructuredTool.from_function(fn, name="a", description="Tool a.")
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 3.0)]), 10.0, log_sink=sink)
+    model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="1")]), AIMessage("done")])
+    retry = ToolRetryMiddleware(max_retries=5, initial_delay=0, jitter=False, on_failure=lambda e: f"gave up: {e}")
+    rewrite = Rewrite(lambda cs: [{**c, "args": {"x": "rewritten"}} for c in cs])
+    other = [rewrite, retry] if order == "guard_first" else [retry, rewrite]
+    agent = create_agent(model, [tool], middleware=stack(guard, other, order))
+    out = invoke(agent, USER, mode)
+    check(guard, out, runs, {"a": 3.0}, sink)
+    assert runs["a"] == 3
+
+
 @pytest.fixture(autouse=True, params=["default_gate", "after_model_gate"])
 def _gate_position(request, monkeypatch):
     """Every test above runs with the gate in the model call and in an after_model hook (unless it chose)."""
