@@ -89,6 +89,13 @@ def check(guard: BudgetGuard, out: Any, runs: Runs, prices: dict[str, float], si
 USER = {"messages": [("user", "go")]}
 
 
+def _guarded(prices: dict[str, float], budget: float, **guard_kw: Any) -> tuple[Any, MemoryLogSink, BudgetGuard]:
+    """Executions counted outside the guard, its log, and an AcceptAll guard over ``prices``."""
+    sink = MemoryLogSink()
+    return Runs(), sink, BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), budget,
+                                     log_sink=sink, **guard_kw)
+
+
 # ============================================== a middleware rewriting the calls in after_model
 class RewriteCalls(AgentMiddleware):
     """after_model: renames tool ``a`` to ``b`` and changes its arguments (same message id)."""
@@ -105,9 +112,8 @@ class RewriteCalls(AgentMiddleware):
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("budget", [10.0, 30.0])
 def test_after_model_rewrite_of_tool_and_args_is_regated_and_paid(order, mode, budget):
-    runs, sink = Runs(), MemoryLogSink()
     prices = {"a": 1.0, "b": 20.0}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), budget, log_sink=sink)
+    runs, sink, guard = _guarded(prices, budget)
     model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="1")]), AIMessage("done")])
     agent = create_agent(model, [make_tool("a", runs), make_tool("b", runs)],
                          middleware=stack(guard, [RewriteCalls()], order))
@@ -125,9 +131,8 @@ def test_after_model_rewrite_of_tool_and_args_is_regated_and_paid(order, mode, b
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_context_editing_clearing_tool_results_leaves_money_alone(order, mode):
-    runs, sink = Runs(), MemoryLogSink()
     prices = {"a": 3.0}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 3.0)]), 10.0, log_sink=sink)
+    runs, sink, guard = _guarded(prices, 10.0)
     model = scripted([AIMessage("", tool_calls=[tc("a", f"c{i}", x=str(i)), tc("a", f"d{i}", x=str(i))])
                       for i in range(3)] + [AIMessage("done")])
     edit = ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=1, keep=0, clear_tool_inputs=True)])
@@ -144,10 +149,7 @@ MPRICES = {"primary": ModelPrice(1000, 1000), "fallback": ModelPrice(5000, 5000)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_fallback_model_with_tool_calls_is_metered_each_execution(order, mode):
-    runs, sink = Runs(), MemoryLogSink()
-    prices = {"a": 1.0}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink, model_prices=MPRICES,
-                        max_output_tokens=100)
+    runs, sink, guard = _guarded({"a": 1.0}, 10.0, model_prices=MPRICES, max_output_tokens=100)
     from intent.testing import ai
 
     primary = scripted([ai(tc("a", "p1", x="p"), usage=(100, 100), model_name="primary"),
@@ -242,9 +244,8 @@ def test_todo_list_write_todos_priced_or_not(order, mode, priced):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_pii_redacting_args_and_results(order, mode):
-    runs, sink = Runs(), MemoryLogSink()
     prices = {"a": 2.0}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 2.0)]), 10.0, log_sink=sink)
+    runs, sink, guard = _guarded(prices, 10.0)
     model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="mail bob@example.com"), tc("a", "c2", x="z")]),
                       AIMessage("done")])
     pii = PIIMiddleware("email", strategy="redact", apply_to_input=True, apply_to_output=True,
@@ -259,9 +260,8 @@ def test_pii_redacting_args_and_results(order, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_tool_call_thread_limit_across_two_runs(order, mode):
-    runs, sink = Runs(), MemoryLogSink()
     prices = {"a": 1.0}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink)
+    runs, sink, guard = _guarded(prices, 10.0)
     model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="1"), tc("a", "c2", x="2")]), AIMessage("done"),
                       AIMessage("", tool_calls=[tc("a", "c3", x="3"), tc("a", "c4", x="4")]), AIMessage("done")])
     limit = ToolCallLimitMiddleware(thread_limit=3, exit_behavior="continue")
@@ -278,9 +278,8 @@ def test_tool_call_thread_limit_across_two_runs(order, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_model_call_limit_end_mid_episode(order, mode):
-    runs, sink = Runs(), MemoryLogSink()
     prices = {"a": 1.0}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink)
+    runs, sink, guard = _guarded(prices, 10.0)
     model = scripted([AIMessage("", tool_calls=[tc("a", f"c{i}", x=str(i))]) for i in range(5)] + [AIMessage("done")])
     limit = ModelCallLimitMiddleware(run_limit=2, exit_behavior="end")
     agent = create_agent(model, [make_tool("a", runs)], middleware=stack(guard, [limit], order))
@@ -319,10 +318,8 @@ REWRITES = {
 @pytest.mark.parametrize("how", list(REWRITES))
 @pytest.mark.parametrize("budget", [6.0, 50.0])
 def test_after_model_rewrites(how, order, mode, gate_at, budget):
-    runs, sink = Runs(), MemoryLogSink()
     prices = {"a": 1.0, "b": 5.0}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), budget,
-                        log_sink=sink, gate_at=gate_at)
+    runs, sink, guard = _guarded(prices, budget, gate_at=gate_at)
     model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="1"), tc("b", "c2", x="2")]),
                       AIMessage("", tool_calls=[tc("a", "c3", x="3"), tc("b", "c4", x="4")]),
                       AIMessage("done")])
@@ -379,9 +376,8 @@ def test_selector_model_executions_inside_the_guard_are_metered(order, mode):
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("which", ["model_thread_end", "tool_thread_end", "tool_run_end"])
 def test_limits_ending_runs_across_a_thread(which, order, mode):
-    runs, sink = Runs(), MemoryLogSink()
     prices = {"a": 1.0}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink)
+    runs, sink, guard = _guarded(prices, 10.0)
     model = scripted([AIMessage("", tool_calls=[tc("a", f"c{i}a", x=f"{i}a"), tc("a", f"c{i}b", x=f"{i}b")])
                       for i in range(8)] + [AIMessage("done")] * 4)
     limit = {"model_thread_end": ModelCallLimitMiddleware(thread_limit=3, exit_behavior="end"),
@@ -487,9 +483,8 @@ def test_priced_write_todos_and_pii_args(order, mode, gate_at):
 def test_tool_call_limit_error_then_next_run_on_the_thread(order, mode):
     from langchain.agents.middleware.tool_call_limit import ToolCallLimitExceededError
 
-    runs, sink = Runs(), MemoryLogSink()
     prices = {"a": 1.0}
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, log_sink=sink)
+    runs, sink, guard = _guarded(prices, 10.0)
     model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="1"), tc("a", "c2", x="2")]),
                       AIMessage("", tool_calls=[tc("a", "c3", x="3"), tc("a", "c4", x="4")]),
                       AIMessage("done"), AIMessage("done")])
