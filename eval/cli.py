@@ -128,9 +128,9 @@ def _refuse_oracle_flags_without_oracle(args: argparse.Namespace, methods: list[
 
     specs = [get_method(name) for name in methods]  # an unknown method's error names the methods there are
     if not any(s.build.__module__ not in _NO_ORACLE_MODELS for s in specs):
-        given = [flag for flag, value in (("--world-model", args.world_model), ("--max-depth", args.max_depth), ("--gamma", args.gamma),
-                                          ("--delta", args.delta), ("--predictor", args.predictor),
-                                          ("--predictor-dir", args.predictor_dir))
+        given = [flag for flag, value in (("--world-model", args.world_model), ("--max-depth", args.max_depth),
+                                          ("--gamma", args.gamma), ("--delta", args.delta),
+                                          ("--predictor", args.predictor), ("--predictor-dir", args.predictor_dir))
                  if value is not None]
         if given:
             raise UsageError(f"{', '.join(given)} shape the planning oracles (mco, intent and its variants), and "
@@ -165,7 +165,8 @@ def _study(args: argparse.Namespace) -> int:
                           "progress": not args.no_progress}
     if args.base_url:
         kw["options"] = {"base_url": args.base_url}
-    for key in ("max_tokens", "feedback_chars", "rollout_max_tokens", "max_turns", "max_depth"):  # every run of the study gets them
+    # Every run of the study gets them.
+    for key in ("max_tokens", "feedback_chars", "rollout_max_tokens", "max_turns", "max_depth"):
         if getattr(args, key, None) is not None:
             kw.setdefault("options", {})[key] = getattr(args, key)
     if args.oracle_tasks is not None:
@@ -270,7 +271,8 @@ def register(sub: Any) -> None:
                         "(default 30)")
     p.add_argument("--max-depth", type=int,
                    help="model turns in each MCO/INTENT rollout (default 8, the paper's horizon); a smaller one "
-                        "makes a real LLM's decisions cheaper and the oracle more lenient, and is printed with the table")
+                        "makes a real LLM's decisions cheaper and the oracle more lenient, and is printed with the "
+                        "table")
     p.add_argument("--rollout-max-tokens", type=int,
                    help="with --agent openai:NAME: cap each reply INTENT's and MCO's rollouts ask of the agent's "
                         "model (default: the agent's --max-tokens)")

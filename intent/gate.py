@@ -87,6 +87,13 @@ _context = builder(DecisionContext)
 _proposal_of = operator.attrgetter("proposal")
 
 
+def answered_decision(tool: str, args: dict[str, Any], step: int) -> dict[str, Any]:
+    """The decision state keeps for a call another middleware answered before any gate decided it: nothing
+    decided or reserved, but a later gate or run end sees it there and does not log the call again."""
+    return {"accept": False, "tool": tool, "args": args, "price": None, "step": step,
+            "reason": ANSWERED_ELSEWHERE, "feedback": "", "kind": "answered"}
+
+
 def _edited_ids(state: Any) -> Any:
     edits = state.get(HITL_EDITS_KEY) if isinstance(state, Mapping) else getattr(state, HITL_EDITS_KEY, None)
     return edits if isinstance(edits, Mapping) else ()
@@ -214,8 +221,7 @@ def gate_batch(
             effects.append(lambda cid=cid, name=name, args=args: guard.records.answered(
                 ledger, episode_id=episode_id, step=step, query=query, reasoning=reasoning, call_id=cid,
                 tool=name, args=args, reason=ANSWERED_ELSEWHERE, market_version=market.version))
-            decisions[key] = {"accept": False, "tool": name, "args": args, "price": None, "step": step,
-                              "reason": ANSWERED_ELSEWHERE, "feedback": "", "kind": "answered"}
+            decisions[key] = answered_decision(name, args, step)
             continue
         name, args = call["name"], dict(call.get("args") or {})
         if cid in renamed:

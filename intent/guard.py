@@ -52,7 +52,7 @@ from intent.errors import (
 from intent.ledger import BudgetLedger
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
-from intent.gate import ANSWERED_ELSEWHERE, RELEASED_UNUSED, gate_batch
+from intent.gate import ANSWERED_ELSEWHERE, RELEASED_UNUSED, answered_decision, gate_batch
 from intent.lineage import Reader, checkpoint_here, forked, new_input
 from intent.messages import answered_after, call_key, messages_of, provider_run, text_of, tool_name, turns_before
 from intent.oracle import (
@@ -783,7 +783,7 @@ class BudgetGuard:
         that stops reading the parent's stream closes the parent's loop, but the node's thread runs the agent
         to its end (LangGraph cannot stop it), so the agent ends its episode here, and the parent step's write
         stays pending, and a new input on the thread drops it. Without this the next run started from a fresh
-        budget and spent it again (9 spent of 7: tests/test_probe_runtime.py). The top graph's checkpoints
+        budget and spent it again (9 spent of 7: tests/test_subgraph_runs_dropped_by_the_parent.py). The top graph's checkpoints
         decide, on evidence only: the run is taken back when the checkpoint that follows the one its step ran
         from is a new input's (the step's result never saved), not when it is that step's result (saved: state
         has it, or the parent keeps no ledger channel and each turn starts a fresh budget, as documented)."""
@@ -898,7 +898,9 @@ class BudgetGuard:
         turns = (channel or {}).get("turns") or {}
         known = (channel or {}).get("decisions") or {}
         last_id = turns.get("last_id")
-        start = next((i + 1 for i in range(len(messages) - 1, -1, -1) if last_id and messages[i].id == last_id), 0)
+        start = 0  # after the last reply the guard counted, when it counted one
+        if last_id:
+            start = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].id == last_id), 0)
         decisions: dict[str, Any] = {}
         for index in range(start, len(messages)):
             ai = messages[index]
@@ -916,8 +918,7 @@ class BudgetGuard:
                                       query=episode.task(channel, messages), reasoning=text_of(ai), call_id=cid,
                                       tool=name, args=args, reason=ANSWERED_ELSEWHERE,
                                       market_version=self.market_for(episode.episode_id, channel).version)
-                decisions[key] = {"accept": False, "tool": name, "args": args, "price": None, "step": step,
-                                  "reason": ANSWERED_ELSEWHERE, "feedback": "", "kind": "answered"}
+                decisions[key] = answered_decision(name, args, step)
         if not decisions:
             return update
         update = update or {LEDGER_KEY: self._channel_base(episode)}

@@ -51,8 +51,8 @@ def memory_warning(n_params: int, batch_size: int, max_length: int, hidden: int,
     gb = (weights + activations) / 1e9
     if gb > limit_gb:
         warnings.warn(f"training may need ~{gb:.1f} GB of memory ({n_params / 1e6:.0f}M parameters, batch "
-                      f"{batch_size} x {max_length} tokens); lower --{flag_prefix}batch-size or --{flag_prefix}max-length",
-                      stacklevel=2)
+                      f"{batch_size} x {max_length} tokens); lower --{flag_prefix}batch-size or "
+                      f"--{flag_prefix}max-length", stacklevel=2)
     return gb
 
 

@@ -387,8 +387,9 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
                 return op(self, *args, **kwargs)
             except psycopg.OperationalError as exc:  # (serialization failures, deadlocks, lost connections)
                 if attempt == PG_ATTEMPTS - 1:
-                    raise StoreUnavailableError(f"the budget store {self.dsn!r} failed {op.__name__} {PG_ATTEMPTS} times: "
-                                     f"{type(exc).__name__}: {str(exc).strip()}") from exc
+                    raise StoreUnavailableError(
+                        f"the budget store {self.dsn!r} failed {op.__name__} {PG_ATTEMPTS} times: "
+                        f"{type(exc).__name__}: {str(exc).strip()}") from exc
                 time.sleep(0.05 * 2 ** attempt)
                 if self._conn.broken or self._conn.closed:
                     try:
