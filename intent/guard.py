@@ -711,6 +711,12 @@ class BudgetGuard:
         if new_run:
             update["runs_started"] = episode.run
         update |= episode.query_update(channel, messages_of(state))
+        if new_run and channel:
+            # A run left before its gate saw its last reply (a stream its reader left, a cancel, with the gate
+            # in an after_model hook), whose calls a middleware answered since (a dangling-call patcher's
+            # before_agent): their one record, at the next run's start (the run end's scan starts after the
+            # last reply counted, which is then the new run's).
+            return self._log_answered_before_gate(episode, state, channel, {LEDGER_KEY: update})
         return {LEDGER_KEY: update}
 
     def _unseen_by(self, episode: Episode, channel: Mapping[str, Any] | None) -> dict[str, Any] | None:
