@@ -903,6 +903,9 @@ class BudgetGuard:
         messages = messages_of(state)
         turns = (channel or {}).get("turns") or {}
         known = (channel or {}).get("decisions") or {}
+        written = ((update or {}).get(LEDGER_KEY) or {}).get("decisions")
+        if written:  # decided in this very update (a new run's settle at the run's end logged them already)
+            known = {**known, **written}
         last_id = turns.get("last_id")
         start = 0  # after the last reply the guard counted, when it counted one
         if last_id:

@@ -182,3 +182,32 @@ def test_without_a_patcher_the_next_run_sends_the_unanswered_call():
     with pytest.raises(AssertionError, match="has 0 ToolMessages"):
         assert_each_call_answered_once(model.requests[-1])
     assert guard.ledger(out).reserved == 0 and guard.ledger(out).spent == 0
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_a_patched_call_with_a_thread_model_call_limit_has_one_record(order):
+    # With a thread's model-call limit ending the next run: the patched call the after_model gate never saw
+    # is logged once (not by both the new run's start and its end), and nothing was spent or held.
+    from langchain.agents.middleware import ModelCallLimitMiddleware
+
+    tools = [StructuredTool.from_function(lambda x=0: "ran", name=n, description=n) for n in PRICES]
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in PRICES.items()]), 50.0,
+                        log_sink=sink, gate_at="after_model")
+    model = RecordingModel(messages=iter([ai(call("slow")), AIMessage("done")]), bound=[], executions=[],
+                           requests=[])
+    middleware = [guard.middleware(), PatchUnansweredCalls(),
+                  ModelCallLimitMiddleware(thread_limit=1, exit_behavior="end")]
+    if order == "patch_first":
+        middleware.reverse()
+    agent = create_agent(model, tools, middleware=middleware, checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "limited"}}
+    for chunk in agent.stream({"messages": [("user", "go")]}, config, stream_mode="updates"):
+        if any(part and any(isinstance(m, AIMessage) and m.tool_calls for m in _messages_of(part))
+               for part in chunk.values()):
+            break
+    out = agent.invoke({"messages": [("user", "go on")]}, config)
+    assert_each_call_answered_once(out["messages"])
+    assert_one_record_per_call(out["messages"], sink.records)
+    ledger = guard.ledger(out)
+    assert (ledger.spent, ledger.reserved) == (0, 0)
