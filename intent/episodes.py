@@ -166,6 +166,11 @@ class EpisodeRegistry:
     def __contains__(self, episode_id: object) -> bool:
         return episode_id in self._episodes
 
+    def ids(self) -> list[str]:
+        """The ids of the episodes live here (a run of their thread going on, or a market set for them), least
+        recently used first."""
+        return list(self._episodes)
+
     def peek(self, episode_id: str) -> Episode | None:
         # One read of the (C) OrderedDict, atomic under the GIL like __contains__ above: no lock taken
         # (the market is looked up this way three times per tool call).

@@ -47,6 +47,7 @@ from intent.errors import (
     InvalidBillError,
     OracleUnavailableError,
     UnpricedToolWarning,
+    UsageError,
     as_oracle_unavailable,
 )
 from intent.ledger import BudgetLedger
@@ -340,9 +341,21 @@ class BudgetGuard:
         self._market = new
         return new
 
-    def update_episode_market(self, episode_id: str, update: Market | Callable[[Market], Market]) -> Market:
-        """Swap the market of one episode only (e.g. CostBench-style mid-episode events)."""
-        episode = self.episodes.get(episode_id)
+    def update_episode_market(self, episode_id: str, update: Market | Callable[[Market], Market], *,
+                              create: bool = False) -> Market:
+        """Swap the market of one episode only (e.g. CostBench-style mid-episode events).
+
+        The episode must be live here (a run of the thread going on, or a market set for it before); an id
+        that is not is refused, since it is most likely a typo that would otherwise set a market no run reads.
+        ``create=True`` makes the episode, to give a thread its own market before its run starts here."""
+        episode = self.episodes.get(episode_id) if create else self.episodes.peek(episode_id)
+        if episode is None:
+            live = self.episodes.ids()
+            shown = ", ".join(map(repr, live[-5:])) + (f" (and {len(live) - 5} more)" if len(live) > 5 else "")
+            raise UsageError(
+                f"update_episode_market: no live episode {episode_id!r} (the episode id is the run's thread_id; "
+                f"live here: {shown or 'none'}; guard.episodes.ids() lists them). To give a thread whose run has "
+                "not started here a market of its own, pass create=True")
         with episode.lock:
             current = episode.market or self._market
             new = update(current) if callable(update) else update
@@ -363,7 +376,9 @@ class BudgetGuard:
                 return market if market.price(tool) == price else market.with_price(tool, price)
             return market.with_tool(PricedTool(tool, price))
 
-        return self.update_episode_market(episode_id, update)
+        # The episode is the running tool's own (it may have ended meanwhile, for a late answer): made again
+        # rather than refused, since refusing here would fail the call before its charge is settled.
+        return self.update_episode_market(episode_id, update, create=True)
 
     def market_for(self, episode_id: str, state_ledger: Mapping[str, Any] | None = None) -> Market:
         episode = self.episodes.peek(episode_id)
