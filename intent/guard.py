@@ -55,7 +55,8 @@ from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
 from intent.gate import ANSWERED_ELSEWHERE, RELEASED_UNUSED, answered_decision, gate_batch
 from intent.lineage import Reader, checkpoint_here, forked, new_input
-from intent.messages import answered_after, call_key, messages_of, provider_run, text_of, tool_name, turns_before
+from intent.messages import (answered_after, call_key, messages_of, provider_run, query_run, text_of, tool_name,
+                             turns_before)
 from intent.oracle import (
     ORACLE_ERROR,
     Decision,
@@ -707,6 +708,10 @@ class BudgetGuard:
                     others.append(task)
                 else:
                     own_task = True
+        # The task of the run the held reservations were made in: the one state keeps (the gate that reserved wrote
+        # it), not this step's messages, whose last human message is a new run's task when the run that reserved
+        # was abandoned (paused, then given new input).
+        query = channel["query"] if query_run(channel) is not None else None
         for entry in held:
             owner = ledger.owner_of(entry.call_id)
             if (others and _owned_by(owner, others)) or (own_task and owner == branch):
@@ -714,8 +719,10 @@ class BudgetGuard:
             released = ledger.release_held(entry.call_id)
             if released is None:
                 continue  # committed or released by its branch or visitor, or another settle, since `held` was read
+            if query is None:  # (no task kept in state: a run that reserved before writing any, so this one's)
+                query = episode.task(channel, messages_of(state))
             self.records.release(ledger, released, episode_id=episode.episode_id,
-                                 meta=decisions.get(entry.call_key, {}), reason=reason)
+                                 meta=decisions.get(entry.call_key, {}), reason=reason, query=query)
         # Every charge state has not seen, a running sibling branch's included: a fresh guard resuming this
         # branch from its own checkpoint then knows what the siblings had spent by its last step.
         unseen = self._unseen_by(episode, channel)
