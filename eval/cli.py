@@ -129,6 +129,7 @@ def _refuse_oracle_flags_without_oracle(args: argparse.Namespace, methods: list[
     specs = [get_method(name) for name in methods]  # an unknown method's error names the methods there are
     if not any(s.build.__module__ not in _NO_ORACLE_MODELS for s in specs):
         given = [flag for flag, value in (("--world-model", args.world_model), ("--max-depth", args.max_depth),
+                                          ("--rollout-max-tokens", args.rollout_max_tokens),
                                           ("--gamma", args.gamma), ("--delta", args.delta),
                                           ("--predictor", args.predictor), ("--predictor-dir", args.predictor_dir))
                  if value is not None]

@@ -223,4 +223,5 @@ def follow_market_events(guard: Any, episode_id: str, market_now: Callable[[], M
     """Give ``guard``'s episode the market as the environment's events have made it (before each model step)."""
     now = market_now()
     if now.version != guard.market_for(episode_id).version:
-        guard.update_episode_market(episode_id, now)
+        # (create: the first model step of a run calls this before the guard's own step makes the episode)
+        guard.update_episode_market(episode_id, now, create=True)

@@ -61,6 +61,10 @@ class Episode:
     # Calls of a message rebuilt outside the guard, by (message id, call id): the gated call's key
     # each one took over (intent.metering), so that an outer retry of the same call finds it again.
     rebuilt: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Calls refused at the tool step as never gated (intent.metering), by call key: their one log record is
+    # written, so a re-run of the step (a resume after an interrupt in a sibling call of the same task) does not
+    # write it again.
+    not_gated_logged: set[str] = field(default_factory=set)
     # The tools the model was offered at its last call (the request's list, as given): a call to
     # one the market does not price is refused as unpriced, not as a tool that does not exist.
     offered: Any = None
@@ -117,6 +121,14 @@ class Episode:
             return {}
         return {"query": query_of(channel, messages, run), "query_run": run}
 
+    def first_not_gated(self, key: str) -> bool:
+        """Whether the call ``key`` is refused as never gated for the first time here (its record to write)."""
+        with self.lock:
+            if key in self.not_gated_logged:
+                return False
+            self.not_gated_logged.add(key)
+            return True
+
     def offered_names(self) -> frozenset[str] | None:
         """The names of the tools the model was offered at its last call; ``None`` when the guard
         has not seen a model request (a hand-built graph)."""
@@ -165,6 +177,11 @@ class EpisodeRegistry:
 
     def __contains__(self, episode_id: object) -> bool:
         return episode_id in self._episodes
+
+    def ids(self) -> list[str]:
+        """The ids of the episodes live here (a run of their thread going on, or a market set for them), least
+        recently used first."""
+        return list(self._episodes)
 
     def peek(self, episode_id: str) -> Episode | None:
         # One read of the (C) OrderedDict, atomic under the GIL like __contains__ above: no lock taken

@@ -47,6 +47,7 @@ from intent.errors import (
     InvalidBillError,
     OracleUnavailableError,
     UnpricedToolWarning,
+    UsageError,
     as_oracle_unavailable,
 )
 from intent.ledger import BudgetLedger
@@ -54,7 +55,8 @@ from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
 from intent.gate import ANSWERED_ELSEWHERE, RELEASED_UNUSED, answered_decision, gate_batch
 from intent.lineage import Reader, checkpoint_here, forked, new_input
-from intent.messages import answered_after, call_key, messages_of, provider_run, text_of, tool_name, turns_before
+from intent.messages import (answered_after, call_key, messages_of, provider_run, query_run, text_of, tool_name,
+                             turns_before)
 from intent.oracle import (
     ORACLE_ERROR,
     Decision,
@@ -340,9 +342,21 @@ class BudgetGuard:
         self._market = new
         return new
 
-    def update_episode_market(self, episode_id: str, update: Market | Callable[[Market], Market]) -> Market:
-        """Swap the market of one episode only (e.g. CostBench-style mid-episode events)."""
-        episode = self.episodes.get(episode_id)
+    def update_episode_market(self, episode_id: str, update: Market | Callable[[Market], Market], *,
+                              create: bool = False) -> Market:
+        """Swap the market of one episode only (e.g. CostBench-style mid-episode events).
+
+        The episode must be live here (a run of the thread going on, or a market set for it before); an id
+        that is not is refused, since it is most likely a typo that would otherwise set a market no run reads.
+        ``create=True`` makes the episode, to give a thread its own market before its run starts here."""
+        episode = self.episodes.get(episode_id) if create else self.episodes.peek(episode_id)
+        if episode is None:
+            live = self.episodes.ids()
+            shown = ", ".join(map(repr, live[-5:])) + (f" (and {len(live) - 5} more)" if len(live) > 5 else "")
+            raise UsageError(
+                f"update_episode_market: no live episode {episode_id!r} (the episode id is the run's thread_id; "
+                f"live here: {shown or 'none'}; guard.episodes.ids() lists them). To give a thread whose run has "
+                "not started here a market of its own, pass create=True")
         with episode.lock:
             current = episode.market or self._market
             new = update(current) if callable(update) else update
@@ -363,7 +377,9 @@ class BudgetGuard:
                 return market if market.price(tool) == price else market.with_price(tool, price)
             return market.with_tool(PricedTool(tool, price))
 
-        return self.update_episode_market(episode_id, update)
+        # The episode is the running tool's own (it may have ended meanwhile, for a late answer): made again
+        # rather than refused, since refusing here would fail the call before its charge is settled.
+        return self.update_episode_market(episode_id, update, create=True)
 
     def market_for(self, episode_id: str, state_ledger: Mapping[str, Any] | None = None) -> Market:
         episode = self.episodes.peek(episode_id)
@@ -692,6 +708,10 @@ class BudgetGuard:
                     others.append(task)
                 else:
                     own_task = True
+        # The task of the run the held reservations were made in: the one state keeps (the gate that reserved wrote
+        # it), not this step's messages, whose last human message is a new run's task when the run that reserved
+        # was abandoned (paused, then given new input).
+        query = channel["query"] if query_run(channel) is not None else None
         for entry in held:
             owner = ledger.owner_of(entry.call_id)
             if (others and _owned_by(owner, others)) or (own_task and owner == branch):
@@ -699,8 +719,10 @@ class BudgetGuard:
             released = ledger.release_held(entry.call_id)
             if released is None:
                 continue  # committed or released by its branch or visitor, or another settle, since `held` was read
+            if query is None:  # (no task kept in state: a run that reserved before writing any, so this one's)
+                query = episode.task(channel, messages_of(state))
             self.records.release(ledger, released, episode_id=episode.episode_id,
-                                 meta=decisions.get(entry.call_key, {}), reason=reason)
+                                 meta=decisions.get(entry.call_key, {}), reason=reason, query=query)
         # Every charge state has not seen, a running sibling branch's included: a fresh guard resuming this
         # branch from its own checkpoint then knows what the siblings had spent by its last step.
         unseen = self._unseen_by(episode, channel)

@@ -163,15 +163,17 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
     if key not in episode.ledger:
         # A call the gate never decided: a middleware added it to the model's message, or gave it another id,
         # after the gate (an after_model hook rewriting the calls). Refused here, unrun and free; this refusal
-        # is the call's one answering log record (the gate wrote none for it), as for every other refusal.
+        # is the call's one answering log record (the gate wrote none for it), as for every other refusal: once,
+        # though a resume runs the step again.
         text = fb.not_gated(name)
         proposed = next((c for c in ai.tool_calls if c.get("id") == cid), call)
-        guard.records.refusal(
-            episode.ledger, episode_id=episode.episode_id,
-            step=turns_before(messages, index, channel.get("turns")), query=episode.task(channel, messages),
-            reasoning=text_of(ai), call_id=cid, tool=name, args=dict(proposed.get("args") or {}), price=None,
-            kind="invalid", reason=NOT_GATED, text=text,
-            market_version=guard.market_for(episode.episode_id, channel).version)
+        if episode.first_not_gated(key):
+            guard.records.refusal(
+                episode.ledger, episode_id=episode.episode_id,
+                step=turns_before(messages, index, channel.get("turns")), query=episode.task(channel, messages),
+                reasoning=text_of(ai), call_id=cid, tool=name, args=dict(proposed.get("args") or {}), price=None,
+                kind="invalid", reason=NOT_GATED, text=text,
+                market_version=guard.market_for(episode.episode_id, channel).version)
         return ToolMessage(text, tool_call_id=cid, name=name, status="error", artifact={"intent_reason": NOT_GATED})
     return CallRun(guard, episode, key, request, meta, messages, ai, channel)
 

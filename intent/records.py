@@ -73,12 +73,15 @@ class Recorder:
 
     def release(
         self, ledger: BudgetLedger, entry: LedgerEntry, *, episode_id: str, meta: Mapping[str, Any], reason: str,
-        text: str = "",
+        text: str = "", query: str = "",
     ) -> None:
+        """A reservation given back unused; ``query`` is the task of the run that made it (an abandoned run's, when
+        the thread's next run releases it)."""
         if self.sink is None:  # nothing is built for a guard with no log
             return
         self._write(
-            ledger, task_id=episode_id, step=int(meta.get("step", -1)), call_id=entry.tool_call_id, tool=entry.tool,
+            ledger, task_id=episode_id, step=int(meta.get("step", -1)), call_id=entry.tool_call_id, query=query,
+            tool=entry.tool,
             price=entry.amount, decision="accept", reason=reason, feedback=text, status="released", charged=0.0,
             market_version=entry.market_version, decision_ms=float(meta.get("decision_ms", 0.0)),
             oracle_usage=dict(meta.get("usage", {})),

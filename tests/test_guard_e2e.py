@@ -299,3 +299,48 @@ def test_the_shipped_scripted_model_streams_its_tool_calls():
     assert guard.ledger(final).spent == 2.0 and guard.ledger(final).reserved == 0
     assert any(mode == "messages" and getattr(c[0], "tool_call_chunks", None) for mode, c in chunks)
     assert_each_call_answered_once(final["messages"])
+
+
+def test_update_episode_market_refuses_an_episode_that_is_not_live_unless_asked_to_create_it():
+    from intent.errors import UsageError
+
+    guard = BudgetGuard(AcceptAll(), market(), 50)
+    model = scripted([ai(call("get_quote", symbol="A")), AIMessage("x")])
+    agent = create_agent(model, TOOLS, middleware=[guard.middleware()], checkpointer=InMemorySaver(),
+                         interrupt_after=["tools"])
+    config = {"configurable": {"thread_id": "t-live"}}
+    agent.invoke({"messages": [("user", "x")]}, config)
+    assert list(guard.episodes.ids()) == ["t-live"]
+    with pytest.raises(UsageError, match=r"'t-lvie'.*'t-live'.*create=True"):
+        guard.update_episode_market("t-lvie", lambda m: m.with_price("get_quote", 30))
+    assert "t-lvie" not in guard.episodes  # the typo made no episode
+    # The live episode's market changes; a thread whose run has not started here gets one only on request.
+    assert guard.update_episode_market("t-live", lambda m: m.with_price("get_quote", 30)).price("get_quote") == 30
+    assert guard.update_episode_market("t-next", market(get_quote=7.0), create=True).price("get_quote") == 7
+    assert guard.market_for("t-next").price("get_quote") == 7
+
+
+def test_a_reservation_released_after_its_run_was_abandoned_is_logged_with_that_runs_task():
+    # Turn 1 pauses inside a tool (its reservation held); the user drops the pause and sends a new task. The
+    # release record written at turn 2's first model step belongs to turn 1's call: it carries turn 1's task
+    # (was: an empty query).
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+    from langgraph.types import interrupt
+
+    @tool
+    def ask(x: int) -> str:
+        """Ask a human."""
+        return f"human said {interrupt('ok?')}"
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), market(ask=3.0, get_quote=2.0), 10, log_sink=sink)
+    model = scripted([ai(call("ask", x=1)), ai(call("get_quote", symbol="A")), AIMessage("done")])
+    agent = create_agent(model, [ask, get_quote], middleware=[guard.middleware()], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t-abandoned"}}
+    assert agent.invoke({"messages": [HumanMessage("ask first")]}, config).get("__interrupt__")
+    out = agent.invoke({"messages": [HumanMessage("forget that, new task")]}, config)
+    assert guard.ledger(out).spent == 2.0 and guard.ledger(out).reserved == 0
+    released = [r for r in sink.records if r.status == "released"]
+    assert [(r.tool, r.reason, r.query) for r in released] == [("ask", "released_unused", "ask first")]
+    assert {r.query for r in sink.records if r.tool == "get_quote"} == {"forget that, new task"}

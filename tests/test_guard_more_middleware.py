@@ -333,6 +333,48 @@ def test_after_model_rewrites(how, order, mode, gate_at, budget):
         assert any(r.reason == "not_gated" for r in sink.records)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_call_added_after_the_gate_has_one_not_gated_record_when_its_tool_step_is_resumed(mode):
+    # A hand-built graph whose one ToolNode task runs every call of the message: a node after the guard adds a
+    # call (refused at the tool step: never gated), and another call of the same step pauses for a human. The
+    # resume runs the whole step again: the added call is answered again, and logged once (was: twice).
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Command, interrupt
+
+    from intent import GuardState
+
+    runs, sink, guard = _guarded({"ask": 1.0, "b": 5.0}, 50.0)
+
+    def ask(x: str = "0") -> str:
+        runs.hit("ask")
+        return f"human said {interrupt('ok?')}"
+
+    model = scripted([AIMessage("", tool_calls=[tc("ask", "c1", x="1")]), AIMessage("done")])
+
+    def add_call(state: Any) -> Any:
+        last = state["messages"][-1]
+        return {"messages": [last.model_copy(update={"tool_calls": [tc("b", "added", x="9"), *last.tool_calls]})]}
+
+    g = StateGraph(GuardState)
+    g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+    g.add_node("guard", guard.node())
+    g.add_node("add_call", add_call)
+    g.add_node("tools", guard.tool_node([make_tool("b", runs),
+                                         StructuredTool.from_function(ask, name="ask", description="Ask.")]))
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", lambda s: "guard" if s["messages"][-1].tool_calls else END, ["guard", END])
+    g.add_edge("guard", "add_call")
+    g.add_edge("add_call", "tools")
+    g.add_edge("tools", "agent")
+    agent = g.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"not-gated-resumed-{mode}"}}
+    assert invoke(agent, USER, mode, config).get("__interrupt__")
+    out = invoke(agent, Command(resume="yes"), mode, config)
+    assert runs["ask"] == 2 and runs["b"] == 0 and out["messages"][-1].content == "done"
+    assert [(r.call_id, r.tool) for r in sink.records if r.reason == "not_gated"] == [("added", "b")]
+    assert guard.ledger(out).spent == 1.0
+
+
 # ============================================== a billed selector model under model_prices
 from intent.testing import BilledChatModel, ModelRuns, ai  # noqa: E402
 

@@ -229,7 +229,7 @@ def test_rollout_max_tokens_on_a_model_without_the_setting_names_the_flag():
 
 @pytest.mark.parametrize("value", ["4", "0"])
 def test_rollout_max_tokens_is_checked_before_any_episode(stub, tmp_path, capsys, value):
-    code = main(["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "tracker",
+    code = main(["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "tracker,mco",
                  "--tasks", "1", "--rollout-max-tokens", value, "--out", str(tmp_path / "o"), "--no-progress"])
     assert code == 2
     _one_line_error(capsys, "--rollout-max-tokens", ">= 16")
@@ -253,8 +253,9 @@ def test_the_rollout_cap_never_exceeds_the_agents_own(stub):
 
 def test_a_run_directory_refuses_another_rollout_cap(stub, tmp_path, capsys):
     # Resuming with another cap would mix episodes of two configurations in one table.
-    args = ["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "tracker", "--tasks", "1",
-            "--out", str(tmp_path / "o"), "--no-progress"]
+    # (mco: the cap is for rollouts, and a run without a planning oracle refuses it; a short, small one)
+    args = ["bench", "--agent", f"openai:{STUB_MODEL}", "--base-url", stub, "--methods", "mco", "--tasks", "1",
+            "--oracle-tasks", "1", "--max-depth", "1", "--out", str(tmp_path / "o"), "--no-progress"]
     assert main([*args, "--rollout-max-tokens", "64"]) == 0
     capsys.readouterr()
     assert main([*args, "--rollout-max-tokens", "96"]) == 2

@@ -652,6 +652,46 @@ def test_the_outbox_keeps_commits_while_the_store_is_away_and_raises_what_is_a_b
     assert not outbox.pending
 
 
+def test_a_kept_commit_the_store_refuses_is_raised_once_and_dropped_so_it_blocks_nothing_after(budget_key):
+    # Was: a kept commit the store refused when sent again (not an outage: its hold released meanwhile) stayed
+    # kept, and every later operation sent it first and failed with it: the outbox blocked the store for good.
+    from intent.stores import CommitOutbox, KeptCommitRefusedError
+
+    store = _flaky_store(2)
+    store.create_budget(budget_key, 1.0)
+    outbox = CommitOutbox(store)
+    for charge_id in ("a", "b", "c"):
+        outbox.reserve(budget_key, charge_id, 0.25)
+    assert outbox.commit(budget_key, "a", 0.2) is None and outbox.commit(budget_key, "b") is None  # both kept
+    store.release(budget_key, "a")  # "a" is given back behind the outbox's back: committing it is now refused
+    # The operation that sends the kept commits raises the refusal once, naming the charge and what to do,
+    # after sending the other kept commit and doing its own commit: no charge the store can take is forgotten.
+    with pytest.raises(KeptCommitRefusedError, match=r"'a'.*released.*dropped"):
+        outbox.commit(budget_key, "c", 0.1)
+    assert not outbox.pending
+    assert {c.charge_id: c.status for c in store.charges(budget_key)} == {
+        "a": "released", "b": "committed", "c": "committed"}
+    assert outbox.spent(budget_key) == pytest.approx(0.35)  # later operations go through
+    outbox.reserve(budget_key, "d", 0.25)
+    assert store.reserved(budget_key) == pytest.approx(0.25)
+
+
+def test_a_kept_commit_refused_before_another_operation_fails_that_operation_once(budget_key):
+    from intent.stores import CommitOutbox, KeptCommitRefusedError
+
+    store = _flaky_store(1)
+    store.create_budget(budget_key, 1.0)
+    outbox = CommitOutbox(store)
+    outbox.reserve(budget_key, "a", 0.25)
+    assert outbox.commit(budget_key, "a") is None
+    store.release(budget_key, "a")
+    with pytest.raises(KeptCommitRefusedError, match=r"'a'"):
+        outbox.reserve(budget_key, "b", 0.25)  # not done: nothing changed for it
+    assert store.reserved(budget_key) == 0.0 and not outbox.pending
+    outbox.reserve(budget_key, "b", 0.25)  # the refusal was raised once: the retry goes through
+    assert store.reserved(budget_key) == pytest.approx(0.25)
+
+
 def test_postgres_past_its_retries_is_unavailable_not_a_bug(request, budget_key, monkeypatch):
     # The guard keeps a commit only on StoreUnavailableError; the retry wrapper raised a plain StoreError.
     import psycopg

@@ -178,6 +178,9 @@ def test_serve_refuses_a_predictor_and_a_missing_vllm_environment(tmp_path, monk
     (["--world-model", "replay"], "--world-model shape the planning oracles"),
     (["--max-depth", "3", "--gamma", "0.4"], "--max-depth, --gamma shape the planning oracles"),
     (["--predictor-dir", "p"], "--predictor-dir shape the planning oracles"),
+    # (with a served model's agent, which the flag is for: a simulated one is refused for writing no tokens)
+    (["--agent", "openai:m", "--base-url", "http://127.0.0.1:9/v1", "--rollout-max-tokens", "64"],
+     "--rollout-max-tokens shape the planning oracles"),
     (["--oracle-tasks", "5"], "--oracle-tasks feed the methods built from logs"),
     (["--methods", "raw,tracker,optimal", "--oracle-logs", "l.jsonl"], "--methods raw,tracker,optimal runs none"),
 ])

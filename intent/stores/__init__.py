@@ -43,11 +43,12 @@ import datetime as _dt
 import logging
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from intent.stores.base import StoreCharge, StoreError, StoreUnavailableError
+from intent.stores.base import KeptCommitRefusedError, StoreCharge, StoreError, StoreUnavailableError
 
 __all__ = [
     "BudgetStore",
     "CommitOutbox",
+    "KeptCommitRefusedError",
     "LeaseKeeper",
     "MemoryBudgetStore",
     "PostgresBudgetStore",
@@ -138,6 +139,13 @@ class CommitOutbox:
     the store took before its answer was lost is not charged twice; one sent after its lease ran out is charged
     and flagged ``late``. Any other :class:`StoreError` (a released charge committed, an unknown key) is a bug
     and is raised. What a process still keeps when it exits is lost with it: :attr:`pending` says what that is.
+
+    A kept commit the store refuses when it is sent again (a :class:`StoreError` that is not
+    :class:`StoreUnavailableError`: its hold was released meanwhile, its key deleted) will never be taken, so it is
+    dropped from the outbox (kept, it would fail every later operation) and raised once, as a
+    :class:`KeptCommitRefusedError`, by the operation that sent it: the kept commits behind it are still sent, and
+    that operation is then not done (a reserve, a read: call it again), except a commit, which is done first (its
+    call ran: its charge must not be lost) and then raises.
     """
 
     def __init__(self, store: Any) -> None:
@@ -154,30 +162,51 @@ class CommitOutbox:
             return dict(self._pending)
 
     def flush(self) -> None:
-        """Send the kept commits, oldest first; :class:`StoreUnavailableError` while the store is still away."""
+        """Send the kept commits, oldest first; :class:`StoreUnavailableError` while the store is still away (the
+        rest stay kept), :class:`KeptCommitRefusedError` for those the store refused (dropped)."""
         if not self._pending:  # (the usual case: one dict test per operation)
             return
         with self._lock:
             kept = list(self._pending.items())
-        for (key, charge_id), amount in kept:
-            self.store.commit(key, charge_id, amount)
-            with self._lock:
-                self._pending.pop((key, charge_id), None)
-            logging.getLogger("intent.stores").warning(
-                "kept commit of charge %s on %r sent to the store (it was unreachable when the call ended)",
-                charge_id, key)
+        log = logging.getLogger("intent.stores")
+        refused: list[tuple[str, str, float | None, StoreError]] = []
+        try:
+            for (key, charge_id), amount in kept:
+                try:
+                    self.store.commit(key, charge_id, amount)
+                except StoreUnavailableError:
+                    raise
+                except StoreError as exc:
+                    refused.append((key, charge_id, amount, exc))
+                    log.error("kept commit of charge %s on %r refused by the store (%s): dropped", charge_id, key, exc)
+                else:
+                    log.warning("kept commit of charge %s on %r sent to the store (it was unreachable when the call "
+                                "ended)", charge_id, key)
+                with self._lock:
+                    self._pending.pop((key, charge_id), None)
+        finally:
+            # (also when the store went away again part-way: what it refused before is raised, not lost)
+            if refused:
+                raise KeptCommitRefusedError(refused)
 
     def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge | None:
+        refused: KeptCommitRefusedError | None = None
         try:
-            self.flush()
-            return self.store.commit(key, charge_id, amount)
+            try:
+                self.flush()
+            except KeptCommitRefusedError as exc:
+                refused = exc  # raised once this call's own commit is done: the call ran, its charge goes first
+            charge = self.store.commit(key, charge_id, amount)
         except StoreUnavailableError as exc:
             with self._lock:
                 self._pending[(key, charge_id)] = amount
             logging.getLogger("intent.stores").warning(
                 "charge %s on %r is in the guard's ledger but the store is unreachable (%s): kept, and sent again "
                 "before the next operation on the store", charge_id, key, exc)
-            return None
+            charge = None
+        if refused is not None:
+            raise refused
+        return charge
 
     def _flushed(self, name: str) -> Any:
         method = getattr(self.store, name)

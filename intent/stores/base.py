@@ -10,7 +10,8 @@ from intent.errors import IntentError
 from intent.ledger import BudgetExceededError
 from intent.market import check_amount
 
-__all__ = ["NANO", "ChargeStatus", "StoreCharge", "StoreError", "StoreUnavailableError", "from_nano", "to_nano"]
+__all__ = ["NANO", "ChargeStatus", "KeptCommitRefusedError", "StoreCharge", "StoreError", "StoreUnavailableError",
+           "from_nano", "to_nano"]
 
 NANO = 1_000_000_000
 ChargeStatus = Literal["reserved", "committed", "released", "expired"]
@@ -23,6 +24,22 @@ class StoreError(IntentError, RuntimeError):
 class StoreUnavailableError(StoreError):
     """The store could not be reached (still failing after its own retries): the operation may succeed later.
     A commit that fails so is kept by the guard and sent again (:class:`intent.stores.CommitOutbox`)."""
+
+
+class KeptCommitRefusedError(StoreError):
+    """Commits the guard kept while the store was unreachable (:class:`intent.stores.CommitOutbox`) that the store
+    refused when they were sent again (their hold released meanwhile, their budget key gone): dropped from the
+    outbox, so they block no later operation, and raised once. ``refused``: ``(key, charge id, amount, the store's
+    error)`` for each."""
+
+    def __init__(self, refused: list[tuple[str, str, float | None, StoreError]]) -> None:
+        self.refused = refused
+        what = "; ".join(f"charge {charge_id!r} on {key!r}" + ("" if amount is None else f" ({amount:g})")
+                         + f": {error}" for key, charge_id, amount, error in refused)
+        super().__init__(
+            f"the budget store refused {len(refused)} kept commit(s) of calls that ran: {what}. They were dropped "
+            "from the guard's outbox (guard.store_outbox), so the guard's ledger counts them but the shared budget "
+            "does not: check the key's charges (store.charges(key)) and settle them by hand")
 
 
 def to_nano(amount: float) -> int:
