@@ -708,10 +708,7 @@ class BudgetGuard:
                     others.append(task)
                 else:
                     own_task = True
-        # The task of the run the held reservations were made in: the one state keeps (the gate that reserved wrote
-        # it), not this step's messages, whose last human message is a new run's task when the run that reserved
-        # was abandoned (paused, then given new input).
-        query = channel["query"] if query_run(channel) is not None else None
+        query: str | None = None  # the task of the run the released reservations were made in (read once, below)
         for entry in held:
             owner = ledger.owner_of(entry.call_id)
             if (others and _owned_by(owner, others)) or (own_task and owner == branch):
@@ -719,8 +716,12 @@ class BudgetGuard:
             released = ledger.release_held(entry.call_id)
             if released is None:
                 continue  # committed or released by its branch or visitor, or another settle, since `held` was read
-            if query is None:  # (no task kept in state: a run that reserved before writing any, so this one's)
-                query = episode.task(channel, messages_of(state))
+            if query is None:
+                # The one state keeps (the gate that reserved wrote it), not this step's messages, whose last human
+                # message is a new run's task when the run that reserved was abandoned (paused, then given new
+                # input); with no task kept in state (a run that reserved before writing any), this run's.
+                query = (channel["query"] if query_run(channel) is not None
+                         else episode.task(channel, messages_of(state)))
             self.records.release(ledger, released, episode_id=episode.episode_id,
                                  meta=decisions.get(entry.call_key, {}), reason=reason, query=query)
         # Every charge state has not seen, a running sibling branch's included: a fresh guard resuming this
