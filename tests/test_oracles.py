@@ -176,6 +176,64 @@ def test_last_call_cache_accepts_a_repeated_rejected_call_once():
     assert not oracle.memory.is_last_rejected("e1", "a", {"q": 1})
 
 
+def _turn(tools, index, *, step, remaining=50.0, episode="e1"):
+    """The gate's context for call ``index`` of a turn (model step ``step``) proposing ``tools`` in parallel."""
+    props = tuple(Proposal(f"{episode}-{step}-{t}", t, {"q": 1}, f"I need {' and '.join(tools)}") for t in tools)
+    prop = props[index]
+    return DecisionContext(episode, "q", prop, MARKET.price(prop.tool), 50.0, 50 - remaining, remaining, MARKET,
+                           step=step, history=[HumanMessage("q"), AIMessage(prop.reasoning, tool_calls=[
+                               tc(p.tool, p.call_id, **p.args) for p in props])], batch=props, batch_index=index)
+
+
+def test_last_call_cache_holds_every_call_rejected_in_a_parallel_turn():
+    # Algorithm 3 has one action per step: the rejected one is "the last rejected". In a turn of two
+    # parallel calls both rejected, the second's rejection replaced the first's, so the agent insisting on
+    # both next turn got neither through the last-call cache (each rejection replaced the other again).
+    oracle = IntentOracle(policy(*[AIMessage("done") for _ in range(4)]), RecordingWM(),
+                          TablePredictor({"a": 0.1, "b": 0.1}), gamma=1.0, blacklist=False)
+    assert not oracle.decide(_turn(["a", "b"], 0, step=0)).accept
+    assert not oracle.decide(_turn(["a", "b"], 1, step=0)).accept
+    again = [oracle.decide(_turn(["a", "b"], i, step=1)) for i in (0, 1)]
+    assert [(d.accept, d.reason) for d in again] == [(True, "last_call_cache")] * 2
+
+
+def test_last_call_cache_keeps_a_rejection_when_a_later_call_of_the_turn_is_accepted():
+    # a is rejected, c (same turn) is simulated and accepted: that acceptance used to clear a's rejection
+    # (Algorithm 3, line 41, is about a later step's acceptance), so a proposed again was simulated again.
+    oracle = IntentOracle(policy(*[AIMessage("done") for _ in range(3)]), RecordingWM(),
+                          TablePredictor({"a": 0.1, "c": 1.0}), gamma=1.0, blacklist=False)
+    assert not oracle.decide(_turn(["a", "c"], 0, step=0)).accept
+    assert oracle.decide(_turn(["a", "c"], 1, step=0)).accept
+    again = oracle.decide(_turn(["a"], 0, step=1, remaining=45.0))
+    assert again.accept and again.reason == "last_call_cache"
+
+
+def test_last_call_cache_serves_a_call_repeated_after_another_rejected_call_of_the_next_turn():
+    # a is rejected; next turn the agent proposes b and a in parallel: b's rejection used to replace a's
+    # before a was decided, so a was simulated (and rejected) again.
+    oracle = IntentOracle(policy(*[AIMessage("done") for _ in range(4)]), RecordingWM(),
+                          TablePredictor({"a": 0.1, "b": 0.1}), gamma=1.0, blacklist=False)
+    assert not oracle.decide(_turn(["a"], 0, step=0)).accept
+    assert not oracle.decide(_turn(["b", "a"], 0, step=1)).accept
+    again = oracle.decide(_turn(["b", "a"], 1, step=1))
+    assert again.accept and again.reason == "last_call_cache"
+
+
+def test_last_call_cache_one_call_per_turn_is_algorithm_3():
+    # One call per turn, as in the paper: a later turn's simulated acceptance forgets the rejection,
+    # a later turn's rejection replaces it, and a hit is used once.
+    oracle = IntentOracle(policy(*[AIMessage("done") for _ in range(6)]), RecordingWM(),
+                          TablePredictor({"a": 0.1, "b": 0.1, "c": 1.0}), gamma=1.0,
+                          blacklist=False)
+    assert not oracle.decide(_turn(["a"], 0, step=0)).accept
+    assert oracle.decide(_turn(["c"], 0, step=1)).accept  # simulated: the rejection of a is forgotten
+    assert oracle.decide(_turn(["a"], 0, step=2)).reason == "plan_over_budget"
+    assert not oracle.decide(_turn(["b"], 0, step=3)).accept  # replaces a
+    assert oracle.decide(_turn(["a"], 0, step=4)).reason == "plan_over_budget"
+    assert oracle.decide(_turn(["a"], 0, step=5)).reason == "last_call_cache"
+    assert not oracle.memory.is_last_rejected("e1", "a", {"q": 1})
+
+
 def test_blacklist_hides_low_probability_tools():
     oracle = IntentOracle(policy(AIMessage("", tool_calls=[tc("b")]), AIMessage("done")), RecordingWM(),
                           TablePredictor({"b": 0.05}), delta=0.1)

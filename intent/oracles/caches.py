@@ -4,7 +4,13 @@
   the head (same tool; arguments tolerant, see :func:`args_match`) is accepted without a new
   simulation and the head is popped; a miss clears the cache.
 * **Last-call cache** ``ā``: the last rejected call. Proposing exactly the same call again is read
-  as the agent insisting; it is accepted if affordable and the cache is cleared.
+  as the agent insisting; it is accepted if affordable and the cache is cleared. The paper's agent
+  makes one call per step, so ``ā`` at step t is the call rejected at step t - 1 (none if that one was
+  accepted). With parallel calls a turn (model step) can have several calls rejected and accepted, so
+  ``ā`` for turn t holds every call rejected in the previous turn that was simulated (and those
+  rejected earlier in turn t, for a call decided again in its own turn): the other calls of either
+  turn, whatever their order and outcome, neither replace nor clear it, and a hit takes out only that
+  call.
 * **Blacklist** ``B``: tools predicted below ``delta``; removed from the visible market for the
   rest of the episode.
 
@@ -47,7 +53,9 @@ class CachedStep:
 @dataclass
 class _Episode:
     rollout: list[CachedStep] = field(default_factory=list)
-    last_rejected: tuple[str, str] | None = None
+    # The last-call cache: per turn with a simulated decision (latest last, the last two kept), the calls
+    # rejected in it.
+    rejected: list[tuple[int | None, set[tuple[str, str]]]] = field(default_factory=list)
     blacklist: set[str] = field(default_factory=set)
 
 
@@ -116,13 +124,42 @@ class EpisodeMemory:
             return list(self._get(episode_id).rollout)
 
     # ---------------------------------------------------------- last-call cache
-    def is_last_rejected(self, episode_id: str, tool: str, args: Mapping[str, Any]) -> bool:
-        with self._lock:
-            return self._get(episode_id).last_rejected == (tool, canonical_args(args))
+    @staticmethod
+    def _held(ep: _Episode, step: int | None) -> list[set[tuple[str, str]]]:
+        """The rejected calls a proposal of turn ``step`` may repeat: those of the latest earlier simulated
+        turn, and those of turn ``step`` itself (``step=None``: every held one)."""
+        if step is None:
+            return [calls for _, calls in ep.rejected]
+        own = [calls for turn, calls in ep.rejected if turn == step]
+        before = [calls for turn, calls in ep.rejected if turn != step]
+        return own + before[-1:]
 
-    def set_last_rejected(self, episode_id: str, tool: str | None, args: Mapping[str, Any] | None = None) -> None:
+    def is_last_rejected(self, episode_id: str, tool: str, args: Mapping[str, Any], *,
+                         step: int | None = None) -> bool:
+        key = (tool, canonical_args(args))
         with self._lock:
-            self._get(episode_id).last_rejected = None if tool is None else (tool, canonical_args(args or {}))
+            return any(key in calls for calls in self._held(self._get(episode_id), step))
+
+    def take_last_rejected(self, episode_id: str, tool: str, args: Mapping[str, Any], *,
+                           step: int | None = None) -> None:
+        """The agent proposed this rejected call again and it was let through: it is no longer held (the
+        other calls rejected with it are)."""
+        key = (tool, canonical_args(args))
+        with self._lock:
+            for calls in self._held(self._get(episode_id), step):
+                calls.discard(key)
+
+    def set_last_rejected(self, episode_id: str, tool: str | None, args: Mapping[str, Any] | None = None, *,
+                          step: int | None = None) -> None:
+        """A simulated decision in turn ``step``: ``tool=None`` an acceptance, otherwise the rejection of
+        ``(tool, args)``. Its turn becomes the latest simulated one, so a later turn's proposals repeat
+        this turn's rejections only (Algorithm 3, lines 41 and 45, one turn at a time)."""
+        with self._lock:
+            ep = self._get(episode_id)
+            if not ep.rejected or ep.rejected[-1][0] != step or step is None:
+                ep.rejected = [*ep.rejected[-1:], (step, set())]
+            if tool is not None:
+                ep.rejected[-1][1].add((tool, canonical_args(args or {})))
 
     # ----------------------------------------------------------------- blacklist
     def blacklist(self, episode_id: str, tools: set[str] | None = None) -> set[str]:

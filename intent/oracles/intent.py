@@ -2,7 +2,10 @@
 
 For a proposal ``a_t`` with ``B_t`` left:
 
-1. **Last-call cache**: the same call as the last rejected one is accepted if ``price <= B_t``.
+1. **Last-call cache**: the same call as the last rejected one is accepted if ``price <= B_t``. The
+   paper has one call per step; with parallel calls every call rejected in the previous simulated turn
+   counts as "the last rejected" (see :mod:`intent.oracles.caches`), whatever else that turn or this
+   one decided.
 2. **Rollout cache**: a proposal matching the head of the cached plan is accepted (if it fits)
    without simulating, and the head is popped; a miss clears the cache.
 3. **Ideal trajectory**: the agent's policy is rolled out against the conditional generator
@@ -103,9 +106,9 @@ class IntentOracle(PlanningOracle):
         started = time.perf_counter()
         eid, tool, args, price, left = ctx.episode_id, ctx.tool, dict(ctx.args), ctx.price, ctx.remaining
         fits = price <= left + 1e-9
-        if self.last_call_cache and self.memory.is_last_rejected(eid, tool, args):
+        if self.last_call_cache and self.memory.is_last_rejected(eid, tool, args, step=ctx.step):
             if fits:
-                self.memory.set_last_rejected(eid, None)
+                self.memory.take_last_rejected(eid, tool, args, step=ctx.step)
                 return Decision.accepted(reason=LAST_CALL_HIT, last_call_hit=1)
         if self.rollout_cache:
             if self.memory.pop_if_head(eid, tool, args, fits=fits):
@@ -169,9 +172,9 @@ class IntentOracle(PlanningOracle):
         if fits and self.gamma * sigma <= left + 1e-9 and not (self.ideal_plan_must_fit and best_case_over):
             if self.rollout_cache:
                 self.memory.set_rollout(eid, [CachedStep(s.tool, s.args) for s in steps[1:]])
-            self.memory.set_last_rejected(eid, None)
+            self.memory.set_last_rejected(eid, None, step=ctx.step)
             return Decision(True, "", tuple(trace), ACCEPTED, info)
-        self.memory.set_last_rejected(eid, tool, args)
+        self.memory.set_last_rejected(eid, tool, args, step=ctx.step)
         feedback = fb.plan_rejection(left, self.gamma * sigma, self.gamma, trace if self.trace_feedback else None,
                                      plan_price=plan_price if self.ideal_plan_must_fit else None)
         if self.alternatives:
