@@ -36,6 +36,10 @@ RUNNING_EPISODE: ContextVar[tuple[Any, str] | None] = ContextVar("intent_running
 class Episode:
     episode_id: str
     ledger: BudgetLedger
+    # The episode id the state's ledger channel carries when it is not ``episode_id``: a thread made by copying
+    # another thread's state keeps the source's (intent.guard.BudgetGuard.episode_of). A sub-agent given a copy
+    # of this episode's state is told by it (BudgetGuard.inherits_parent_ledger).
+    source: str = ""
     market: Market | None = None  # an episode-scoped market (CostBench events); None: the guard's
     started: bool = False
     # The run of the thread this episode is (1 for a thread's first run; a later turn on the same thread
@@ -210,6 +214,8 @@ class EpisodeRegistry:
                 if carve and channel and isinstance(ledger, CarvedLedger):
                     ledger.take_over(channel)  # started again: see CarvedLedger.take_over
                 episode = Episode(episode_id, ledger, synced=bool(channel))
+                if channel and channel.get("episode_id") and channel["episode_id"] != episode_id:
+                    episode.source = str(channel["episode_id"])
                 self._episodes[episode_id] = episode
                 while len(self._episodes) > self.max_episodes:
                     self._episodes.popitem(last=False)

@@ -428,7 +428,7 @@ class BudgetGuard:
                 return episode.ledger, True
             spec = self.budget_spec if isinstance(self.budget_spec, Budget) else Budget(self.budget)
             return BudgetLedger(spec, allow_overspend=not self.enforce), False
-        episode = self.episodes.peek(str(channel.get("episode_id", "")))
+        episode = self.episodes.peek(self.episode_of(channel, config) or "")
         if episode is None:
             return BudgetLedger.from_state(channel), False
         live = episode.ledger
@@ -485,7 +485,7 @@ class BudgetGuard:
         channel = None
         if graph is not None:
             channel = channel_of((yield ("get", (cfg,))).values)
-        episode_id = str((channel or {}).get("episode_id") or thread_id)
+        episode_id = self.episode_of(channel, cfg) or str(thread_id)
         if graph is None and self.episodes.peek(episode_id) is None:
             # No run of the thread is going on here, so its ledger (budget, earlier top-ups) is only in its
             # state: a top-up on a fresh one would return and log a budget the thread does not have.
@@ -525,7 +525,7 @@ class BudgetGuard:
         # ended (not a fresh budget).
         readable, channel = read_ledger_channel(cfg)
         task = str(((cfg or {}).get("configurable") or {}).get("checkpoint_ns") or "")
-        episode_id = str(channel["episode_id"]) if channel and channel.get("episode_id") else str(thread_id)
+        episode_id = self.episode_of(channel, cfg or {"configurable": {"thread_id": thread_id}}) or str(thread_id)
         stamp = branch_stamp(cfg, task) if task else None
         if not readable and episode_id not in self.episodes and not self.episodes.can_revive(episode_id, stamp):
             # Neither the thread's state nor a live episode says what the thread has left: a fresh budget
@@ -586,10 +586,34 @@ class BudgetGuard:
         return base
 
     # ============================================================ episodes
+    @staticmethod
+    def episode_of(channel: Mapping[str, Any] | None, config: Mapping[str, Any] | None) -> str | None:
+        """The episode a ledger ``channel`` read in a step of ``config``'s thread belongs to (``None``: the
+        channel names none). The channel's own, unless it was made on another thread: a thread made by copying
+        another thread's state (LangGraph Platform's "copy thread", ``update_state(new_config, old_values)``)
+        carries the source's episode id, which the ledger's reducer keeps. Such a copy is a fork with money of
+        its own from the copy on, so it gets an episode of its own, named after its thread (a sub-agent's
+        episode under it after the thread too): otherwise, with the source's episode live in this process (the
+        two running at once, or both paused), they shared one working copy (one thread's reservations used
+        the other's room, a top-up of one went to the other, and the copy's charges were logged as the
+        source's)."""
+        named = channel.get("episode_id") if channel else None
+        if not named:
+            return None
+        named = str(named)
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
+        if thread is None:
+            return named
+        thread = str(thread)
+        if named == thread or named.startswith(thread + ">"):
+            return named  # this thread's (a sub-agent's, on its ancestors' thread: "<thread>><call key>")
+        _root, sep, rest = named.partition(">")
+        return thread + sep + rest
+
     def episode_id(self, state: Any, config: Mapping[str, Any] | None) -> str:
         channel = channel_of(state)
         if channel and channel.get("episode_id"):
-            return str(channel["episode_id"])
+            return str(self.episode_of(channel, config))
         thread_id = ((config or {}).get("configurable") or {}).get("thread_id")
         if thread_id is None:
             # No thread and no channel yet (a run's first step): a new episode. The middleware keeps
@@ -622,7 +646,8 @@ class BudgetGuard:
         call's episode for the sub-agent's: a configuration error, raised here."""
         parent = current_parent()
         channel = channel_of(state)
-        if parent is None or not channel or channel.get("episode_id") != parent.episode.episode_id:
+        named = channel.get("episode_id") if channel else None
+        if parent is None or not named or named not in (parent.episode.episode_id, parent.episode.source):
             return False
         if parent.guard is self:
             raise GuardConfigError(

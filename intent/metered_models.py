@@ -114,7 +114,7 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> Plac
         # even on a run's first step, when state does not name it yet.
         episode = guard.episodes.peek(running[1])
         if episode is not None:
-            same = channel is not None and channel.get("episode_id") == running[1]
+            same = channel is not None and guard.episode_of(channel, config) == running[1]
             return Placement(episode, channel if same else None, readable)
     parent = current_parent()
     if parent is not None and parent.guard is guard:
@@ -122,7 +122,8 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> Plac
         # tool, with or without a guard of its own): the tool call's episode pays. Its ledger is in the
         # parent's graph state, not this task's: the parent's next hook writes the charge there.
         return Placement(parent.episode, None, False)
-    if channel and parent is not None and channel.get("episode_id") == parent.episode.episode_id:
+    if channel and parent is not None and channel.get("episode_id") in (parent.episode.episode_id,
+                                                                         parent.episode.source or None):
         # A sub-agent's state copied from its parent's, before this guard's first step replaced the
         # ledger (intent.guard.BudgetGuard.inherits_parent_ledger): not this guard's ledger.
         channel = None
@@ -133,7 +134,7 @@ def episode_of_run(guard: BudgetGuard, config: Mapping[str, Any] | None) -> Plac
     branch = branch_of(config)
     revive: dict[str, Any] = {"stamp": branch_stamp(config, branch)} if branch else {}
     if channel and channel.get("episode_id"):
-        episode = guard.episodes.get(str(channel["episode_id"]), channel, **revive)
+        episode = guard.episodes.get(str(guard.episode_of(channel, config)), channel, **revive)
         episode.ledger.catch_up(channel)  # kept here from an earlier run while another process spent
         return Placement(episode, channel, True)
     if readable and thread_id is not None:

@@ -149,8 +149,8 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
             _check_channel_kept(guard, request, call_key(ai, index, cid))
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
     # (A fork or replay of the thread runs on its checkpoint's ledger: intent.lineage.)
-    episode = guard.follow(guard.episodes.get(str(channel["episode_id"]), channel), channel,
-                           getattr(request.runtime, "config", None))
+    config = getattr(request.runtime, "config", None)
+    episode = guard.follow(guard.episodes.get(str(guard.episode_of(channel, config)), channel), channel, config)
     key = call_key(ai, index, cid)
     decisions = channel.get("decisions") or {}
     if key not in decisions and key not in episode.ledger:
