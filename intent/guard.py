@@ -600,11 +600,10 @@ class BudgetGuard:
         named = channel.get("episode_id") if channel else None
         if not named:
             return None
-        named = str(named)
         thread = ((config or {}).get("configurable") or {}).get("thread_id")
-        if thread is None:
-            return named
-        thread = str(thread)
+        if thread is None or named == thread:  # (every model and tool step: the common case first)
+            return str(named)
+        named, thread = str(named), str(thread)
         if named == thread or named.startswith(thread + ">"):
             return named  # this thread's (a sub-agent's, on its ancestors' thread: "<thread>><call key>")
         _root, sep, rest = named.partition(">")
