@@ -65,10 +65,12 @@ class Episode:
     # Calls of a message rebuilt outside the guard, by (message id, call id): the gated call's key
     # each one took over (intent.metering), so that an outer retry of the same call finds it again.
     rebuilt: dict[tuple[str, str], str] = field(default_factory=dict)
-    # Calls refused at the tool step as never gated (intent.metering), by call key: their one log record is
-    # written, so a re-run of the step (a resume after an interrupt in a sibling call of the same task) does not
-    # write it again.
-    not_gated_logged: set[str] = field(default_factory=set)
+    # Calls whose one log record is written outside a gate decision in state, by (reason, call key): refused at
+    # the tool step as never gated (intent.metering), so a re-run of the step (a resume after an interrupt in a
+    # sibling call of the same task) does not write it again; answered by another middleware before any gate
+    # saw them (intent.guard.BudgetGuard._log_answered_before_gate), so a step whose update was lost (a model
+    # call that raised, retried or invoked again) does not either.
+    logged_once: set[tuple[str, str]] = field(default_factory=set)
     # The tools the model was offered at its last call (the request's list, as given): a call to
     # one the market does not price is refused as unpriced, not as a tool that does not exist.
     offered: Any = None
@@ -125,12 +127,12 @@ class Episode:
             return {}
         return {"query": query_of(channel, messages, run), "query_run": run}
 
-    def first_not_gated(self, key: str) -> bool:
-        """Whether the call ``key`` is refused as never gated for the first time here (its record to write)."""
+    def first_record(self, reason: str, key: str) -> bool:
+        """Whether the call ``key``'s record for ``reason`` is to be written here (not written before)."""
         with self.lock:
-            if key in self.not_gated_logged:
+            if (reason, key) in self.logged_once:
                 return False
-            self.not_gated_logged.add(key)
+            self.logged_once.add((reason, key))
             return True
 
     def offered_names(self) -> frozenset[str] | None:
@@ -214,8 +216,6 @@ class EpisodeRegistry:
                 if carve and channel and isinstance(ledger, CarvedLedger):
                     ledger.take_over(channel)  # started again: see CarvedLedger.take_over
                 episode = Episode(episode_id, ledger, synced=bool(channel))
-                if channel and channel.get("episode_id") and channel["episode_id"] != episode_id:
-                    episode.source = str(channel["episode_id"])
                 self._episodes[episode_id] = episode
                 while len(self._episodes) > self.max_episodes:
                     self._episodes.popitem(last=False)
@@ -242,6 +242,10 @@ class EpisodeRegistry:
                     # for the guard's settling; set before this branch reserves anything. An agent at the top
                     # of its graph has no siblings and skips this on every call.
                     episode.ledger.owner = current_task
+        if channel and not episode.source and channel.get("episode_id") and channel["episode_id"] != episode_id:
+            # A copied thread's channel names its source's episode (made here before its first step, the episode
+            # had no channel to read it from: a market set for the thread with create=True).
+            episode.source = str(channel["episode_id"])
         if channel and not episode.synced:
             episode.ledger.absorb(channel)
             episode.synced = True

@@ -967,7 +967,8 @@ class BudgetGuard:
             for call in ai.tool_calls:
                 cid = call.get("id")
                 key = call_key(ai, index, cid) if cid else None
-                if key is None or cid not in answered or key in known or key in episode.ledger:
+                if (key is None or cid not in answered or key in known or key in episode.ledger
+                        or not episode.first_record(ANSWERED_ELSEWHERE, key)):
                     continue
                 name, args = call["name"], dict(call.get("args") or {})
                 self.records.answered(episode.ledger, episode_id=episode.episode_id, step=step,

@@ -167,7 +167,7 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
         # though a resume runs the step again.
         text = fb.not_gated(name)
         proposed = next((c for c in ai.tool_calls if c.get("id") == cid), call)
-        if episode.first_not_gated(key):
+        if episode.first_record(NOT_GATED, key):
             guard.records.refusal(
                 episode.ledger, episode_id=episode.episode_id,
                 step=turns_before(messages, index, channel.get("turns")), query=episode.task(channel, messages),

@@ -211,3 +211,49 @@ def test_a_patched_call_with_a_thread_model_call_limit_has_one_record(order):
     assert_one_record_per_call(out["messages"], sink.records)
     ledger = guard.ledger(out)
     assert (ledger.spent, ledger.reserved) == (0, 0)
+
+
+class _FailsOnce(RecordingModel):
+    """Fails the request numbered ``fail_at`` (a provider's 503), once."""
+
+    fail_at: int = -1
+
+    def _generate(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(self.requests) == self.fail_at:
+            self.fail_at = -1
+            self.requests.append(list(messages))
+            raise RuntimeError("provider 503")
+        return super()._generate(messages, *args, **kwargs)
+
+
+@pytest.mark.parametrize("how", ["outer_retry", "crash_then_new_message"])
+def test_a_patched_call_is_logged_once_when_the_next_runs_first_step_is_lost(how):
+    # The next run's first model call fails, so its step's update (with the patched call's `answered` decision)
+    # never reaches state; the retried step (ModelRetryMiddleware before the guard) or the run after the crash
+    # settles again and must not log the call a second time (final review: two records).
+    from langchain.agents.middleware import ModelRetryMiddleware
+
+    tools = [StructuredTool.from_function(lambda x=0: "ran", name=n, description=n) for n in PRICES]
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in PRICES.items()]), 50.0,
+                        log_sink=sink, gate_at="after_model")
+    model = _FailsOnce(messages=iter([ai(call("slow")), AIMessage("done")]), bound=[], executions=[], requests=[])
+    middleware = [PatchUnansweredCalls(), guard.middleware()]
+    if how == "outer_retry":
+        middleware.insert(0, ModelRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False))
+    agent = create_agent(model, tools, middleware=middleware, checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "lost"}}
+    for chunk in agent.stream({"messages": [("user", "go")]}, config, stream_mode="updates"):
+        if any(part and any(isinstance(m, AIMessage) and m.tool_calls for m in _messages_of(part))
+               for part in chunk.values()):
+            break  # left before the after_model gate saw the reply
+    model.fail_at = len(model.requests)
+    if how == "outer_retry":
+        out = agent.invoke({"messages": [("user", "go on")]}, config)
+    else:
+        with pytest.raises(RuntimeError, match="provider 503"):
+            agent.invoke({"messages": [("user", "go on")]}, config)
+        out = agent.invoke({"messages": [("user", "again")]}, config)
+    assert_one_record_per_call(out["messages"], sink.records)
+    ledger = guard.ledger(out)
+    assert (ledger.spent, ledger.reserved) == (0, 0)

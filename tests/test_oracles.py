@@ -56,11 +56,11 @@ def tc(name, cid="x", **args):
     return {"name": name, "args": args, "id": cid, "type": "tool_call"}
 
 
-def ctx(tool="a", remaining=50.0, episode="e1", args=None, price=None):
+def ctx(tool="a", remaining=50.0, episode="e1", args=None, price=None, step=0):
     args = args or {"q": 1}
     prop = Proposal(f"{episode}-{tool}", tool, args, f"I need {tool}")
     return DecisionContext(episode, "q", prop, MARKET.price(tool) if price is None else price, 50.0, 50 - remaining,
-                           remaining, MARKET, step=0,
+                           remaining, MARKET, step=step,
                            history=[HumanMessage("q"), AIMessage(f"I need {tool}", tool_calls=[tc(tool, prop.call_id, **args)])],
                            batch=(prop,))
 
@@ -171,7 +171,7 @@ def test_last_call_cache_accepts_a_repeated_rejected_call_once():
                           blacklist=False)
     first = oracle.decide(ctx("a", remaining=50))
     assert not first.accept  # 10 / 0.1 = 100 > 50
-    again = oracle.decide(ctx("a", remaining=50))
+    again = oracle.decide(ctx("a", remaining=50, step=1))  # proposed again at the next turn
     assert again.accept and again.reason == "last_call_cache"
     assert not oracle.memory.is_last_rejected("e1", "a", {"q": 1})
 
@@ -494,11 +494,11 @@ def test_ideal_plan_must_fit_refuses_a_plan_whose_best_case_is_over_budget():
     assert "even if every call works the first time, your current plan costs 30, which would exceed it." in fit.feedback
     assert "risk-adjusted" not in fit.feedback  # the risk-adjusted cost (15) fits: not a reason here
     assert "1 | a | 10 | 1.00 | 10" in fit.feedback  # the trace is still the paper's feedback
-    # A rejection like any other: the agent proposing the same call again is let through (the paper's
-    # last-call cache), without simulating.
+    # A rejection like any other: the agent proposing the same call again (next turn) is let through (the
+    # paper's last-call cache), without simulating.
     assert oracle.memory.is_last_rejected("e1", "a", {"q": 1})
     oracle._policy = AgentPolicy(NoPolicy(messages=iter([]), bound=[]))
-    again = oracle.decide(ctx(remaining=25))
+    again = oracle.decide(ctx(remaining=25, step=1))
     assert again.accept and again.reason == "last_call_cache"
     # With the plan inside the budget at face value the switch changes nothing.
     ok = _plan_a_then_b(ideal_plan_must_fit=True).decide(ctx(remaining=30))
@@ -525,3 +525,54 @@ def test_ideal_plan_must_fit_keeps_the_papers_risk_test_and_its_words():
         "cost of your current plan (gamma=1.2): 36.00, which would exceed it.\nPay attention to the predicted success "
         "probabilities: some tools may have a much lower chance than you expected; try to avoid them in your next "
         "attempt.\nPredicted tool trace:")
+
+
+def _denied_run(calls: list[str]) -> tuple[list[str], dict[str, int]]:
+    """INTENT under a guard that asks a human for a top-up when a call is refused as over budget; the human
+    denies every time. Returns the tools asked about and each tool's runs."""
+    from collections import Counter
+
+    from langchain.agents import create_agent
+    from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    from intent import BudgetGuard, MemoryLogSink
+    from intent.testing import ai, call, scripted
+
+    runs: Counter[str] = Counter()
+
+    def a(q: int = 0) -> str:
+        runs["a"] += 1
+        return "ran a"
+
+    def b(q: int = 0) -> str:
+        runs["b"] += 1
+        return "ran b"
+
+    oracle = IntentOracle(policy(*[AIMessage("done") for _ in range(20)]), RecordingWM(),
+                          TablePredictor({"a": 0.1, "b": 0.1}), gamma=1.0, blacklist=False)
+    guard = BudgetGuard(oracle, MARKET, 50.0, on_over_budget="ask", log_sink=MemoryLogSink())
+    agent = create_agent(scripted([ai(*[call(n, q=1) for n in calls]), AIMessage("end")]),
+                         [StructuredTool.from_function(a, description="a"),
+                          StructuredTool.from_function(b, description="b")],
+                         middleware=[guard.middleware()], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    out = agent.invoke({"messages": [HumanMessage("go")]}, config)
+    asked = []
+    for _ in range(6):
+        if "__interrupt__" not in out:
+            break
+        asked.append(out["__interrupt__"][0].value["tool"])
+        out = agent.invoke(Command(resume={"action": "deny"}), config)
+    return asked, dict(runs)
+
+
+@pytest.mark.parametrize("calls", [["a"], ["a", "b"]], ids=["one_call", "parallel_calls"])
+def test_a_call_the_human_denied_a_top_up_for_does_not_run_through_the_last_call_cache(calls):
+    # On resume the gate runs again and the oracle decides the call again in the same turn: that is not the
+    # agent proposing it again, so INTENT's last-call cache must not let it through unsimulated (final review:
+    # the denied call ran; the same with the single-slot cache before parallel turns were held).
+    asked, runs = _denied_run(calls)
+    assert asked and asked[0] == "a"
+    assert runs == {}, f"ran {runs} although the human denied (asked {asked})"

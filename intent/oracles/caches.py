@@ -7,10 +7,10 @@
   as the agent insisting; it is accepted if affordable and the cache is cleared. The paper's agent
   makes one call per step, so ``ā`` at step t is the call rejected at step t - 1 (none if that one was
   accepted). With parallel calls a turn (model step) can have several calls rejected and accepted, so
-  ``ā`` for turn t holds every call rejected in the previous turn that was simulated (and those
-  rejected earlier in turn t, for a call decided again in its own turn): the other calls of either
-  turn, whatever their order and outcome, neither replace nor clear it, and a hit takes out only that
-  call.
+  ``ā`` for turn t holds every call rejected in the previous turn that was simulated (not turn t's
+  own: a call decided again within its turn, as the gate does on resume after a human denied a top-up,
+  is not the agent insisting): the other calls of either turn, whatever their order and outcome, neither
+  replace nor clear it, and a hit takes out only that call.
 * **Blacklist** ``B``: tools predicted below ``delta``; removed from the visible market for the
   rest of the episode.
 
@@ -127,12 +127,13 @@ class EpisodeMemory:
     @staticmethod
     def _held(ep: _Episode, step: int | None) -> list[set[tuple[str, str]]]:
         """The rejected calls a proposal of turn ``step`` may repeat: those of the latest earlier simulated
-        turn, and those of turn ``step`` itself (``step=None``: every held one)."""
+        turn (``step=None``: every held one). Not turn ``step``'s own: the agent insists by proposing a call
+        again in a later turn; a call decided again within its turn (the gate run again on resume, after a
+        human denied its top-up) is not a new proposal, and must not be let through unsimulated."""
         if step is None:
             return [calls for _, calls in ep.rejected]
-        own = [calls for turn, calls in ep.rejected if turn == step]
         before = [calls for turn, calls in ep.rejected if turn != step]
-        return own + before[-1:]
+        return before[-1:]
 
     def is_last_rejected(self, episode_id: str, tool: str, args: Mapping[str, Any], *,
                          step: int | None = None) -> bool:
