@@ -216,6 +216,8 @@ class EpisodeRegistry:
                 if carve and channel and isinstance(ledger, CarvedLedger):
                     ledger.take_over(channel)  # started again: see CarvedLedger.take_over
                 episode = Episode(episode_id, ledger, synced=bool(channel))
+                if channel:
+                    _note_source(episode, channel)
                 self._episodes[episode_id] = episode
                 while len(self._episodes) > self.max_episodes:
                     self._episodes.popitem(last=False)
@@ -242,13 +244,10 @@ class EpisodeRegistry:
                     # for the guard's settling; set before this branch reserves anything. An agent at the top
                     # of its graph has no siblings and skips this on every call.
                     episode.ledger.owner = current_task
-        if channel and not episode.source and channel.get("episode_id") and channel["episode_id"] != episode_id:
-            # A copied thread's channel names its source's episode (made here before its first step, the episode
-            # had no channel to read it from: a market set for the thread with create=True).
-            episode.source = str(channel["episode_id"])
         if channel and not episode.synced:
             episode.ledger.absorb(channel)
             episode.synced = True
+            _note_source(episode, channel)  # (made before its first step: a market set for it with create=True)
         if self._late:
             with self._lock:
                 late = self._late.pop(episode_id, None) if self._episodes.get(episode_id) is episode else None
@@ -349,3 +348,11 @@ class EpisodeRegistry:
         episode = self._episodes[episode_id] = ended[1]
         episode.revived = True
         return episode
+
+
+def _note_source(episode: Episode, channel: Mapping[str, Any]) -> None:
+    """A copied thread's channel names its source's episode (intent.guard.BudgetGuard.episode_of): kept, read
+    from the first channel the episode sees."""
+    named = channel.get("episode_id")
+    if named and named != episode.episode_id:
+        episode.source = str(named)
