@@ -1146,9 +1146,12 @@ class BudgetGuard:
             f"for it, so the guard refuses its calls; add PricedTool({name!r}, 0.0) to the market if it is "
             "free, or its price", UnpricedToolWarning, stacklevel=2)
 
-    def visible_tool_names(self, state: Any, config: Mapping[str, Any] | None = None) -> set[str] | None:
-        """Tools the agent may see now: not banned, and allowed by the oracle. ``None``: no filter."""
-        episode_id = self.episode_id(state, config)
+    def visible_tool_names(self, state: Any, config: Mapping[str, Any] | None = None, *,
+                           episode_id: str | None = None) -> set[str] | None:
+        """Tools the agent may see now: not banned, and allowed by the oracle. ``None``: no filter.
+        ``episode_id``: the step's episode when the caller has it (not looked for again)."""
+        if episode_id is None:
+            episode_id = self.episode_id(state, config)
         market = self.market_for(episode_id, channel_of(state))
         allowed = self._call_hook("visible_tools", market, episode_id)
         if allowed is None and not market.banned:

@@ -260,9 +260,9 @@ class BudgetGuardMiddleware(AgentMiddleware):
         return self.guard.finish(state, current_config())
 
     # ---------------------------------------------------------- model call
-    def _prepare(self, request: ModelRequest, config: Any) -> ModelRequest:
+    def _prepare(self, request: ModelRequest, config: Any, episode_id: str) -> ModelRequest:
         state = request.state
-        visible = self.guard.visible_tool_names(state, config)
+        visible = self.guard.visible_tool_names(state, config, episode_id=episode_id)
         overrides: dict[str, Any] = {}
         if visible is not None:
             # A provider's server-side tool (web search, tool search) is not priced and never gated: hiding
@@ -318,7 +318,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
         request, episode, settled = self._settled_request(request, config)
         step = _Step(state, settled, overwrite=overwrite)
         while True:
-            yield "model", self._prepare(request, config)
+            yield "model", self._prepare(request, config, episode.episode_id)
             gated_state = step.open(io[0], gate=self.gates_in_model_call)
             if gated_state is not None:
                 yield "gate", (gated_state, episode)
