@@ -32,6 +32,8 @@ def _bench(args: argparse.Namespace) -> int:
         options["solvability"] = False
     if args.paired_with:
         options["paired_with"] = [m.strip() for m in args.paired_with.split(",") if m.strip()]
+    if args.allow_code_change:
+        options["allow_code_change"] = True
     if args.charge_oracle is not None and not args.charge_oracle > 0:
         raise UsageError(f"--charge-oracle is {args.charge_oracle}; give the oracle's price per million tokens (> 0)")
     if args.oracle_max_tokens is not None and args.charge_oracle is None:
@@ -146,7 +148,8 @@ def _refuse_oracle_flags_without_oracle(args: argparse.Namespace, methods: list[
 
 # The flags `intent bench study` reads; the others shape one comparison (`intent bench run`).
 _STUDY_FLAGS = frozenset({"what", "quick", "agent", "base_url", "max_tokens", "workers", "seed", "out", "no_progress",
-                          "feedback_chars", "rollout_max_tokens", "max_turns", "max_depth", "oracle_tasks"})
+                          "feedback_chars", "rollout_max_tokens", "max_turns", "max_depth", "oracle_tasks",
+                          "allow_code_change"})
 
 
 def _study(args: argparse.Namespace) -> int:
@@ -166,6 +169,8 @@ def _study(args: argparse.Namespace) -> int:
                           "progress": not args.no_progress}
     if args.base_url:
         kw["options"] = {"base_url": args.base_url}
+    if args.allow_code_change:
+        kw.setdefault("options", {})["allow_code_change"] = True
     # Every run of the study gets them.
     for key in ("max_tokens", "feedback_chars", "rollout_max_tokens", "max_turns", "max_depth"):
         if getattr(args, key, None) is not None:
@@ -228,6 +233,9 @@ def register(sub: Any) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench")
+    p.add_argument("--allow-code-change", action="store_true",
+                   help="resume a run directory whose episodes other code made (another commit, uncommitted changes), "
+                        "adding this code's episodes to its table; run_config.json lists each code that wrote it")
     p.add_argument("--reference", default=None,
                    help="the method WR is measured against (default: prompt when listed, else the first method)")
     p.add_argument("--event-rate", type=float, default=0.0, help="share of synthetic tasks with market events")

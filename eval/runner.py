@@ -23,6 +23,7 @@ from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
+from eval.code_version import code_version
 from eval.markets import BenchMarket, EnvironmentUnavailableError, EpisodeEnv, follow_market_events
 from eval.method_spec import (DEFAULT_DELTA, DEFAULT_GAMMA, DEFAULT_MAX_DEPTH, SYSTEM_PROMPT, MethodContext,
                               MethodSpec, positive_int_option, rollout_depth)
@@ -667,7 +668,8 @@ _EPISODE_OPTIONS: dict[str, Any] = {"feedback_chars": None, "rollout_max_tokens"
 # oracle logs...), so a run directory refuses results made with another value; these do not. An option
 # given at its default counts as not given.
 _RUN_CONFIG_VERSION = 2  # run_config.json records every option that shapes a result
-_NOT_RESULTS = frozenset({"paired_with", "api_key", "timeout", "base_url"})  # reports, secrets, connections
+# Reports, secrets, connections, and the permission to add episodes of other code (recorded as ``code``).
+_NOT_RESULTS = frozenset({"paired_with", "api_key", "timeout", "base_url", "allow_code_change"})
 _OPTION_DEFAULTS: dict[str, Any] = {**_EPISODE_OPTIONS, "gamma": DEFAULT_GAMMA, "delta": DEFAULT_DELTA, "predictor": "hashed",
                                     "world_model": "replay", "solvability": True, "judge_runs": 3,
                                     "stb_env": "schema", "retriever": "tfidf", "oracle_fraction": 1.0}
@@ -697,21 +699,31 @@ def _check_config(out: Path, config: BenchConfig) -> None:
     key = _without_defaults(key | {k: config.options.get(k, default) for k, default in _EPISODE_OPTIONS.items()}
                             | options)
     key["run_config"] = _RUN_CONFIG_VERSION
+    code = code_version()
     if path.exists():
         old = _without_defaults(json.loads(path.read_text()))
-        if "run_config" not in old:
-            # Written before every option was recorded (an older version): what it recorded must agree, and then
-            # the whole configuration is recorded from here on.
-            recorded = {k: v for k, v in key.items() if k in old or k in _EPISODE_OPTIONS}
-            if recorded == old:
-                _atomic_write(path, json.dumps(key, indent=2))
-                return
-            key = recorded
-        if old != key:
-            diff = {k: (old.get(k), key.get(k)) for k in sorted(old.keys() | key.keys()) if old.get(k) != key.get(k)}
+        made_by = old.pop("code", None)  # the code that wrote the directory's episodes, oldest first
+        legacy = "run_config" not in old
+        # Written before every option was recorded (an older version): what it recorded must agree, and then the
+        # whole configuration is recorded from here on.
+        expected = {k: v for k, v in key.items() if k in old or k in _EPISODE_OPTIONS} if legacy else key
+        if old != expected:
+            diff = {k: (old.get(k), expected.get(k)) for k in sorted(old.keys() | expected.keys())
+                    if old.get(k) != expected.get(k)}
             raise UsageError(f"{out} holds results of another configuration {diff}; pass a new --out to start fresh")
+        same_code = bool(made_by) and made_by[-1] == code
+        if same_code and not legacy:
+            return
+        if not same_code and not config.options.get("allow_code_change"):
+            written = made_by[-1] if made_by else "code older than this check, not recorded"
+            raise UsageError(
+                f"{out} holds episodes made by other code ({written}; this is {code}), which a resumed run would "
+                "report beside this code's as one table: pass a new --out to start fresh, or --allow-code-change "
+                "to add this code's episodes to it (run_config.json then lists each code that wrote it)")
+        codes = made_by if same_code else [*(made_by or ["unrecorded"]), code]
+        _atomic_write(path, json.dumps(key | {"code": codes}, indent=2))
     else:
-        _atomic_write(path, json.dumps(key, indent=2))
+        _atomic_write(path, json.dumps(key | {"code": [code]}, indent=2))
 
 
 def _atomic_write(path: Path, text: str) -> None:

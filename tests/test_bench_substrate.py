@@ -296,8 +296,9 @@ def test_a_run_directory_accepts_a_resume_with_other_connection_settings_and_one
     (legacy / "run_config.json").write_text(json.dumps(
         {"market": "synthetic", "agent": "sim", "tasks": 2, "seed": 0, "event_rate": 0.0, "budget": None,
          "budget_scale": 1.0, "relevant_price_scale": 1.0}))
+    # (Its code was not recorded either: resumed only when allowed, tests/test_run_directory_code.py.)
     run_benchmark(BenchConfig(tasks=2, methods=["raw"], out=str(legacy), reference="raw",
-                              options={"oracle_train_tasks": 6}), progress=False)
+                              options={"oracle_train_tasks": 6, "allow_code_change": True}), progress=False)
     assert json.loads((legacy / "run_config.json").read_text())["oracle_train_tasks"] == 6  # recorded from here on
     with pytest.raises(ValueError, match="another configuration"):
         run_benchmark(BenchConfig(tasks=2, methods=["raw"], out=str(legacy), reference="raw",

@@ -1,0 +1,52 @@
+"""Which code made a run's results, for its run directory (:func:`eval.runner._check_config`).
+
+A run directory resumes: the episodes it holds are kept, and only the missing ones run. Episodes made by
+other code would then be mixed into one table without a word (a fix to an oracle, re-run into the same
+``--out``, reported the old episodes as new). So the directory records the code that wrote it and refuses
+other code unless told (``--allow-code-change``).
+
+The code is the git commit of the checkout (with a digest of its uncommitted changes to the Python sources,
+tracked and untracked), or the installed package's version when it is not a git checkout.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The packages whose code shapes a result (tests, docs and run directories do not).
+SOURCES = ("intent", "eval", "baselines", "worldmodel", "training", "intent_vllm")
+
+
+def _git(*args: str) -> bytes | None:
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):  # no git here, or it hung: not a checkout we can read
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """``<commit>`` for a clean checkout, ``<commit>+<digest of the changes>`` for one with uncommitted changes to
+    its sources, ``intent <version>`` for an installed package, ``unknown`` when neither can be read."""
+    head = _git("rev-parse", "--short=12", "HEAD")
+    if head:
+        changed = hashlib.sha256()
+        diff = _git("diff", "HEAD", "--", *SOURCES) or b""
+        changed.update(diff)
+        untracked = (_git("ls-files", "--others", "--exclude-standard", "--", *SOURCES) or b"").split()
+        for name in sorted(untracked):
+            if name.endswith(b".py"):
+                changed.update(name + b"\0" + (ROOT / name.decode()).read_bytes())
+        dirty = bool(diff) or any(n.endswith(b".py") for n in untracked)
+        commit = head.decode().strip()
+        return f"{commit}+{changed.hexdigest()[:8]}" if dirty else commit
+    try:
+        return f"intent {metadata.version('intent')}"
+    except metadata.PackageNotFoundError:
+        return "unknown"
