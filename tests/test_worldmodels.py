@@ -53,10 +53,13 @@ class _Handler(BaseHTTPRequestHandler):
                    {"choices": [{"message": {"content": "SIM:" + body["messages"][-1]["content"][:20]}}],
                     "usage": {"total_tokens": 42}})
         data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the "slow" mode's client timed out and left, as the test means it to (no traceback in the log)
 
 
 @pytest.fixture()
