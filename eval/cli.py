@@ -190,7 +190,8 @@ def _loop(args: argparse.Namespace) -> int:
                      wm_steps=args.wm_steps, wm_base=args.wm_base, wm_batch_size=args.wm_batch_size,
                      wm_max_length=args.wm_max_length, bench_tasks=args.tasks, agent=args.agent, workers=args.workers,
                      world_model_url=args.world_model_url, world_model_name=args.world_model_name,
-                     fidelity_calls=args.fidelity_calls, progress=not args.no_progress)
+                     fidelity_calls=args.fidelity_calls, progress=not args.no_progress,
+                     allow_code_change=args.allow_code_change)
     run_loop(cfg)
     print((__import__("pathlib").Path(args.out) / "loop.md").read_text())
     return 0
@@ -216,6 +217,8 @@ def register(sub: Any) -> None:
     lp.add_argument("--world-model-name", help="the served model's name (default: worldmodel, the name "
                                                "`intent serve worldmodel OUT/worldmodel` gives it)")
     lp.add_argument("--no-progress", action="store_true")
+    lp.add_argument("--allow-code-change", action="store_true",
+                    help="let the bench stage resume its directory though other code wrote it (see intent bench)")
     lp.set_defaults(func=_loop)
     p = sub.add_parser("bench", help="compare methods on the synthetic market or cost-augmented StableToolBench")
     p.add_argument("what", nargs="?", choices=["run", "study"], default="run",

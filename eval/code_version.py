@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -30,22 +31,32 @@ def _git(*args: str) -> bytes | None:
     return done.stdout if done.returncode == 0 else None
 
 
+def _checkout() -> bool:
+    """Whether ROOT is the top of a git checkout (an installed package inside someone else's repository, a venv
+    kept in a project, is not: that repository's commit says nothing of this code)."""
+    top = _git("rev-parse", "--show-toplevel")
+    return top is not None and Path(top.decode().strip()).resolve() == ROOT.resolve()
+
+
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """``<commit>`` for a clean checkout, ``<commit>+<digest of the changes>`` for one with uncommitted changes to
     its sources, ``intent <version>`` for an installed package, ``unknown`` when neither can be read."""
-    head = _git("rev-parse", "--short=12", "HEAD")
+    head = _git("rev-parse", "--short=12", "HEAD") if _checkout() else None
     if head:
         changed = hashlib.sha256()
         diff = _git("diff", "HEAD", "--", *SOURCES) or b""
         changed.update(diff)
-        untracked = (_git("ls-files", "--others", "--exclude-standard", "--", *SOURCES) or b"").split()
+        # -z: names as they are (not split at a space, not quoted when they are not ASCII)
+        untracked = [n for n in (_git("ls-files", "-z", "--others", "--exclude-standard", "--", *SOURCES)
+                                 or b"").split(b"\0") if n.endswith(b".py")]
         for name in sorted(untracked):
-            if name.endswith(b".py"):
-                changed.update(name + b"\0" + (ROOT / name.decode()).read_bytes())
-        dirty = bool(diff) or any(n.endswith(b".py") for n in untracked)
+            try:
+                changed.update(name + b"\0" + (ROOT / os.fsdecode(name)).read_bytes())
+            except FileNotFoundError:  # removed since git listed it
+                changed.update(name + b"\0")
         commit = head.decode().strip()
-        return f"{commit}+{changed.hexdigest()[:8]}" if dirty else commit
+        return f"{commit}+{changed.hexdigest()[:8]}" if diff or untracked else commit
     try:
         return f"intent {metadata.version('intent')}"
     except metadata.PackageNotFoundError:

@@ -53,6 +53,7 @@ class LoopConfig:
     world_model_url: str | None = None
     world_model_name: str | None = None
     progress: bool = True
+    allow_code_change: bool = False  # the bench stage resumes a directory other code wrote (eval.code_version)
 
 
 def observation_answers(tool: str, args: dict[str, Any], observation: str) -> bool:
@@ -257,6 +258,8 @@ def _bench(cfg: LoopConfig, bench_dir: Path, labelled: Path, pred_dir: Path, pre
     from eval.runner import BenchConfig, run_benchmark
 
     options: dict[str, Any] = {"oracle_logs": str(labelled)}
+    if cfg.allow_code_change:
+        options["allow_code_change"] = True
     if pred_report["chosen"] == "encoder":
         options["predictor_dir"] = str(pred_dir / "encoder")
     if cfg.world_model_url:

@@ -19,7 +19,8 @@
 # MAX_DEPTH (8: model turns per INTENT/MCO rollout; 3 on a CPU), REQUEST_TIMEOUT (600 s per agent request), MAX_TURNS (30 model calls per episode), FEEDBACK_CHARS (1500: refusal notes per turn), ORACLE_LOGS (none;
 # MARKET=PATH[,MARKET=PATH] reuses an earlier run's OUT/<market>/oracle_data/logs.jsonl, a bare PATH only with
 # one market), WORKERS (2), SEED (0), OUT (runs/bench-llm/<served name>), PORT (8000),
-# BASE_URL (none: start a server), PROBE_MIN_RATE (0.5), KEEP_SERVER (0: stop a server we started).
+# BASE_URL (none: start a server), PROBE_MIN_RATE (0.5), KEEP_SERVER (0: stop a server we started),
+# ALLOW_CODE_CHANGE (unset; 1: resume OUT/<market> though other code wrote its episodes).
 # GPU: the same command; scripts/vllm_venv.sh installs plain vLLM there and GPU_MEM defaults to 0.9, e.g.
 #   make bench-llm MODEL=Qwen/Qwen2.5-7B-Instruct TASKS=100
 set -euo pipefail
@@ -61,4 +62,4 @@ mkdir -p "$OUT"
   --max-tokens "${MAX_TOKENS:-512}" --workers "${WORKERS:-2}" --seed "${SEED:-0}" --out "$OUT" \
   --feedback-chars "${FEEDBACK_CHARS:-1500}" --rollout-max-tokens "${ROLLOUT_MAX_TOKENS:-160}" \
   --request-timeout "${REQUEST_TIMEOUT:-600}" --max-turns "${MAX_TURNS:-30}" ${MAX_DEPTH:+--max-depth "$MAX_DEPTH"} ${ORACLE_LOGS:+--oracle-logs "$ORACLE_LOGS"} \
-  ${INTENT_TOOL_PARSE_LOG:+--parse-log "$INTENT_TOOL_PARSE_LOG"}
+  ${INTENT_TOOL_PARSE_LOG:+--parse-log "$INTENT_TOOL_PARSE_LOG"} ${ALLOW_CODE_CHANGE:+--allow-code-change}

@@ -256,6 +256,8 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
         options["rollout_max_tokens"] = args.rollout_max_tokens
     if args.max_depth is not None:
         options["max_depth"] = args.max_depth
+    if args.allow_code_change:
+        options["allow_code_change"] = True
     given_logs = args.oracle_logs_by_market.get(market)
     if given_logs:
         options["oracle_logs"] = given_logs
@@ -396,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parse-log", default=os.environ.get("INTENT_TOOL_PARSE_LOG"),
                     help="the lenient parser's log (default $INTENT_TOOL_PARSE_LOG)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--allow-code-change", action="store_true",
+                    help="resume OUT/<market> though other code wrote its episodes (see intent bench)")
     args = ap.parse_args(argv)
     from eval.agents.chat import check_model
 
