@@ -32,7 +32,7 @@ import contextlib
 import time
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Collection, Generator, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
@@ -263,6 +263,12 @@ class BudgetGuard:
         self.charge_models = (len(ModelPrices.of(model_prices)) > 0) if charge_models is None else bool(charge_models)
         if self.charge_models and not len(ModelPrices.of(model_prices)) and unpriced_model == "refuse":
             raise GuardConfigError("charge_models=True needs model_prices={'model-name': ModelPrice(...)}")
+        if oracle_model is not None and (not isinstance(oracle_model, str) or not oracle_model.strip()):
+            raise GuardConfigError(f"oracle_model must be a model name in model_prices (a non-empty str) or None, got "
+                                   f"{oracle_model!r}")
+        if not callable(clock):
+            raise GuardConfigError(f"clock must be a function () -> float seconds, got {type(clock).__name__} "
+                                   f"{clock!r}; leave it out (time.perf_counter)")
         if oracle_max_tokens is not None and (isinstance(oracle_max_tokens, bool) or not isinstance(
                 oracle_max_tokens, int) or oracle_max_tokens < 1):
             raise GuardConfigError(f"oracle_max_tokens must be a positive int (tokens per decision), got "
@@ -338,7 +344,9 @@ class BudgetGuard:
         """Swap the market for every episode; applies from the next decision or run on."""
         new = update(self._market) if callable(update) else update
         if not isinstance(new, Market):
-            raise TypeError(f"update_market needs a Market (or a function returning one), got {type(new).__name__}")
+            raise GuardConfigError(f"update_market needs a Market (or a function of the current Market returning one), "
+                                   f"got {type(new).__name__} {new!r:.80}; e.g. guard.update_market(lambda m: "
+                                   "m.with_price('tool', 2.0))")
         self._market = new
         return new
 
@@ -349,6 +357,12 @@ class BudgetGuard:
         The episode must be live here (a run of the thread going on, or a market set for it before); an id
         that is not is refused, since it is most likely a typo that would otherwise set a market no run reads.
         ``create=True`` makes the episode, to give a thread its own market before its run starts here."""
+        if not isinstance(episode_id, str):
+            raise GuardConfigError(f"update_episode_market: episode_id must be the run's thread_id (a str), got "
+                                   f"{type(episode_id).__name__} {episode_id!r}")
+        if not (callable(update) or isinstance(update, Market)):
+            raise GuardConfigError(f"update_episode_market needs a Market (or a function of the episode's Market "
+                                   f"returning one), got {type(update).__name__} {update!r:.80}")
         episode = self.episodes.get(episode_id) if create else self.episodes.peek(episode_id)
         if episode is None:
             live = self.episodes.ids()
@@ -361,7 +375,8 @@ class BudgetGuard:
             current = episode.market or self._market
             new = update(current) if callable(update) else update
             if not isinstance(new, Market):
-                raise TypeError(f"update_episode_market needs a Market, got {type(new).__name__}")
+                raise GuardConfigError(f"update_episode_market: the function returned {type(new).__name__} "
+                                       f"{new!r:.80}, not a Market; return the new Market (e.g. m.with_price(...))")
             episode.market = new
             return new
 
@@ -401,6 +416,10 @@ class BudgetGuard:
         if hasattr(state, "values") and hasattr(state, "next") and hasattr(state, "config"):
             # graph.get_state(config): a StateSnapshot, whose .values is the state
             state, config = state.values, config if config is not None else state.config
+        elif not (isinstance(state, Mapping) or hasattr(state, LEDGER_KEY) or hasattr(state, "messages")):
+            raise GuardConfigError(
+                f"ledger needs the graph's state (a dict: the run's output or agent.get_state(config).values), got "
+                f"{type(state).__name__} {state!r:.80}; for a thread's live ledger pass guard.ledger({{}}, config)")
         if isinstance(config, str):
             config = {"configurable": {"thread_id": config}}
         elif config is not None:
@@ -454,6 +473,7 @@ class BudgetGuard:
         it runs again); top up such a thread without ``graph`` (same process), or once it ends.
         :meth:`atop_up` is the same for an async checkpointer (``graph.aget_state`` / ``aupdate_state``).
         """
+        _check_graph(graph, "top_up", ("get_state", "update_state"))
         steps = self._top_up(config, amount, graph=graph, reason=reason, approved_by=approved_by)
         try:
             step = next(steps)
@@ -466,6 +486,7 @@ class BudgetGuard:
                       reason: str = "", approved_by: str = "") -> float:
         """:meth:`top_up`, reading and writing the thread's state with the graph's async methods (an
         ``AsyncSqliteSaver`` or ``AsyncPostgresSaver`` has no sync ones)."""
+        _check_graph(graph, "atop_up", ("aget_state", "aupdate_state"))
         steps = self._top_up(config, amount, graph=graph, reason=reason, approved_by=approved_by)
         try:
             step = next(steps)
@@ -480,6 +501,10 @@ class BudgetGuard:
         """A top-up, one graph call at a time (``("get", args)``: the state; ``("update", args)``: write it),
         driven by :meth:`top_up` and :meth:`atop_up`. Returns the new budget."""
         amount = check_amount(amount, "top-up amount", allow_zero=False)
+        for name, text in (("reason", reason), ("approved_by", approved_by)):
+            if not isinstance(text, str):
+                raise GuardConfigError(f"top_up {name} must be a str (logged with the top-up), got "
+                                       f"{type(text).__name__} {text!r}")
         thread_id = _thread_id(config, "top_up")
         cfg = {"configurable": {"thread_id": thread_id}} if isinstance(config, str) else config
         channel = None
@@ -1186,6 +1211,7 @@ class BudgetGuard:
 
     def tool_node(self, tools: Sequence[Any], **kwargs: Any) -> Any:
         """A ``ToolNode`` whose calls are metered and charged by this guard."""
+        _check_tools(tools, "tool_node")
         from intent.graph import guarded_tool_node
 
         return guarded_tool_node(self, tools, **kwargs)
@@ -1211,6 +1237,21 @@ class BudgetGuard:
             known = self._hooks[name] = callable(getattr(self.oracle, name, None)) and mine is not getattr(
                 Oracle, name, object())
         return known
+
+
+def _check_graph(graph: Any, method: str, needs: tuple[str, ...]) -> None:
+    """``graph=`` of :meth:`BudgetGuard.top_up` / ``atop_up``: ``None`` or a compiled graph with ``needs``."""
+    if graph is not None and not all(callable(getattr(graph, name, None)) for name in needs):
+        raise GuardConfigError(f"{method} graph= must be the compiled agent (with {' and '.join(needs)}), got "
+                               f"{type(graph).__name__} {graph!r:.80}; pass graph=agent, or leave it out for a run "
+                               "going on in this process")
+
+
+def _check_tools(tools: Any, where: str) -> None:
+    """A list of tools (LangChain tools or functions), not ``None``, a string or a mapping."""
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+        raise GuardConfigError(f"{where} needs a list of tools, got {type(tools).__name__} {tools!r:.80}; pass "
+                               "[tool, ...] (the agent's tools)")
 
 
 def _owned_by(owner: str | None, branches: Sequence[str]) -> bool:

@@ -50,7 +50,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from intent.errors import LogFormatError
+from intent.errors import LogFormatError, UsageError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -149,6 +149,14 @@ class JsonlLogSink:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise UsageError(f"JsonlLogSink needs the path of a log file, got {type(path).__name__} {path!r}; "
+                             "write JsonlLogSink('runs/guard.jsonl')")
+        if Path(path).is_dir():
+            raise UsageError(f"JsonlLogSink path {str(path)!r} is a directory; pass a file in it, e.g. "
+                             f"{str(Path(path) / 'guard.jsonl')!r}")
+        if not isinstance(fsync, bool):
+            raise UsageError(f"JsonlLogSink fsync must be True or False, got {fsync!r}")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync
@@ -199,6 +207,9 @@ def read_log_rows(path: str | os.PathLike[str], *, skip_torn_tail: bool = True,
 
 def _rows(path: str | os.PathLike[str], *, skip_torn_tail: bool, require_version: bool
           ) -> Iterator[tuple[str, dict[str, Any]]]:
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise LogFormatError(f"the log path must be a file path (str or os.PathLike), got {type(path).__name__} "
+                             f"{path!r}; pass the JSONL written by intent.logs.JsonlLogSink")
     p = Path(path)
     if not p.exists():
         raise LogFormatError(f"log file {p} does not exist; pass the JSONL written by intent.logs.JsonlLogSink")

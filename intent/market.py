@@ -74,6 +74,9 @@ class PricedTool:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise MarketError(f"PricedTool.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.description, str):
+            raise MarketError(f"PricedTool.description of {self.name!r} must be a str, got "
+                              f"{type(self.description).__name__} {self.description!r}; pass '' for none")
         object.__setattr__(self, "price", check_amount(self.price, f"price of tool {self.name!r}"))
 
 
@@ -103,6 +106,12 @@ class Market:
         version: int = 0,
         currency: str | None = None,
     ) -> None:
+        if isinstance(tools, PricedTool):
+            raise MarketError(f"Market tools must be a list of PricedTool, got one PricedTool {tools.name!r}; "
+                              "write Market([PricedTool(name, price), ...])")
+        if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+            raise MarketError(f"Market tools must be a list of PricedTool, got {type(tools).__name__} {tools!r:.80}; "
+                              "write Market([PricedTool(name, price), ...]) or Market.from_prices({name: price})")
         tools = tuple(tools)
         by_name: dict[str, PricedTool] = {}
         for t in tools:
@@ -116,7 +125,11 @@ class Market:
             by_name[t.name] = t
         if default_price is not None:
             default_price = check_amount(default_price, "Market.default_price")
-        banned_set = frozenset(banned)
+        names = None if isinstance(banned, (str, bytes)) or not isinstance(banned, Iterable) else tuple(banned)
+        if names is None or not all(isinstance(b, str) and b for b in names):
+            raise MarketError(f"Market.banned must be a list of tool names (str), got {banned!r:.80}; "
+                              "write banned=['tool_name'] (or () for none)")
+        banned_set = frozenset(names)
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise MarketError(f"Market.version must be an int >= 0, got {version!r}")
         object.__setattr__(self, "tools", tools)
@@ -185,6 +198,9 @@ class Market:
         return self._next(replace(t, price=prices[t.name]) if t.name in prices else t for t in self.tools)
 
     def with_tool(self, tool: PricedTool) -> Market:
+        if not isinstance(tool, PricedTool):
+            raise MarketError(f"Market.with_tool needs a PricedTool, got {type(tool).__name__} {tool!r:.80}; "
+                              "write market.with_tool(PricedTool(name, price))")
         if tool.name in self._by_name:
             raise MarketError(f"tool {tool.name!r} is already on the market; use with_price() to change its price")
         return self._next((*self.tools, tool))
@@ -220,11 +236,14 @@ class Market:
             raise MarketError(
                 f"market data is malformed ({exc!r}); expected {{'tools': [{{'name', 'price'}}], ...}}"
             ) from exc
+        version = data.get("version", 0)
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise MarketError(f"market data's version must be an int >= 0, got {version!r}; write 'version': 0")
         return cls(
             tools,
             default_price=data.get("default_price"),
             banned=data.get("banned", ()),
-            version=int(data.get("version", 0)),
+            version=version,
             currency=data.get("currency"),
         )
 
@@ -242,6 +261,14 @@ class Market:
         """
         if not (unpriced in ("refuse", "free") or (isinstance(unpriced, (int, float)) and not isinstance(unpriced, bool))):
             raise MarketError(f"unpriced must be 'refuse', 'free' or a default price, got {unpriced!r}")
+        if not isinstance(unpriced, str):
+            unpriced = check_amount(unpriced, "Market.from_tools unpriced (the default price)")
+        if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+            raise MarketError(f"Market.from_tools needs a list of tools, got {type(tools).__name__} {tools!r:.80}; "
+                              "pass the agent's tools: Market.from_tools([tool, ...])")
+        if prices is not None and not isinstance(prices, Mapping):
+            raise MarketError(f"Market.from_tools prices must map tool names to prices, got {type(prices).__name__}; "
+                              "write prices={'tool_name': 0.02}")
         listed: list[PricedTool] = []
         market_currency = currency
         for tool in tools:
@@ -250,7 +277,7 @@ class Market:
                 raise MarketError(f"Market.from_tools needs tools with a name, got {type(tool).__name__}")
             declared = declared_price(tool)
             if prices and name in prices:
-                declared = (float(prices[name]), None)
+                declared = (check_amount(prices[name], f"Market.from_tools prices[{name!r}]"), None)
             if declared is None:
                 if unpriced == "refuse":
                     raise UnpricedToolError(
@@ -271,6 +298,9 @@ class Market:
 
     @classmethod
     def from_prices(cls, prices: Mapping[str, float], **kwargs: Any) -> Market:
+        if not isinstance(prices, Mapping):
+            raise MarketError(f"Market.from_prices needs a mapping of tool names to prices, got "
+                              f"{type(prices).__name__} {prices!r:.80}; write Market.from_prices({{'tool_name': 0.02}})")
         return cls((PricedTool(n, p) for n, p in prices.items()), **kwargs)
 
 

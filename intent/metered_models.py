@@ -319,15 +319,22 @@ def metered_copy(guard: BudgetGuard, model: Any) -> Any:
     """A copy of ``model`` (a chat model, or a ``"provider:model"`` string as ``init_chat_model`` takes)
     with :class:`MeteredModelCallback`; a model without an output bound gets the guard's
     ``max_output_tokens``, so the worst case reserved is also the provider's limit."""
+    from intent.errors import GuardConfigError
+
     if isinstance(model, str):
         from langchain.chat_models import init_chat_model
 
-        model = init_chat_model(model)
+        try:
+            model = init_chat_model(model)
+        except (ValueError, ImportError) as exc:  # an unknown provider, or its package not installed
+            raise GuardConfigError(f"metered_model could not make a chat model of {model!r}: {exc}; pass a chat "
+                                   "model, or a 'provider:model' string init_chat_model takes ('openai:gpt-4o-mini')"
+                                   ) from exc
     from langchain_core.language_models import BaseChatModel
 
     if not isinstance(model, BaseChatModel):  # a completion model's runs start with on_llm_start: not metered here
-        raise TypeError(f"metered_model needs a LangChain chat model (a BaseChatModel) or a 'provider:model' "
-                        f"string, got {type(model).__name__}")
+        raise GuardConfigError(f"metered_model needs a LangChain chat model (a BaseChatModel) or a 'provider:model' "
+                               f"string, got {type(model).__name__}")
     update: dict[str, Any] = {}
     fields = type(model).model_fields
     bound_keys = [k for k in MAX_TOKEN_KEYS if k in fields]

@@ -211,6 +211,9 @@ class FromParent:
     def __post_init__(self) -> None:
         if self.limit is not None:
             object.__setattr__(self, "limit", check_amount(self.limit, "FromParent.limit"))
+        for name in ("tools", "llm"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check_amount(getattr(self, name), f"FromParent.{name}"))
 
     @property
     def total(self) -> float:

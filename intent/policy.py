@@ -27,8 +27,14 @@ class AgentPolicy:
 
     def __init__(self, model: Any, tools: Sequence[Any] = (), *, system_prompt: str | None = None,
                  replies_capped: bool = False) -> None:
+        from intent.errors import GuardConfigError
+
         if not callable(getattr(model, "invoke", None)):
-            raise TypeError(f"AgentPolicy needs a LangChain chat model, got {type(model).__name__}")
+            raise GuardConfigError(f"AgentPolicy needs a LangChain chat model (with invoke), got "
+                                   f"{type(model).__name__} {model!r:.80}; pass the agent's own chat model")
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Iterable):
+            raise GuardConfigError(f"AgentPolicy tools must be a list of the agent's tools, got {type(tools).__name__} "
+                                   f"{tools!r:.80}; pass [tool, ...] (or leave it out)")
         self.model = model
         self.tools = list(tools)
         self.system_prompt = system_prompt

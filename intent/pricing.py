@@ -19,6 +19,7 @@ reserved when the write price is given.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,12 @@ class ModelPrices:
 
     def __init__(self, prices: Mapping[str, ModelPrice | Mapping[str, Any]] | None = None, *,
                  currency: str | None = None) -> None:
+        if prices is not None and not isinstance(prices, Mapping):
+            raise GuardConfigError(
+                f"model_prices must map model names to prices, got {type(prices).__name__} {prices!r:.80}; pass "
+                "{'gpt-4o-mini': ModelPrice(input_per_mtok=0.15, output_per_mtok=0.6)}")
+        if currency is not None and (not isinstance(currency, str) or not currency.strip()):
+            raise GuardConfigError(f"ModelPrices currency must be a currency code like 'USD' or None, got {currency!r}")
         table: dict[str, ModelPrice] = {}
         for name, price in (prices or {}).items():
             if not isinstance(name, str) or not name:
@@ -164,6 +171,9 @@ class ModelPrices:
     @classmethod
     def from_file(cls, path: str | Path) -> ModelPrices:
         """A JSON file: ``{"currency": "USD", "models": {"name": {"input_per_mtok": ..., ...}}}``."""
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise GuardConfigError(f"ModelPrices.from_file needs the path of a JSON price file, got {path!r}; "
+                                   "write ModelPrices.from_file('prices.json')")
         path = Path(path)
         try:
             data = json.loads(path.read_text())

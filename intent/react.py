@@ -12,7 +12,7 @@ to build it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, SystemMessage
@@ -71,6 +71,16 @@ def guard_react_agent(
     configured guard (then leave out ``market``, ``budget``, ``oracle`` and the guard's other
     arguments, or pass the guard's own: anything else would be silently ignored, so it is refused).
     """
+    if guard is not None and not isinstance(guard, BudgetGuard):
+        raise GuardConfigError(f"guard_react_agent guard= must be an intent.BudgetGuard, got {type(guard).__name__} "
+                               f"{guard!r:.80}; pass guard=BudgetGuard(oracle, market, budget), or market= and budget=")
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+        raise GuardConfigError(f"guard_react_agent tools must be a list of tools, got {type(tools).__name__} "
+                               f"{tools!r:.80}; pass [tool, ...]")
+    tools = list(tools)
+    if not callable(getattr(model, "invoke", None)) or (tools and not callable(getattr(model, "bind_tools", None))):
+        raise GuardConfigError(f"guard_react_agent model must be a LangChain chat model with bind_tools, got "
+                               f"{type(model).__name__} {model!r:.80}; e.g. init_chat_model('openai:gpt-4o-mini')")
     if guard is not None:
         differs = [name for name, given, its in (("market", market, guard.market), ("budget", budget, guard.budget),
                                                  ("oracle", oracle, guard.oracle))

@@ -18,6 +18,20 @@ from intent.policy import AgentPolicy
 ModelErrorPolicy = Literal["accept_if_fits", "reject"]
 
 
+def check_flags(**flags: Any) -> None:
+    """An oracle's on/off switches: True or False (a string such as "no" would read as True)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise UsageError(f"{name} must be True or False, got {value!r}")
+
+
+def check_model(model: Any, name: str, methods: tuple[str, ...]) -> None:
+    """A world model / predictor argument: an object with one of ``methods``."""
+    if not any(callable(getattr(model, m, None)) for m in methods):
+        raise UsageError(f"{name} must have a {' or '.join(m + '()' for m in methods)} method, got "
+                         f"{type(model).__name__} {model!r:.80}; see worldmodel.protocols")
+
+
 class PlanningOracle(Oracle):
     """Base of the lookahead oracles. Subclasses implement :meth:`_decide`.
 
@@ -39,10 +53,14 @@ class PlanningOracle(Oracle):
     def __init__(self, policy: AgentPolicy | Callable[[DecisionContext], AgentPolicy], *, max_depth: int,
                  show_market: bool = True, on_model_error: ModelErrorPolicy = "accept_if_fits",
                  merge_identical_calls: bool = True) -> None:
-        if max_depth < 1:
-            raise UsageError(f"max_depth must be >= 1, got {max_depth}")
+        if not (isinstance(policy, AgentPolicy) or callable(policy)):
+            raise UsageError(f"policy must be an intent.policy.AgentPolicy or a function ctx -> AgentPolicy, got "
+                             f"{type(policy).__name__} {policy!r:.80}; write AgentPolicy(chat_model, tools)")
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+            raise UsageError(f"max_depth must be an int >= 1 (simulated turns per rollout), got {max_depth!r}")
         if on_model_error not in ("accept_if_fits", "reject"):
             raise UsageError(f"on_model_error must be 'accept_if_fits' or 'reject', got {on_model_error!r}")
+        check_flags(show_market=show_market, merge_identical_calls=merge_identical_calls)
         self._policy = policy
         self.max_depth = max_depth
         self.show_market = show_market

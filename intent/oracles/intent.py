@@ -36,6 +36,8 @@ simulated decision, ``usage["best_case_over"]`` = 1 when the plan is over the bu
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +46,7 @@ from intent import feedback as fb
 from intent.errors import UsageError, model_call
 from intent.market import Market
 from intent.oracle import ACCEPTED, CACHE_HIT, PLAN_OVER_BUDGET, Decision, DecisionContext, PlannedStep
-from intent.oracles.base import ModelErrorPolicy, PlanningOracle, usage
+from intent.oracles.base import ModelErrorPolicy, PlanningOracle, check_flags, check_model, usage
 from intent.oracles.caches import CachedStep
 from intent.policy import AgentPolicy
 from intent.rollout import SimStep, simulate_rollout
@@ -53,6 +55,10 @@ __all__ = ["IntentOracle"]
 
 LAST_CALL_HIT = "last_call_cache"
 P_FLOOR = 1e-3  # p is clipped here so that price / p stays finite
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
 
 
 class IntentOracle(PlanningOracle):
@@ -81,16 +87,22 @@ class IntentOracle(PlanningOracle):
     ) -> None:
         super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error,
                          merge_identical_calls=merge_identical_calls)
-        if not gamma > 0:
-            raise UsageError(f"gamma must be > 0 (the paper uses 0.5; 0.5-0.7 is the sweet spot), got {gamma}")
-        if not 0 <= delta < 1:
-            raise UsageError(f"delta must be in [0, 1) (the paper uses 0.1), got {delta}")
+        if not (_is_number(gamma) and 0 < gamma < math.inf):
+            raise UsageError(f"gamma must be a finite number > 0 (the paper uses 0.5; 0.5-0.7 is the sweet spot), "
+                             f"got {gamma!r}")
+        if not (_is_number(delta) and 0 <= delta < 1):
+            raise UsageError(f"delta must be a number in [0, 1) (the paper uses 0.1), got {delta!r}")
+        check_model(generator, "generator (the conditional world model)", ("simulate", "simulate_with_usage"))
+        check_model(predictor, "predictor (the intention predictor)", ("predict", "predict_batch"))
+        check_flags(rollout_cache=rollout_cache, last_call_cache=last_call_cache, blacklist=blacklist,
+                    trace_feedback=trace_feedback, stochastic=stochastic, lookahead=lookahead,
+                    ideal_plan_must_fit=ideal_plan_must_fit)
         self.generator, self.predictor = generator, predictor
         self.gamma, self.delta = gamma, delta
         self.rollout_cache, self.last_call_cache, self.use_blacklist = rollout_cache, last_call_cache, blacklist
         self.trace_feedback, self.stochastic, self.lookahead = trace_feedback, stochastic, lookahead
-        if alternatives < 0:
-            raise UsageError(f"alternatives must be >= 0 (0 = off), got {alternatives}")
+        if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
+            raise UsageError(f"alternatives must be an int >= 0 (0 = off), got {alternatives!r}")
         self.alternatives = alternatives
         self.ideal_plan_must_fit = ideal_plan_must_fit
 

@@ -13,13 +13,16 @@ proposal that matches the head of the last accepted plan without simulating.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Callable
 from typing import Any
 
 from intent import feedback as fb
 from intent.oracle import ACCEPTED, CACHE_HIT, PLAN_OVER_BUDGET, Decision, DecisionContext, PlannedStep
-from intent.oracles.base import ModelErrorPolicy, PlanningOracle, usage
+from intent.errors import UsageError
+from intent.oracles.base import ModelErrorPolicy, PlanningOracle, check_flags, check_model, usage
 from intent.oracles.caches import CachedStep
 from intent.policy import AgentPolicy
 from intent.rollout import simulate_rollout
@@ -38,6 +41,12 @@ class MCOOracle(PlanningOracle):
                  merge_identical_calls: bool = True) -> None:
         super().__init__(policy, max_depth=max_depth, show_market=show_market, on_model_error=on_model_error,
                          merge_identical_calls=merge_identical_calls)
+        check_model(world_model, "world_model", ("simulate", "simulate_with_usage"))
+        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real)
+                                        or not 0 <= temperature < math.inf):
+            raise UsageError(f"temperature must be a finite number >= 0 (the paper samples at 1.0) or None (the world "
+                             f"model's own setting), got {temperature!r}")
+        check_flags(rollout_cache=rollout_cache)
         self.temperature = temperature
         self.temperature_applied = temperature is not None and accepts_temperature(world_model)
         self.world_model = AtTemperature(world_model, temperature) if self.temperature_applied else world_model
