@@ -32,7 +32,7 @@ import contextlib
 import time
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Collection, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
@@ -42,6 +42,7 @@ from langgraph.types import Command
 from intent import feedback as fb
 from intent.episodes import Episode, EpisodeRegistry
 from intent.budget import Budget
+from intent.arguments import is_list_arg
 from intent.errors import (
     GuardConfigError,
     InvalidBillError,
@@ -637,7 +638,7 @@ class BudgetGuard:
     def episode_id(self, state: Any, config: Mapping[str, Any] | None) -> str:
         channel = channel_of(state)
         if channel and channel.get("episode_id"):
-            return str(self.episode_of(channel, config))
+            return self.episode_of(channel, config)  # type: ignore[return-value]  # (named: a str)
         thread_id = ((config or {}).get("configurable") or {}).get("thread_id")
         if thread_id is None:
             # No thread and no channel yet (a run's first step): a new episode. The middleware keeps
@@ -971,13 +972,11 @@ class BudgetGuard:
         ``exit_behavior="end"`` answers the calls and jumps to the end, skipping the gate, so those calls had
         no log record at all (each call gets exactly one). Only messages after the last one the guard counted,
         and only calls answered in the history and never decided; their decisions go to state, so a later
-        run's end does not log them again."""
+        run's end does not log them again, and the episode logs each once (``Episode.first_record``), so a new
+        run's start and its end, or a step that runs again after its update was lost, do not both log it."""
         messages = messages_of(state)
         turns = (channel or {}).get("turns") or {}
         known = (channel or {}).get("decisions") or {}
-        written = ((update or {}).get(LEDGER_KEY) or {}).get("decisions")
-        if written:  # decided in this very update (a new run's settle at the run's end logged them already)
-            known = {**known, **written}
         last_id = turns.get("last_id")
         start = 0  # after the last reply the guard counted, when it counted one
         if last_id:
@@ -1249,7 +1248,7 @@ def _check_graph(graph: Any, method: str, needs: tuple[str, ...]) -> None:
 
 def _check_tools(tools: Any, where: str) -> None:
     """A list of tools (LangChain tools or functions), not ``None``, a string or a mapping."""
-    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+    if not is_list_arg(tools):
         raise GuardConfigError(f"{where} needs a list of tools, got {type(tools).__name__} {tools!r:.80}; pass "
                                "[tool, ...] (the agent's tools)")
 

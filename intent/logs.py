@@ -50,6 +50,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from intent.arguments import is_path_arg
 from intent.errors import LogFormatError, UsageError
 
 __all__ = [
@@ -149,7 +150,7 @@ class JsonlLogSink:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
-        if not isinstance(path, (str, os.PathLike)) or not str(path):
+        if not is_path_arg(path):
             raise UsageError(f"JsonlLogSink needs the path of a log file, got {type(path).__name__} {path!r}; "
                              "write JsonlLogSink('runs/guard.jsonl')")
         if Path(path).is_dir():
@@ -207,7 +208,7 @@ def read_log_rows(path: str | os.PathLike[str], *, skip_torn_tail: bool = True,
 
 def _rows(path: str | os.PathLike[str], *, skip_torn_tail: bool, require_version: bool
           ) -> Iterator[tuple[str, dict[str, Any]]]:
-    if not isinstance(path, (str, os.PathLike)) or not str(path):
+    if not is_path_arg(path):
         raise LogFormatError(f"the log path must be a file path (str or os.PathLike), got {type(path).__name__} "
                              f"{path!r}; pass the JSONL written by intent.logs.JsonlLogSink")
     p = Path(path)

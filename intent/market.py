@@ -9,6 +9,7 @@ price it was accepted at).
 
 from __future__ import annotations
 
+from intent.arguments import is_list_arg
 from intent.errors import IntentError
 
 import math
@@ -109,7 +110,7 @@ class Market:
         if isinstance(tools, PricedTool):
             raise MarketError(f"Market tools must be a list of PricedTool, got one PricedTool {tools.name!r}; "
                               "write Market([PricedTool(name, price), ...])")
-        if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+        if not is_list_arg(tools):
             raise MarketError(f"Market tools must be a list of PricedTool, got {type(tools).__name__} {tools!r:.80}; "
                               "write Market([PricedTool(name, price), ...]) or Market.from_prices({name: price})")
         tools = tuple(tools)
@@ -125,7 +126,7 @@ class Market:
             by_name[t.name] = t
         if default_price is not None:
             default_price = check_amount(default_price, "Market.default_price")
-        names = None if isinstance(banned, (str, bytes)) or not isinstance(banned, Iterable) else tuple(banned)
+        names = tuple(banned) if is_list_arg(banned, mapping=True) else None
         if names is None or not all(isinstance(b, str) and b for b in names):
             raise MarketError(f"Market.banned must be a list of tool names (str), got {banned!r:.80}; "
                               "write banned=['tool_name'] (or () for none)")
@@ -263,7 +264,7 @@ class Market:
             raise MarketError(f"unpriced must be 'refuse', 'free' or a default price, got {unpriced!r}")
         if not isinstance(unpriced, str):
             unpriced = check_amount(unpriced, "Market.from_tools unpriced (the default price)")
-        if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+        if not is_list_arg(tools):
             raise MarketError(f"Market.from_tools needs a list of tools, got {type(tools).__name__} {tools!r:.80}; "
                               "pass the agent's tools: Market.from_tools([tool, ...])")
         if prices is not None and not isinstance(prices, Mapping):

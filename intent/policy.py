@@ -15,6 +15,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
+from intent.arguments import is_list_arg
 from intent.errors import model_call
 
 __all__ = ["AgentPolicy"]
@@ -32,7 +33,7 @@ class AgentPolicy:
         if not callable(getattr(model, "invoke", None)):
             raise GuardConfigError(f"AgentPolicy needs a LangChain chat model (with invoke), got "
                                    f"{type(model).__name__} {model!r:.80}; pass the agent's own chat model")
-        if isinstance(tools, (str, bytes)) or not isinstance(tools, Iterable):
+        if not is_list_arg(tools, mapping=True):
             raise GuardConfigError(f"AgentPolicy tools must be a list of the agent's tools, got {type(tools).__name__} "
                                    f"{tools!r:.80}; pass [tool, ...] (or leave it out)")
         self.model = model

@@ -19,12 +19,12 @@ reserved when the write price is given.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from intent.arguments import is_path_arg
 from intent.errors import GuardConfigError
 from intent.market import check_amount
 
@@ -171,7 +171,7 @@ class ModelPrices:
     @classmethod
     def from_file(cls, path: str | Path) -> ModelPrices:
         """A JSON file: ``{"currency": "USD", "models": {"name": {"input_per_mtok": ..., ...}}}``."""
-        if not isinstance(path, (str, os.PathLike)) or not str(path):
+        if not is_path_arg(path):
             raise GuardConfigError(f"ModelPrices.from_file needs the path of a JSON price file, got {path!r}; "
                                    "write ModelPrices.from_file('prices.json')")
         path = Path(path)

@@ -12,13 +12,14 @@ to build it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.graph import END, START, StateGraph
 
+from intent.arguments import is_list_arg
 from intent.errors import GuardConfigError
 from intent.graph import route_after_guard
 from intent.guard import BudgetGuard
@@ -74,7 +75,7 @@ def guard_react_agent(
     if guard is not None and not isinstance(guard, BudgetGuard):
         raise GuardConfigError(f"guard_react_agent guard= must be an intent.BudgetGuard, got {type(guard).__name__} "
                                f"{guard!r:.80}; pass guard=BudgetGuard(oracle, market, budget), or market= and budget=")
-    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+    if not is_list_arg(tools):
         raise GuardConfigError(f"guard_react_agent tools must be a list of tools, got {type(tools).__name__} "
                                f"{tools!r:.80}; pass [tool, ...]")
     tools = list(tools)
