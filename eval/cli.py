@@ -297,6 +297,13 @@ def register(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_bench, bench_parser=p)
 
+    compare = sub.add_parser("compare", help="two methods of one bench run, task by task: where one passes and the "
+                                             "other does not, and why")
+    from eval.compare import add_arguments as compare_arguments
+
+    compare_arguments(compare)
+    compare.set_defaults(func=_compare)
+
     probe = sub.add_parser("probe", help="does a served chat model produce well-formed tool calls? (a few prompts)")
     probe.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     probe.add_argument("--model", required=True, help="the served model name (as GET /models lists it)")
@@ -307,6 +314,12 @@ def register(sub: Any) -> None:
     probe.add_argument("--timeout", type=float, default=180.0, help="seconds per request (default 180)")
     probe.add_argument("--json", dest="json_out", default=None, help="also write the report as JSON to this file")
     probe.set_defaults(func=_probe)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from eval.compare import run
+
+    return run(args)
 
 
 def _probe(args: argparse.Namespace) -> int:

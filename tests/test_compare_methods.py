@@ -1,0 +1,127 @@
+"""`intent compare RUN A B`: two methods of one bench run, task by task (eval/compare.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eval.compare import compare_methods, render_markdown
+from eval.results import EpisodeResult, ResultStore
+from intent.errors import UsageError
+from intent.logs import JsonlLogSink, StepRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _record(method: str, task: str, step: int, tool: str, decision: str, **kw) -> StepRecord:
+    fields = dict(task_id=f"{method}:{task}:0", step=step, call_id=f"{task}-{step}-{tool}", tool=tool,
+                  decision=decision, status="ok" if decision == "accept" else "rejected", spent=0.0, remaining=50.0,
+                  budget=50.0)
+    fields.update(kw)
+    return StepRecord(**fields)
+
+
+def _episode(method: str, task: str, **kw) -> EpisodeResult:
+    fields = dict(method=method, task_id=task, seed=0, group="2-need", budget=50.0, answered=True)
+    fields.update(kw)
+    return EpisodeResult(**fields)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """t1: tracker passes, intent refused twice (once for risk alone) then answered wrong.
+    t2: intent passes, tracker overspent. t3: both pass (a tie)."""
+    store = ResultStore(tmp_path / "episodes.jsonl")
+    store.append(_episode("tracker", "t1", passed=1.0, cost=30.0))
+    store.append(_episode("intent", "t1", passed=0.0, cost=12.0))
+    store.append(_episode("tracker", "t2", passed=1.0, cost=55.0))  # over budget: scores 0
+    store.append(_episode("intent", "t2", passed=1.0, cost=40.0))
+    store.append(_episode("tracker", "t3", passed=1.0, cost=20.0))
+    store.append(_episode("intent", "t3", passed=1.0, cost=20.0))
+    store.append(_episode("prompt", "t1", passed=1.0, cost=20.0))
+    log = JsonlLogSink(tmp_path / "logs.jsonl")
+    for rec in [
+        _record("tracker", "t1", 0, "a", "accept", execution=1, artifact={"z": 0}),
+        _record("tracker", "t1", 1, "a", "accept", execution=1, artifact={"z": 1}),
+        _record("intent", "t1", 0, "a", "reject", reason="plan_over_budget", oracle_usage={"best_case_over": 0.0}),
+        _record("intent", "t1", 1, "b", "reject", reason="plan_over_budget", oracle_usage={"best_case_over": 1.0}),
+        _record("intent", "t1", 2, "c", "accept", execution=1, artifact={"z": 0}),
+        _record("intent", "t1", 2, "c", "invalid", reason="duplicate_call", status="invalid"),  # merged: not shown
+        _record("tracker", "t2", 0, "a", "accept", execution=1, artifact={"z": 1}),
+        _record("tracker", "t2", 1, "d", "reject", reason="over_budget"),
+        _record("intent", "t2", 0, "a", "accept", execution=1, artifact={"z": 1}),
+        _record("intent", "t2", 0, "a", "accept", execution=0, status="released"),  # not a run
+        _record("tracker", "t1", 1, "llm", "accept", execution=1, artifact={"z": 1}, kind="model"),  # not a tool
+    ]:
+        log.write(rec)
+    return tmp_path
+
+
+def test_pairs_tasks_and_explains_each_side(run_dir: Path) -> None:
+    out = compare_methods(run_dir, "tracker", "intent")
+    assert (out["tasks"], out["a_wins"], out["b_wins"], out["ties"]) == (3, 1, 1, 1)
+    assert out["pr"] == {"tracker": pytest.approx(200 / 3), "intent": pytest.approx(200 / 3)}
+    side = out["where_a_wins"]  # t1: tracker wins, intent's episode explains it
+    assert side["loser_endings"]["answered, judged wrong"] == 1
+    assert side["loser_refusals_by_reason"] == {
+        "plan_over_budget (plan fits at face value: risk only)": 1, "plan_over_budget (over at face value)": 1}
+    assert side["loser"]["calls_run"] == 1 and side["loser"]["calls_failed"] == 1 and side["loser"]["refusals"] == 2
+    assert side["winner"]["calls_run"] == 2 and side["winner"]["calls_failed"] == 1 and side["winner"]["refusals"] == 0
+    other = out["where_b_wins"]  # t2: tracker's episode is over budget
+    assert other["loser_endings"]["over budget"] == 1
+    assert other["loser_refusals_by_reason"] == {"over_budget": 1}
+    assert other["winner"]["calls_run"] == 1  # the released reservation is not a run
+    assert "winner_calls_by_tier" not in side  # no run_config.json: no market to read tiers from
+    example = out["examples"]["a_wins"][0]
+    assert example["task"] == "t1"
+    assert example["loser_calls"] == ("t0: a refused (plan_over_budget, risk only) / "
+                                      "t1: b refused (plan_over_budget, over at face value) / t2: c failed")
+    text = render_markdown(out)
+    assert "tracker scores higher on 1, intent on 1, equal on 1" in text
+
+
+@pytest.mark.parametrize(("a", "b", "needle"), [
+    ("tracker", "mco", "method 'mco' has no episodes"),
+    ("tracker", "tracker", "two different methods"),
+])
+def test_bad_methods_are_named(run_dir: Path, a: str, b: str, needle: str) -> None:
+    with pytest.raises(UsageError, match=needle) as info:
+        compare_methods(run_dir, a, b)
+    if b == "mco":
+        assert "intent, prompt, tracker" in str(info.value)  # the methods the run does have
+
+
+def test_not_a_run_directory(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no episodes.jsonl"):
+        compare_methods(tmp_path, "tracker", "intent")
+
+
+def test_a_real_run_through_the_command_line(tmp_path: Path) -> None:
+    """A small synthetic-v2 bench run, then `intent compare` on it: the tiers come from the regenerated tasks."""
+    out = tmp_path / "run"
+    env_python = sys.executable
+    bench = [env_python, "-m", "intent.cli", "bench", "--market", "synthetic-v2", "--agent", "sim-llm", "--tasks",
+             "12", "--methods", "raw,tracker", "--workers", "1", "--no-progress", "--out", str(out)]
+    subprocess.run(bench, cwd=ROOT, check=True, capture_output=True, text=True)
+    done = subprocess.run([env_python, "-m", "intent.cli", "compare", str(out), "tracker", "raw", "--show", "1"],
+                          cwd=ROOT, check=True, capture_output=True, text=True)
+    assert "# tracker vs raw, task by task" in done.stdout
+    summary = json.loads((out / "compare-tracker-raw.json").read_text())
+    assert (out / "compare-tracker-raw.png").stat().st_size > 0
+    assert summary["tasks"] == 12 and summary["market"] == "synthetic-v2"
+    runs = {m: [r for r in ResultStore(out / "episodes.jsonl").load() if r.method == m] for m in ("tracker", "raw")}
+    checked = 0
+    for key, winner, loser in (("where_a_wins", "tracker", "raw"), ("where_b_wins", "raw", "tracker")):
+        side = summary[key]
+        if not side["tasks"]:
+            continue
+        won = {e["task"] for e in summary["examples"][key.replace("where_", "")]}
+        # Every run call of the winning episodes has a tier from the task (none left unknown).
+        n_calls = sum(r.n_calls for r in runs[winner] if r.task_id in won)
+        assert sum(side["winner_calls_by_tier"].values()) == n_calls
+        checked += 1
+    assert checked  # at least one side won a task (else the check above never ran)
