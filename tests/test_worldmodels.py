@@ -332,3 +332,39 @@ def test_openai_compatible_world_model_passes_the_call_temperature():
     wm.simulate("t", {}, temperature=0.25)
     wm.simulate("t", {})
     assert [b["temperature"] for b in bodies] == [0.25, 1.0]
+
+
+def _success(tool: str, args: dict, observation: dict, z: int = 1) -> dict:
+    return {"decision": "accept", "status": "ok", "tool": tool, "z": z, "args": args,
+            "observation": json.dumps(observation)}
+
+
+def test_an_ideal_observation_names_the_entity_not_the_half_typed_argument():
+    """The synthetic environment answers a half-typed call that succeeds about the entity (its canonical facts).
+    An ideal (z = 1) replayed observation must too: the LLM-like agent checks that the answer is about its entity,
+    and read a replay that echoed "tor" as a failure, so INTENT's ideal trajectory retried other providers."""
+    from eval.agents.simulated import NeedView, looks_successful
+
+    logs = [
+        _success("travel_plus_flights", {"origin": "tor", "destination": "Chicago"},
+                 {"source": "travel_plus_flights", "origin": "Toronto", "destination": "Chicago", "fare": 120}),
+        _success("travel_standard_flights", {"origin": "Lima", "destination": "Paris"},
+                 {"source": "travel_standard_flights", "origin": "Lima", "destination": "Paris", "fare": 300}),
+        # A failure teaches nothing about how successes write an argument.
+        _success("travel_plus_flights", {"origin": "osl", "destination": "Rome"},
+                 {"source": "travel_plus_flights", "origin": "Lima", "destination": "Rome", "fare": 80}, z=0),
+    ]
+    wm = ReplayWorldModel(logs)
+    need = NeedView("n1", "cheapest fare from Toronto to Chicago", {"origin": "Toronto", "destination": "Chicago"},
+                    ("travel_plus_flights",))
+    seen = wm.simulate("travel_plus_flights", {"origin": "tor", "destination": "Chicago"}, satisfied=True)
+    assert json.loads(seen)["origin"] == "Toronto" and looks_successful(need, seen)
+    # An unseen half-typed value completes to the value successes returned under that key.
+    assert json.loads(wm.simulate("travel_standard_flights", {"origin": "toro", "destination": "Chicago"},
+                                  satisfied=True))["origin"] == "Toronto"
+    # A whole value, another entity, is echoed as asked (a success is about what was asked for).
+    assert json.loads(wm.simulate("travel_plus_flights", {"origin": "Oslo", "destination": "Paris"},
+                                  satisfied=True))["origin"] == "Oslo"
+    assert wm.as_answered("origin", "osl") == "osl"  # the failure's argument was not learned
+    assert wm.as_answered("fare", 5) == 5  # not a string: as given
+    assert wm.fork(1).as_answered("origin", "tor") == "Toronto"

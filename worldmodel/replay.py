@@ -5,7 +5,13 @@ tool really returned before, keeping only those whose label z matches when ``sat
 given. With ``ground=True`` a JSON payload not labelled a failure (z = 0) is re-targeted at the call's
 arguments, at every depth: a key of any nested object that is also an argument takes the argument's value (a
 bundle's ``{"source": ..., "results": {"weather": {"city": ...}, ...}}`` is about the city
-asked for, not the logged one), which is what a conditional generator does.
+asked for, not the logged one), which is what a conditional generator does. An argument is written as the tool's successful answers
+write it, learned from the same log: a value seen as an argument of a labelled success (z = 1) takes the
+value that success returned under its key (``"tor"`` -> ``"Toronto"``: the environment answers about the
+entity, not the typed text), and an unseen value that is part of exactly the values successes returned under
+that key takes the most frequent of them. Otherwise the argument is echoed as given. Without this, an ideal
+(z = 1) observation of a half-typed call named the half-typed text, and an agent that checks the answer is
+about its entity read the simulated success as a failure.
 
 ``temperature`` (set here, or per call: ``simulate(..., temperature=t)``) 0 picks
 deterministically per (tool, arguments); t > 0 samples a distinct logged observation with
@@ -20,7 +26,7 @@ import math
 import random
 import threading
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -45,14 +51,22 @@ class ReplayWorldModel:
         from intent.feedback import without_result_note
 
         self._by_tool: dict[str, list[tuple[str, int | None]]] = defaultdict(list)
+        aliases: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        vocabulary: dict[str, Counter[str]] = defaultdict(Counter)
         for r in records:
             get = r.get if isinstance(r, Mapping) else lambda k, d=None, r=r: getattr(r, k, d)
             if get("decision") != "accept" or get("status") not in ("ok", "error") or not get("observation"):
                 continue
             obs = without_result_note(str(get("observation")))
-            self._by_tool[str(get("tool"))].append((obs, labeler(r)))
+            z = labeler(r)
+            self._by_tool[str(get("tool"))].append((obs, z))
+            if z == 1:
+                _learn_values(obs, get("args"), aliases, vocabulary)
         for pool in self._by_tool.values():  # the log's order (thread interleaving) must not matter
             pool.sort(key=lambda item: (item[0], -1 if item[1] is None else item[1]))
+        # Most frequent first, ties by the value itself: independent of the log's order.
+        self._aliases = {k: _most_common(c) for k, c in aliases.items()}
+        self._vocabulary = {k: sorted(c.items(), key=lambda kv: (-kv[1], kv[0])) for k, c in vocabulary.items()}
         self.temperature = temperature
         self.ground = ground
         self._rng = random.Random(seed)
@@ -67,6 +81,7 @@ class ReplayWorldModel:
         """
         twin = object.__new__(ReplayWorldModel)
         twin._by_tool, twin.temperature, twin.ground = self._by_tool, self.temperature, self.ground
+        twin._aliases, twin._vocabulary = self._aliases, self._vocabulary
         twin._rng, twin._lock, twin.fallbacks = random.Random(seed), threading.Lock(), 0
         return twin
 
@@ -110,15 +125,70 @@ class ReplayWorldModel:
         # entity would read as the right answer (a failure turned into a success).
         return self._ground(text, args) if self.ground and z != 0 else text
 
-    @staticmethod
-    def _ground(text: str, args: Mapping[str, Any]) -> str:
+    def _ground(self, text: str, args: Mapping[str, Any]) -> str:
         try:
             payload = json.loads(text)
         except json.JSONDecodeError:
             return text
         if not isinstance(payload, (dict, list)):
             return text
-        return json.dumps(_retarget(payload, args))
+        return json.dumps(_retarget(payload, {k: self.as_answered(k, v) for k, v in args.items()}))
+
+    def as_answered(self, key: str, value: Any) -> Any:
+        """``value`` of argument ``key`` as the logged successes write it (see the module docstring)."""
+        if not isinstance(value, str):  # numbers and structures are echoed as given
+            return value
+        typed = _norm(value)
+        if not typed:
+            return value
+        seen = self._aliases.get((key, typed))
+        if seen is not None:
+            return seen
+        for known, _ in self._vocabulary.get(key, ()):  # most frequent first
+            if typed in _norm(known):
+                return known
+        return value
+
+
+def _norm(value: Any) -> str:
+    return " ".join(str(value).lower().split())
+
+
+def _most_common(counter: Counter[str]) -> str:
+    return min(counter.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+
+
+def _learn_values(observation: str, args: Any, aliases: dict[tuple[str, str], Counter[str]],
+                  vocabulary: dict[str, Counter[str]]) -> None:
+    """From one labelled success: what it returned under each argument's key, for that argument's value."""
+    if not isinstance(args, Mapping) or not args:
+        return
+    try:
+        payload = json.loads(observation)
+    except json.JSONDecodeError:
+        return
+    found: dict[str, set[str]] = defaultdict(set)
+    _scalars_under(payload, set(args), found)
+    for key, values in found.items():
+        typed = args.get(key)
+        if not isinstance(typed, str) or not _norm(typed):
+            continue
+        for v in values:
+            vocabulary[key][v] += 1
+        if len(values) == 1:  # one answer under this key: it is the argument's entity
+            aliases[(key, _norm(typed))][next(iter(values))] += 1
+
+
+def _scalars_under(node: Any, keys: set[str], found: dict[str, set[str]]) -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in keys and isinstance(v, str):
+                found[k].add(v)
+            else:
+                _scalars_under(v, keys, found)
+    elif isinstance(node, list):
+        for v in node:
+            _scalars_under(v, keys, found)
 
 
 def _retarget(node: Any, args: Mapping[str, Any]) -> Any:
