@@ -36,6 +36,7 @@ from langgraph.types import Command, Overwrite
 from typing_extensions import NotRequired
 
 from intent import feedback as fb
+from intent import lean_path
 from intent.episodes import RUNNING_EPISODE
 from intent.ledger import merge_ledger_states
 from intent.messages import provider_run, tool_name, turns_before
@@ -304,21 +305,40 @@ class BudgetGuardMiddleware(AgentMiddleware):
 
     def _model_step(self, request: ModelRequest, config: Any, io: list[Any]) -> Generator[tuple[str, Any], None, None]:
         """One model step, written once for the sync and async hooks: yields ``("model", request)``
-        for each model call and ``("gate", (state, episode))`` for each gate, reads their results from
+        for each model call, ``("gate", (state, episode))`` for each gate and ``("decide", ctx)`` for the oracle's
+        decision of the lean gate's one call (:mod:`intent.lean_path`), reads their results from
         ``io[0]`` (where the driver puts them before going on), and leaves the step's response there.
 
         (Results passed in ``io``, not sent, and the generator ends without a value: the driver advances it
         with ``next(run, None)``, which sees its end without the StopIteration a ``send`` raises there, an
         exception raised and caught on every model step.)"""
-        state = request.state
-        overwrite = self.guard.inherits_parent_ledger(state)
-        if overwrite:  # a sub-agent's first step, on a copy of its parent's state: not our ledger
-            request = request.override(state={**state, LEDGER_KEY: None})
+        guard = self.guard
+        # The common step (a run under way, nothing to settle) the lean way; None: the general code below.
+        lean = lean_path.prepared(guard, request, config) if self.gates_in_model_call else None
+        if lean is not None:
+            request, episode, model_request = lean
+            step = _Step(request.state, None)
+        else:
             state = request.state
-        request, episode, settled = self._settled_request(request, config)
-        step = _Step(state, settled, overwrite=overwrite)
+            overwrite = guard.inherits_parent_ledger(state)
+            if overwrite:  # a sub-agent's first step, on a copy of its parent's state: not our ledger
+                request = request.override(state={**state, LEDGER_KEY: None})
+                state = request.state
+            request, episode, settled = self._settled_request(request, config)
+            step = _Step(state, settled, overwrite=overwrite)
+            model_request = None
         while True:
-            yield "model", self._prepare(request, config, episode.episode_id)
+            yield "model", (model_request if model_request is not None
+                            else self._prepare(request, config, episode.episode_id))
+            if lean is not None:
+                # The step's first reply, when it is one call: gated the lean way (a reply asked again after
+                # malformed calls is not: the general loop has kept it).
+                lean, model_request = None, None
+                gate = lean_path.gate_one(guard, request.state, episode, io[0])
+                if gate is not None:
+                    yield "decide", gate.ctx
+                    io[0] = lean_path.decided(guard, episode, gate, io[0])
+                    return
             gated_state = step.open(io[0], gate=self.gates_in_model_call)
             if gated_state is not None:
                 yield "gate", (gated_state, episode)
@@ -343,6 +363,8 @@ class BudgetGuardMiddleware(AgentMiddleware):
             while True:
                 if kind == "model":  # every execution of the model reserved and charged, with model_prices
                     io[0] = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
+                elif kind == "decide":  # the lean gate's one call (intent.lean_path)
+                    io[0] = guard.decide(arg)
                 else:
                     io[0] = guard.gate(arg[0], config, settle=False, episode=arg[1])
                 following = next(run, None)  # None: the step has ended, its response in io[0]
@@ -364,6 +386,8 @@ class BudgetGuardMiddleware(AgentMiddleware):
             while True:
                 if kind == "model":
                     io[0] = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
+                elif kind == "decide":
+                    io[0] = await guard.adecide(arg)
                 else:
                     io[0] = await guard.agate(arg[0], config, settle=False, episode=arg[1])
                 following = next(run, None)

@@ -1,0 +1,254 @@
+"""The lean path: the common model step written for itself, the general code as the fallback.
+
+Most model steps of a guarded agent are alike: a run already under way, its state and the episode's
+working copy in agreement, nothing held, no top-up or oracle bug pending, no fan-out branch, no
+sub-agent, and a reply with one well-formed call to a priced tool. For that step the general code
+(:meth:`intent.guard.BudgetGuard.prepared`, :mod:`intent.gate`, ``_Step`` in :mod:`intent.middleware`)
+runs dozens of checks that each find nothing to do, and builds objects it then throws away; issue #11
+asks the guard to cost under 0.2 ms per tool call, and that work was a large part of the rest
+(``README.md``, "## Performance").
+
+:func:`prepared` tells, with cheap checks only and before anything changes, whether the step is such
+a step, and does what the general settling does there (the episode found and marked used, the model
+request as it is); :func:`gate_one` then takes the model's reply when it is one call, and
+:func:`decided` writes the gate's decision and the step's response as the general gate and ``_Step``
+would. Whenever a check fails they return ``None`` and the middleware runs the general code, which
+does the whole of it again from the start (nothing was changed before the checks). The result is the
+same ledger, the same log records, the same state update and the same response: ``tests/test_lean_path.py``
+drives the same scenarios through both (:data:`ENABLED` off for the general one) and compares them.
+
+Imports point down: this module knows the guard's parts, never the middleware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from langchain.agents.middleware import ModelResponse
+from langchain.agents.middleware.types import ExtendedModelResponse
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.types import Command
+
+from intent import feedback as fb
+from intent.gate import _context, _proposal
+from intent.ledger import BudgetExceededError, BudgetLedger
+from intent.market import UnpricedToolError
+from intent.messages import text_of, turns_before
+from intent.nesting import current_parent
+from intent.oracle import OVER_BUDGET, Decision
+from intent.state import LEDGER_KEY
+
+if TYPE_CHECKING:
+    from intent.episodes import Episode
+    from intent.guard import BudgetGuard
+
+__all__ = ["ENABLED", "decided", "gate_one", "prepared"]
+
+# Off: every step takes the general code (the differential test drives both ways with it).
+ENABLED = True
+
+def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episode, Any] | None:
+    """``(request, episode, model request)`` for a model step whose settling changes nothing, or ``None``.
+
+    What :meth:`BudgetGuard.prepared` (and the middleware's ``_prepare``) would do for such a step, and only
+    that: the episode looked up and marked recently used, the offered tools noted, the step's checkpoint
+    noted for the lineage. The checks, each the reason the general code would do more:
+
+    * the guard: no metered models (their reservations are settled and their episode named at each step), no
+      shared store, no carved budget (a sub-agent's), no oracle hooks that shape the request, no cap on
+      refusal notes (the request is shortened), no tool banned (tools hidden);
+    * the step: no sub-agent scope above it, the top of its graph (no fan-out branch), a run under way by
+      state (``runs_started`` > ``runs_ended``) that this working copy started at the same run, no new user
+      message last (a run left behind);
+    * the episode: live here, synced, the only branch ``""``, not revived, no oracle bug, no top-up pending or
+      made, no late bill waiting, nothing held, and its ledger's entries exactly state's (so catching up,
+      releasing and writing what state lacks all find nothing).
+    """
+    if not ENABLED or guard.meters_models or guard.made_metered_models or guard.store_outbox is not None:
+        return None
+    state = request.state
+    if type(state) is not dict:
+        return None
+    channel = state.get(LEDGER_KEY)
+    if not channel or type(channel) is not dict:
+        return None
+    named = channel.get("episode_id")
+    started = channel.get("runs_started")
+    if not named or started is None or channel.get("runs_ended", 0) >= started:
+        return None  # a new run (or a channel from before runs were counted): the general start
+    configurable = (config or {}).get("configurable") or {}
+    thread = configurable.get("thread_id")
+    if thread is not None and named != thread:
+        return None  # a copied thread or a sub-agent's episode name: BudgetGuard.episode_of
+    if "|" in str(configurable.get("checkpoint_ns") or ""):
+        return None  # a branch of a subgraph (a fan-out): branch_of is not ""
+    messages = state.get("messages") or []
+    if messages and isinstance(messages[-1], HumanMessage):
+        return None  # maybe the thread's next run (BudgetGuard._run_left_behind)
+    if current_parent() is not None:
+        return None  # inside a guarded tool call: sub-agent rules (inherits_parent_ledger, carves)
+    episodes = guard.episodes
+    if episodes._carves or episodes._late or episodes._tails:
+        return None
+    episode = episodes.peek(str(named))
+    if (episode is None or not episode.synced or episode.revived or not episode.started
+            or episode.oracle_bug is not None or episode.pending_top_ups or episode.run != started
+            or episode.visitors or len(episode.branches) != 1 or episode.branches.get("", 0) is not None
+            or episode.market is None and channel.get("market_scope") == "episode"):
+        return None
+    ledger = episode.ledger
+    if type(ledger) is not BudgetLedger or ledger.shared is not None:
+        return None
+    # The start and the settle, by the same locks as the general code (a start hook running elsewhere is waited for).
+    with episode.start_lock, episode.lock, ledger._lock:
+        if ledger._held_ids or ledger._top_ups or not ledger._same_as(channel.get("entries") or {}):
+            return None
+        with episodes._lock:  # EpisodeRegistry.get: found again, most recently used
+            if episodes._episodes.get(episode.episode_id) is not episode:
+                return None
+            episodes._episodes.move_to_end(episode.episode_id)
+    # BudgetGuard.follow: with the ledger as state has it no fork is possible; the step's checkpoint noted.
+    guard.follow(episode, channel, config, branch="", stamp=None)
+    offered = request.tools
+    if offered is not None:
+        if episode.offered is None:
+            guard._warn_unpriced(guard.market_for(episode.episode_id, channel), offered)
+        episode.offered = offered
+    model_request = None
+    if (guard.feedback_chars is None and not guard._has_hook("visible_tools") and not guard._has_hook("prompt_notes")
+            and not guard.market_for(episode.episode_id, channel).banned):
+        model_request = request  # what BudgetGuardMiddleware._prepare returns for it: nothing to hide or add
+    return request, episode, model_request
+
+
+class LeanGate:
+    """The gate of a reply with one call, between :func:`gate_one` and :func:`decided`."""
+
+    __slots__ = ("ai", "call_id", "channel", "ctx", "index", "key", "market", "messages", "name", "price",
+                 "query", "response", "started", "step")
+
+
+def gate_one(guard: BudgetGuard, state: Mapping[str, Any], episode: Episode, result: Any) -> LeanGate | None:
+    """The reply's one call, priced and ready for the oracle (:attr:`LeanGate.ctx`), or ``None`` for any
+    other reply (the general ``_Step`` and :func:`intent.gate.gate_batch` then take it, unchanged)."""
+    if type(result) is AIMessage:
+        ai, response = result, None
+    elif type(result) is ModelResponse and len(result.result) == 1 and type(result.result[0]) is AIMessage:
+        ai, response = result.result[0], result
+    else:
+        return None
+    calls = ai.tool_calls
+    if len(calls) != 1 or ai.invalid_tool_calls:
+        return None
+    call = calls[0]
+    cid, name = call.get("id"), call.get("name")
+    channel = state[LEDGER_KEY]
+    market = guard.market_for(episode.episode_id, channel)
+    if cid is None or name in market.banned:
+        return None
+    try:
+        price = market.price(name)
+    except UnpricedToolError:
+        return None
+    ledger = episode.ledger
+    if not ai.id:
+        import uuid
+
+        ai.id = f"lc_{uuid.uuid4()}"  # as _Step.open names it
+    key = f"{ai.id}:{cid}"
+    if key in ledger or key in (channel.get("decisions") or {}):
+        return None
+    messages = [*(state.get("messages") or []), ai]
+    index = len(messages) - 1
+    turns = channel.get("turns")
+    step = _turn(messages, index, turns)
+    run = episode.run
+    query = channel["query"] if (isinstance(channel.get("query"), str)
+                                 and int(channel.get("query_run") or 1) == run) else episode.task(channel, messages)
+    args = dict(call.get("args") or {})
+    proposal = _proposal(cid, name, args, text_of(ai))
+    gate = LeanGate()
+    gate.ai, gate.call_id, gate.channel, gate.index, gate.key, gate.market = ai, cid, channel, index, key, market
+    gate.messages, gate.name, gate.price, gate.query, gate.step = messages, name, price, query, step
+    gate.response = response
+    # As gate_batch asks: what the tool budget has left, nothing held earlier in this batch of one.
+    gate.ctx = _context(
+        episode_id=episode.episode_id, query=query, proposal=proposal, price=price, budget=ledger.budget,
+        spent=ledger.spent, remaining=max(0.0, ledger.remaining_for("tool") - 0.0), market=market, step=step,
+        history=messages, batch=(proposal,), batch_index=0,
+    )
+    gate.started = guard._clock()
+    return gate
+
+
+def _turn(messages: list[Any], index: int, turns: Mapping[str, Any] | None) -> int:
+    """``turns_before(messages, index, turns, gate=True)`` when the last reply counted is the latest
+    AIMessage before this one (every step of a run under way); the general function otherwise."""
+    if turns and not turns.get("pending") and turns.get("last_id"):
+        for j in range(index - 1, -1, -1):
+            m = messages[j]
+            if isinstance(m, AIMessage):
+                if m.id == turns["last_id"] and m.id != messages[index].id:
+                    return max(int(turns.get("total") or 0), int(turns["count"]))
+                break
+    return turns_before(messages, index, turns, gate=True)
+
+
+def decided(guard: BudgetGuard, episode: Episode, gate: LeanGate, answer: Any) -> Any:
+    """The oracle's answer applied as :func:`intent.gate.gate_batch` applies it to a batch of one, and the
+    step's response as ``_Step.close`` makes it: the reply, with the gate's update as a ``Command``."""
+    decision_ms = (guard._clock() - gate.started) * 1000.0
+    ctx = gate.ctx
+    decision = guard.check_decision(answer, ctx)
+    ledger, market, price, name, step = episode.ledger, gate.market, gate.price, gate.name, gate.step
+    if decision.accept and guard.enforce and not ledger.fits(price):
+        decision = Decision.rejected(
+            fb.overrun_stop(name, ledger.blocking_overrun) if ledger.halted
+            else fb.over_budget(name, price, ctx.remaining, ledger.budget),
+            reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
+        )
+    key, cid, args = gate.key, gate.call_id, ctx.proposal.args
+    entry = None
+    if decision.accept:
+        meta = {
+            "accept": True, "tool": name, "args": dict(args), "price": price, "step": step,
+            "reason": decision.reason, "feedback": decision.feedback,
+            "trace": [s.to_dict() for s in decision.trace] if decision.trace else [], "decision_ms": decision_ms,
+            "usage": dict(decision.usage),
+        }
+        try:
+            entry = ledger.reserve(key, name, price, market_version=market.version, tool_call_id=cid)
+        except BudgetExceededError:
+            # Another run took the money since the check (gate_batch's reserve effect): refused, not run.
+            meta = _refusal(guard, episode, gate, price, "reject", OVER_BUDGET,
+                            fb.over_budget(name, price, ledger.remaining_for("tool"), ledger.budget))
+    else:
+        meta = _refusal(guard, episode, gate, price, "reject", decision.reason,
+                        decision.feedback or fb.generic_rejection(name), decision, decision_ms)
+    channel = gate.channel
+    update = guard._channel_base(episode)
+    update["entries"] = {key: ledger.serialized(entry)} if entry is not None else {}
+    update["decisions"] = {key: meta}
+    update["market_version"] = market.version
+    update |= episode.query_update(channel, gate.messages)
+    if episode.market is not None:
+        update["market"] = market.to_dict()
+        update["market_scope"] = "episode"
+    ai = gate.ai
+    update["turns"] = {"count": step + 1, "total": step + 1, "last_id": ai.id, "at": gate.index}
+    response = gate.response if gate.response is not None else ModelResponse(result=[ai])
+    return ExtendedModelResponse(model_response=response, command=Command(update={LEDGER_KEY: update}))
+
+
+def _refusal(guard: BudgetGuard, episode: Episode, gate: LeanGate, price: float | None, kind: Any, reason: str,
+             text: str, decision: Decision | None = None, decision_ms: float = 0.0) -> dict[str, Any]:
+    """gate_batch's ``refuse`` for the one call (no cap on notes here: :func:`prepared` checks): its log
+    record now, its decision for state returned."""
+    args = gate.ctx.proposal.args
+    guard.records.refusal(
+        episode.ledger, episode_id=episode.episode_id, step=gate.step, query=gate.query, reasoning=gate.ctx.proposal.reasoning,
+        call_id=gate.call_id, tool=gate.name, args=args, price=price, kind=kind, reason=reason, text=text,
+        market_version=gate.market.version, decision=decision, decision_ms=decision_ms)
+    return {"accept": False, "tool": gate.name, "args": dict(args), "price": price, "step": gate.step,
+            "reason": reason, "feedback": text, "kind": kind}
