@@ -34,7 +34,9 @@ from intent import feedback as fb
 from intent.gate import _context, _proposal
 from intent.ledger import BudgetExceededError, BudgetLedger
 from intent.market import UnpricedToolError
+from intent.lineage import _CHECKPOINTER
 from intent.messages import text_of, turns_before
+from intent.metering import CallRun
 from intent.nesting import current_parent
 from intent.oracle import OVER_BUDGET, Decision
 from intent.state import LEDGER_KEY
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from intent.episodes import Episode
     from intent.guard import BudgetGuard
 
-__all__ = ["ENABLED", "decided", "gate_one", "prepared"]
+__all__ = ["ENABLED", "decided", "gate_one", "open_call", "prepared"]
 
 # Off: every step takes the general code (the differential test drives both ways with it).
 ENABLED = True
@@ -55,7 +57,8 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
     that: the episode looked up and marked recently used, the offered tools noted, the step's checkpoint
     noted for the lineage. The checks, each the reason the general code would do more:
 
-    * the guard: no metered models (their reservations are settled and their episode named at each step), no
+    * the guard: no metered models (their reservations are settled and their episode named at each step), the
+      oracle's tokens not charged (held and committed at each decision), no human asked for top-ups, no
       shared store, no carved budget (a sub-agent's), no oracle hooks that shape the request, no cap on
       refusal notes (the request is shortened), no tool banned (tools hidden);
     * the step: no sub-agent scope above it, the top of its graph (no fan-out branch), a run under way by
@@ -65,8 +68,9 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
       made, no late bill waiting, nothing held, and its ledger's entries exactly state's (so catching up,
       releasing and writing what state lacks all find nothing).
     """
-    if not ENABLED or guard.meters_models or guard.made_metered_models or guard.store_outbox is not None:
-        return None
+    if (not ENABLED or guard.charge_models or guard.made_metered_models or guard.store_outbox is not None
+            or guard.charge_oracle or guard.on_over_budget != "refuse"):
+        return None  # (charge_models: what the meters_models property reads)
     state = request.state
     if type(state) is not dict:
         return None
@@ -116,8 +120,10 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
             guard._warn_unpriced(guard.market_for(episode.episode_id, channel), offered)
         episode.offered = offered
     model_request = None
-    if (guard.feedback_chars is None and not guard._has_hook("visible_tools") and not guard._has_hook("prompt_notes")
-            and not guard.market_for(episode.episode_id, channel).banned):
+    # (guard.market_for, read here: the episode's market, else the guard's; an episode-scoped one in state is
+    # not, checked above)
+    if (guard.feedback_chars is None and not (guard._market if episode.market is None else episode.market).banned
+            and not guard._has_hook("visible_tools") and not guard._has_hook("prompt_notes")):
         model_request = request  # what BudgetGuardMiddleware._prepare returns for it: nothing to hide or add
     return request, episode, model_request
 
@@ -144,7 +150,7 @@ def gate_one(guard: BudgetGuard, state: Mapping[str, Any], episode: Episode, res
     call = calls[0]
     cid, name = call.get("id"), call.get("name")
     channel = state[LEDGER_KEY]
-    market = guard.market_for(episode.episode_id, channel)
+    market = guard._market if episode.market is None else episode.market  # guard.market_for, as prepared() found it
     if cid is None or name in market.banned:
         return None
     try:
@@ -252,3 +258,57 @@ def _refusal(guard: BudgetGuard, episode: Episode, gate: LeanGate, price: float 
         market_version=gate.market.version, decision=decision, decision_ms=decision_ms)
     return {"accept": False, "tool": gate.name, "args": dict(args), "price": price, "step": gate.step,
             "reason": reason, "feedback": text, "kind": kind}
+
+
+def open_call(guard: BudgetGuard, request: Any) -> CallRun | None:
+    """:func:`intent.metering.open_call` for a call the gate accepted in the latest message of a run going on
+    here: the same :class:`~intent.metering.CallRun`, found with cheap checks; ``None`` for anything else
+    (a refusal to answer, a call never gated or rebuilt, a copied thread, a sub-agent's carve, a late bill
+    waiting), which the general function then takes from the start (nothing was changed here)."""
+    if not ENABLED:
+        return None
+    state = request.state
+    if type(state) is not dict:
+        return None
+    channel = state.get(LEDGER_KEY)
+    if not channel or type(channel) is not dict:
+        return None
+    named = channel.get("episode_id")
+    if not named:
+        return None
+    config = getattr(request.runtime, "config", None)
+    configurable = (config or {}).get("configurable") or {}
+    thread = configurable.get("thread_id")
+    if thread is not None and named != thread:
+        return None  # BudgetGuard.episode_of names another episode (a copied thread, a sub-agent's)
+    messages = state.get("messages") or []
+    if not messages:
+        return None
+    ai = messages[-1]  # find_call: the latest AIMessage proposing the call, when it is the last message
+    if type(ai) is not AIMessage or not ai.id:
+        return None
+    cid = request.tool_call["id"]
+    for c in ai.tool_calls:
+        if c.get("id") == cid:
+            break
+    else:
+        return None
+    episodes = guard.episodes
+    if episodes._carves or episodes._late:
+        return None
+    episode = episodes.peek(str(named))
+    if episode is None or not episode.synced:
+        return None
+    key = f"{ai.id}:{cid}"
+    meta = (channel.get("decisions") or {}).get(key)
+    if not meta or not meta.get("accept", True) or key not in episode.ledger:
+        return None  # a refusal, an answered call, a call never gated: the general function answers it
+    with episodes._lock:  # EpisodeRegistry.get: found again, most recently used
+        if episodes._episodes.get(episode.episode_id) is not episode:
+            return None
+        episodes._episodes.move_to_end(episode.episode_id)
+    if configurable.get(_CHECKPOINTER) is not None:
+        episode = guard.follow(episode, channel, config)  # a fork runs on its checkpoint's ledger
+        if key not in episode.ledger:
+            return None  # (made again from a checkpoint that never gated it: the general function decides)
+    return CallRun(guard, episode, key, request, dict(meta), messages, ai, channel)
