@@ -147,9 +147,10 @@ def _seen(out: dict[str, Any], guard: BudgetGuard, sink: MemoryLogSink, oracle: 
                       "additional_kwargs": m.additional_kwargs,
                       "invalid_tool_calls": getattr(m, "invalid_tool_calls", None)})
                 for m in out["messages"]]
-    # (Sorted, and without tool_ms: the two calls of one message run in parallel threads, which read the clock and
-    # log in either order. The order of everything else is compared step by step below.)
-    records = sorted(text(r.model_dump(exclude={"timestamp", "tool_ms"})) for r in sink.records)
+    # (Sorted, and without tool_ms, spent and remaining: the two calls of one message run in parallel threads, which
+    # read the clock, commit and log in either order, both ways. The ledger and the order of everything else are
+    # compared step by step below.)
+    records = sorted(text(r.model_dump(exclude={"timestamp", "tool_ms", "spent", "remaining"})) for r in sink.records)
 
     def shown(value: Any) -> Any:  # a step's update or state, messages by what they say (not their random ids)
         if isinstance(value, dict):
