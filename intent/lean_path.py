@@ -108,12 +108,13 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
     with episode.start_lock, episode.lock, ledger._lock:
         if ledger._held_ids or ledger._top_ups or not ledger._same_as(channel.get("entries") or {}):
             return None
-        with episodes._lock:  # EpisodeRegistry.get: found again, most recently used
-            if episodes._episodes.get(episode.episode_id) is not episode:
-                return None
-            episodes._episodes.move_to_end(episode.episode_id)
-    # BudgetGuard.follow: with the ledger as state has it no fork is possible; the step's checkpoint noted.
-    guard.follow(episode, channel, config, branch="", stamp=None)
+    with episodes._lock:  # EpisodeRegistry.get: found again, most recently used
+        if episodes._episodes.get(episode.episode_id) is not episode:
+            return None
+        episodes._episodes.move_to_end(episode.episode_id)
+    if configurable.get(_CHECKPOINTER) is not None:  # (without one, checkpoint_here is None: follow does nothing)
+        # BudgetGuard.follow: with the ledger as state has it no fork is possible; the step's checkpoint noted.
+        guard.follow(episode, channel, config, branch="", stamp=None)
     offered = request.tools
     if offered is not None:
         if episode.offered is None:
@@ -122,8 +123,10 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
     model_request = None
     # (guard.market_for, read here: the episode's market, else the guard's; an episode-scoped one in state is
     # not, checked above)
+    hooks = guard._hooks  # (BudgetGuard._has_hook's answers, once known)
     if (guard.feedback_chars is None and not (guard._market if episode.market is None else episode.market).banned
-            and not guard._has_hook("visible_tools") and not guard._has_hook("prompt_notes")):
+            and (hooks.get("visible_tools") is False or not guard._has_hook("visible_tools"))
+            and (hooks.get("prompt_notes") is False or not guard._has_hook("prompt_notes"))):
         model_request = request  # what BudgetGuardMiddleware._prepare returns for it: nothing to hide or add
     return request, episode, model_request
 
@@ -178,10 +181,23 @@ def gate_one(guard: BudgetGuard, state: Mapping[str, Any], episode: Episode, res
     gate.ai, gate.call_id, gate.channel, gate.index, gate.key, gate.market = ai, cid, channel, index, key, market
     gate.messages, gate.name, gate.price, gate.query, gate.step = messages, name, price, query, step
     gate.response = response
+    if ledger._caps:
+        budget, spent, left = ledger.budget, ledger.spent, ledger.remaining_for("tool")
+    else:
+        # ledger.budget, .spent and .remaining_for("tool") read at once, the same arithmetic (no sub-cap, no
+        # shared store: checked by prepared()).
+        with ledger._lock:
+            totals, top_ups = ledger._totals, ledger._top_ups
+            committed, reserved = totals["committed"], totals["reserved"]
+            budget = ledger._budget + sum(top_ups.values()) if top_ups else ledger._budget
+        spent = 0.0 if abs(committed) < 1e-12 else committed
+        committed = 0.0 if -1e-12 < committed < 1e-12 else committed
+        reserved = 0.0 if -1e-12 < reserved < 1e-12 else reserved
+        left = max(0.0, budget - committed - reserved)
     # As gate_batch asks: what the tool budget has left, nothing held earlier in this batch of one.
     gate.ctx = _context(
-        episode_id=episode.episode_id, query=query, proposal=proposal, price=price, budget=ledger.budget,
-        spent=ledger.spent, remaining=max(0.0, ledger.remaining_for("tool") - 0.0), market=market, step=step,
+        episode_id=episode.episode_id, query=query, proposal=proposal, price=price, budget=budget,
+        spent=spent, remaining=max(0.0, left - 0.0), market=market, step=step,
         history=messages, batch=(proposal,), batch_index=0,
     )
     gate.started = guard._clock()
