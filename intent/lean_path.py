@@ -135,7 +135,7 @@ class LeanGate:
     """The gate of a reply with one call, between :func:`gate_one` and :func:`decided`."""
 
     __slots__ = ("ai", "call_id", "channel", "ctx", "index", "key", "market", "messages", "name", "price",
-                 "query", "response", "started", "step")
+                 "query", "query_kept", "response", "started", "step")
 
 
 def gate_one(guard: BudgetGuard, state: Mapping[str, Any], episode: Episode, result: Any) -> LeanGate | None:
@@ -172,15 +172,15 @@ def gate_one(guard: BudgetGuard, state: Mapping[str, Any], episode: Episode, res
     index = len(messages) - 1
     turns = channel.get("turns")
     step = _turn(messages, index, turns)
-    run = episode.run
-    query = channel["query"] if (isinstance(channel.get("query"), str)
-                                 and int(channel.get("query_run") or 1) == run) else episode.task(channel, messages)
+    # episode.task(channel, messages): the run's task as state keeps it (query_of), when it keeps this run's
+    query_kept = isinstance(channel.get("query"), str) and int(channel.get("query_run") or 1) == episode.run
+    query = channel["query"] if query_kept else episode.task(channel, messages)
     args = dict(call.get("args") or {})
     proposal = _proposal(cid, name, args, text_of(ai))
     gate = LeanGate()
     gate.ai, gate.call_id, gate.channel, gate.index, gate.key, gate.market = ai, cid, channel, index, key, market
     gate.messages, gate.name, gate.price, gate.query, gate.step = messages, name, price, query, step
-    gate.response = response
+    gate.response, gate.query_kept = response, query_kept
     if ledger._caps:
         budget, spent, left = ledger.budget, ledger.spent, ledger.remaining_for("tool")
     else:
@@ -224,7 +224,9 @@ def decided(guard: BudgetGuard, episode: Episode, gate: LeanGate, answer: Any) -
     ctx = gate.ctx
     decision = guard.check_decision(answer, ctx)
     ledger, market, price, name, step = episode.ledger, gate.market, gate.price, gate.name, gate.step
-    if decision.accept and guard.enforce and not ledger.fits(price):
+    # (ledger.fits: its local part alone without a shared store, which prepared() checked)
+    if decision.accept and guard.enforce and not (ledger._fits_here(price, "tool") if ledger._shared is None
+                                                  else ledger.fits(price)):
         decision = Decision.rejected(
             fb.overrun_stop(name, ledger.blocking_overrun) if ledger.halted
             else fb.over_budget(name, price, ctx.remaining, ledger.budget),
@@ -248,12 +250,15 @@ def decided(guard: BudgetGuard, episode: Episode, gate: LeanGate, answer: Any) -
     else:
         meta = _refusal(guard, episode, gate, price, "reject", decision.reason,
                         decision.feedback or fb.generic_rejection(name), decision, decision_ms)
-    channel = gate.channel
-    update = guard._channel_base(episode)
+    # guard._channel_base(episode) for a plain BudgetLedger (prepared() checked: not a carve), then gate_batch's keys
+    update = {"episode_id": episode.episode_id, "budget": ledger._budget, "allow_overspend": ledger._allow_overspend}
+    if ledger._caps:
+        update["caps"] = dict(ledger._caps)
     update["entries"] = {key: ledger.serialized(entry)} if entry is not None else {}
     update["decisions"] = {key: meta}
     update["market_version"] = market.version
-    update |= episode.query_update(channel, gate.messages)
+    if not gate.query_kept:
+        update |= episode.query_update(gate.channel, gate.messages)
     if episode.market is not None:
         update["market"] = market.to_dict()
         update["market_scope"] = "episode"
