@@ -3,7 +3,8 @@
 Each scenario runs twice, the lean path on and off (``lean_path.ENABLED``), with a clock that ticks per
 call (so decision and tool times are the same number in both when both read the clock alike), and
 the two runs must agree on everything a user can see: every step's state update and the state after
-it (messages and the ledger channel), the ledger, every log record, what the oracle is told. Message ids are the only names made at random (an
+it (messages and the ledger channel), the ledger, every log record, what the oracle is told, what the
+model is shown. Message ids are the only names made at random (an
 AIMessage's when the model gives none): they are compared by their place in the history.
 
 A last test checks that the lean path is taken in the common turn, so that it cannot rot into a
@@ -27,7 +28,7 @@ from intent import AcceptAll, BudgetGuard, Market, PricedTool
 from intent import lean_path, testing
 from intent.logs import MemoryLogSink
 from intent.oracle import PLAN_OVER_BUDGET, Decision, Oracle
-from tests.fakes import ai, call, scripted
+from tests.fakes import ScriptedToolModel, ai, call
 
 
 @tool
@@ -55,8 +56,20 @@ def broken(q: str) -> str:
 
 
 TOOLS = [fetch, search, billed, broken]
-MARKET = Market([PricedTool("fetch", 1.0), PricedTool("search", 2.0), PricedTool("billed", 1.0),
-                 PricedTool("broken", 0.5), PricedTool("banned_one", 1.0)], banned=["banned_one"])
+PRICED = [PricedTool("fetch", 1.0), PricedTool("search", 2.0), PricedTool("billed", 1.0), PricedTool("broken", 0.5),
+          PricedTool("banned_one", 1.0)]
+# A market with a banned tool hides it from the model at every step (the general _prepare); one without does not.
+MARKETS = {"plain": Market(PRICED), "with_ban": Market(PRICED, banned=["banned_one", "broken"])}
+
+
+class Recording(ScriptedToolModel):
+    """The scripted model, also keeping what each call was shown (the request the guard shaped)."""
+
+    seen: list = []
+
+    def _generate(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        self.seen.append([(m.type, m.content) for m in messages])
+        return super()._generate(messages, *args, **kwargs)
 
 
 class EveryOther(Oracle):
@@ -93,16 +106,18 @@ def _turns(kind: str) -> list[AIMessage]:
 
 
 def _run(kind: str, *, lean: bool, oracle: str = "accept", budget: float = 30.0, thread: bool = False,
-         use_async: bool = False, runs: int = 1, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+         use_async: bool = False, runs: int = 1, market: str = "plain", enforce: bool = True,
+         monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(lean_path, "ENABLED", lean)
     monkeypatch.setattr(testing, "_ids", itertools.count())  # the same call ids both ways
     ticks = itertools.count()
     sink = MemoryLogSink()
     the_oracle = AcceptAll() if oracle == "accept" else EveryOther()
-    guard = BudgetGuard(the_oracle, MARKET, budget, log_sink=sink, tool_errors="message",
+    guard = BudgetGuard(the_oracle, MARKETS[market], budget, log_sink=sink, tool_errors="message", enforce=enforce,
                         clock=lambda: float(next(ticks)))
     script = [m for _ in range(runs) for m in _turns(kind)]
-    agent = create_agent(scripted(script), TOOLS, middleware=[guard.middleware()],
+    model = Recording(messages=iter(script), bound=[], seen=[], fail_on=set(), executions=[])
+    agent = create_agent(model, TOOLS, middleware=[guard.middleware()],
                          checkpointer=InMemorySaver() if thread else None)
     config = {"configurable": {"thread_id": "t-lean"}} if thread else None
     out: Any = None
@@ -118,7 +133,7 @@ def _run(kind: str, *, lean: bool, oracle: str = "accept", budget: float = 30.0,
                   else list(agent.stream(start, config, stream_mode=["updates", "values"])))
         steps += chunks
         out = [chunk for mode, chunk in chunks if mode == "values"][-1]
-    return _seen(out, guard, sink, the_oracle, steps)
+    return {**_seen(out, guard, sink, the_oracle, steps), "model": (model.bound, model.seen)}
 
 
 def _seen(out: dict[str, Any], guard: BudgetGuard, sink: MemoryLogSink, oracle: Any, steps: list[Any]
@@ -191,8 +206,12 @@ SCENARIOS = [
     pytest.param(dict(kind="common", runs=2), id="common-two-runs-state-carried"),
     pytest.param(dict(kind="common", budget=2.5), id="over-budget"),
     pytest.param(dict(kind="common", oracle="every_other"), id="oracle-rejects"),
+    pytest.param(dict(kind="common", budget=2.5, enforce=False), id="over-budget-not-enforced"),
+    pytest.param(dict(kind="common", market="with_ban"), id="common-a-tool-banned"),
     pytest.param(dict(kind="mixed"), id="mixed"),
-    pytest.param(dict(kind="mixed", oracle="every_other", budget=6.0, thread=True), id="mixed-rejects-tight"),
+    pytest.param(dict(kind="mixed", market="with_ban"), id="mixed-a-tool-banned"),
+    pytest.param(dict(kind="mixed", oracle="every_other", budget=6.0, thread=True, market="with_ban"),
+                 id="mixed-rejects-tight"),
     pytest.param(dict(kind="common", use_async=True), id="common-async"),
     pytest.param(dict(kind="mixed", oracle="every_other", use_async=True, thread=True), id="mixed-async"),
 ]
@@ -202,7 +221,7 @@ SCENARIOS = [
 def test_the_lean_path_and_the_general_code_agree(scenario: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     lean = _run(**scenario, lean=True, monkeypatch=monkeypatch)
     general = _run(**scenario, lean=False, monkeypatch=monkeypatch)
-    for part in ("channel", "ledger", "totals", "records", "tool_messages", "messages", "oracle", "steps"):
+    for part in ("channel", "ledger", "totals", "records", "tool_messages", "messages", "oracle", "steps", "model"):
         assert lean[part] == general[part], part
     assert lean["records"] and lean["tool_messages"]
 
