@@ -617,11 +617,10 @@ class CallRun:
             # on every tool call); a shared budget's lease is renewed while it runs (no `with` without one).
             scope = enter_spending(self.guard, self.episode, self.key, config)
             try:
-                lease = _lease(self.episode.ledger, charge_id)
-                if lease is _NO_LEASE:
+                if self.episode.ledger.shared is None:  # (what _lease tells by returning _NO_LEASE)
                     out = tool.invoke(tool_input, config, **kwargs)
                 else:
-                    with lease:
+                    with _lease(self.episode.ledger, charge_id):
                         out = tool.invoke(tool_input, config, **kwargs)
             finally:
                 _CURRENT.reset(scope)
@@ -773,7 +772,10 @@ class CallRun:
             status = "error" if getattr(message, "status", "success") == "error" else "ok"
         entry = ledger.commit(charge_id, billed)
         # What the run returned, as text, is built only for a log record or an oracle that reads it.
-        wants_outcome = guard._has_hook("observe") or guard._has_hook("result_note")
+        # (guard._has_hook's cached answers read first: False for both on nearly every guard)
+        hooks = guard._hooks
+        wants_outcome = ((hooks.get("observe") is not False and guard._has_hook("observe"))
+                         or (hooks.get("result_note") is not False and guard._has_hook("result_note")))
         if guard.records.sink is not None or wants_outcome:
             if isinstance(result, asyncio.CancelledError):
                 observation = fb.cancelled(self.name)
