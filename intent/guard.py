@@ -40,6 +40,7 @@ from langgraph.errors import ParentCommand
 from langgraph.types import Command
 
 from intent import feedback as fb
+from intent import lean_path
 from intent.episodes import Episode, EpisodeRegistry
 from intent.budget import Budget
 from intent.arguments import is_list_arg
@@ -1115,7 +1116,7 @@ class BudgetGuard:
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command]
     ) -> ToolMessage | Command:
         """Run a gated call with a metered tool and return its answer with every charge."""
-        run = open_call(self, request)
+        run = lean_path.open_call(self, request) or open_call(self, request)
         if not hasattr(run, "metered_request"):
             return run  # type: ignore[return-value]  # refused before anything ran
         try:
@@ -1135,7 +1136,7 @@ class BudgetGuard:
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]]
     ) -> ToolMessage | Command:
         """Async twin of :meth:`wrap_tool_call`."""
-        run = open_call(self, request)
+        run = lean_path.open_call(self, request) or open_call(self, request)
         if not hasattr(run, "metered_request"):
             return run  # type: ignore[return-value]
         try:

@@ -191,7 +191,7 @@ class BudgetLedger:
                 if group is not None:
                     by_group[group] = by_group.get(group, 0.0) + -old.amount
         else:
-            self._by_call.setdefault(entry.call_key, []).append(cid)
+            self._by_call.setdefault(cid.split("#", 1)[0], []).append(cid)  # (entry.call_key, without the call)
         self._entries[cid] = entry
         self._dicts.pop(cid, None)
         if status == "reserved":

@@ -481,6 +481,15 @@ class CallRun:
         """Hold the money for the next run. Returns its charge id, or the refusal."""
         episode, ledger = self.episode, self.episode.ledger
         with episode.lock:
+            gated = ledger.get(self.key)
+            if (gated is not None and gated.status == "reserved" and gated.execution == 0 and ledger.shared is None
+                    and len(ledger._by_call.get(self.key, ())) == 1 and abs(price - gated.amount) <= 1e-12
+                    and name == gated.tool and not ledger.halted):
+                # The first run of a call as the gate reserved it (nearly every run): what the general way below
+                # does then (no run before it, the gate's reservation used as it is, no store to refuse the run),
+                # without counting the call's charges.
+                ledger.mark_run(self.key, 1)
+                return self.key
             runs = 0  # (a loop, not sum(<genexpr>): no generator made on every run)
             for e in ledger.charges_of(self.key):
                 if e.execution > 0:
@@ -608,11 +617,10 @@ class CallRun:
             # on every tool call); a shared budget's lease is renewed while it runs (no `with` without one).
             scope = enter_spending(self.guard, self.episode, self.key, config)
             try:
-                lease = _lease(self.episode.ledger, charge_id)
-                if lease is _NO_LEASE:
+                if self.episode.ledger.shared is None:  # (what _lease tells by returning _NO_LEASE)
                     out = tool.invoke(tool_input, config, **kwargs)
                 else:
-                    with lease:
+                    with _lease(self.episode.ledger, charge_id):
                         out = tool.invoke(tool_input, config, **kwargs)
             finally:
                 _CURRENT.reset(scope)
@@ -764,7 +772,10 @@ class CallRun:
             status = "error" if getattr(message, "status", "success") == "error" else "ok"
         entry = ledger.commit(charge_id, billed)
         # What the run returned, as text, is built only for a log record or an oracle that reads it.
-        wants_outcome = guard._has_hook("observe") or guard._has_hook("result_note")
+        # (guard._has_hook's cached answers read first: False for both on nearly every guard)
+        hooks = guard._hooks
+        wants_outcome = ((hooks.get("observe") is not False and guard._has_hook("observe"))
+                         or (hooks.get("result_note") is not False and guard._has_hook("result_note")))
         if guard.records.sink is not None or wants_outcome:
             if isinstance(result, asyncio.CancelledError):
                 observation = fb.cancelled(self.name)

@@ -36,6 +36,7 @@ from langgraph.types import Command, Overwrite
 from typing_extensions import NotRequired
 
 from intent import feedback as fb
+from intent import lean_path
 from intent.episodes import RUNNING_EPISODE
 from intent.ledger import merge_ledger_states
 from intent.messages import provider_run, tool_name, turns_before
@@ -302,23 +303,33 @@ class BudgetGuardMiddleware(AgentMiddleware):
                 request = request.override(state={**state, LEDGER_KEY: channel})
         return request, episode, settled
 
-    def _model_step(self, request: ModelRequest, config: Any, io: list[Any]) -> Generator[tuple[str, Any], None, None]:
+    def _model_step(self, request: ModelRequest, config: Any, io: list[Any], episode: Any = None
+                    ) -> Generator[tuple[str, Any], None, None]:
         """One model step, written once for the sync and async hooks: yields ``("model", request)``
         for each model call and ``("gate", (state, episode))`` for each gate, reads their results from
         ``io[0]`` (where the driver puts them before going on), and leaves the step's response there.
+        ``episode``: the step was prepared the lean way (:mod:`intent.lean_path`) and its first reply,
+        which the lean gate did not take, is in ``io[0]`` already: the step goes on from it.
 
         (Results passed in ``io``, not sent, and the generator ends without a value: the driver advances it
         with ``next(run, None)``, which sees its end without the StopIteration a ``send`` raises there, an
         exception raised and caught on every model step.)"""
-        state = request.state
-        overwrite = self.guard.inherits_parent_ledger(state)
-        if overwrite:  # a sub-agent's first step, on a copy of its parent's state: not our ledger
-            request = request.override(state={**state, LEDGER_KEY: None})
+        replied = episode is not None
+        if replied:
+            step = _Step(request.state, None)  # settled the lean way: nothing written
+        else:
             state = request.state
-        request, episode, settled = self._settled_request(request, config)
-        step = _Step(state, settled, overwrite=overwrite)
+            overwrite = self.guard.inherits_parent_ledger(state)
+            if overwrite:  # a sub-agent's first step, on a copy of its parent's state: not our ledger
+                request = request.override(state={**state, LEDGER_KEY: None})
+                state = request.state
+            request, episode, settled = self._settled_request(request, config)
+            step = _Step(state, settled, overwrite=overwrite)
         while True:
-            yield "model", self._prepare(request, config, episode.episode_id)
+            if replied:
+                replied = False
+            else:
+                yield "model", self._prepare(request, config, episode.episode_id)
             gated_state = step.open(io[0], gate=self.gates_in_model_call)
             if gated_state is not None:
                 yield "gate", (gated_state, episode)
@@ -334,21 +345,36 @@ class BudgetGuardMiddleware(AgentMiddleware):
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
         guard, config = self.guard, current_config()
         io: list[Any] = [None]
-        run = self._model_step(request, config, io)
-        kind, arg = next(run)  # a model call, always first
-        # _RunningEpisode's work without a `with`: for a guard that made no metered model (the usual case) a
-        # `with` on a no-op context manager would cost two Python method calls on every model step.
-        token = RUNNING_EPISODE.set((guard, guard.episode_id(arg.state, config))) if guard.made_metered_models else None
+        token = None
+        # The common step (a run under way, nothing to settle, a reply of one call) the lean way, with no
+        # generator: intent.lean_path checks it is that step before anything changes. Its guard meters no
+        # model and made no metered model (checked), so the model is called as the general driver calls it.
+        lean = lean_path.prepared(guard, request, config) if self.gates_in_model_call else None
+        if lean is not None:
+            request, episode, model_request = lean
+            io[0] = handler(model_request if model_request is not None
+                            else self._prepare(request, config, episode.episode_id))
+            gate = lean_path.gate_one(guard, request.state, episode, io[0])
+            if gate is not None:
+                return lean_path.decided(guard, episode, gate, guard.decide(gate.ctx))
+            run = self._model_step(request, config, io, episode)  # any other reply: the general step goes on
+            following = next(run, None)
+        else:
+            run = self._model_step(request, config, io)
+            following = next(run)  # a model call, always first
+            # _RunningEpisode's work without a `with`: for a guard that made no metered model (the usual case) a
+            # `with` on a no-op context manager would cost two Python method calls on every model step.
+            if guard.made_metered_models:
+                token = RUNNING_EPISODE.set((guard, guard.episode_id(following[1].state, config)))
         try:
-            while True:
+            while following is not None:  # None: the step has ended, its response in io[0]
+                kind, arg = following
                 if kind == "model":  # every execution of the model reserved and charged, with model_prices
                     io[0] = guard.wrap_model_call(arg, handler) if guard.meters_models else handler(arg)
                 else:
                     io[0] = guard.gate(arg[0], config, settle=False, episode=arg[1])
-                following = next(run, None)  # None: the step has ended, its response in io[0]
-                if following is None:
-                    return io[0]
-                kind, arg = following
+                following = next(run, None)
+            return io[0]
         finally:
             if token is not None:
                 RUNNING_EPISODE.reset(token)
@@ -358,18 +384,30 @@ class BudgetGuardMiddleware(AgentMiddleware):
     ) -> Any:
         guard, config = self.guard, current_config()
         io: list[Any] = [None]
-        run = self._model_step(request, config, io)
-        kind, arg = next(run)
-        with _RunningEpisode(guard, arg.state, config) if guard.made_metered_models else _NOT_RUNNING:
-            while True:
+        lean = lean_path.prepared(guard, request, config) if self.gates_in_model_call else None
+        if lean is not None:  # (as wrap_model_call)
+            request, episode, model_request = lean
+            io[0] = await handler(model_request if model_request is not None
+                                  else self._prepare(request, config, episode.episode_id))
+            gate = lean_path.gate_one(guard, request.state, episode, io[0])
+            if gate is not None:
+                return lean_path.decided(guard, episode, gate, await guard.adecide(gate.ctx))
+            run = self._model_step(request, config, io, episode)
+            following = next(run, None)
+            running: Any = _NOT_RUNNING
+        else:
+            run = self._model_step(request, config, io)
+            following = next(run)
+            running = _RunningEpisode(guard, following[1].state, config) if guard.made_metered_models else _NOT_RUNNING
+        with running:
+            while following is not None:
+                kind, arg = following
                 if kind == "model":
                     io[0] = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
                 else:
                     io[0] = await guard.agate(arg[0], config, settle=False, episode=arg[1])
                 following = next(run, None)
-                if following is None:
-                    return io[0]
-                kind, arg = following
+            return io[0]
 
     # ---------------------------------------------------------- tool calls
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> Any:
