@@ -60,7 +60,7 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
     * the guard: no metered models (their reservations are settled and their episode named at each step), the
       oracle's tokens not charged (held and committed at each decision), no human asked for top-ups, no
       shared store, no carved budget (a sub-agent's), no oracle hooks that shape the request, no cap on
-      refusal notes (the request is shortened), no tool banned (tools hidden);
+      refusal notes (the request is shortened and the gate cuts each turn's notes), no tool banned (tools hidden);
     * the step: no sub-agent scope above it, the top of its graph (no fan-out branch), a run under way by
       state (``runs_started`` > ``runs_ended``) that this working copy started at the same run, no new user
       message last (a run left behind);
@@ -69,8 +69,10 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
       releasing and writing what state lacks all find nothing).
     """
     if (not ENABLED or guard.charge_models or guard.made_metered_models or guard.store_outbox is not None
-            or guard.charge_oracle or guard.on_over_budget != "refuse"):
-        return None  # (charge_models: what the meters_models property reads)
+            or guard.charge_oracle or guard.on_over_budget != "refuse" or guard.feedback_chars is not None):
+        # (charge_models: what the meters_models property reads; feedback_chars: the general gate cuts each
+        # turn's refusal notes to the cap, which gate_one does not)
+        return None
     state = request.state
     if type(state) is not dict:
         return None
@@ -124,7 +126,7 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
     # (guard.market_for, read here: the episode's market, else the guard's; an episode-scoped one in state is
     # not, checked above)
     hooks = guard._hooks  # (BudgetGuard._has_hook's answers, once known)
-    if (guard.feedback_chars is None and not (guard._market if episode.market is None else episode.market).banned
+    if (not (guard._market if episode.market is None else episode.market).banned
             and (hooks.get("visible_tools") is False or not guard._has_hook("visible_tools"))
             and (hooks.get("prompt_notes") is False or not guard._has_hook("prompt_notes"))):
         model_request = request  # what BudgetGuardMiddleware._prepare returns for it: nothing to hide or add

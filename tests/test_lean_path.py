@@ -77,7 +77,8 @@ class EveryOther(Oracle):
 
     name = "every_other"
 
-    def __init__(self) -> None:
+    def __init__(self, note_chars: int = 0) -> None:
+        self.note_chars = note_chars  # padding, so that a cap on refusal notes has something to cut
         self.asked = 0
         self.contexts: list[tuple[Any, ...]] = []
 
@@ -87,7 +88,8 @@ class EveryOther(Oracle):
         self.contexts.append((ctx.episode_id, ctx.query, ctx.tool, dict(ctx.args), ctx.price, ctx.budget, ctx.spent,
                               ctx.remaining, ctx.step, len(ctx.history), len(ctx.batch), ctx.batch_index))
         if self.asked % 2 == 0:
-            return Decision.rejected(f"not {ctx.tool} now", reason=PLAN_OVER_BUDGET)
+            note = f"not {ctx.tool} now"
+            return Decision.rejected(note + " (a long reason)" * (self.note_chars // 16), reason=PLAN_OVER_BUDGET)
         return Decision.accepted()
 
 
@@ -107,14 +109,14 @@ def _turns(kind: str) -> list[AIMessage]:
 
 def _run(kind: str, *, lean: bool, oracle: str = "accept", budget: float = 30.0, thread: bool = False,
          use_async: bool = False, runs: int = 1, market: str = "plain", enforce: bool = True,
-         monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+         feedback_chars: int | None = None, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(lean_path, "ENABLED", lean)
     monkeypatch.setattr(testing, "_ids", itertools.count())  # the same call ids both ways
     ticks = itertools.count()
     sink = MemoryLogSink()
-    the_oracle = AcceptAll() if oracle == "accept" else EveryOther()
+    the_oracle = {"accept": AcceptAll, "every_other": EveryOther, "every_other_long": lambda: EveryOther(600)}[oracle]()
     guard = BudgetGuard(the_oracle, MARKETS[market], budget, log_sink=sink, tool_errors="message", enforce=enforce,
-                        clock=lambda: float(next(ticks)))
+                        feedback_chars=feedback_chars, clock=lambda: float(next(ticks)))
     script = [m for _ in range(runs) for m in _turns(kind)]
     model = Recording(messages=iter(script), bound=[], seen=[], fail_on=set(), executions=[])
     agent = create_agent(model, TOOLS, middleware=[guard.middleware()],
@@ -213,6 +215,10 @@ SCENARIOS = [
     pytest.param(dict(kind="mixed", oracle="every_other", budget=6.0, thread=True, market="with_ban"),
                  id="mixed-rejects-tight"),
     pytest.param(dict(kind="common", use_async=True), id="common-async"),
+    # A cap on refusal notes: the general gate shortens them (and the request); the lean gate must not skip that.
+    pytest.param(dict(kind="common", oracle="every_other_long", feedback_chars=240), id="rejects-notes-capped"),
+    pytest.param(dict(kind="mixed", oracle="every_other", budget=6.0, feedback_chars=240, thread=True),
+                 id="mixed-rejects-tight-notes-capped"),
     pytest.param(dict(kind="mixed", oracle="every_other", use_async=True, thread=True), id="mixed-async"),
 ]
 
