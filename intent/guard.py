@@ -29,6 +29,7 @@ The pieces live in their own modules: :mod:`intent.episodes` (per-episode workin
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 import warnings
@@ -144,6 +145,8 @@ class BudgetGuard:
       human may top up, approve once or deny (:mod:`intent.human`).
     * ``charge_oracle`` / ``oracle_model`` / ``oracle_max_tokens``: the oracle's own tokens charged.
     * ``store`` / ``budget_key``: the episode also draws on a shared budget (:mod:`intent.stores`).
+      ``outbox_journal``: a file (one per process) where a commit the store could not take is kept
+      until it is sent, so that a crash in between does not lose it (:mod:`intent.stores.journal`).
     * ``feedback_chars``: a cap on the refusal notes the agent reads, for models with a small
       context (``None``, the default: no cap). In one turn the refusals' notes are given in full
       while their total fits; later ones get their first lines only, and in later model calls
@@ -191,6 +194,7 @@ class BudgetGuard:
         oracle_max_tokens: int | None = None,
         store: Any = None,
         budget_key: str | None = None,
+        outbox_journal: str | os.PathLike[str] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         gate_at: Literal["auto", "model_call", "after_model"] = "auto",
     ) -> None:
@@ -253,6 +257,9 @@ class BudgetGuard:
         if (store is None) != (budget_key is None):
             raise GuardConfigError("store= and budget_key= go together: BudgetGuard(..., store=SqliteBudgetStore(path), "
                                    "budget_key='customer-42/2026-11-23')")
+        if outbox_journal is not None and store is None:
+            raise GuardConfigError("outbox_journal= keeps commits for a shared budget store; pass it with store= and "
+                                   "budget_key=, or leave it out")
         if store is not None:
             for method in ("reserve", "commit", "release", "spent", "reserved", "budget", "left"):
                 if not callable(getattr(store, method, None)):
@@ -323,7 +330,7 @@ class BudgetGuard:
         if store is not None:
             from intent.stores import CommitOutbox  # (only a guard with a store loads the stores)
 
-            self.store_outbox = CommitOutbox(store)
+            self.store_outbox = CommitOutbox(store, journal=outbox_journal)
 
         def share(ledger: BudgetLedger, episode_id: str) -> None:
             if self.store_outbox is not None:

@@ -139,3 +139,49 @@ def checkpointed_run(url: str, key: str, saver_kind: str, saver_url: str, phase:
     ledger = guard.ledger(state)
     Path(out).write_text(json.dumps({"interrupted": bool(state.get("__interrupt__")), "spent": ledger.spent,
                                      "reserved": ledger.reserved}))
+
+
+def run_then_die_with_commits_kept(url: str, key: str, journal: str | None, calls: int, out: str) -> None:
+    """An agent behind a guard whose store takes reservations but cannot take commits (unreachable past its
+    retries): one message with ``calls`` priced calls, which run and whose commits are kept; then, when the model
+    is asked again, the process is killed (SIGKILL: no exit handlers, nothing flushed)."""
+    import signal
+
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import StructuredTool
+
+    from intent import AcceptAll, BudgetGuard, Market, PricedTool
+    from intent.stores import StoreUnavailableError
+    from intent.testing import ScriptedToolModel
+
+    class CommitsUnreachable:
+        def __init__(self, store: Any) -> None:
+            self.store = store
+
+        def commit(self, *args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailableError("the budget store failed commit 5 times: OperationalError: server closed")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.store, name)
+
+    ran: list[str] = []
+
+    def fetch(q: str = "") -> str:
+        ran.append(q)
+        return "ok"
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 100.0,
+                        store=CommitsUnreachable(open_store(url)), budget_key=key, outbox_journal=journal)
+
+    def script() -> Any:
+        yield AIMessage("", tool_calls=[{"name": "fetch", "args": {"q": str(i)}, "id": f"die-{i}",
+                                         "type": "tool_call"} for i in range(calls)])
+        Path(out).write_text(json.dumps({"ran": len(ran), "kept": len(guard.store_outbox.pending)}))
+        os.kill(os.getpid(), signal.SIGKILL)  # between the tool step and the next model step
+        yield AIMessage("done")
+
+    agent = create_agent(ScriptedToolModel(messages=script(), bound=[]),
+                         [StructuredTool.from_function(fetch, name="fetch", description="fetch")],
+                         middleware=[guard.middleware()])
+    agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "dies"}})

@@ -14,7 +14,7 @@ import signal
 import time
 
 import pytest
-from store_workers import checkpointed_run, guarded_agent, hammer, reserve_then_die
+from store_workers import checkpointed_run, guarded_agent, hammer, reserve_then_die, run_then_die_with_commits_kept
 
 from intent import AcceptAll, BudgetGuard, GuardConfigError, Market, PricedTool
 from intent.ledger import BudgetExceededError
@@ -628,6 +628,62 @@ def test_a_commit_the_store_cannot_take_is_kept_and_sent_before_the_next_operati
     assert guard.ledger(out).spent == pytest.approx(0.5) and not guard.store_outbox.pending
     statuses = [c.status for c in store.charges(budget_key)]
     assert statuses.count("committed") == 2 and "reserved" not in statuses and "expired" not in statuses
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_kept_commit_survives_the_process_being_killed_with_an_outbox_journal(kind, tmp_path, budget_key, request):
+    # Was: the outbox kept a commit the store could not take in memory only; a process killed before its next
+    # operation on the store lost it, the store expired the call's hold, and the shared budget showed nothing of
+    # money that was spent. With outbox_journal the kept commit is on disk before the tool step ends, and the
+    # next guard that opens the journal sends it first.
+    url = f"sqlite:///{tmp_path / 'budgets.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_dsn")
+    store = open_store(url)
+    store.create_budget(budget_key, 10.0)
+    journal, out = tmp_path / "outbox.jsonl", tmp_path / "died.json"
+    p = SPAWN.Process(target=run_then_die_with_commits_kept, args=(url, budget_key, str(journal), 1, str(out)))
+    p.start()
+    p.join(120)
+    assert p.exitcode == -signal.SIGKILL
+    # (One call: while a kept commit waits, a parallel call's next operation on the store would fail, by design.)
+    assert json.loads(out.read_text()) == {"ran": 1, "kept": 1}  # the call ran; its commit was kept
+    assert store.spent(budget_key) == 0.0 and store.reserved(budget_key) == pytest.approx(0.25)
+    # The next process's guard, on the same journal: its first operation on the store sends the kept commit.
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 100.0, store=open_store(url),
+                        budget_key=budget_key, outbox_journal=journal)
+    assert len(guard.store_outbox.pending) == 1
+    assert guard.store_outbox.spent(budget_key) == pytest.approx(0.25)
+    assert store.spent(budget_key) == pytest.approx(0.25) and store.reserved(budget_key) == 0.0
+    statuses = [c.status for c in store.charges(budget_key)]  # (a store may keep the gate's rekeyed hold as released)
+    assert statuses.count("committed") == 1 and not {"reserved", "expired"} & set(statuses)
+    assert not guard.store_outbox.pending and journal.read_text() == ""  # settled: the journal starts afresh
+    guard.store_outbox.close()
+
+
+def test_an_outbox_journal_is_one_guards_and_reads_past_a_torn_line(tmp_path, budget_key):
+    from intent.stores import CommitOutbox, StoreUnavailableError
+
+    store = _flaky_store(2)
+    store.create_budget(budget_key, 1.0)
+    journal = tmp_path / "outbox.jsonl"
+    first = CommitOutbox(store, journal=journal)
+    with pytest.raises(GuardConfigError, match="open in another guard"):
+        CommitOutbox(store, journal=journal)
+    first.reserve(budget_key, "a", 0.25)
+    first.reserve(budget_key, "b", 0.25)
+    assert first.commit(budget_key, "a", 0.2) is None and first.commit(budget_key, "b") is None  # both kept
+    first.close()
+    with journal.open("a") as f:
+        f.write('{"done": ["' + budget_key + '", "a"')  # a crash mid-write: a torn last line
+    second = CommitOutbox(store, journal=journal)
+    assert list(second.pending) == [(budget_key, "a"), (budget_key, "b")]  # the torn "done" did not count
+    second.flush()
+    assert store.spent(budget_key) == pytest.approx(0.45) and journal.read_text() == ""
+    second.close()
+    with pytest.raises(GuardConfigError, match="outbox_journal= keeps commits"):
+        BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 1.0, outbox_journal=journal)
+    with pytest.raises(GuardConfigError, match="is a directory"):
+        CommitOutbox(store, journal=tmp_path)
+    del StoreUnavailableError
 
 
 def test_the_outbox_keeps_commits_while_the_store_is_away_and_raises_what_is_a_bug(budget_key):

@@ -39,8 +39,11 @@ amount); nothing is ever reset in place, so past periods stay readable.
 
 from __future__ import annotations
 
+import atexit
 import datetime as _dt
 import logging
+import os
+import weakref
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from intent.stores.base import KeptCommitRefusedError, StoreCharge, StoreError, StoreUnavailableError
@@ -138,7 +141,10 @@ class CommitOutbox:
     store is still away that operation fails (nothing else changed). Commits are idempotent by charge id, so one
     the store took before its answer was lost is not charged twice; one sent after its lease ran out is charged
     and flagged ``late``. Any other :class:`StoreError` (a released charge committed, an unknown key) is a bug
-    and is raised. What a process still keeps when it exits is lost with it: :attr:`pending` says what that is.
+    and is raised. What a process still keeps when it exits is lost with it (:attr:`pending` says what that is, and
+    a warning at exit names it) unless the outbox has a ``journal`` (:class:`intent.stores.journal.OutboxJournal`,
+    ``BudgetGuard(outbox_journal=PATH)``): each kept commit is then written to that file before the tool step ends,
+    and an outbox that opens the file later sends it before its first operation on the store.
 
     A kept commit the store refuses when it is sent again (a :class:`StoreError` that is not
     :class:`StoreUnavailableError`: its hold was released meanwhile, its key deleted) will never be taken, so it is
@@ -148,12 +154,22 @@ class CommitOutbox:
     call ran: its charge must not be lost) and then raises.
     """
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, journal: str | os.PathLike[str] | None = None) -> None:
         import threading
 
+        from intent.stores.journal import OutboxJournal
+
         self.store = store
-        self._pending: dict[tuple[str, str], float | None] = {}  # (key, charge id) -> billed amount, in order
         self._lock = threading.Lock()
+        self.journal = None if journal is None else OutboxJournal(journal)
+        # (key, charge id) -> billed amount, in order; a journal's unsent commits first
+        self._pending: dict[tuple[str, str], float | None] = {} if self.journal is None else dict(self.journal.pending)
+        _LIVE_OUTBOXES.add(self)  # (weakly: one exit check for all of them, nothing kept alive)
+
+    def close(self) -> None:
+        """Close the journal (and free it for another guard); what is still pending stays in it."""
+        if self.journal is not None:
+            self.journal.close()
 
     @property
     def pending(self) -> dict[tuple[str, str], float | None]:
@@ -184,6 +200,8 @@ class CommitOutbox:
                                 "ended)", charge_id, key)
                 with self._lock:
                     self._pending.pop((key, charge_id), None)
+                    if self.journal is not None:
+                        self.journal.done(key, charge_id, nothing_pending=not self._pending)
         finally:
             # (also when the store went away again part-way: what it refused before is raised, not lost)
             if refused:
@@ -200,6 +218,8 @@ class CommitOutbox:
         except StoreUnavailableError as exc:
             with self._lock:
                 self._pending[(key, charge_id)] = amount
+                if self.journal is not None:  # on disk before the tool step ends: a crash now loses nothing
+                    self.journal.kept(key, charge_id, amount)
             logging.getLogger("intent.stores").warning(
                 "charge %s on %r is in the guard's ledger but the store is unreachable (%s): kept, and sent again "
                 "before the next operation on the store", charge_id, key, exc)
@@ -223,6 +243,28 @@ class CommitOutbox:
         if name in ("reserve", "release", "rekey", "left", "budget", "spent", "reserved"):
             return self._flushed(name)
         return getattr(self.store, name)
+
+
+_LIVE_OUTBOXES: weakref.WeakSet[CommitOutbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _warn_at_exit() -> None:
+    """At interpreter exit: say which kept commits never reached the store, and whether a journal keeps them."""
+    for outbox in list(_LIVE_OUTBOXES):
+        if outbox._pending:
+            _warn_lost(outbox)
+
+
+def _warn_lost(outbox: CommitOutbox) -> None:
+    log = logging.getLogger("intent.stores")
+    if outbox.journal is not None:
+        log.warning("%d commit(s) the store could not take are kept in the outbox journal %s: a guard that opens it "
+                    "again sends them", len(outbox._pending), outbox.journal.path)
+    else:
+        log.error("%d commit(s) the store could not take are lost at exit (%s): the calls ran and were paid, but the "
+                  "shared budget will not count them; pass BudgetGuard(..., outbox_journal=PATH) to keep them",
+                  len(outbox._pending), ", ".join(f"{c} on {k!r}" for k, c in outbox._pending))
 
 
 def open_store(url: str, **kwargs: Any) -> BudgetStore:
