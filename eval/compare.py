@@ -17,7 +17,8 @@ episodes of methods A and B on the same tasks, and reports, for the tasks each o
 
 It writes ``compare-A-B.md``, ``compare-A-B.json`` and ``compare-A-B.png`` into the run directory
 and prints the Markdown. Everything comes from the run's own files (and, for the tiers, the
-seeded task generator the run used), so the figures are as reproducible as the run.
+seeded task generator the run used), so the figures are as reproducible as the run; it never writes
+to them (a torn last line of ``episodes.jsonl`` is skipped with a warning).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eval.results import EpisodeResult, ResultStore
 from intent.errors import UsageError
 from intent.logs import StepRecord, label_of, read_log
 from intent.oracle import DUPLICATE_CALL, PLAN_OVER_BUDGET
@@ -97,11 +99,14 @@ ENDINGS = ("passed", "answered, judged partly right", "answered, judged wrong", 
            "crashed")
 
 
-def _episodes(run: Path, method: str) -> dict[str, Episode]:
-    from eval.results import ResultStore
+def _results(run: Path) -> list[EpisodeResult]:
+    # Read only: the run may still be appending, and a resumed run cuts a torn last line itself.
+    return ResultStore(run / "episodes.jsonl").load(repair=False)
 
+
+def _episodes(results: list[EpisodeResult], method: str) -> dict[str, Episode]:
     out: dict[str, Episode] = {}
-    for r in ResultStore(run / "episodes.jsonl").load():
+    for r in results:  # in file order: an episode a resumed run re-ran keeps its latest result
         if r.method == method:
             out[r.task_id] = Episode(r.task_id, r.group, r.score, r.passed, r.answered, r.feasible, r.crashed,
                                      r.cost, r.budget)
@@ -215,12 +220,11 @@ def compare_methods(run_dir: str | Path, a: str, b: str) -> dict[str, Any]:
     if a == b:
         raise UsageError(f"compare needs two different methods, got {a!r} twice")
     tiers = _task_tiers(run)
-    episodes = {m: _episodes(run, m) for m in (a, b)}
+    results = _results(run)
+    episodes = {m: _episodes(results, m) for m in (a, b)}
     for m in (a, b):
         if not episodes[m]:
-            from eval.results import ResultStore
-
-            found = sorted({r.method for r in ResultStore(run / "episodes.jsonl").load()})
+            found = sorted({r.method for r in results})
             raise UsageError(f"method {m!r} has no episodes in {run}; the run has: {', '.join(found) or 'none'}")
     _attach_calls(run, episodes, tiers)
     common = sorted(set(episodes[a]) & set(episodes[b]))

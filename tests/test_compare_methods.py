@@ -125,3 +125,17 @@ def test_a_real_run_through_the_command_line(tmp_path: Path) -> None:
         assert sum(side["winner_calls_by_tier"].values()) == n_calls
         checked += 1
     assert checked  # at least one side won a task (else the check above never ran)
+
+
+def test_a_torn_last_line_is_skipped_never_cut_from_the_file(run_dir: Path) -> None:
+    """compare only reads a run (maybe one still running, or resumed later): a torn last line of episodes.jsonl is
+    skipped with a warning, and the file stays byte for byte as it was (the resumed run repairs it)."""
+    episodes = run_dir / "episodes.jsonl"
+    with open(episodes, "a", encoding="utf-8") as fh:
+        fh.write('{"method": "tracker", "task_')  # a crash (or a live writer) in the middle of a line
+    before = episodes.read_bytes()
+    with pytest.warns(UserWarning, match=r"episodes.jsonl:8: torn last line skipped"):
+        out = compare_methods(run_dir, "tracker", "intent")
+    assert episodes.read_bytes() == before
+    assert (out["tasks"], out["a_wins"], out["b_wins"], out["ties"]) == (3, 1, 1, 1)
+
