@@ -127,6 +127,30 @@ def test_a_real_run_through_the_command_line(tmp_path: Path) -> None:
     assert checked  # at least one side won a task (else the check above never ran)
 
 
+def test_method_names_with_colons_and_slashes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A method may be named after its model (openai:gpt-x, intent/minilm): the files get a safe name (`_` for
+    each unsafe character), the tables the real one, and the guard log's episode ids (method:task:seed) still
+    find their episodes."""
+    from eval.compare import main
+
+    a, b = "openai:gpt-x", "intent/minilm"
+    store = ResultStore(tmp_path / "episodes.jsonl")
+    store.append(_episode(a, "t1", passed=1.0, cost=10.0))
+    store.append(_episode(b, "t1", passed=0.0, cost=10.0))
+    log = JsonlLogSink(tmp_path / "logs.jsonl")
+    log.write(_record(a, "t1", 0, "x", "accept", execution=1, artifact={"z": 1}))
+    log.write(_record(b, "t1", 0, "x", "reject", reason="over_budget"))
+    assert main([str(tmp_path), a, b]) == 0
+    stem = tmp_path / "compare-openai_gpt-x-intent_minilm"
+    assert {p.name for p in tmp_path.glob("compare-*")} == {stem.name + ext for ext in (".md", ".json", ".png")}
+    assert "# openai:gpt-x vs intent/minilm, task by task" in stem.with_suffix(".md").read_text()
+    assert "# openai:gpt-x vs intent/minilm" in capsys.readouterr().out
+    summary = json.loads(stem.with_suffix(".json").read_text())
+    assert (summary["a"], summary["b"], summary["a_wins"]) == (a, b, 1)
+    side = summary["where_a_wins"]
+    assert side["winner"]["calls_run"] == 1 and side["loser_refusals_by_reason"] == {"over_budget": 1}
+
+
 def test_a_torn_last_line_is_skipped_never_cut_from_the_file(run_dir: Path) -> None:
     """compare only reads a run (maybe one still running, or resumed later): a torn last line of episodes.jsonl is
     skipped with a warning, and the file stays byte for byte as it was (the resumed run repairs it)."""
