@@ -19,7 +19,7 @@ It writes ``compare-A-B.md``, ``compare-A-B.json`` and ``compare-A-B.png`` into 
 (a character of a method name unsafe in a file name, e.g. ``:`` or ``/``, written ``_``) and prints the
 Markdown. Everything comes from the run's own files (and, for the tiers, the seeded task generator the
 run used), so the figures are as reproducible as the run; it never writes to them (a torn last line of
-``episodes.jsonl`` is skipped with a warning).
+``episodes.jsonl`` is skipped with a warning). An episode a resumed run re-ran counts as its last attempt.
 """
 
 from __future__ import annotations
@@ -130,10 +130,16 @@ def _attach_calls(run: Path, episodes: dict[str, dict[str, Episode]],
                          "episodes.jsonl")
     # Looked up by the whole id, never split at ':': a method (openai:gpt-x) or a task may hold one.
     by_id = {_episode_id(m, ep): ep for m, eps in episodes.items() for ep in eps.values()}
+    last_step: dict[str, int] = {}
     for rec in read_log(log):
         ep = by_id.get(rec.task_id)
         if ep is None or rec.kind != "tool":
             continue
+        if rec.step < last_step.get(rec.task_id, rec.step):
+            # A resumed run re-ran the episode under the same id, from its first turn again: the result
+            # kept is the last attempt's, so its calls are too (summed, a retried crash looked busier).
+            ep.calls.clear()
+        last_step[rec.task_id] = rec.step
         call = _call(rec, (tiers or {}).get(ep.task_id))
         if call is not None:
             ep.calls.append(call)

@@ -163,3 +163,26 @@ def test_a_torn_last_line_is_skipped_never_cut_from_the_file(run_dir: Path) -> N
     assert episodes.read_bytes() == before
     assert (out["tasks"], out["a_wins"], out["b_wins"], out["ties"]) == (3, 1, 1, 1)
 
+
+def test_a_resumed_episode_counts_its_last_attempt_only(run_dir: Path) -> None:
+    """A resumed run re-runs a crashed episode under the same id: episodes.jsonl holds both results and the guard
+    log both attempts' calls, the second starting again at step 0. The episode is its last attempt, not the sum."""
+    store = ResultStore(run_dir / "episodes.jsonl")
+    store.append(_episode("intent", "t4", passed=0.0, cost=30.0, error="RuntimeError: endpoint down"))
+    store.append(_episode("tracker", "t4", passed=0.0, cost=20.0))
+    store.append(_episode("intent", "t4", passed=1.0, cost=8.0))  # the resumed run's attempt
+    log = JsonlLogSink(run_dir / "logs.jsonl")
+    for rec in [
+        _record("intent", "t4", 0, "a", "accept", execution=1, artifact={"z": 0}),  # attempt 1, crashed
+        _record("intent", "t4", 1, "b", "accept", execution=1, artifact={"z": 0}),
+        _record("intent", "t4", 2, "c", "reject", reason="over_budget"),
+        _record("tracker", "t4", 0, "a", "accept", execution=1, artifact={"z": 0}),
+        _record("intent", "t4", 0, "a", "accept", execution=1, artifact={"z": 1}),  # attempt 2: step 0 again
+    ]:
+        log.write(rec)
+    out = compare_methods(run_dir, "tracker", "intent")
+    assert (out["tasks"], out["a_wins"], out["b_wins"]) == (4, 1, 2)
+    example = next(e for e in out["examples"]["b_wins"] if e["task"] == "t4")
+    assert example["winner_calls"] == "t0: a ok" and example["winner_spent"] == 8.0
+    side = out["where_b_wins"]  # t2 and t4: intent ran one call, refused none, on each
+    assert side["winner"]["calls_run"] == 1 and side["winner"]["refusals"] == 0 and side["winner"]["calls_failed"] == 0
