@@ -16,19 +16,23 @@ episodes of methods A and B on the same tasks, and reports, for the tasks each o
 * the first ``--show`` tasks of each side, call by call.
 
 It writes ``compare-A-B.md``, ``compare-A-B.json`` and ``compare-A-B.png`` into the run directory
-and prints the Markdown. Everything comes from the run's own files (and, for the tiers, the
-seeded task generator the run used), so the figures are as reproducible as the run.
+(a character of a method name unsafe in a file name, e.g. ``:`` or ``/``, written ``_``) and prints the
+Markdown. Everything comes from the run's own files (and, for the tiers, the seeded task generator the
+run used), so the figures are as reproducible as the run; it never writes to them (a torn last line of
+``episodes.jsonl`` is skipped with a warning). An episode a resumed run re-ran counts as its last attempt.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eval.results import EpisodeResult, ResultStore
 from intent.errors import UsageError
 from intent.logs import StepRecord, label_of, read_log
 from intent.oracle import DUPLICATE_CALL, PLAN_OVER_BUDGET
@@ -69,6 +73,7 @@ class Episode:
     crashed: bool
     cost: float
     budget: float
+    seed: int = 0
     calls: list[Call] = field(default_factory=list)
 
     @property
@@ -97,15 +102,23 @@ ENDINGS = ("passed", "answered, judged partly right", "answered, judged wrong", 
            "crashed")
 
 
-def _episodes(run: Path, method: str) -> dict[str, Episode]:
-    from eval.results import ResultStore
+def _results(run: Path) -> list[EpisodeResult]:
+    # Read only: the run may still be appending, and a resumed run cuts a torn last line itself.
+    return ResultStore(run / "episodes.jsonl").load(repair=False)
 
+
+def _episodes(results: list[EpisodeResult], method: str) -> dict[str, Episode]:
     out: dict[str, Episode] = {}
-    for r in ResultStore(run / "episodes.jsonl").load():
+    for r in results:  # in file order: an episode a resumed run re-ran keeps its latest result
         if r.method == method:
             out[r.task_id] = Episode(r.task_id, r.group, r.score, r.passed, r.answered, r.feasible, r.crashed,
-                                     r.cost, r.budget)
+                                     r.cost, r.budget, r.seed)
     return out
+
+
+def _episode_id(method: str, ep: Episode) -> str:
+    """The id the guard logs the episode's records under (eval.runner: ``method:task:seed``)."""
+    return f"{method}:{ep.task_id}:{ep.seed}"
 
 
 def _attach_calls(run: Path, episodes: dict[str, dict[str, Episode]],
@@ -115,13 +128,19 @@ def _attach_calls(run: Path, episodes: dict[str, dict[str, Episode]],
     if not log.exists():
         raise UsageError(f"{run} has no logs.jsonl; compare reads the guard log `intent bench` writes beside "
                          "episodes.jsonl")
+    # Looked up by the whole id, never split at ':': a method (openai:gpt-x) or a task may hold one.
+    by_id = {_episode_id(m, ep): ep for m, eps in episodes.items() for ep in eps.values()}
+    last_step: dict[str, int] = {}
     for rec in read_log(log):
-        method, _, rest = rec.task_id.partition(":")
-        task = rest.rpartition(":")[0]
-        ep = episodes.get(method, {}).get(task)
+        ep = by_id.get(rec.task_id)
         if ep is None or rec.kind != "tool":
             continue
-        call = _call(rec, (tiers or {}).get(task))
+        if rec.step < last_step.get(rec.task_id, rec.step):
+            # A resumed run re-ran the episode under the same id, from its first turn again: the result
+            # kept is the last attempt's, so its calls are too (summed, a retried crash looked busier).
+            ep.calls.clear()
+        last_step[rec.task_id] = rec.step
+        call = _call(rec, (tiers or {}).get(ep.task_id))
         if call is not None:
             ep.calls.append(call)
 
@@ -215,12 +234,11 @@ def compare_methods(run_dir: str | Path, a: str, b: str) -> dict[str, Any]:
     if a == b:
         raise UsageError(f"compare needs two different methods, got {a!r} twice")
     tiers = _task_tiers(run)
-    episodes = {m: _episodes(run, m) for m in (a, b)}
+    results = _results(run)
+    episodes = {m: _episodes(results, m) for m in (a, b)}
     for m in (a, b):
         if not episodes[m]:
-            from eval.results import ResultStore
-
-            found = sorted({r.method for r in ResultStore(run / "episodes.jsonl").load()})
+            found = sorted({r.method for r in results})
             raise UsageError(f"method {m!r} has no episodes in {run}; the run has: {', '.join(found) or 'none'}")
     _attach_calls(run, episodes, tiers)
     common = sorted(set(episodes[a]) & set(episodes[b]))
@@ -329,6 +347,15 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+_UNSAFE_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _file_safe(method: str) -> str:
+    # A method named after its model (openai:gpt-x, intent/minilm) would name a missing directory or a
+    # character some file systems refuse; only the file name changes, the tables keep the real name.
+    return _UNSAFE_IN_FILE_NAMES.sub("_", method)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="intent compare", description=__doc__.splitlines()[0])
     add_arguments(parser)
@@ -347,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--show must be >= 0, got {args.show}")
     summary = compare_methods(args.run, args.a, args.b)
     text = render_markdown(summary, show=args.show)
-    stem = str(Path(args.run) / f"compare-{args.a}-{args.b}")
+    stem = str(Path(args.run) / f"compare-{_file_safe(args.a)}-{_file_safe(args.b)}")
     Path(stem + ".md").write_text(text, encoding="utf-8")
     Path(stem + ".json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     _plot(summary, Path(stem + ".png"))

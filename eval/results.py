@@ -2,7 +2,9 @@
 
 A crash can at worst tear the last line; :meth:`ResultStore.load` drops only a torn
 *final* line (and says so) and refuses a torn line in the middle, so partial results are
-never silently corrupted.
+never silently corrupted. A resuming run cuts the torn line from the file; a reader that only
+analyses a run (``load(repair=False)``, e.g. ``intent compare``) skips it with a warning and
+leaves the file as it is.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,7 +88,8 @@ class ResultStore:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def load(self) -> list[EpisodeResult]:
+    def load(self, *, repair: bool = True) -> list[EpisodeResult]:
+        """The saved results, in file order. ``repair=False``: read only (see the module docstring)."""
         if not self.path.exists():
             return []
         raw = self.path.read_text(encoding="utf-8")
@@ -98,7 +102,7 @@ class ResultStore:
                 data = json.loads(line)
             except json.JSONDecodeError as exc:
                 if i == len(lines) or (i == len(lines) - 1 and not lines[-1]):
-                    self._truncate_torn_tail(raw, line)
+                    self._drop_torn_tail(raw, line, i, repair)
                     continue
                 raise ResultsFormatError(f"{self.path}:{i}: corrupt line ({exc.msg}); move the file away to restart") from exc
             if data.get("schema") != RESULT_SCHEMA:
@@ -106,7 +110,13 @@ class ResultStore:
             results.append(EpisodeResult(**data))
         return results
 
-    def _truncate_torn_tail(self, raw: str, torn: str) -> None:
+    def _drop_torn_tail(self, raw: str, torn: str, line_no: int, repair: bool) -> None:
+        if not repair:
+            # A reader of someone else's run must not write to it: the run may still be appending, and a
+            # resumed run makes the repair itself.
+            warnings.warn(f"{self.path}:{line_no}: torn last line skipped (a crash or a running writer mid-line); "
+                          "the file is left as it is, and resuming the run cuts the line", stacklevel=3)
+            return
         # Remove the torn final line so that the next append starts on a clean line.
         keep = raw[: raw.rfind(torn)]
         with self._lock:

@@ -125,3 +125,64 @@ def test_a_real_run_through_the_command_line(tmp_path: Path) -> None:
         assert sum(side["winner_calls_by_tier"].values()) == n_calls
         checked += 1
     assert checked  # at least one side won a task (else the check above never ran)
+
+
+def test_method_names_with_colons_and_slashes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A method may be named after its model (openai:gpt-x, intent/minilm): the files get a safe name (`_` for
+    each unsafe character), the tables the real one, and the guard log's episode ids (method:task:seed) still
+    find their episodes."""
+    from eval.compare import main
+
+    a, b = "openai:gpt-x", "intent/minilm"
+    store = ResultStore(tmp_path / "episodes.jsonl")
+    store.append(_episode(a, "t1", passed=1.0, cost=10.0))
+    store.append(_episode(b, "t1", passed=0.0, cost=10.0))
+    log = JsonlLogSink(tmp_path / "logs.jsonl")
+    log.write(_record(a, "t1", 0, "x", "accept", execution=1, artifact={"z": 1}))
+    log.write(_record(b, "t1", 0, "x", "reject", reason="over_budget"))
+    assert main([str(tmp_path), a, b]) == 0
+    stem = tmp_path / "compare-openai_gpt-x-intent_minilm"
+    assert {p.name for p in tmp_path.glob("compare-*")} == {stem.name + ext for ext in (".md", ".json", ".png")}
+    assert "# openai:gpt-x vs intent/minilm, task by task" in stem.with_suffix(".md").read_text()
+    assert "# openai:gpt-x vs intent/minilm" in capsys.readouterr().out
+    summary = json.loads(stem.with_suffix(".json").read_text())
+    assert (summary["a"], summary["b"], summary["a_wins"]) == (a, b, 1)
+    side = summary["where_a_wins"]
+    assert side["winner"]["calls_run"] == 1 and side["loser_refusals_by_reason"] == {"over_budget": 1}
+
+
+def test_a_torn_last_line_is_skipped_never_cut_from_the_file(run_dir: Path) -> None:
+    """compare only reads a run (maybe one still running, or resumed later): a torn last line of episodes.jsonl is
+    skipped with a warning, and the file stays byte for byte as it was (the resumed run repairs it)."""
+    episodes = run_dir / "episodes.jsonl"
+    with open(episodes, "a", encoding="utf-8") as fh:
+        fh.write('{"method": "tracker", "task_')  # a crash (or a live writer) in the middle of a line
+    before = episodes.read_bytes()
+    with pytest.warns(UserWarning, match=r"episodes.jsonl:8: torn last line skipped"):
+        out = compare_methods(run_dir, "tracker", "intent")
+    assert episodes.read_bytes() == before
+    assert (out["tasks"], out["a_wins"], out["b_wins"], out["ties"]) == (3, 1, 1, 1)
+
+
+def test_a_resumed_episode_counts_its_last_attempt_only(run_dir: Path) -> None:
+    """A resumed run re-runs a crashed episode under the same id: episodes.jsonl holds both results and the guard
+    log both attempts' calls, the second starting again at step 0. The episode is its last attempt, not the sum."""
+    store = ResultStore(run_dir / "episodes.jsonl")
+    store.append(_episode("intent", "t4", passed=0.0, cost=30.0, error="RuntimeError: endpoint down"))
+    store.append(_episode("tracker", "t4", passed=0.0, cost=20.0))
+    store.append(_episode("intent", "t4", passed=1.0, cost=8.0))  # the resumed run's attempt
+    log = JsonlLogSink(run_dir / "logs.jsonl")
+    for rec in [
+        _record("intent", "t4", 0, "a", "accept", execution=1, artifact={"z": 0}),  # attempt 1, crashed
+        _record("intent", "t4", 1, "b", "accept", execution=1, artifact={"z": 0}),
+        _record("intent", "t4", 2, "c", "reject", reason="over_budget"),
+        _record("tracker", "t4", 0, "a", "accept", execution=1, artifact={"z": 0}),
+        _record("intent", "t4", 0, "a", "accept", execution=1, artifact={"z": 1}),  # attempt 2: step 0 again
+    ]:
+        log.write(rec)
+    out = compare_methods(run_dir, "tracker", "intent")
+    assert (out["tasks"], out["a_wins"], out["b_wins"]) == (4, 1, 2)
+    example = next(e for e in out["examples"]["b_wins"] if e["task"] == "t4")
+    assert example["winner_calls"] == "t0: a ok" and example["winner_spent"] == 8.0
+    side = out["where_b_wins"]  # t2 and t4: intent ran one call, refused none, on each
+    assert side["winner"]["calls_run"] == 1 and side["winner"]["refusals"] == 0 and side["winner"]["calls_failed"] == 0

@@ -368,3 +368,21 @@ def test_an_ideal_observation_names_the_entity_not_the_half_typed_argument():
     assert wm.as_answered("origin", "osl") == "osl"  # the failure's argument was not learned
     assert wm.as_answered("fare", 5) == 5  # not a string: as given
     assert wm.fork(1).as_answered("origin", "tor") == "Toronto"
+
+
+def test_a_half_typed_value_completes_only_as_a_prefix_and_a_known_value_stays_itself():
+    """Completion stands for half-typing: "new" is the start of "New York", "ork" is no start of anything, and
+    "York", a value the successes themselves returned, is its own entity (not the more frequent "New York" it is
+    part of, nor the more frequent "Yorkshire" it begins)."""
+    logs = [_success("weather", {"city": "new y"}, {"city": "New York", "temp": 20})] * 3
+    logs += [_success("weather", {"city": "yorksh"}, {"city": "Yorkshire", "temp": 15})] * 2
+    logs += [_success("weather", {"city": "yo"}, {"city": "York", "temp": 14})]
+    wm = ReplayWorldModel(logs)
+    assert wm.as_answered("city", "York") == "York"  # a whole known value: kept
+    assert wm.as_answered("city", "york") == "York"  # ... written as the successes write it
+    assert wm.as_answered("city", "ork") == "ork"  # only inside "New York" and "York": not completed
+    assert wm.as_answered("city", "shire") == "shire"
+    assert wm.as_answered("city", "new") == "New York"  # a prefix: completed
+    assert wm.as_answered("city", "yorks") == "Yorkshire"
+    assert wm.as_answered("city", "yo") == "York"  # the alias a success taught
+    assert json.loads(wm.simulate("weather", {"city": "York"}, satisfied=True))["city"] == "York"

@@ -8,10 +8,11 @@ bundle's ``{"source": ..., "results": {"weather": {"city": ...}, ...}}`` is abou
 asked for, not the logged one), which is what a conditional generator does. An argument is written as the tool's successful answers
 write it, learned from the same log: a value seen as an argument of a labelled success (z = 1) takes the
 value that success returned under its key (``"tor"`` -> ``"Toronto"``: the environment answers about the
-entity, not the typed text), and an unseen value that is part of exactly the values successes returned under
-that key takes the most frequent of them. Otherwise the argument is echoed as given. Without this, an ideal
-(z = 1) observation of a half-typed call named the half-typed text, and an agent that checks the answer is
-about its entity read the simulated success as a failure.
+entity, not the typed text); an unseen value that is one of the values successes returned under that key is
+kept (``"York"``, not ``"New York"``), and one that begins some of them takes the most frequent of those
+(``"toro"`` -> ``"Toronto"``; ``"ont"``, only inside it, is not completed). Otherwise the argument is echoed
+as given. Without this, an ideal (z = 1) observation of a half-typed call named the half-typed text, and an
+agent that checks the answer is about its entity read the simulated success as a failure.
 
 ``temperature`` (set here, or per call: ``simulate(..., temperature=t)``) 0 picks
 deterministically per (tool, arguments); t > 0 samples a distinct logged observation with
@@ -144,8 +145,19 @@ class ReplayWorldModel:
         seen = self._aliases.get((key, typed))
         if seen is not None:
             return seen
-        for known, _ in self._vocabulary.get(key, ()):  # most frequent first
-            if typed in _norm(known):
+        return self._completed(key, typed, value)
+
+    def _completed(self, key: str, typed: str, value: str) -> str:
+        """``typed`` completed to a value successes returned under ``key``, or ``value`` as given."""
+        vocabulary = self._vocabulary.get(key, ())
+        # A whole known value is its own entity: "York" is not the more frequent "New York" it is part of,
+        # nor the more frequent "Yorkshire" it begins.
+        for known, _ in vocabulary:
+            if _norm(known) == typed:
+                return known
+        # Half-typing writes the start of a name: "tor" is Toronto; "ont", only inside it, is not.
+        for known, _ in vocabulary:  # most frequent first
+            if _norm(known).startswith(typed):
                 return known
         return value
 
