@@ -4,7 +4,7 @@ Each scenario runs twice, the lean path on and off (``lean_path.ENABLED``), with
 call (so decision and tool times are the same number in both when both read the clock alike), and
 the two runs must agree on everything a user can see: every step's state update and the state after
 it (messages and the ledger channel), the ledger, every log record, what the oracle is told, what the
-model is shown. Message ids are the only names made at random (an
+model is shown, how many times the guard read its clock. Message ids are the only names made at random (an
 AIMessage's when the model gives none): they are compared by their place in the history.
 
 A last test checks that the lean path is taken in the common turn, so that it cannot rot into a
