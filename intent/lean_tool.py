@@ -95,8 +95,8 @@ class LeanRun(CallRun):
         if name != meta["tool"] or args != meta["args"]:
             return CallRun.execute(self, tool, tool_input, config, kwargs)  # an edited call (re-gated), or a redirect
         found = tool_schema(tool)
-        if found.injected or found.full is not None:
-            return CallRun.execute(self, tool, tool_input, config, kwargs)  # arguments LangGraph fills in; a stricter schema
+        if found.injected or found.full is not None:  # arguments LangGraph fills in; a stricter args_schema
+            return CallRun.execute(self, tool, tool_input, config, kwargs)
         guard, episode = self.guard, self.episode
         # guard.market_for(episode_id): the episode's market as the registry has it, else the guard's
         live = guard.episodes._episodes.get(episode.episode_id)  # (EpisodeRegistry.peek)
@@ -119,7 +119,8 @@ class LeanRun(CallRun):
             except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
                 problem = _problem(exc)
                 if problem is not None:
-                    return self._refuse(name, dict(args), None, "invalid", BAD_ARGUMENTS, fb.invalid_call(name, problem))
+                    return self._refuse(name, dict(args), None, "invalid", BAD_ARGUMENTS,
+                                        fb.invalid_call(name, problem))
         ledger, key = episode.ledger, self.key
         charge_id = None
         with episode.lock, ledger._lock:
@@ -165,28 +166,7 @@ class LeanRun(CallRun):
         # _charge of an answer with no bill, for a guard with no log and no outcome hook: committed at the
         # reservation. (The clock read as _charge reads it, for tool_ms: a guard's clock may count its reads.)
         guard._clock()
-        with ledger._lock:
-            entry = ledger._entries.get(charge_id)
-            if entry is None or entry.status != "reserved" or entry.kind != "tool" or ledger._shared is not None:
-                ledger.commit(charge_id)  # (its errors, or nothing to do)
-                return out
-            # ledger.commit(charge_id): the entry committed at its amount, and BudgetLedger._put's accounting of a
-            # tool's reservation (not released) becoming its charge, step by step: the same float sums in the same order
-            amount, overrun = entry.amount, entry.overrun
-            totals, by_group = ledger._totals, ledger._held_by_group
-            totals["reserved"] -= amount
-            ledger._overrun -= overrun
-            ledger._blocking_overrun -= overrun
-            by_group["tools"] = by_group.get("tools", 0.0) + -amount
-            ledger._entries[charge_id] = _entry(charge_id, entry.tool, amount, "committed", entry.seq,
-                                                entry.market_version, entry.tool_call_id, entry.execution, overrun,
-                                                "tool", entry.store_id)
-            ledger._dicts.pop(charge_id, None)
-            ledger._held_ids.pop(charge_id, None)
-            totals["committed"] += amount
-            ledger._overrun += overrun
-            ledger._blocking_overrun += overrun
-            by_group["tools"] = by_group.get("tools", 0.0) + amount
+        ledger.commit(charge_id)
         return out
 
     def finish(self, result: Any) -> Any:
@@ -197,8 +177,7 @@ class LeanRun(CallRun):
             return CallRun.finish(self, result)
         ledger, key = episode.ledger, self.key
         charges: dict[str, Any] = {}
-        # (Under the ledger's lock alone: CallRun.finish holds the episode's for a release, which is not this.)
-        with ledger._lock:
+        with episode.lock, ledger._lock:  # (CallRun.finish's, and charges_of's)
             gated = ledger._entries.get(key)
             general = gated is None or gated.status == "reserved" and gated.execution == 0  # a reservation to release
             if not general:

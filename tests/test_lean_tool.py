@@ -49,8 +49,8 @@ def _handled(q: str) -> str:
     raise ToolException(f"no {q}")
 
 
-handled = StructuredTool.from_function(_handled, name="handled", description="A tool that turns its error into its answer.",
-                                       handle_tool_error=_handles)
+handled = StructuredTool.from_function(_handled, name="handled", handle_tool_error=_handles,
+                                       description="A tool that turns its error into its answer.")
 
 
 @tool(response_format="content_and_artifact")
