@@ -30,6 +30,7 @@ import argparse
 import functools
 import gc
 import json
+import threading
 import time
 import types
 from typing import Any
@@ -175,22 +176,32 @@ class _HookClock:
         return middleware
 
     def install(self) -> None:
-        """Count the guard's metered run (reserve, charge) that happens inside the tool handler."""
+        """Count the guard's metered run (reserve, charge) that happens inside the tool handler: the general
+        run's (``CallRun.execute``) and the lean one's (``LeanRun.execute``, :mod:`intent.lean_tool`), each run
+        once (a lean run handing a run to the general code is counted as one)."""
+        from intent.lean_tool import LeanRun
         from intent.metering import CallRun
 
-        clock, execute = self, CallRun.execute
+        clock, inside = self, threading.local()
 
-        def timed_execute(run: Any, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
-            if not clock.active:
-                return execute(run, tool, tool_input, config, kwargs)
-            tool_before = clock.tool_seconds
-            started = time.perf_counter()
-            try:
-                return execute(run, tool, tool_input, config, kwargs)
-            finally:
-                clock.add("metered_run", time.perf_counter() - started - (clock.tool_seconds - tool_before))
+        def timed(execute: Any) -> Any:
+            def timed_execute(run: Any, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
+                if not clock.active:  # (first, alone: the untimed arms' runs pay what they paid before)
+                    return execute(run, tool, tool_input, config, kwargs)
+                if getattr(inside, "run", False):
+                    return execute(run, tool, tool_input, config, kwargs)
+                tool_before = clock.tool_seconds
+                inside.run = True
+                started = time.perf_counter()
+                try:
+                    return execute(run, tool, tool_input, config, kwargs)
+                finally:
+                    inside.run = False
+                    clock.add("metered_run", time.perf_counter() - started - (clock.tool_seconds - tool_before))
+            return timed_execute
 
-        CallRun.execute = timed_execute  # type: ignore[method-assign]
+        CallRun.execute = timed(CallRun.execute)  # type: ignore[method-assign]
+        LeanRun.execute = timed(LeanRun.execute)  # type: ignore[method-assign]
 
 
 HOOKS = _HookClock()

@@ -31,6 +31,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.types import Command
 
 from intent import feedback as fb
+from intent import lean_tool
 from intent.gate import _context, _proposal
 from intent.ledger import BudgetExceededError, BudgetLedger
 from intent.market import UnpricedToolError
@@ -285,7 +286,8 @@ def _refusal(guard: BudgetGuard, episode: Episode, gate: LeanGate, price: float 
 
 def open_call(guard: BudgetGuard, request: Any) -> CallRun | None:
     """:func:`intent.metering.open_call` for a call the gate accepted in the latest message of a run going on
-    here: the same :class:`~intent.metering.CallRun`, found with cheap checks; ``None`` for anything else
+    here: the same :class:`~intent.metering.CallRun` (an :class:`intent.lean_tool.LeanRun` where
+    :func:`intent.lean_tool.call_run` allows one), found with cheap checks; ``None`` for anything else
     (a refusal to answer, a call never gated or rebuilt, a copied thread, a sub-agent's carve, a late bill
     waiting), which the general function then takes from the start (nothing was changed here)."""
     if not ENABLED:
@@ -334,4 +336,4 @@ def open_call(guard: BudgetGuard, request: Any) -> CallRun | None:
         episode = guard.follow(episode, channel, config)  # a fork runs on its checkpoint's ledger
         if key not in episode.ledger:
             return None  # (made again from a checkpoint that never gated it: the general function decides)
-    return CallRun(guard, episode, key, request, dict(meta), messages, ai, channel)
+    return lean_tool.call_run(guard, episode, key, request, dict(meta), messages, ai, channel)

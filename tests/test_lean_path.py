@@ -4,7 +4,7 @@ Each scenario runs twice, the lean path on and off (``lean_path.ENABLED``), with
 call (so decision and tool times are the same number in both when both read the clock alike), and
 the two runs must agree on everything a user can see: every step's state update and the state after
 it (messages and the ledger channel), the ledger, every log record, what the oracle is told, what the
-model is shown. Message ids are the only names made at random (an
+model is shown, how many times the guard read its clock. Message ids are the only names made at random (an
 AIMessage's when the model gives none): they are compared by their place in the history.
 
 A last test checks that the lean path is taken in the common turn, so that it cannot rot into a
@@ -25,7 +25,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from intent import AcceptAll, BudgetGuard, Market, PricedTool
-from intent import lean_path, testing
+from intent import lean_path, lean_tool, testing
 from intent.logs import MemoryLogSink
 from intent.oracle import PLAN_OVER_BUDGET, Decision, Oracle
 from tests.fakes import ScriptedToolModel, ai, call
@@ -108,18 +108,27 @@ def _turns(kind: str) -> list[AIMessage]:
 
 
 def _run(kind: str, *, lean: bool, oracle: str = "accept", budget: float = 30.0, thread: bool = False,
-         use_async: bool = False, runs: int = 1, market: str = "plain", enforce: bool = True,
-         feedback_chars: int | None = None, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+         use_async: bool = False, runs: int = 1, market: str | Market = "plain", enforce: bool = True,
+         feedback_chars: int | None = None, monkeypatch: pytest.MonkeyPatch, log: bool = True,
+         lean_tool_run: bool | None = None, tools: list[Any] | None = None, turns: Any = None,
+         middleware: Any = None, tool_errors: str = "message") -> dict[str, Any]:
+    """One scenario's run. ``lean``: the lean path (lean_path.ENABLED); ``lean_tool_run``: the lean tool run
+    (lean_tool.ENABLED; as ``lean`` when not given). ``log``: a log sink (the lean tool run is made only
+    without one). ``tools``, ``turns`` (a function of the kind), ``middleware`` (a function of the guard's
+    middleware, returning the agent's list) and ``tool_errors``: tests/test_lean_tool.py's scenarios."""
     monkeypatch.setattr(lean_path, "ENABLED", lean)
+    monkeypatch.setattr(lean_tool, "ENABLED", lean if lean_tool_run is None else lean_tool_run)
     monkeypatch.setattr(testing, "_ids", itertools.count())  # the same call ids both ways
     ticks = itertools.count()
     sink = MemoryLogSink()
     the_oracle = {"accept": AcceptAll, "every_other": EveryOther, "every_other_long": lambda: EveryOther(600)}[oracle]()
-    guard = BudgetGuard(the_oracle, MARKETS[market], budget, log_sink=sink, tool_errors="message", enforce=enforce,
+    guard = BudgetGuard(the_oracle, MARKETS[market] if isinstance(market, str) else market, budget,
+                        log_sink=sink if log else None, tool_errors=tool_errors, enforce=enforce,
                         feedback_chars=feedback_chars, clock=lambda: float(next(ticks)))
-    script = [m for _ in range(runs) for m in _turns(kind)]
+    script = [m for _ in range(runs) for m in (turns or _turns)(kind)]
     model = Recording(messages=iter(script), bound=[], seen=[], fail_on=set(), executions=[])
-    agent = create_agent(model, TOOLS, middleware=[guard.middleware()],
+    agent = create_agent(model, tools or TOOLS,
+                         middleware=middleware(guard.middleware()) if middleware else [guard.middleware()],
                          checkpointer=InMemorySaver() if thread else None)
     config = {"configurable": {"thread_id": "t-lean"}} if thread else None
     out: Any = None
@@ -135,7 +144,7 @@ def _run(kind: str, *, lean: bool, oracle: str = "accept", budget: float = 30.0,
                   else list(agent.stream(start, config, stream_mode=["updates", "values"])))
         steps += chunks
         out = [chunk for mode, chunk in chunks if mode == "values"][-1]
-    return {**_seen(out, guard, sink, the_oracle, steps), "model": (model.bound, model.seen)}
+    return {**_seen(out, guard, sink, the_oracle, steps), "model": (model.bound, model.seen), "clock_reads": next(ticks)}
 
 
 def _seen(out: dict[str, Any], guard: BudgetGuard, sink: MemoryLogSink, oracle: Any, steps: list[Any]
@@ -227,7 +236,8 @@ SCENARIOS = [
 def test_the_lean_path_and_the_general_code_agree(scenario: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     lean = _run(**scenario, lean=True, monkeypatch=monkeypatch)
     general = _run(**scenario, lean=False, monkeypatch=monkeypatch)
-    for part in ("channel", "ledger", "totals", "records", "tool_messages", "messages", "oracle", "steps", "model"):
+    for part in ("channel", "ledger", "totals", "records", "tool_messages", "messages", "oracle", "steps", "model",
+                 "clock_reads"):
         assert lean[part] == general[part], part
     assert lean["records"] and lean["tool_messages"]
 
