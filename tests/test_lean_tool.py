@@ -28,6 +28,7 @@ from intent.metering import CallRun
 from intent.nesting import current_parent
 from tests.fakes import ScriptedToolModel, ai, call
 from tests.test_lean_path import MARKETS, PRICED, TOOLS, _run
+from tests.test_lean_path import SCENARIOS as MODEL_STEP_SCENARIOS
 
 _FAILED: dict[str, int] = {}  # flaky's failures so far, by argument (cleared before each run)
 
@@ -146,19 +147,10 @@ def _turns(kind: str) -> list[AIMessage]:
     return _tool_turns(kind) if kind in ("flaky", "tools", "edits", "halts", "peeks") else model_turns(kind)
 
 
+# The lean path's scenarios (but the banned tool of "common-a-tool-banned", which this test's market has not),
+# then the tool step's own.
 SCENARIOS = [
-    pytest.param(dict(kind="common"), id="common"),
-    pytest.param(dict(kind="common", thread=True, runs=2), id="common-checkpointed-two-runs"),
-    pytest.param(dict(kind="common", runs=2), id="common-two-runs-state-carried"),
-    pytest.param(dict(kind="common", budget=2.5), id="over-budget"),
-    pytest.param(dict(kind="common", oracle="every_other"), id="oracle-rejects"),
-    pytest.param(dict(kind="common", budget=2.5, enforce=False), id="over-budget-not-enforced"),
-    pytest.param(dict(kind="mixed"), id="mixed"),
-    pytest.param(dict(kind="mixed", market="with_ban"), id="mixed-a-tool-banned"),
-    pytest.param(dict(kind="mixed", oracle="every_other", budget=6.0, thread=True, market="with_ban"),
-                 id="mixed-rejects-tight"),
-    pytest.param(dict(kind="common", use_async=True), id="common-async"),
-    pytest.param(dict(kind="mixed", oracle="every_other", use_async=True, thread=True), id="mixed-async"),
+    *(p for p in MODEL_STEP_SCENARIOS if p.id != "common-a-tool-banned"),
     pytest.param(dict(kind="tools"), id="every-answer"),
     pytest.param(dict(kind="tools", budget=8.0, thread=True), id="every-answer-tight"),
     pytest.param(dict(kind="tools", use_async=True), id="every-answer-async"),
