@@ -16,7 +16,8 @@ episodes of methods A and B on the same tasks, and reports, for the tasks each o
 * the first ``--show`` tasks of each side, call by call.
 
 It writes ``compare-A-B.md``, ``compare-A-B.json`` and ``compare-A-B.png`` into the run directory
-(a character of a method name unsafe in a file name, e.g. ``:`` or ``/``, written ``_``) and prints the
+(a character of a method name unsafe in a file name, e.g. ``:`` or ``/``, written ``_``, and then
+``~`` and a digest of the name) and prints the
 Markdown. Everything comes from the run's own files (and, for the tiers, the seeded task generator the
 run used), so the figures are as reproducible as the run; it never writes to them (a torn last line of
 ``episodes.jsonl`` is skipped with a warning). An episode a resumed run re-ran counts as its last attempt.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -352,8 +354,10 @@ _UNSAFE_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9._-]")
 
 def _file_safe(method: str) -> str:
     # A method named after its model (openai:gpt-x, intent/minilm) would name a missing directory or a
-    # character some file systems refuse; only the file name changes, the tables keep the real name.
-    return _UNSAFE_IN_FILE_NAMES.sub("_", method)
+    # character some file systems refuse; only the file name changes, the tables keep the real name. A name
+    # that changed gets a short digest of itself, so that two names written alike (a:b, a/b) never share files.
+    safe = _UNSAFE_IN_FILE_NAMES.sub("_", method)
+    return safe if safe == method else f"{safe}~{zlib.crc32(method.encode()):08x}"
 
 
 def main(argv: list[str] | None = None) -> int:

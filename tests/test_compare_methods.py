@@ -129,7 +129,7 @@ def test_a_real_run_through_the_command_line(tmp_path: Path) -> None:
 
 def test_method_names_with_colons_and_slashes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A method may be named after its model (openai:gpt-x, intent/minilm): the files get a safe name (`_` for
-    each unsafe character), the tables the real one, and the guard log's episode ids (method:task:seed) still
+    each unsafe character, then `~` and a digest of the name), the tables the real one, and the guard log's episode ids (method:task:seed) still
     find their episodes."""
     from eval.compare import main
 
@@ -141,7 +141,10 @@ def test_method_names_with_colons_and_slashes(tmp_path: Path, capsys: pytest.Cap
     log.write(_record(a, "t1", 0, "x", "accept", execution=1, artifact={"z": 1}))
     log.write(_record(b, "t1", 0, "x", "reject", reason="over_budget"))
     assert main([str(tmp_path), a, b]) == 0
-    stem = tmp_path / "compare-openai_gpt-x-intent_minilm"
+    import zlib
+
+    digest = {m: f"{zlib.crc32(m.encode()):08x}" for m in (a, b, "openai/gpt-x")}
+    stem = tmp_path / f"compare-openai_gpt-x~{digest[a]}-intent_minilm~{digest[b]}"
     assert {p.name for p in tmp_path.glob("compare-*")} == {stem.name + ext for ext in (".md", ".json", ".png")}
     assert "# openai:gpt-x vs intent/minilm, task by task" in stem.with_suffix(".md").read_text()
     assert "# openai:gpt-x vs intent/minilm" in capsys.readouterr().out
@@ -149,6 +152,12 @@ def test_method_names_with_colons_and_slashes(tmp_path: Path, capsys: pytest.Cap
     assert (summary["a"], summary["b"], summary["a_wins"]) == (a, b, 1)
     side = summary["where_a_wins"]
     assert side["winner"]["calls_run"] == 1 and side["loser_refusals_by_reason"] == {"over_budget": 1}
+    # Two names written alike in a file name (':' and '/' both '_') keep files of their own.
+    store.append(_episode("openai/gpt-x", "t1", passed=0.0, cost=10.0))
+    assert main([str(tmp_path), "openai/gpt-x", b]) == 0
+    assert (tmp_path / f"compare-openai_gpt-x~{digest['openai/gpt-x']}-intent_minilm~{digest[b]}.md").exists()
+    assert "# openai:gpt-x vs" in stem.with_suffix(".md").read_text()  # not overwritten
+    assert len(list(tmp_path.glob("compare-*"))) == 6
 
 
 def test_a_torn_last_line_is_skipped_never_cut_from_the_file(run_dir: Path) -> None:
