@@ -133,14 +133,21 @@ def _attach_calls(run: Path, episodes: dict[str, dict[str, Episode]],
     # Looked up by the whole id, never split at ':': a method (openai:gpt-x) or a task may hold one.
     by_id = {_episode_id(m, ep): ep for m, eps in episodes.items() for ep in eps.values()}
     last_step: dict[str, int] = {}
+    seen: dict[str, set[tuple[int, str, str, int]]] = {}  # per episode id: (step, call id, decision, execution)
     for rec in read_log(log):
         ep = by_id.get(rec.task_id)
         if ep is None or rec.kind != "tool":
             continue
-        if rec.step < last_step.get(rec.task_id, rec.step):
+        mark = (rec.step, rec.call_id, rec.decision, rec.execution)
+        marks = seen.setdefault(rec.task_id, set())
+        if rec.step < last_step.get(rec.task_id, rec.step) or mark in marks:
             # A resumed run re-ran the episode under the same id, from its first turn again: the result
-            # kept is the last attempt's, so its calls are too (summed, a retried crash looked busier).
+            # kept is the last attempt's, so its calls are too (summed, a retried crash looked busier). It
+            # shows as a step that falls back, or, when both attempts stopped at the same step (a crash at
+            # step 0), as a call logged again: the guard writes one record per decision and per execution.
             ep.calls.clear()
+            marks.clear()
+        marks.add(mark)
         last_step[rec.task_id] = rec.step
         call = _call(rec, (tiers or {}).get(ep.task_id))
         if call is not None:

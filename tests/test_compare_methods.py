@@ -189,9 +189,28 @@ def test_a_resumed_episode_counts_its_last_attempt_only(run_dir: Path) -> None:
         _record("intent", "t4", 0, "a", "accept", execution=1, artifact={"z": 1}),  # attempt 2: step 0 again
     ]:
         log.write(rec)
+    # t5: the first attempt crashed in its first step, after its call ran (same step, same call id, again).
+    store.append(_episode("intent", "t5", passed=0.0, cost=5.0, error="RuntimeError: endpoint down"))
+    store.append(_episode("tracker", "t5", passed=0.0, cost=20.0))
+    store.append(_episode("intent", "t5", passed=1.0, cost=5.0))
+    for rec in [_record("intent", "t5", 0, "a", "accept", execution=1, artifact={"z": 0}),
+                _record("intent", "t5", 0, "a", "accept", execution=1, artifact={"z": 1})]:
+        log.write(rec)
+    # t6: one attempt that proposes a refused call again, same id, at later steps (DFSDT's backtracking does):
+    # not a new attempt.
+    store.append(_episode("intent", "t6", passed=1.0, cost=5.0))
+    store.append(_episode("tracker", "t6", passed=0.0, cost=20.0))
+    for rec in [_record("intent", "t6", 0, "a", "accept", execution=1, artifact={"z": 1}),
+                *(_record("intent", "t6", step, "b", "reject", reason="over_budget", call_id="t6-b") for step in (1, 2)),
+                _record("intent", "t6", 3, "c", "accept", execution=1, artifact={"z": 1})]:
+        log.write(rec)
     out = compare_methods(run_dir, "tracker", "intent")
-    assert (out["tasks"], out["a_wins"], out["b_wins"]) == (4, 1, 2)
+    assert (out["tasks"], out["a_wins"], out["b_wins"]) == (6, 1, 4)
+    t5 = next(e for e in out["examples"]["b_wins"] if e["task"] == "t5")
+    assert t5["winner_calls"] == "t0: a ok"
+    t6 = next(e for e in out["examples"]["b_wins"] if e["task"] == "t6")
+    assert t6["winner_calls"] == "t0: a ok / t1: b refused (over_budget) / t2: b refused (over_budget) / t3: c ok"
     example = next(e for e in out["examples"]["b_wins"] if e["task"] == "t4")
     assert example["winner_calls"] == "t0: a ok" and example["winner_spent"] == 8.0
-    side = out["where_b_wins"]  # t2 and t4: intent ran one call, refused none, on each
-    assert side["winner"]["calls_run"] == 1 and side["winner"]["refusals"] == 0 and side["winner"]["calls_failed"] == 0
+    side = out["where_b_wins"]  # t2, t4, t5: intent ran one call and refused none; t6: two run, two refused
+    assert (side["winner"]["calls_run"], side["winner"]["refusals"], side["winner"]["calls_failed"]) == (1.25, 0.5, 0)
