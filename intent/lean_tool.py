@@ -29,15 +29,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
-from langgraph.errors import GraphBubbleUp, ParentCommand
 from langgraph.types import Command
 
 from intent import feedback as fb
 from intent.ledger import _EPS, BudgetLedger, _entry
 from intent.market import UnpricedToolError
 from intent.messages import _problem, tool_schema
-from intent.metering import CallRun, _lease
-from intent.nesting import _CURRENT, enter_spending
+from intent.metering import CallRun
 from intent.oracle import BAD_ARGUMENTS
 from intent.state import LEDGER_KEY
 
@@ -140,26 +138,7 @@ class LeanRun(CallRun):
             if type(charge_id) is not str:
                 return charge_id  # its refusal
         started = guard._clock()
-        try:
-            scope = enter_spending(guard, episode, key, config)  # sub-agents carve from this call
-            try:
-                if ledger._shared is None:
-                    out = tool.invoke(tool_input, config, **kwargs)
-                else:
-                    with _lease(ledger, charge_id):
-                        out = tool.invoke(tool_input, config, **kwargs)
-            finally:
-                _CURRENT.reset(scope)
-        except ParentCommand as handoff:
-            self._charge(charge_id, args, handoff.args[0], started)  # a handoff: the run happened
-            raise
-        except GraphBubbleUp:
-            self._abort(charge_id)
-            raise
-        except BaseException as exc:
-            self.raised.append(exc)
-            self._charge(charge_id, args, exc, started)
-            raise
+        out = self._invoke(tool, tool_input, config, kwargs, charge_id, args, started)  # (what raised, charged)
         if type(out) is not ToolMessage or out.artifact is not None:
             self._charge(charge_id, args, out, started)  # a bill, a payment request, a Command, a list...
             return out

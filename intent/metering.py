@@ -612,16 +612,23 @@ class CallRun:
             watch = watched(tool, sync=True)
             if watch is not None:
                 tool, body = watch
+        out = self._invoke(tool, tool_input, config, kwargs, charge_id, args, started)
+        self._charge(charge_id, args, out, started, handled=_handled(body))
+        return out
+
+    def _invoke(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any], charge_id: str, args: Any,
+                started: float) -> Any:
+        """The sync run of a reserved call: the tool's answer, or what it raised, charged (or aborted) and
+        re-raised. The answer itself is charged by the caller (:meth:`execute`, and the lean run's)."""
         try:
             # Sub-agents carve from this call (spending_scope, entered and left here without a `with`: this runs
             # on every tool call); a shared budget's lease is renewed while it runs (no `with` without one).
             scope = enter_spending(self.guard, self.episode, self.key, config)
             try:
                 if self.episode.ledger.shared is None:  # (what _lease tells by returning _NO_LEASE)
-                    out = tool.invoke(tool_input, config, **kwargs)
-                else:
-                    with _lease(self.episode.ledger, charge_id):
-                        out = tool.invoke(tool_input, config, **kwargs)
+                    return tool.invoke(tool_input, config, **kwargs)
+                with _lease(self.episode.ledger, charge_id):
+                    return tool.invoke(tool_input, config, **kwargs)
             finally:
                 _CURRENT.reset(scope)
         except ParentCommand as handoff:
@@ -636,8 +643,6 @@ class CallRun:
             self.raised.append(exc)
             self._charge(charge_id, args, exc, started)
             raise
-        self._charge(charge_id, args, out, started, handled=_handled(body))
-        return out
 
     async def aexecute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
         args = _args_of(tool, tool_input)
