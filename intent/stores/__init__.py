@@ -157,11 +157,13 @@ class CommitOutbox:
     def __init__(self, store: Any, journal: str | os.PathLike[str] | None = None) -> None:
         import threading
 
-        from intent.stores.journal import OutboxJournal
-
         self.store = store
         self._lock = threading.Lock()
-        self.journal = None if journal is None else OutboxJournal(journal)
+        self.journal = None
+        if journal is not None:
+            from intent.stores.journal import OutboxJournal
+
+            self.journal = OutboxJournal(journal)
         # (key, charge id) -> billed amount, in order; a journal's unsent commits first
         self._pending: dict[tuple[str, str], float | None] = {} if self.journal is None else dict(self.journal.pending)
         _LIVE_OUTBOXES.add(self)  # (weakly: one exit check for all of them, nothing kept alive)

@@ -10,7 +10,8 @@ and one sent after its lease ran out is charged and flagged ``late`` (the money 
 
 The format is JSON Lines, append-only: ``{"kept": [key, charge_id], "amount": a}`` when a commit is kept
 and ``{"done": [key, charge_id]}`` when the store took it or refused it for good; what is kept and not done
-is pending. A crash mid-write leaves at most a torn last line, which is skipped (intent.logs reads it). The
+is pending. A crash mid-write leaves at most a torn last line, which never counted: opening the journal skips
+it (intent.logs reads the file) and cuts it, so the file stays readable. The
 file is emptied once nothing is pending, so it does not grow.
 
 One journal belongs to one guard at a time: it is locked (``flock``, where the platform has it) while open,
@@ -23,7 +24,6 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from intent.errors import GuardConfigError
 
@@ -59,6 +59,7 @@ class OutboxJournal:
                     f"outbox_journal {self.path} is open in another guard (locked); give each process its own "
                     "journal path, and open it again only after the guard that had it has ended") from None
         self.pending = self._read()
+        self._cut_torn_tail()
 
     def _read(self) -> dict[tuple[str, str], float | None]:
         from intent.logs import read_log_rows
@@ -79,23 +80,23 @@ class OutboxJournal:
                 "guard's first operation on the store", self.path, len(pending))
         return pending
 
-    def _write(self, row: dict[str, Any]) -> None:
-        self._file.seek(0, os.SEEK_END)
-        if self._file.tell() and not self._ends_with_newline():
-            self._file.write("\n")  # (after a torn line left by a crash: keep each record on its own line)
-        self._file.write(json.dumps(row) + "\n")
+    def _write_line(self, text: str) -> None:
+        self._file.write(text + "\n")  # (mode "a": always at the end)
         self._file.flush()
         os.fsync(self._file.fileno())
 
-    def _ends_with_newline(self) -> bool:
-        end = self._file.tell()
-        self._file.seek(end - 1)
-        last = self._file.read(1)
-        self._file.seek(0, os.SEEK_END)
-        return last == "\n"
+    def _cut_torn_tail(self) -> None:
+        """Cut a torn last line (a crash mid-write; :meth:`_read` skipped it, as it never counted), so that the
+        next record starts on a line of its own and the file stays readable."""
+        self._file.seek(0)
+        text = self._file.read()
+        if text and not text.endswith("\n"):
+            self._file.truncate(len(text[: text.rfind("\n") + 1].encode("utf-8")))
+            self._file.flush()
+            os.fsync(self._file.fileno())
 
     def kept(self, key: str, charge_id: str, amount: float | None) -> None:
-        self._write({"kept": [key, charge_id], "amount": amount})
+        self._write_line(json.dumps({"kept": [key, charge_id], "amount": amount}))
 
     def done(self, key: str, charge_id: str, *, nothing_pending: bool) -> None:
         if nothing_pending:  # the whole file is settled: start it afresh rather than grow it
@@ -104,7 +105,7 @@ class OutboxJournal:
             self._file.flush()
             os.fsync(self._file.fileno())
         else:
-            self._write({"done": [key, charge_id]})
+            self._write_line(json.dumps({"done": [key, charge_id]}))
 
     def close(self) -> None:
         if not self._file.closed:
