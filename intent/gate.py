@@ -248,6 +248,7 @@ def gate_batch(
 
     batch = tuple(map(_proposal_of, pending))  # (no generator made per gate)
     held = 0.0  # accepted earlier in this batch: reserved once the whole batch is decided
+    accepted: list[Proposal] = []  # those calls, in batch order: an oracle's lookahead starts after them
     top_ups: dict[str, float] = {}
     # Top-ups a human approves in this run: taken back if the run is interrupted before it
     # ends (it replays the answers on resume), logged once when it completes.
@@ -261,6 +262,7 @@ def gate_batch(
                     episode_id=episode_id, query=query, proposal=item.proposal, price=item.price,
                     budget=ledger.budget, spent=ledger.spent, remaining=left, market=market, step=step,
                     history=messages, batch=batch, batch_index=batch_index,
+                    accepted_before=tuple(accepted), held=held,
                 )
                 started = guard._clock()
                 oracle_hold = hold_oracle(guard, episode, step) if guard.charge_oracle else None
@@ -307,6 +309,7 @@ def gate_batch(
                 # A top-up: the oracle decides again against the raised budget.
             if decision.accept:
                 held += item.price
+                accepted.append(item.proposal)
 
                 def reserve(item: _Pending = item) -> None:
                     try:

@@ -145,7 +145,10 @@ class DecisionContext:
     """Everything an oracle may use to decide on one proposal.
 
     ``remaining`` already subtracts the reservations of the calls accepted earlier in the
-    same batch of parallel tool calls, so an oracle sees what is really left.
+    same batch of parallel tool calls, so an oracle sees what is really left. Those calls are
+    ``accepted_before`` (in batch order) and their money is ``held``: they run with this one, so a
+    lookahead from this call starts after them (the paper decides one call per step, each after the
+    last one ran), not before them, and it does not pay for them again.
     """
 
     episode_id: str
@@ -160,6 +163,8 @@ class DecisionContext:
     history: Sequence[Any] = ()
     batch: Sequence[Proposal] = ()
     batch_index: int = 0
+    accepted_before: Sequence[Proposal] = ()
+    held: float = 0.0
 
     @property
     def tool(self) -> str:

@@ -1,7 +1,10 @@
 """The single-trajectory lookahead shared by MCO and INTENT.
 
 From the current history, the proposal (and the calls after it in the same batch) is
-executed against a world model instead of the real tool; then the agent's own policy proposes
+executed against a world model instead of the real tool, after the calls of its batch that were
+accepted before it (``ctx.accepted_before``: they run with it, so the simulated agent sees their
+results too, as it would when the paper's agent proposes its next call; they are not part of the
+plan, whose money they already hold); then the agent's own policy proposes
 each next step, whose calls are simulated too, until the agent answers or ``max_depth`` model
 turns are reached, or until the simulated history no longer fits the policy model's context
 (:class:`~intent.errors.ContextOverflowError`: the rollout ends there, ``context_full``).
@@ -85,10 +88,13 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
     messages: list[BaseMessage] = history[:cut]
     out = Rollout()
     pending = list(ctx.batch[ctx.batch_index:]) or [ctx.proposal]
+    before = list(ctx.accepted_before)
     first = AIMessage(content=ctx.reasoning, tool_calls=[
-        {"name": p.tool, "args": dict(p.args), "id": f"rollout-0-{k}", "type": "tool_call"} for k, p in enumerate(pending)
+        {"name": p.tool, "args": dict(p.args), "id": f"rollout-0-{k}", "type": "tool_call"}
+        for k, p in enumerate(before + pending)
     ])
     turn_calls: list[tuple[AIMessage, list[dict[str, Any]]]] = [(first, first.tool_calls)]
+    unpriced = {c["id"] for c in first.tool_calls[:len(before)]}  # held already: simulated, not planned
     depth = 0
     spent_here = 0.0  # what the simulated calls cost so far (every run is charged, whatever it returns)
     while True:
@@ -96,14 +102,15 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
         messages.append(ai)
         new_steps: list[SimStep] = []
         for call in calls:
-            price = _price(ctx.market, call["name"])
+            price = None if call["id"] in unpriced else _price(ctx.market, call["name"])
             with model_call(f"world model {type(world_model).__name__}"):
                 text, tokens = simulate_counted(world_model, call["name"], call["args"], satisfied=satisfied)
             out.world_model_tokens += tokens
             seen = text
-            if price is not None:
-                new_steps.append(SimStep(call["name"], dict(call["args"]), str(ai.content), price, text, depth))
-                spent_here += price
+            if price is not None or call["id"] in unpriced:
+                if price is not None:
+                    new_steps.append(SimStep(call["name"], dict(call["args"]), str(ai.content), price, text, depth))
+                    spent_here += price
                 note = shown(spent_here)[1] if shown is not None else None
                 if note:
                     seen = f"{text}\n{note}"  # as the guard appends the oracle's result note to a real result

@@ -166,6 +166,47 @@ def test_a_rollout_shows_the_simulated_agent_its_budget_going_down(kind):
     assert quiet.seen == [(['{"ok": true}'], None)], "a method that shows no market shows none in its rollouts"
 
 
+@pytest.mark.parametrize("kind", ["intent", "mco"])
+def test_a_later_call_of_a_batch_is_simulated_after_the_calls_accepted_before_it(kind):
+    # The agent proposes a and b in parallel; a (10) is accepted, then b is decided. Both run: the paper's
+    # agent would propose b after seeing a's result. The rollout for b left a out, so the simulated agent,
+    # not seeing a's result, planned a again and the plan paid for it twice (a's money is already held).
+    seeing = _Seeing(AIMessage("done"))
+    oracle = (IntentOracle(seeing, RecordingWM(), TablePredictor({}), gamma=1.0) if kind == "intent"
+              else MCOOracle(seeing, RecordingWM()))
+    base = _turn(["a", "b"], 1, step=0, remaining=35.0)  # budget 50, 5 spent before the turn, a's 10 held
+    decided = oracle.decide(DecisionContext(base.episode_id, base.query, base.proposal, base.price, base.budget,
+                                            5.0, 35.0, MARKET, step=0, history=base.history, batch=base.batch,
+                                            batch_index=1, accepted_before=base.batch[:1], held=10.0))
+    (results, notes), = seeing.seen
+    assert len(results) == 2, "the simulated agent sees a's result and b's"
+    assert results[0].endswith("[Budget status] spent 15 of 50; 35 left.")  # a ran: 5 + 10
+    assert results[1].endswith("[Budget status] spent 35 of 50; 15 left.")  # then b: + 20
+    assert "spent 35 of 50; 15 left." in (notes or "")
+    assert [s.tool for s in decided.trace] == ["b"], "a is not part of b's plan: its money is held already"
+    assert decided.accept
+
+
+def test_the_gate_tells_an_oracle_which_calls_of_its_batch_it_accepted_before():
+    from intent import BudgetGuard, Oracle
+    from intent.testing import GuardDriver, ai, call
+
+    class RejectsB(Oracle):
+        def __init__(self) -> None:
+            self.seen: list[tuple[Any, ...]] = []
+
+        def decide(self, ctx: DecisionContext) -> Decision:
+            self.seen.append((ctx.tool, [p.tool for p in ctx.accepted_before], ctx.held, ctx.remaining))
+            return Decision.rejected("not b", reason="plan_over_budget") if ctx.tool == "b" else Decision.accepted()
+
+    oracle = RejectsB()
+    driver = GuardDriver(BudgetGuard(oracle, MARKET, 50.0))
+    driver.step(ai(call("a", q=1), call("b", q=1), call("c", q=1)))
+    driver.step(ai(call("c", q=2)))
+    assert oracle.seen == [("a", [], 0.0, 50.0), ("b", ["a"], 10.0, 40.0), ("c", ["a"], 10.0, 40.0),
+                           ("c", [], 0.0, 35.0)]
+
+
 def test_last_call_cache_accepts_a_repeated_rejected_call_once():
     oracle = IntentOracle(policy(AIMessage("done")), RecordingWM(), TablePredictor({"a": 0.1}), gamma=1.0,
                           blacklist=False)

@@ -139,7 +139,8 @@ class PlanningOracle(Oracle):
     def notes(self, ctx: DecisionContext) -> str | None:
         if not self.show_market:
             return None
-        return fb.market_notes(ctx.market, ctx.spent, ctx.remaining, ctx.budget)
+        # The agent reads them after its batch ran: the calls accepted before this one are spent by then.
+        return fb.market_notes(ctx.market, ctx.spent + ctx.held, ctx.remaining, ctx.budget)
 
     def prompt_notes(self, market: Market, episode_id: str, spent: float, remaining: float, budget: float
                      ) -> str | None:
@@ -160,7 +161,7 @@ class PlanningOracle(Oracle):
             return None
 
         def at(spent_here: float) -> tuple[str | None, str | None]:
-            spent = ctx.spent + spent_here
+            spent = ctx.spent + ctx.held + spent_here  # (ctx.remaining already subtracts ctx.held)
             return (fb.market_notes(ctx.market, spent, max(0.0, ctx.remaining - spent_here), ctx.budget),
                     fb.budget_status(spent, max(0.0, ctx.budget - spent), ctx.budget))
         return at
