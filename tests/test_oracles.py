@@ -226,6 +226,26 @@ def _turn(tools, index, *, step, remaining=50.0, episode="e1"):
                                tc(p.tool, p.call_id, **p.args) for p in props])], batch=props, batch_index=index)
 
 
+def test_last_call_cache_matches_a_repeat_tolerantly_as_algorithm_3_does():
+    # Algorithm 3, line 4: a_t ≈ ā, the rollout cache's tolerance (args_match). An exact match only let a
+    # repeat that retyped an argument's case or spacing be simulated (and refused) again.
+    def fresh() -> IntentOracle:
+        return IntentOracle(policy(*[AIMessage("done") for _ in range(4)]), RecordingWM(),
+                            TablePredictor({"a": 0.1}), gamma=1.0, blacklist=False)
+
+    def at(step: int, **args: Any) -> DecisionContext:
+        return ctx("a", args=args, step=step)
+
+    oracle = fresh()
+    assert not oracle.decide(at(0, q="Toronto", year="2024")).accept
+    again = oracle.decide(at(1, q=" toronto", year="2025"))  # one of two arguments the same: tolerated
+    assert again.accept and again.reason == "last_call_cache"
+    assert not oracle.memory.is_last_rejected("e1", "a", {"q": "Toronto", "year": "2024"}), "used once"
+    other = fresh()
+    assert not other.decide(at(0, q="Toronto", year="2024")).accept
+    assert other.decide(at(1, q="Paris", year="2025")).reason == "plan_over_budget"  # nothing the same
+
+
 def test_last_call_cache_holds_every_call_rejected_in_a_parallel_turn():
     # Algorithm 3 has one action per step: the rejected one is "the last rejected". In a turn of two
     # parallel calls both rejected, the second's rejection replaced the first's, so the agent insisting on

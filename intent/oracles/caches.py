@@ -3,8 +3,10 @@
 * **Rollout cache** ``C``: the planned future calls kept on acceptance. A proposal that matches
   the head (same tool; arguments tolerant, see :func:`args_match`) is accepted without a new
   simulation and the head is popped; a miss clears the cache.
-* **Last-call cache** ``ā``: the last rejected call. Proposing exactly the same call again is read
-  as the agent insisting; it is accepted if affordable and the cache is cleared. The paper's agent
+* **Last-call cache** ``ā``: the last rejected call. Proposing the same call again (``a_t ≈ ā``, the
+  same tolerance as the rollout cache's: same tool, arguments per :func:`args_match`, so a repeat that
+  retypes an argument's case still counts) is read as the agent insisting; it is accepted if affordable
+  and the cache is cleared. The paper's agent
   makes one call per step, so ``ā`` at step t is the call rejected at step t - 1 (none if that one was
   accepted). With parallel calls a turn (model step) can have several calls rejected and accepted, so
   ``ā`` for turn t holds every call rejected in the previous turn that was simulated (not turn t's
@@ -54,8 +56,8 @@ class CachedStep:
 class _Episode:
     rollout: list[CachedStep] = field(default_factory=list)
     # The last-call cache: per turn with a simulated decision (latest last, the last two kept), the calls
-    # rejected in it.
-    rejected: list[tuple[int | None, set[tuple[str, str]]]] = field(default_factory=list)
+    # rejected in it, (tool, canonical arguments) -> arguments, in the order they were rejected.
+    rejected: list[tuple[int | None, dict[tuple[str, str], Mapping[str, Any]]]] = field(default_factory=list)
     blacklist: set[str] = field(default_factory=set)
 
 
@@ -125,7 +127,7 @@ class EpisodeMemory:
 
     # ---------------------------------------------------------- last-call cache
     @staticmethod
-    def _held(ep: _Episode, step: int | None) -> list[set[tuple[str, str]]]:
+    def _held(ep: _Episode, step: int | None) -> list[dict[tuple[str, str], Mapping[str, Any]]]:
         """The rejected calls a proposal of turn ``step`` may repeat: those of the latest earlier simulated
         turn (``step=None``: every held one). Not turn ``step``'s own: the agent insists by proposing a call
         again in a later turn; a call decided again within its turn (the gate run again on resume, after a
@@ -135,20 +137,31 @@ class EpisodeMemory:
         before = [calls for turn, calls in ep.rejected if turn != step]
         return before[-1:]
 
+    def _match(self, calls: dict[tuple[str, str], Mapping[str, Any]], tool: str, args: Mapping[str, Any]
+               ) -> tuple[str, str] | None:
+        """The held call ``(tool, args)`` repeats: the same one if held, else the first held one of the same
+        tool whose arguments match tolerantly (Algorithm 3, line 4: ``a_t ≈ ā``)."""
+        key = (tool, canonical_args(args))
+        if key in calls:
+            return key
+        return next((k for k, held in calls.items()
+                     if k[0] == tool and args_match(held, args, tolerance=self.args_tolerance)), None)
+
     def is_last_rejected(self, episode_id: str, tool: str, args: Mapping[str, Any], *,
                          step: int | None = None) -> bool:
-        key = (tool, canonical_args(args))
         with self._lock:
-            return any(key in calls for calls in self._held(self._get(episode_id), step))
+            return any(self._match(calls, tool, args) is not None
+                       for calls in self._held(self._get(episode_id), step))
 
     def take_last_rejected(self, episode_id: str, tool: str, args: Mapping[str, Any], *,
                            step: int | None = None) -> None:
         """The agent proposed this rejected call again and it was let through: it is no longer held (the
         other calls rejected with it are)."""
-        key = (tool, canonical_args(args))
         with self._lock:
             for calls in self._held(self._get(episode_id), step):
-                calls.discard(key)
+                key = self._match(calls, tool, args)
+                if key is not None:
+                    del calls[key]
 
     def set_last_rejected(self, episode_id: str, tool: str | None, args: Mapping[str, Any] | None = None, *,
                           step: int | None = None) -> None:
@@ -158,9 +171,9 @@ class EpisodeMemory:
         with self._lock:
             ep = self._get(episode_id)
             if not ep.rejected or ep.rejected[-1][0] != step or step is None:
-                ep.rejected = [*ep.rejected[-1:], (step, set())]
+                ep.rejected = [*ep.rejected[-1:], (step, {})]
             if tool is not None:
-                ep.rejected[-1][1].add((tool, canonical_args(args or {})))
+                ep.rejected[-1][1][(tool, canonical_args(args or {}))] = dict(args or {})
 
     # ----------------------------------------------------------------- blacklist
     def blacklist(self, episode_id: str, tools: set[str] | None = None) -> set[str]:

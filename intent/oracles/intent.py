@@ -2,7 +2,9 @@
 
 For a proposal ``a_t`` with ``B_t`` left:
 
-1. **Last-call cache**: the same call as the last rejected one is accepted if ``price <= B_t``. The
+1. **Last-call cache**: the same call as the last rejected one (``a_t ≈ ā``: same tool, arguments matched
+   tolerantly as the rollout cache's, :func:`~intent.oracles.caches.args_match`) is accepted if
+   ``price <= B_t``. The
    paper has one call per step; with parallel calls every call rejected in the previous simulated turn
    counts as "the last rejected" (see :mod:`intent.oracles.caches`), whatever else that turn or this
    one decided.
