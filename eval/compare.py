@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eval.episode_log import episode_id, last_attempts
 from eval.results import EpisodeResult, ResultStore
 from intent.errors import UsageError
 from intent.logs import StepRecord, label_of, read_log
@@ -118,40 +119,19 @@ def _episodes(results: list[EpisodeResult], method: str) -> dict[str, Episode]:
     return out
 
 
-def _episode_id(method: str, ep: Episode) -> str:
-    """The id the guard logs the episode's records under (eval.runner: ``method:task:seed``)."""
-    return f"{method}:{ep.task_id}:{ep.seed}"
-
-
 def _attach_calls(run: Path, episodes: dict[str, dict[str, Episode]],
                   tiers: dict[str, dict[str, str]] | None) -> None:
-    """Add each episode's logged calls, in log order (the guard writes an episode's records in order)."""
+    """Add each episode's logged calls of its last attempt, in log order (the result kept is that attempt's:
+    summed, a retried crash looked busier)."""
     log = run / "logs.jsonl"
     if not log.exists():
         raise UsageError(f"{run} has no logs.jsonl; compare reads the guard log `intent bench` writes beside "
                          "episodes.jsonl")
-    # Looked up by the whole id, never split at ':': a method (openai:gpt-x) or a task may hold one.
-    by_id = {_episode_id(m, ep): ep for m, eps in episodes.items() for ep in eps.values()}
-    last_step: dict[str, int] = {}
-    seen: dict[str, set[tuple[int, str, str, int]]] = {}  # per episode id: (step, call id, decision, execution)
-    for rec in read_log(log):
-        ep = by_id.get(rec.task_id)
-        if ep is None or rec.kind != "tool":
-            continue
-        mark = (rec.step, rec.call_id, rec.decision, rec.execution)
-        marks = seen.setdefault(rec.task_id, set())
-        if rec.step < last_step.get(rec.task_id, rec.step) or mark in marks:
-            # A resumed run re-ran the episode under the same id, from its first turn again: the result
-            # kept is the last attempt's, so its calls are too (summed, a retried crash looked busier). It
-            # shows as a step that falls back, or, when both attempts stopped at the same step (a crash at
-            # step 0), as a call logged again: the guard writes one record per decision and per execution.
-            ep.calls.clear()
-            marks.clear()
-        marks.add(mark)
-        last_step[rec.task_id] = rec.step
-        call = _call(rec, (tiers or {}).get(ep.task_id))
-        if call is not None:
-            ep.calls.append(call)
+    by_id = {episode_id(m, ep.task_id, ep.seed): ep for m, eps in episodes.items() for ep in eps.values()}
+    for eid, records in last_attempts(read_log(log), by_id).items():
+        ep = by_id[eid]
+        calls = (_call(rec, (tiers or {}).get(ep.task_id)) for rec in records)
+        ep.calls.extend(c for c in calls if c is not None)
 
 
 def _call(rec: StepRecord, tiers: dict[str, str] | None) -> Call | None:

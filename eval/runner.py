@@ -24,6 +24,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
 from eval.code_version import code_version
+from eval.episode_log import episode_id as logged_episode_id
 from eval.markets import BenchMarket, EnvironmentUnavailableError, EpisodeEnv, follow_market_events
 from eval.method_spec import (DEFAULT_DELTA, DEFAULT_GAMMA, DEFAULT_MAX_DEPTH, SYSTEM_PROMPT, MethodContext,
                               MethodSpec, positive_int_option, rollout_depth)
@@ -109,7 +110,7 @@ def run_episode(
     options: dict[str, Any] | None = None,
     resources: Any = None,
 ) -> EpisodeResult:
-    episode_id = f"{spec.name}:{env.task_id}:{seed}"
+    episode_id = logged_episode_id(spec.name, env.task_id, seed)
     records = MemoryLogSink()
     model = agent_factory(env, seed)
     oracle = spec.build(MethodContext(env=env, seed=seed, options=dict(options or {}), model=model,

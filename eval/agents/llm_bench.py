@@ -10,9 +10,10 @@ with every method, which runs nothing new and prints the usual table. Per method
 
 * ``PR``, ``FR``, ``AC`` (mean cost) and ``crashed`` from the runner's metrics;
 * ``s/ep``: mean wall time per episode; ``tok/ep``: agent tokens (prompt + completion) per episode;
-* ``calls``: tool calls the model proposed (the guard's ``logs.jsonl``, one per call id); ``dup%``: those
-  identical (tool and arguments) to an earlier proposal of the same model turn; ``inv%``: those the guard
-  refused as invalid for another reason than duplication (unknown tool, bad arguments);
+* ``calls``: tool calls the model proposed (the guard's ``logs.jsonl``, one per call id; an episode a
+  resumed run re-ran counts by its last attempt); ``dup%``: those identical (tool and arguments) to an
+  earlier proposal of the same model turn; ``inv%``: those the guard refused as invalid for another
+  reason than duplication (unknown tool, bad arguments);
 * ``malf%``: model replies in which the server's lenient parser saw a call attempt it could not parse
   (``INTENT_TOOL_PARSE_LOG``, written by ``intent_vllm/vllm_plugin.py``; empty for other servers);
 * ``cap%``: replies cut by ``--max-tokens`` (vLLM's ``request_success_total{finished_reason="length"}``);
@@ -32,12 +33,16 @@ import re
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from intent.errors import IntentError, UsageError
-from intent.logs import read_log_rows
+from eval.episode_log import episode_id, last_attempts
+from eval.results import EpisodeResult, ResultStore
+from intent.errors import IntentError, LogFormatError, UsageError
+from intent.logs import StepRecord, read_log, read_log_rows
+from intent.oracle import DUPLICATE_CALL
 
 __all__ = ["main", "parse_log_totals", "parse_metrics", "proposal_stats", "read_metrics", "server_stats"]
 
@@ -73,24 +78,30 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def parse_log_totals(path: str | os.PathLike[str] | None, skip: int = 0) -> tuple[int, dict[str, int]]:
-    """(lines in the parser's log, totals of its lines after the first ``skip``)."""
+    """(rows in the parser's log, totals of its rows after the first ``skip``).
+
+    Read by the guard logs' reader: a torn last row (no newline yet: the server is writing it) waits for the
+    next read; any other row that is not a JSON object is an error naming the file and line.
+    """
     totals = {"replies": 0, "calls": 0, "malformed": 0, "duplicates": 0, "unknown": 0, "malformed_replies": 0}
     if not path or not Path(path).exists():
         return 0, totals
-    # Rows end in "\n" only (splitlines would also cut at U+2028 and the like inside a row's strings).
-    lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the last row's newline
-    for line in lines[skip:]:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
+    rows = _parser_log_rows(path)
+    for row in rows[skip:]:
         totals["replies"] += 1
         for key in ("calls", "malformed", "duplicates", "unknown"):
             totals[key] += int(row.get(key, 0))
         totals["malformed_replies"] += int(row.get("malformed", 0) > 0)
-    return len(lines), totals
+    return len(rows), totals
+
+
+def _parser_log_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    try:
+        # Its rows carry no schema_version (intent_vllm/vllm_plugin.py writes them, not intent's JsonlLogSink).
+        return list(read_log_rows(path, require_version=False))
+    except LogFormatError as exc:
+        raise LogFormatError(f"the tool parser's log (--parse-log, INTENT_TOOL_PARSE_LOG): {exc}. Fix or delete "
+                             "that line, or point --parse-log at a new file") from exc
 
 
 def server_stats(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, Any]:
@@ -110,66 +121,60 @@ def server_stats(before: dict[str, float], after: dict[str, float], seconds: flo
             "prefix_cache_hit_pct": round(100 * delta("vllm:prefix_cache_hits_total") / queries, 1) if queries else None}
 
 
-def proposal_stats(logs_path: Path, method: str, seed: int) -> dict[str, int]:
-    """Tool calls ``method``'s agent proposed, from the guard log: ``proposals``; ``duplicates``, those
-    repeating an earlier proposal's tool and arguments in the same model turn (episode and step); and
-    ``invalid``, those the guard refused as invalid for another reason (unknown tool, bad arguments)."""
+def proposal_stats(logs_path: Path, method: str, seed: int, task_ids: Iterable[str]) -> dict[str, int]:
+    """Tool calls ``method``'s agent proposed on the tasks ``task_ids`` (its episodes in ``episodes.jsonl``), from
+    the guard log: ``proposals``; ``duplicates``, those repeating an earlier proposal's tool and arguments in the
+    same model turn (episode and step); and ``invalid``, those the guard refused as invalid for another reason
+    (unknown tool, bad arguments). An episode a resumed run re-ran counts by its last attempt, the one whose
+    result ``episodes.jsonl`` keeps."""
     counts = {"proposals": 0, "duplicates": 0, "invalid": 0}
     if not logs_path.exists():
         return counts
-    firsts: dict[tuple[str, int], dict[str, dict[str, Any]]] = defaultdict(dict)  # (episode, step) -> call_id -> row
-    prefix, suffix = f"{method}:", f":{seed}"
-    with logs_path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            episode = str(row.get("task_id", ""))
-            if not (episode.startswith(prefix) and episode.endswith(suffix)):
-                continue
-            firsts[(episode, int(row.get("step", 0)))].setdefault(str(row.get("call_id", "")), row)
-    for calls in firsts.values():
-        seen: set[str] = set()
-        for row in calls.values():
-            key = f"{row.get('tool')}\x00{json.dumps(row.get('args'), sort_keys=True)}"
-            counts["proposals"] += 1
-            counts["duplicates"] += key in seen
-            seen.add(key)
-            counts["invalid"] += row.get("decision") == "invalid" and row.get("reason") != "duplicate_call"
+    # Whole ids: a prefix 'method:' would also take in the episodes of a method named 'method:variant'.
+    ids = {episode_id(method, task, seed) for task in task_ids}
+    for records in last_attempts(read_log(logs_path), ids).values():
+        _count_proposals(records, counts)
     return counts
 
 
-def _episode_rows(out: Path, method: str, seed: int) -> list[dict[str, Any]]:
-    """Every row the method's episodes wrote, a crashed episode's re-run included."""
-    path = out / "episodes.jsonl"
-    rows: list[dict[str, Any]] = []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").split("\n"):  # (not splitlines: see parse_log_totals)
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if row.get("method") == method and row.get("seed") == seed:
-                rows.append(row)
-    return rows
+def _count_proposals(records: list[StepRecord], counts: dict[str, int]) -> None:
+    """Add one attempt's proposals to ``counts``. A call id is one proposal however many records it has (a
+    retried run, a merged duplicate answered later)."""
+    firsts: dict[int, dict[str, StepRecord]] = defaultdict(dict)  # step -> call id -> its first record
+    for rec in records:
+        firsts[rec.step].setdefault(rec.call_id, rec)
+    for calls in firsts.values():
+        seen: set[tuple[str, str]] = set()
+        for rec in calls.values():
+            key = (rec.tool, json.dumps(rec.args, sort_keys=True))
+            counts["proposals"] += 1
+            counts["duplicates"] += key in seen
+            seen.add(key)
+            counts["invalid"] += rec.decision == "invalid" and rec.reason != DUPLICATE_CALL
 
 
-def _episodes(out: Path, method: str, seed: int) -> list[dict[str, Any]]:
-    """The method's episodes, the latest row of each task (a re-run replaces a crash)."""
-    return list({row.get("task_id", ""): row for row in _episode_rows(out, method, seed)}.values())
+def _results(out: Path, method: str, seed: int) -> list[EpisodeResult]:
+    """Every result the method's episodes wrote, in file order, a crashed episode's re-run included."""
+    # Read only: the runner cuts a torn last line itself when it resumes.
+    results = ResultStore(out / "episodes.jsonl").load(repair=False)
+    return [r for r in results if r.method == method and r.seed == seed]
+
+
+def _episodes(out: Path, method: str, seed: int) -> list[EpisodeResult]:
+    """The method's episodes, the latest result of each task (a re-run replaces a crash)."""
+    return list({r.task_id: r for r in _results(out, method, seed)}.values())
 
 
 def method_stats(out: Path, method: str, seed: int, metrics: dict[str, Any]) -> dict[str, Any]:
     rows = _episodes(out, method, seed)
     n = len(rows)
-    tokens = sum(int(r.get("agent_tokens", 0)) for r in rows)
-    wall = sum(float(r.get("wall_s", 0.0)) for r in rows)
-    p = proposal_stats(out / "logs.jsonl", method, seed)
+    tokens = sum(r.agent_tokens for r in rows)
+    wall = sum(r.wall_s for r in rows)
+    p = proposal_stats(out / "logs.jsonl", method, seed, [r.task_id for r in rows])
     return {"episodes": n, "PR": metrics.get("PR"), "FR": metrics.get("FR"), "AC": metrics.get("AC"),
-            "crashed": sum(bool(r.get("error")) for r in rows),
-            "context_full": sum(bool((r.get("extra") or {}).get("context_full")) for r in rows),
-            "turn_limit": sum(bool((r.get("extra") or {}).get("turn_limit")) for r in rows),
+            "crashed": sum(r.crashed for r in rows),
+            "context_full": sum(bool(r.extra.get("context_full")) for r in rows),
+            "turn_limit": sum(bool(r.extra.get("turn_limit")) for r in rows),
             "wall_s_per_episode": round(wall / n, 2) if n else None,
             "agent_tokens": tokens, "agent_tokens_per_episode": round(tokens / n) if n else None,
             "proposed_calls": p["proposals"], "duplicate_calls": p["duplicates"], "invalid_calls": p["invalid"],
@@ -182,7 +187,7 @@ def method_stats(out: Path, method: str, seed: int, metrics: dict[str, Any]) -> 
             "oracle_cache_hit_pct": (round(100 * metrics["cache_hit_rate"], 1)
                                      if metrics.get("cache_hit_rate") is not None else None),
             "rollouts_capped": metrics.get("rollouts_capped"),
-            "errors": sorted({str(r.get("error"))[:160] for r in rows if r.get("error")})}
+            "errors": sorted({r.error[:160] for r in rows if r.error})}
 
 
 def _fmt(value: Any) -> str:
@@ -270,8 +275,8 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
                          workers=args.workers, seed=args.seed, out=str(out), options=options)
     stats: dict[str, dict[str, Any]] = {}
     for method in methods:
-        before_n = len(_episode_rows(out, method, args.seed))
-        lines_before, _ = parse_log_totals(args.parse_log)
+        before_n = len(_results(out, method, args.seed))
+        parsed_before, _ = parse_log_totals(args.parse_log)
         metrics_before = read_metrics(args.base_url)
         started = time.monotonic()
         print(f"== {market}: {method} ({tasks} tasks, agent openai:{args.model}) ==", flush=True)
@@ -286,15 +291,15 @@ def run_market(market: str, args: argparse.Namespace, methods: list[str]) -> dic
         with _CollectionHeartbeat(out, method, collect_tasks) if needs_logs and not given_logs else nullcontext():
             run_benchmark(replace(config, methods=[method]), progress=not args.no_progress)
         seconds = time.monotonic() - started
-        rows_now = _episode_rows(out, method, args.seed)[before_n:]  # re-runs of crashed ones count
-        ran = len(rows_now)
+        results_now = _results(out, method, args.seed)[before_n:]  # re-runs of crashed ones count
+        ran = len(results_now)
         if ran <= 0:
             # Nothing ran now (a resumed run): the server and parser figures of the run that made
             # these episodes are the saved ones, or unknown if that run was stopped before saving.
             stats[method] = dict(saved.get(method, {}))
             continue
-        _, parsed = parse_log_totals(args.parse_log, skip=lines_before)
-        entry = {"run_seconds": round(seconds, 1), "run_agent_tokens": sum(int(r.get("agent_tokens", 0)) for r in rows_now),
+        _, parsed = parse_log_totals(args.parse_log, skip=parsed_before)
+        entry = {"run_seconds": round(seconds, 1), "run_agent_tokens": sum(r.agent_tokens for r in results_now),
                  **server_stats(metrics_before, read_metrics(args.base_url), seconds),
                  "parser": parsed,
                  "malformed_reply_pct": (round(100 * parsed["malformed_replies"] / parsed["replies"], 1)
