@@ -112,7 +112,9 @@ def _held(store: Any, key: str, run: str) -> float:
     return sum(c.amount for c in store.charges(key) if c.status == "reserved" and c.run_id == run)
 
 
-def _check(store: Any, key: str, cap: float, guard: BudgetGuard, tools: Tools, outs: dict[str, Any]) -> None:
+def _check(store: Any, key: str, cap: float, guard: BudgetGuard, tools: Tools, outs: dict[str, Any],
+           carried: float = 0.0) -> None:
+    """``carried``: what B's ledger holds of A's spending from before the copy (A's history, copied)."""
     ran = {t: n for t, n in tools.runs.items() if n}
     spent = store.spent(key)
     assert spent == pytest.approx(PRICE * sum(ran.values()))  # no charge lost, none counted twice
@@ -128,18 +130,21 @@ def _check(store: Any, key: str, cap: float, guard: BudgetGuard, tools: Tools, o
     for t, out in outs.items():
         assert_each_call_answered_once(out["messages"])
         ledger = guard.ledger(out, CFG[t])
-        assert (ledger.spent, ledger.reserved) == (PRICE * tools.runs[t], 0.0), t
+        mine = PRICE * tools.runs[t] + (carried if t == "B" else 0.0)
+        assert (ledger.spent, ledger.reserved) == (mine, 0.0), t
         ran_here = [m for m in out["messages"] if isinstance(m, ToolMessage) and str(m.content).startswith("RAN ")]
-        assert len(ran_here) == tools.runs[t], t
+        assert PRICE * len(ran_here) == mine, t
 
 
-def _setup(store: Any, key: str, cap: float, tool: str, hitl: bool) -> tuple[BudgetGuard, Tools, Any, Any]:
+def _setup(store: Any, key: str, cap: float, tool: str | tuple[str, ...], hitl: bool
+           ) -> tuple[BudgetGuard, Tools, Any, Any]:
     store.create_budget(key, cap)
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", PRICE), PricedTool("h", PRICE)]), 100.0,
                         store=store, budget_key=key)
     tools, saver = Tools(), InMemorySaver()
     mw = [HumanInTheLoopMiddleware(interrupt_on={"a": True}), guard.middleware()] if hitl else [guard.middleware()]
-    agents = {"A": create_agent(scripted([ai(call(tool, x="A1")), AIMessage("A done")]), tools.all(),
+    calls = [call(name, x=f"A{i}") for i, name in enumerate((tool,) if isinstance(tool, str) else tool, 1)]
+    agents = {"A": create_agent(scripted([ai(*calls), AIMessage("A done")]), tools.all(),
                                 middleware=mw, checkpointer=saver),
               "B": create_agent(scripted([AIMessage("B done")]), tools.all(), middleware=mw, checkpointer=saver)}
     return guard, tools, saver, agents
@@ -215,3 +220,24 @@ def test_a_copy_of_a_thread_paused_inside_its_priced_tool(store, budget_key, use
     outs[order[1]] = _run(agents[order[1]], Command(resume="yes"), order[1], use_async)
     assert dict(+tools.runs) == ({"A": 1, "B": 1} if cap == ROOMY else {order[0]: 1})
     _check(store, budget_key, cap, guard, tools, outs)
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("how", ["values", "checkpoint"])
+@pytest.mark.parametrize("first", ["copy_first", "source_first"])
+def test_a_copy_of_a_thread_paused_inside_one_call_of_a_batch_whose_other_call_has_finished(
+        store, budget_key, use_async, how, first):
+    # A proposes a and h (10 each) in one message: a runs (committed in the store for A), h asks a human. The
+    # copy carries a's answer and charge (A's history: a does not run again in B) and h's reservation, whose
+    # store charge, if the copy names one, is A's first run's, given back at A's interrupt: B's re-run of h
+    # holds money of its own, and A's re-run too.
+    guard, tools, saver, agents = _setup(store, budget_key, ROOMY, ("a", "h"), hitl=False)
+    assert "__interrupt__" in _run(agents["A"], {"messages": [HumanMessage("go")]}, "A", use_async)
+    assert (store.spent(budget_key), store.reserved(budget_key)) == (PRICE, 0.0)
+    _copy(agents["A"], saver, how)
+    if how == "values":
+        assert "__interrupt__" in _run(agents["B"], None, "B", use_async)
+    order = "BA" if first == "copy_first" else "AB"
+    outs = {t: _run(agents[t], Command(resume="yes"), t, use_async) for t in order}
+    assert dict(+tools.runs) == {"A": 2, "B": 1}
+    _check(store, budget_key, ROOMY, guard, tools, outs, carried=PRICE)
