@@ -1,7 +1,8 @@
 """Per-episode results on disk: appended one JSON line at a time, so a run resumes.
 
 A crash can at worst tear the last line; :meth:`ResultStore.load` drops only a torn
-*final* line (and says so) and refuses a torn line in the middle, so partial results are
+*final* line, one without its newline (and says so), and refuses a bad line anywhere else, a
+complete last line included, so partial results are
 never silently corrupted. A resuming run cuts the torn line from the file; a reader that only
 analyses a run (``load(repair=False)``, e.g. ``intent compare``) skips it with a warning and
 leaves the file as it is.
@@ -101,7 +102,10 @@ class ResultStore:
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as exc:
-                if i == len(lines) or (i == len(lines) - 1 and not lines[-1]):
+                # append() writes a line and its newline in one write: only a last line WITHOUT its newline
+                # can be torn. A complete bad last line is corruption, like a bad line anywhere else (as
+                # intent.logs reads a guard log), and is never cut away by a repair.
+                if i == len(lines):
                     self._drop_torn_tail(raw, line, i, repair)
                     continue
                 raise ResultsFormatError(f"{self.path}:{i}: corrupt line ({exc.msg}); move the file away to restart") from exc

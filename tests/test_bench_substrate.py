@@ -144,6 +144,19 @@ def test_result_store_resume_and_torn_tail(tmp_path):
         store.load()
 
 
+def test_result_store_refuses_a_complete_bad_last_line(tmp_path):
+    # A torn write never ends in its newline (append writes the line and it at once): a bad last line that
+    # does is corruption. It was taken for torn and cut away by the next resume, a result lost unsaid.
+    store = ResultStore(tmp_path / "episodes.jsonl")
+    store.append(r("raw", "a", 1, 1))
+    with open(store.path, "a") as fh:
+        fh.write('{"method": "raw", "task_\n')
+    before = store.path.read_bytes()
+    with pytest.raises(ResultsFormatError, match="episodes.jsonl:2: corrupt line"):
+        store.load()
+    assert store.path.read_bytes() == before and not store.dropped_torn_tail
+
+
 def test_interrupted_run_resumes_where_it_stopped(tmp_path):
     out = tmp_path / "run"
     cfg = BenchConfig(tasks=12, methods=["raw", "prompt"], out=str(out), workers=2, seed=3)
