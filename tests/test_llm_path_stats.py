@@ -14,7 +14,7 @@ import pytest
 from eval.agents.llm_bench import (method_stats, parse_log_totals, parse_metrics, proposal_stats, server_stats,
                                    stats_table)
 from eval.results import EpisodeResult, ResultsFormatError, ResultStore
-from intent.errors import LogFormatError
+from intent.errors import LogFormatError, UsageError
 from intent.logs import StepRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -303,3 +303,13 @@ def test_llm_stats_show_the_planning_oracles_cost(tmp_path):
     header, _, intent, tracker = table.splitlines()
     assert "oracle tok/ep | s/decision | plan cache% | capped rollouts |" in header
     assert intent.endswith("| 4500 | 4.3 | 25.0 | 2 |") and tracker.endswith("| - | - | - | - |")
+
+
+@pytest.mark.parametrize("value", ["5", "-1"])
+def test_a_bad_rollout_cap_is_refused_before_the_server_is_asked(value):
+    # The runner refused it only after the model check had reached the server (make bench-llm: after the
+    # server's cold start). Port 9 has no server: reaching it would be an EndpointError, not this one.
+    from eval.agents.llm_bench import main
+
+    with pytest.raises(UsageError, match="--rollout-max-tokens must be an integer >= 16"):
+        main(["--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--rollout-max-tokens", value])

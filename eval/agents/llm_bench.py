@@ -406,7 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-code-change", action="store_true",
                     help="resume OUT/<market> though other code wrote its episodes (see intent bench)")
     args = ap.parse_args(argv)
-    from eval.agents.chat import check_model
+    from eval.agents.chat import check_model, check_rollout_max_tokens
+
+    # The runner checks it too, but only after the server has been reached (make bench-llm: after its cold
+    # start); a bad flag should cost nothing. 0 is documented: no cap of its own.
+    check_rollout_max_tokens(args.rollout_max_tokens if args.rollout_max_tokens != 0 else None)
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     markets = [m.strip() for m in args.markets.split(",") if m.strip()]
