@@ -20,7 +20,8 @@ It writes ``compare-A-B.md``, ``compare-A-B.json`` and ``compare-A-B.png`` into 
 ``~`` and a digest of the name) and prints the
 Markdown. Everything comes from the run's own files (and, for the tiers, the seeded task generator the
 run used), so the figures are as reproducible as the run; it never writes to them (a torn last line of
-``episodes.jsonl`` is skipped with a warning). An episode a resumed run re-ran counts as its last attempt.
+``episodes.jsonl`` is skipped with a warning). An episode a resumed run re-ran counts as its last attempt; one
+whose newest attempt has no result yet (a run still going) as its last finished attempt, with a warning.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import warnings
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.episode_log import episode_id, last_attempts
+from eval.episode_log import episode_id, split_attempts
 from eval.results import EpisodeResult, ResultStore
 from intent.errors import UsageError
 from intent.logs import StepRecord, label_of, read_log
@@ -78,6 +80,7 @@ class Episode:
     budget: float
     seed: int = 0
     calls: list[Call] = field(default_factory=list)
+    results: int = 1  # results saved for it: one per attempt that finished (a resumed run re-runs a crash)
 
     @property
     def ran(self) -> list[Call]:
@@ -114,8 +117,9 @@ def _episodes(results: list[EpisodeResult], method: str) -> dict[str, Episode]:
     out: dict[str, Episode] = {}
     for r in results:  # in file order: an episode a resumed run re-ran keeps its latest result
         if r.method == method:
+            earlier = out.get(r.task_id)
             out[r.task_id] = Episode(r.task_id, r.group, r.score, r.passed, r.answered, r.feasible, r.crashed,
-                                     r.cost, r.budget, r.seed)
+                                     r.cost, r.budget, r.seed, results=earlier.results + 1 if earlier else 1)
     return out
 
 
@@ -128,10 +132,19 @@ def _attach_calls(run: Path, episodes: dict[str, dict[str, Episode]],
         raise UsageError(f"{run} has no logs.jsonl; compare reads the guard log `intent bench` writes beside "
                          "episodes.jsonl")
     by_id = {episode_id(m, ep.task_id, ep.seed): ep for m, eps in episodes.items() for ep in eps.values()}
-    for eid, records in last_attempts(read_log(log), by_id).items():
+    running = 0
+    for eid, tries in split_attempts(read_log(log), by_id).items():
         ep = by_id[eid]
-        calls = (_call(rec, (tiers or {}).get(ep.task_id)) for rec in records)
+        if len(tries) > ep.results:
+            # More attempts logged than results saved: the newest has not finished (the run is still going, or
+            # died in it). The result shown is the last finished attempt's, so its calls are those.
+            running += 1
+        calls = (_call(rec, (tiers or {}).get(ep.task_id)) for rec in tries[min(len(tries), ep.results) - 1])
         ep.calls.extend(c for c in calls if c is not None)
+    if running:
+        warnings.warn(f"{run}: {running} episode(s) have a newest attempt with no result yet (a run still going, or "
+                      "one that died in it); they are shown with their last finished attempt's result and calls",
+                      stacklevel=3)
 
 
 def _call(rec: StepRecord, tiers: dict[str, str] | None) -> Call | None:

@@ -214,3 +214,23 @@ def test_a_resumed_episode_counts_its_last_attempt_only(run_dir: Path) -> None:
     assert example["winner_calls"] == "t0: a ok" and example["winner_spent"] == 8.0
     side = out["where_b_wins"]  # t2, t4, t5: intent ran one call and refused none; t6: two run, two refused
     assert (side["winner"]["calls_run"], side["winner"]["refusals"], side["winner"]["calls_failed"]) == (1.25, 0.5, 0)
+
+
+def test_a_newest_attempt_still_running_is_not_shown_with_the_last_result(run_dir: Path) -> None:
+    """A run still going (or dead in it) has logged a newest attempt whose result is not saved yet. Its calls were
+    shown with the previous attempt's result; they are that attempt's calls, and a warning says so."""
+    store = ResultStore(run_dir / "episodes.jsonl")
+    store.append(_episode("intent", "t4", passed=0.0, cost=10.0, error="RuntimeError: endpoint down"))
+    store.append(_episode("tracker", "t4", passed=1.0, cost=20.0))
+    log = JsonlLogSink(run_dir / "logs.jsonl")
+    for rec in [
+        _record("intent", "t4", 0, "a", "accept", execution=1, artifact={"z": 0}),  # attempt 1: crashed, saved
+        _record("intent", "t4", 1, "b", "reject", reason="over_budget"),
+        _record("tracker", "t4", 0, "a", "accept", execution=1, artifact={"z": 1}),
+        _record("intent", "t4", 0, "c", "accept", execution=1, artifact={"z": 1}),  # attempt 2: running
+    ]:
+        log.write(rec)
+    with pytest.warns(UserWarning, match="1 episode.s. have a newest attempt with no result yet"):
+        out = compare_methods(run_dir, "tracker", "intent")
+    t4 = next(e for e in out["examples"]["a_wins"] if e["task"] == "t4")
+    assert t4["loser_calls"] == "t0: a failed / t1: b refused (over_budget)"
