@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test test-slow bench-stores loop bench-v2 predictor-report bench-guard bench-instructions profile-opcodes bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
+.PHONY: install demo demo-guard study test test-slow bench-stores loop bench-v2 bench-v2-seeds predictor-report bench-guard bench-instructions profile-opcodes bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,17 @@ bench-v2: install
 	$(VENV)/bin/intent bench --market synthetic-v2 --agent sim-llm --reference prompt --tasks 500 --oracle-tasks 3000 --workers 2 --seed 0 \
 	  --methods raw,prompt,tracker,mco,intent,intent-fit,intent-alt,intent-uncalibrated,intent-notrace,intent-no-rollout-cache,intent-no-last-call-cache,intent-no-blacklist,optimal \
 	  --out $(V2_OUT)
+
+# The same comparison on six seeds (prompt, tracker, mco, intent; 3-4 minutes each here), then one table
+# and plot of INTENT against tracker (PR) and MCO (decision regret): $(V2_SEEDS_OUT)-seeds/seeds-intent.{md,png}.
+V2_SEEDS ?= 0 1 2 3 11 12
+V2_SEEDS_OUT ?= runs/v2c
+bench-v2-seeds: install
+	for s in $(V2_SEEDS); do \
+	  $(VENV)/bin/intent bench --market synthetic-v2 --agent sim-llm --reference prompt --tasks 500 --oracle-tasks 3000 \
+	    --workers 2 --seed $$s --methods prompt,tracker,mco,intent --out $(V2_SEEDS_OUT)-s$$s || exit 1; \
+	done
+	$(VENV)/bin/intent seeds $(foreach s,$(V2_SEEDS),$(V2_SEEDS_OUT)-s$(s)) --out $(V2_SEEDS_OUT)-seeds
 
 # The closed loop (issue 13): logs -> labels -> predictor (hashed + MiniLM) -> conditional generator
 # (SmolLM2-135M, WM_STEPS steps, loss curve) -> fidelity -> bench with the trained models, one table in

@@ -304,6 +304,13 @@ def register(sub: Any) -> None:
     compare_arguments(compare)
     compare.set_defaults(func=_compare)
 
+    seeds = sub.add_parser("seeds", help="one method against two others over several bench runs (seeds): the "
+                                         "paired PR and regret differences as one table and plot")
+    from eval.seeds import add_arguments as seeds_arguments
+
+    seeds_arguments(seeds)
+    seeds.set_defaults(func=_seeds)
+
     probe = sub.add_parser("probe", help="does a served chat model produce well-formed tool calls? (a few prompts)")
     probe.add_argument("--base-url", required=True, help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     probe.add_argument("--model", required=True, help="the served model name (as GET /models lists it)")
@@ -318,6 +325,12 @@ def register(sub: Any) -> None:
 
 def _compare(args: argparse.Namespace) -> int:
     from eval.compare import run
+
+    return run(args)
+
+
+def _seeds(args: argparse.Namespace) -> int:
+    from eval.seeds import run
 
     return run(args)
 
