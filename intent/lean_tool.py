@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langgraph.types import Command
+from pydantic import ValidationError
 
 from intent import feedback as fb
 from intent.ledger import _EPS, BudgetLedger, _entry
@@ -114,11 +115,13 @@ class LeanRun(CallRun):
         if validate is not None:
             try:
                 validate(args.copy())  # (a copy: a validator may change it)
-            except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
+            except ValidationError as exc:
                 problem = _problem(exc)
                 if problem is not None:
                     return self._refuse(name, dict(args), None, "invalid", BAD_ARGUMENTS,
                                         fb.invalid_call(name, problem))
+            except Exception:  # noqa: BLE001 - a validator's own exception: the general run releases and raises it
+                return CallRun.execute(self, tool, tool_input, config, kwargs)
         ledger, key = episode.ledger, self.key
         charge_id = None
         with episode.lock, ledger._lock:

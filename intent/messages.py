@@ -294,7 +294,11 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
     """Validate the model's arguments before money moves, as the tool will parse them: against the tool's own
     ``args_schema`` when it rejects what the schema the model sees accepts (validators of its own,
     ``extra="forbid"``, ``strict``, aliases: :func:`_validates_more`), otherwise against the schema the model
-    sees. A call the tool would reject before running is refused free.
+    sees. A call the tool would reject before running is refused free: pydantic's ``ValidationError`` (which
+    wraps a validator's ``ValueError`` and ``AssertionError``) is the model's mistake, and LangChain's ToolNode
+    would show it to the model too. Anything else a validator raises (a ``KeyError``, a ``TypeError``) is the
+    tool's own exception, which pydantic does not wrap: it is raised here unchanged, as the tool's run would raise
+    it, so the caller can let it through without charging (see ``CallRun._price``).
 
     Injected arguments (``ToolRuntime``, ``InjectedState``, ``InjectedStore``,
     ``InjectedToolCallId``) are not the model's: LangGraph fills them in, so they are left out and
@@ -311,7 +315,7 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
     if found.full is None or not isinstance(given, Mapping):
         try:
             validate(given)
-        except (ValueError, TypeError) as exc:  # pydantic.ValidationError is a ValueError
+        except ValidationError as exc:
             return _problem(exc)
     else:
         full_fields = found.full.model_fields
@@ -329,10 +333,10 @@ def argument_problem(tool: Any, args: Mapping[str, Any]) -> str | None:
             found.full.model_validate(given)
         except ValidationError as exc:
             return _problem(exc, ignore=not_the_models)
-        except Exception as exc:  # noqa: BLE001 - a validator's own exception, not wrapped by pydantic
+        except Exception:  # noqa: BLE001 - a validator's own exception, not wrapped by pydantic
             if any(not_the_models(name) and name not in given for name in full_fields):
                 return None  # it may need a value LangGraph injects: the tool judges its own input
-            return str(exc).strip() or type(exc).__name__
+            raise  # the tool's own exception (a bug in it, or its way of refusing): not the guard's to answer
     return None
 
 

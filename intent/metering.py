@@ -75,6 +75,7 @@ REFUSED_RUN = "refused_run"
 ANSWERED_WITHOUT_RUN = "answered_without_run"
 CANCELLED = "cancelled"
 CANCELLED_BEFORE_RUN = "cancelled_before_run"  # the run was cancelled before the tool's body started
+RAISED_BEFORE_RUN = "raised_before_run"  # a validator of the tool's own raised on the arguments (not charged)
 LATE_BILL = "late_bill"  # what a cancelled sync tool's thread billed above its charge, when it ended
 NOT_GATED = "not_gated"  # a refusal at the tool step of a call the gate never decided (added after it)
 ORACLE_BUG = "oracle_bug"  # the oracle crashed deciding an edited call again: not run (the bug is raised after)
@@ -465,7 +466,19 @@ class CallRun:
 
     def _price(self, tool: Any, args: Any) -> tuple[float, int] | ToolMessage:
         name = tool.name
-        problem = argument_problem(tool, args)
+        try:
+            problem = argument_problem(tool, args)
+        except Exception:
+            # A validator of the tool's own raised what pydantic does not wrap (a KeyError, a TypeError): the
+            # tool's run would raise it before its body starts. Raised unchanged, as without the guard (retries
+            # and handle_tool_errors see it), and free: the gate's reservation goes back.
+            ledger = self.episode.ledger
+            with self.episode.lock:
+                released = ledger.release_held(self.key)  # None on a retry's run: the first one gave it back
+            if released is not None:
+                self.guard.records.release(ledger, released, episode_id=self.episode.episode_id, meta=self.meta,
+                                           reason=RAISED_BEFORE_RUN)
+            raise
         if problem is not None:
             return self._refuse(name, args, None, "invalid", BAD_ARGUMENTS, fb.invalid_call(name, problem))
         market = self.guard.market_for(self.episode.episode_id)

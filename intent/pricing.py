@@ -19,13 +19,14 @@ reserved when the write price is given.
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from intent.arguments import is_path_arg
-from intent.errors import GuardConfigError
+from intent.errors import GuardConfigError, UsageError
 from intent.market import check_amount
 
 __all__ = ["ModelPrice", "ModelPrices", "UnpricedModelError", "cost_of_usage", "tokens_of"]
@@ -61,13 +62,14 @@ class ModelPrice:
              cache_write_tokens: int = 0) -> float:
         """The cost of one call. ``input_tokens`` includes the tokens read from and written to a prompt cache
         (as LangChain reports them)."""
-        total_in = int(input_tokens)
-        cached = max(0, min(int(cached_input_tokens), total_in))
-        written = max(0, min(int(cache_write_tokens), total_in - cached))
+        total_in = _token_count(input_tokens, "input_tokens")
+        output_tokens = _token_count(output_tokens, "output_tokens")
+        cached = min(_token_count(cached_input_tokens, "cached_input_tokens"), total_in)
+        written = min(_token_count(cache_write_tokens, "cache_write_tokens"), total_in - cached)
         cached_price = self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
         write_price = self.input_per_mtok if self.cache_write_per_mtok is None else self.cache_write_per_mtok
         return ((total_in - cached - written) * self.input_per_mtok + cached * cached_price + written * write_price
-                + int(output_tokens) * self.output_per_mtok) / _MTOK
+                + output_tokens * self.output_per_mtok) / _MTOK
 
     def worst_case(self, prompt_tokens: int, max_output_tokens: int) -> float:
         """The most a call can cost: every allowed output token, and the whole prompt at the dearest input price
@@ -79,6 +81,16 @@ class ModelPrice:
     def to_dict(self) -> dict[str, float | None]:
         return {"input_per_mtok": self.input_per_mtok, "output_per_mtok": self.output_per_mtok,
                 "cached_input_per_mtok": self.cached_input_per_mtok, "cache_write_per_mtok": self.cache_write_per_mtok}
+
+
+def _token_count(value: Any, name: str) -> int:
+    # A negative count would make a negative cost: a model call that gives money back.
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise UsageError(f"ModelPrice.cost: {name} must be a whole number of tokens >= 0, got "
+                         f"{type(value).__name__} {value!r}; pass the count the provider reported (usage_metadata)")
+    return int(value)
 
 
 def tokens_of(usage: Mapping[str, Any]) -> dict[str, int]:

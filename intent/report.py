@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -347,7 +347,15 @@ def _read(source: str | Path | Iterable[StepRecord]) -> tuple[list[tuple[str, St
     """The records, each with the directory of its log relative to the given one ('' for the log or records
     given), the logs they came from, and the *.jsonl files skipped as not guard logs."""
     if not isinstance(source, (str, Path)):
-        return [("", r) for r in source], [], []
+        if not isinstance(source, Iterable) or isinstance(source, (bytes, Mapping)):
+            raise UsageError(f"budget_report takes a guard log's path, a run directory or StepRecords, got "
+                             f"{type(source).__name__} {source!r:.60}; pass e.g. budget_report('runs/x/logs.jsonl')")
+        records = list(source)
+        for i, r in enumerate(records):
+            if not isinstance(r, StepRecord):
+                raise UsageError(f"budget_report: record {i} is a {type(r).__name__}, not a StepRecord; pass the "
+                                 "records of a MemoryLogSink (sink.records) or read_log(path)")
+        return [("", r) for r in records], [], []
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; pass a guard log (.jsonl) or a run directory")

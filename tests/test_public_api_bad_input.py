@@ -17,6 +17,7 @@ from intent.logs import JsonlLogSink, read_log
 from intent.market import MarketError
 from intent.policy import AgentPolicy
 from intent.pricing import ModelPrice, ModelPrices
+from intent.report import budget_report
 
 NAN, INF = math.nan, math.inf
 
@@ -184,6 +185,15 @@ CASES = [
     ("MCOOracle max_depth 2.5", lambda: _mco(max_depth=2.5), UsageError, "max_depth"),
     ("MCOOracle max_depth None", lambda: _mco(max_depth=None), UsageError, "max_depth"),
     ("MCOOracle rollout_cache str", lambda: _mco(rollout_cache="no"), UsageError, "rollout_cache"),
+    # --- ModelPrice.cost: a negative count made a negative cost (a model call that gave money back)
+    ("ModelPrice.cost input -5", lambda: ModelPrice(1, 1).cost(-5_000_000, 1), UsageError, "input_tokens"),
+    ("ModelPrice.cost output -1", lambda: ModelPrice(1, 1).cost(1, -1), UsageError, "output_tokens"),
+    ("ModelPrice.cost cached -1", lambda: ModelPrice(1, 1).cost(5, 1, -1), UsageError, "cached_input_tokens"),
+    ("ModelPrice.cost input str", lambda: ModelPrice(1, 1).cost("x", 1), UsageError, "input_tokens"),
+    ("ModelPrice.cost output 1.5", lambda: ModelPrice(1, 1).cost(1, 1.5), UsageError, "output_tokens"),
+    # --- budget_report
+    ("budget_report(123)", lambda: budget_report(123), UsageError, "budget_report"),
+    ("budget_report([1])", lambda: budget_report([1]), UsageError, "StepRecord"),
 ]
 
 
@@ -203,6 +213,7 @@ def test_valid_input_still_works():
     assert Market.from_tools([_Untyped()], unpriced=0.5).price("t") == 0.5
     assert FromParent(5.0, tools=1.0, llm=2).caps() == {"tools": 1.0, "llm": 2.0}
     assert len(ModelPrices({"m": ModelPrice(1, 2)}, currency="USD")) == 1
+    assert ModelPrice(1_000_000, 2_000_000).cost(3, 4) == 11.0 and ModelPrice(1, 1).cost(0, 0) == 0.0
     guard = BudgetGuard(AcceptAll(), market, Budget(5.0), oracle_model="m", clock=lambda: 0.0)
     assert guard.ledger({}).budget == 5.0
     assert guard.update_market(lambda m: m.with_price("a", 3.0)).price("a") == 3.0
