@@ -157,6 +157,21 @@ def test_result_store_refuses_a_complete_bad_last_line(tmp_path):
     assert store.path.read_bytes() == before and not store.dropped_torn_tail
 
 
+def test_a_complete_last_line_without_its_newline_is_closed_by_a_repairing_load(tmp_path):
+    # A last line that is whole JSON but lost its "\n" (a file edited by hand, copied, or cut by a tool) was kept
+    # by the load, and the next append joined a second result onto that line: the load after it failed, "Extra
+    # data" on a line that held two results.
+    store = ResultStore(tmp_path / "episodes.jsonl")
+    store.append(r("raw", "a", 1, 1))
+    store.path.write_text(store.path.read_text().rstrip("\n"))
+    assert [x.task_id for x in store.load(repair=False)] == ["a"]
+    assert not store.path.read_text().endswith("\n")  # a read-only load leaves the file as it is
+    assert [x.task_id for x in store.load()] == ["a"] and not store.dropped_torn_tail
+    assert store.path.read_text().endswith("\n")
+    store.append(r("raw", "b", 1, 1))
+    assert [x.task_id for x in ResultStore(store.path).load()] == ["a", "b"]
+
+
 def test_interrupted_run_resumes_where_it_stopped(tmp_path):
     out = tmp_path / "run"
     cfg = BenchConfig(tasks=12, methods=["raw", "prompt"], out=str(out), workers=2, seed=3)
