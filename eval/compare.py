@@ -21,7 +21,10 @@ It writes ``compare-A-B.md``, ``compare-A-B.json`` and ``compare-A-B.png`` into 
 Markdown. Everything comes from the run's own files (and, for the tiers, the seeded task generator the
 run used), so the figures are as reproducible as the run; it never writes to them (a torn last line of
 ``episodes.jsonl`` is skipped with a warning). An episode a resumed run re-ran counts as its last attempt; one
-whose newest attempt has no result yet (a run still going) as its last finished attempt, with a warning.
+whose newest attempt has no result yet (a run still going, or one that died) as its last finished attempt, with a
+warning. The calls shown are those of the attempt whose result is shown, selected by the attempt number the
+runner saves in the result and marks the log records with (eval/episode_log.py; an attempt that logged no tool
+call shows none); a run written before attempts were numbered falls back to telling them apart by their steps.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.episode_log import episode_id, split_attempts
+from eval.episode_log import attempt_of, episode_id, kept_attempts
 from eval.results import EpisodeResult, ResultStore
 from intent.errors import UsageError
 from intent.logs import StepRecord, label_of, read_log
@@ -80,7 +83,9 @@ class Episode:
     budget: float
     seed: int = 0
     calls: list[Call] = field(default_factory=list)
-    results: int = 1  # results saved for it: one per attempt that finished (a resumed run re-runs a crash)
+    # The attempt numbers of the results saved for it, in file order (one per attempt that finished: a resumed run
+    # re-runs a crash); the last is the result shown. None: saved before attempts were marked (eval/episode_log.py).
+    attempts: list[int | None] = field(default_factory=lambda: [None])
 
     @property
     def ran(self) -> list[Call]:
@@ -119,27 +124,28 @@ def _episodes(results: list[EpisodeResult], method: str) -> dict[str, Episode]:
         if r.method == method:
             earlier = out.get(r.task_id)
             out[r.task_id] = Episode(r.task_id, r.group, r.score, r.passed, r.answered, r.feasible, r.crashed,
-                                     r.cost, r.budget, r.seed, results=earlier.results + 1 if earlier else 1)
+                                     r.cost, r.budget, r.seed,
+                                     attempts=[*(earlier.attempts if earlier else []), attempt_of(r)])
     return out
 
 
 def _attach_calls(run: Path, episodes: dict[str, dict[str, Episode]],
                   tiers: dict[str, dict[str, str]] | None) -> None:
-    """Add each episode's logged calls of its last attempt, in log order (the result kept is that attempt's:
-    summed, a retried crash looked busier)."""
+    """Add each episode's logged calls of the attempt whose result it shows, in log order (summed over attempts,
+    a retried crash looked busier), selected by the attempt number the result and the records carry (an older
+    log's, without numbers, by eval.episode_log's heuristic)."""
     log = run / "logs.jsonl"
     if not log.exists():
         raise UsageError(f"{run} has no logs.jsonl; compare reads the guard log `intent bench` writes beside "
                          "episodes.jsonl")
     by_id = {episode_id(m, ep.task_id, ep.seed): ep for m, eps in episodes.items() for ep in eps.values()}
     running = 0
-    for eid, tries in split_attempts(read_log(log), by_id).items():
+    for eid, kept in kept_attempts(read_log(log), {eid: ep.attempts for eid, ep in by_id.items()}).items():
         ep = by_id[eid]
-        if len(tries) > ep.results:
-            # More attempts logged than results saved: the newest has not finished (the run is still going, or
-            # died in it). The result shown is the last finished attempt's, so its calls are those.
-            running += 1
-        calls = (_call(rec, (tiers or {}).get(ep.task_id)) for rec in tries[min(len(tries), ep.results) - 1])
+        # A newer attempt logged with no result saved: it has not finished (the run is still going, or died in
+        # it). The result shown is the last finished attempt's, and so are the calls.
+        running += kept.unfinished_newer
+        calls = (_call(rec, (tiers or {}).get(ep.task_id)) for rec in kept.records)
         ep.calls.extend(c for c in calls if c is not None)
     if running:
         warnings.warn(f"{run}: {running} episode(s) have a newest attempt with no result yet (a run still going, or "

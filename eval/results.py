@@ -5,7 +5,8 @@ A crash can at worst tear the last line; :meth:`ResultStore.load` drops only a t
 complete last line included, so partial results are
 never silently corrupted. A resuming run cuts the torn line from the file; a reader that only
 analyses a run (``load(repair=False)``, e.g. ``intent compare``) skips it with a warning and
-leaves the file as it is.
+leaves the file as it is. A complete last line without its newline is kept; a repairing load adds the
+newline, so the next append starts a line of its own.
 """
 
 from __future__ import annotations
@@ -107,11 +108,19 @@ class ResultStore:
                 # intent.logs reads a guard log), and is never cut away by a repair.
                 if i == len(lines):
                     self._drop_torn_tail(raw, line, i, repair)
-                    continue
+                    return results
                 raise ResultsFormatError(f"{self.path}:{i}: corrupt line ({exc.msg}); move the file away to restart") from exc
             if data.get("schema") != RESULT_SCHEMA:
                 raise ResultsFormatError(f"{self.path}:{i}: result schema {data.get('schema')!r} != {RESULT_SCHEMA}")
             results.append(EpisodeResult(**data))
+        if repair and raw and not raw.endswith("\n") and lines[-1].strip():
+            # A whole last line without its newline (append writes both at once, so not a crash of ours: a file
+            # edited or copied by hand): kept, and closed here, or the next append would join a second result
+            # onto it and the load after that fail on a line holding two.
+            with self._lock, open(self.path, "a", encoding="utf-8") as fh:
+                fh.write("\n")
+                fh.flush()
+                os.fsync(fh.fileno())
         return results
 
     def _drop_torn_tail(self, raw: str, torn: str, line_no: int, repair: bool) -> None:

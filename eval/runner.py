@@ -24,6 +24,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
 
 from eval.code_version import code_version
+from eval.episode_log import ATTEMPT_FIELD, AttemptLogSink, attempt_of
 from eval.episode_log import episode_id as logged_episode_id
 from eval.markets import BenchMarket, EnvironmentUnavailableError, EpisodeEnv, follow_market_events
 from eval.method_spec import (DEFAULT_DELTA, DEFAULT_GAMMA, DEFAULT_MAX_DEPTH, SYSTEM_PROMPT, MethodContext,
@@ -109,8 +110,14 @@ def run_episode(
     log_sink: LogSink | None = None,
     options: dict[str, Any] | None = None,
     resources: Any = None,
+    attempt: int | None = None,
 ) -> EpisodeResult:
+    """One episode. ``attempt``: the run directory's attempt number (eval/episode_log.py), marked on every record
+    written to ``log_sink`` and saved in the result's ``extra["attempt"]``, so that readers of the log select
+    this attempt's records by it; it changes nothing the episode does."""
     episode_id = logged_episode_id(spec.name, env.task_id, seed)
+    if attempt is not None and log_sink is not None:
+        log_sink = AttemptLogSink(log_sink, attempt)
     records = MemoryLogSink()
     model = agent_factory(env, seed)
     oracle = spec.build(MethodContext(env=env, seed=seed, options=dict(options or {}), model=model,
@@ -196,6 +203,8 @@ def run_episode(
             # has none; the table says over how many episodes Regret is computed then.
             result.extra = {"decision_regret": sum(audit.regrets) / len(audit.regrets),
                             "decisions_audited": len(audit.regrets), "regret_up_to_crash": True}
+        if attempt is not None:
+            result.extra[ATTEMPT_FIELD] = attempt
         return result
     if "proposed_calls" not in extra or "answered_calls" not in extra:
         raise HarnessError(f"method {spec.name!r}: its episode loop must report proposed_calls and answered_calls")
@@ -232,6 +241,8 @@ def run_episode(
     result.extra = {"tool_messages": sum(isinstance(m, ToolMessage) for m in messages),
                     "oracle_usage": usage_sums, **({"judge_runs": judge_runs} if judge_runs else {}),
                     "environment": env.environment, **extra}
+    if attempt is not None:
+        result.extra[ATTEMPT_FIELD] = attempt
     return result
 
 
@@ -500,6 +511,9 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     if config.agent in ("sim", "sim-llm") and any(todos.values()):
         run_episode(get_method("raw"), market.episode(tasks[0], config.seed), config.seed, agent_factory,
                     options=config.options, resources=None)
+    # This process's attempt number, marked on its episodes' log records and results (eval/episode_log.py):
+    # taken before any of them runs, so that one whose process dies unsaved keeps a number of its own.
+    attempt = _next_attempt(out, store) if any(todos.values()) else None
     oracle_specs = [s for s in specs if s.needs_oracle_logs and todos[s.name]]
     if oracle_specs:
         _prepare_oracles(oracle_specs, todos, market, config, agent_factory, resources, timing, timing_path,
@@ -513,7 +527,8 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
             # Each episode is saved the moment it ends, by its own worker: a crash elsewhere
             # never loses a finished episode.
             store.append(run_episode(spec, market.episode(task, config.seed), config.seed, agent_factory,
-                                     log_sink=logs, options=config.options, resources=resources))
+                                     log_sink=logs, options=config.options, resources=resources,
+                                     attempt=attempt))
 
         with progress_bar(len(todo), f"{spec.name:>8}", enabled=progress) as bar:
             pool = ThreadPoolExecutor(max_workers=config.workers)
@@ -564,6 +579,28 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
     _atomic_write(out / "results.json", json.dumps(summary, indent=2, sort_keys=False))
     write_reports(summary, out)
     return summary
+
+
+ATTEMPTS_FILE = "attempts.json"
+
+
+def _next_attempt(out: Path, store: ResultStore) -> int:
+    """The next attempt number of the run directory (``OUT/attempts.json``), saved before it is used: each
+    process that runs episodes in the directory takes its own, and runs an episode at most once, so the number
+    names one attempt of each episode it runs (also one whose process died before saving it). Never below a
+    number a saved result holds (a counter lost or deleted)."""
+    path = out / ATTEMPTS_FILE
+    last = max((attempt_of(r) or 0 for r in store.load()), default=0)
+    if path.exists():
+        try:
+            last = max(last, int(json.loads(path.read_text())["last_attempt"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"{path}: not the run directory's attempt counter ({type(exc).__name__}: {exc}); it "
+                             'reads {"last_attempt": N}, N the last attempt number a bench process took here: fix '
+                             "it, or delete it (the count then resumes after the highest number in episodes.jsonl)"
+                             ) from exc
+    _atomic_write(path, json.dumps({"last_attempt": last + 1}))
+    return last + 1
 
 
 def _prepare_oracles(specs: list[MethodSpec], todos: dict[str, list[Any]], market: BenchMarket, config: BenchConfig,

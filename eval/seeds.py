@@ -6,7 +6,9 @@ the method's paired PR difference against ``--base`` (percentage points, with th
 interval) and its decision-regret difference against ``--regret-base`` (likewise). It writes
 ``OUT/seeds-METHOD.{md,json,png}`` and prints the Markdown: the table, how many runs reach ``--target`` points
 over the base, and on how many the regret interval lies below 0. A run without a needed method or paired figure
-is an error naming the run, the method and the flag that would add it.
+is an error naming the run, the method and the flag that would add it (regret differences exist against tracker
+and mco only: the bench computes no others); a run directory given twice, or two runs of one seed, are refused by
+path. A method's PR of None (it ran no episode) shows as "–".
 """
 
 from __future__ import annotations
@@ -35,9 +37,17 @@ def _load(run: Path) -> dict[str, Any]:
 def _paired(results: dict[str, Any], kind: str, base: str, method: str, run: Path) -> dict[str, Any]:
     table = results.get(kind, {}).get(base, {})
     if method not in table:
-        flag = "--paired-with" if kind == "paired" else "--methods (decision regret needs an enforcing method)"
-        raise UsageError(f"{run}: results.json has no {kind} figure of {method!r} against {base!r}; run the bench "
-                         f"with both methods (and {base!r} in {flag})")
+        if kind == "paired_regret":
+            # The runner computes decision-regret differences against tracker and mco only (eval/runner.py
+            # _regret_bases), whatever else --methods lists.
+            present = [b for b, rows in results.get(kind, {}).items() if method in rows]
+            raise UsageError(f"{run}: results.json has no decision-regret difference of {method!r} against "
+                             f"--regret-base {base!r}: the bench computes them only against tracker and mco, when "
+                             "they ran beside the method; this run has regret figures against: "
+                             f"{', '.join(present) or 'none'}. Pass --regret-base one of those (or re-run the bench "
+                             f"with tracker or mco in --methods)")
+        raise UsageError(f"{run}: results.json has no paired PR difference of {method!r} against --base {base!r}; "
+                         f"run the bench with both methods (and {base!r} in --paired-with)")
     return table[method]
 
 
@@ -48,9 +58,18 @@ def collect(runs: list[str | Path], method: str, base: str, regret_base: str) ->
     if len({method, base, regret_base}) < 3:
         raise UsageError(f"the method, --base and --regret-base must differ, got {method!r}, {base!r}, {regret_base!r}")
     rows, labels = [], set()
+    given: dict[Path, Path] = {}
+    seeds: dict[Any, Path] = {}
     for run in map(Path, runs):
+        same = given.setdefault(run.resolve(), run)
+        if same is not run:
+            raise UsageError(f"run directory {same} is given twice ({same} and {run}); pass each run once")
         results = _load(run)
         cfg = results.get("config", {})
+        other = seeds.setdefault(cfg.get("seed"), run)
+        if other is not run:
+            raise UsageError(f"{other} and {run} are both seed {cfg.get('seed')} (results.json config.seed): one "
+                             "seed counted twice; pass one run per seed")
         methods = results.get("methods", {})
         for m in (method, base, regret_base):
             if m not in methods:
@@ -86,10 +105,13 @@ def render_markdown(summary: dict[str, Any], target: float) -> str:
     def regret(v: Any) -> str:
         return "–" if v is None else f"{v:.2f}"
 
+    def pr(v: Any) -> str:  # None: the method ran no episode in that run
+        return "–" if v is None else f"{v:.1f}"
+
     for r in rows:
         lo, hi = r["d_pr_ci95"]
         rlo, rhi = r["d_regret_ci95"]
-        lines.append(f"| {r['seed']} | {r['pr'][base]:.1f} | {r['pr'][rb]:.1f} | {r['pr'][m]:.1f} | "
+        lines.append(f"| {r['seed']} | {pr(r['pr'][base])} | {pr(r['pr'][rb])} | {pr(r['pr'][m])} | "
                      f"{r['d_pr']:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
                      f"{regret(r['regret'][base])} / {regret(r['regret'][rb])} / {regret(r['regret'][m])} | "
                      f"{r['d_regret']:+.3f} [{rlo:+.3f}, {rhi:+.3f}] |")

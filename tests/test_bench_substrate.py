@@ -157,6 +157,21 @@ def test_result_store_refuses_a_complete_bad_last_line(tmp_path):
     assert store.path.read_bytes() == before and not store.dropped_torn_tail
 
 
+def test_a_complete_last_line_without_its_newline_is_closed_by_a_repairing_load(tmp_path):
+    # A last line that is whole JSON but lost its "\n" (a file edited by hand, copied, or cut by a tool) was kept
+    # by the load, and the next append joined a second result onto that line: the load after it failed, "Extra
+    # data" on a line that held two results.
+    store = ResultStore(tmp_path / "episodes.jsonl")
+    store.append(r("raw", "a", 1, 1))
+    store.path.write_text(store.path.read_text().rstrip("\n"))
+    assert [x.task_id for x in store.load(repair=False)] == ["a"]
+    assert not store.path.read_text().endswith("\n")  # a read-only load leaves the file as it is
+    assert [x.task_id for x in store.load()] == ["a"] and not store.dropped_torn_tail
+    assert store.path.read_text().endswith("\n")
+    store.append(r("raw", "b", 1, 1))
+    assert [x.task_id for x in ResultStore(store.path).load()] == ["a", "b"]
+
+
 def test_interrupted_run_resumes_where_it_stopped(tmp_path):
     out = tmp_path / "run"
     cfg = BenchConfig(tasks=12, methods=["raw", "prompt"], out=str(out), workers=2, seed=3)
@@ -181,6 +196,47 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path):
         assert again["methods"]["prompt"][key] == summary["methods"]["prompt"][key]
     with pytest.raises(ValueError, match="another configuration"):
         run_benchmark(BenchConfig(tasks=13, methods=["raw"], out=str(out), reference="raw"), progress=False)
+
+
+def test_each_bench_process_numbers_its_attempts_in_the_results_and_the_log(tmp_path):
+    # Readers matched an episode's attempts in the log to its results by count, which fails when an attempt logs no
+    # tool record (a crash at its first model call). Each process that runs episodes takes the next attempt number
+    # (OUT/attempts.json) and marks its records and results with it; the numbers change no figure.
+    from eval.compare import compare_methods
+    from intent.logs import read_log
+
+    out = tmp_path / "run"
+    cfg = BenchConfig(tasks=4, methods=["raw", "prompt"], out=str(out), workers=2, seed=3, reference="raw")
+    real = sim_agent_factory()
+    crash_task = {}
+
+    def crashing(env, seed):
+        crash_task.setdefault("id", env.task_id)
+        return object() if env.task_id == crash_task["id"] else real(env, seed)  # no model: its first call fails
+
+    run_benchmark(cfg, agent_factory=crashing, progress=False)
+    resumed = run_benchmark(cfg, progress=False)
+    again = run_benchmark(cfg, progress=False)  # nothing left to run: takes no number
+    assert json.loads((out / "attempts.json").read_text()) == {"last_attempt": 2}
+    results = ResultStore(out / "episodes.jsonl").load()
+    crashed = [r for r in results if r.error]
+    assert crashed and all(r.extra["attempt"] == 1 and r.task_id == crash_task["id"] for r in crashed)
+    reruns = [r for r in results if r.task_id == crash_task["id"] and not r.error]
+    assert sorted(r.method for r in reruns) == ["prompt", "raw"] and {r.extra["attempt"] for r in reruns} == {2}
+    assert {r.extra["attempt"] for r in results if r.task_id != crash_task["id"]} == {1}
+    records = list(read_log(out / "logs.jsonl"))
+    assert records and all(r.model_extra["attempt"] in (1, 2) for r in records)
+    assert {r.model_extra["attempt"] for r in records if f":{crash_task['id']}:" in r.task_id} == {2}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # attempts selected by number: none is taken for unfinished
+        compare_methods(out, "raw", "prompt")
+    straight = run_benchmark(BenchConfig(tasks=4, methods=["raw", "prompt"], out=str(tmp_path / "straight"),
+                                         workers=1, seed=3, reference="raw"), progress=False)
+    for m in ("raw", "prompt"):
+        for key in ("PR", "OR", "FR", "AC", "AP", "n"):
+            assert resumed["methods"][m][key] == again["methods"][m][key] == straight["methods"][m][key]
 
 
 # (--world-model schema is refused on the synthetic market before the directory is looked at:

@@ -234,3 +234,47 @@ def test_a_newest_attempt_still_running_is_not_shown_with_the_last_result(run_di
         out = compare_methods(run_dir, "tracker", "intent")
     t4 = next(e for e in out["examples"]["a_wins"] if e["task"] == "t4")
     assert t4["loser_calls"] == "t0: a failed / t1: b refused (over_budget)"
+
+
+def _marked(rec: StepRecord, attempt: int) -> StepRecord:
+    """A record as the runner writes it now: marked with its attempt number (eval/episode_log.py)."""
+    return rec.model_copy(update={"attempt": attempt})
+
+
+def test_an_episodes_calls_are_those_of_the_attempt_whose_result_is_shown(run_dir: Path) -> None:
+    """Attempts matched to results by count went wrong when an attempt logged no tool record (a crash at its first
+    model call saves a result but logs nothing), and a real model's fresh call ids hid a re-run from step 0. The
+    runner now numbers each attempt, in its result and its records; compare selects the shown result's records by
+    that number."""
+    store = ResultStore(run_dir / "episodes.jsonl")
+    log = JsonlLogSink(run_dir / "logs.jsonl")
+    # t4: attempt 1 ran calls and crashed; attempt 2 crashed at its first model call (no record): the result shown
+    # is attempt 2's, with no calls. By count, attempt 1's calls were shown beside it.
+    store.append(_episode("intent", "t4", passed=0.0, cost=10.0, error="RuntimeError: endpoint down",
+                          extra={"attempt": 1}))
+    log.write(_marked(_record("intent", "t4", 0, "a", "accept", execution=1, artifact={"z": 1}), 1))
+    store.append(_episode("intent", "t4", passed=0.0, cost=0.0, error="RuntimeError: endpoint down",
+                          extra={"attempt": 2}))
+    store.append(_episode("tracker", "t4", passed=1.0, cost=20.0, extra={"attempt": 1}))
+    # t5: attempt 1 crashed at its first model call (a result, no record); attempt 3 is running (records, no
+    # result). By count, the running attempt's calls were shown beside the crash's result, with no warning.
+    store.append(_episode("intent", "t5", passed=0.0, cost=0.0, error="RuntimeError: endpoint down",
+                          extra={"attempt": 1}))
+    store.append(_episode("tracker", "t5", passed=1.0, cost=20.0, extra={"attempt": 1}))
+    log.write(_marked(_record("intent", "t5", 0, "c", "accept", execution=1, artifact={"z": 1}), 3))
+    # t6 (a served model: call ids chatcmpl-tool-<uuid>): attempt 1 crashed after step 0, attempt 2 ran from step 0
+    # again with new ids. The step heuristic read both as one attempt.
+    store.append(_episode("intent", "t6", passed=0.0, cost=5.0, error="RuntimeError: endpoint down",
+                          extra={"attempt": 1}))
+    store.append(_episode("intent", "t6", passed=1.0, cost=5.0, extra={"attempt": 2}))
+    store.append(_episode("tracker", "t6", passed=0.0, cost=20.0, extra={"attempt": 1}))
+    for attempt, step, tool, uid in ((1, 0, "a", "11"), (1, 0, "b", "12"), (2, 0, "d", "21"), (2, 1, "e", "22")):
+        log.write(_marked(_record("intent", "t6", step, tool, "accept", execution=1, artifact={"z": 1},
+                                  call_id=f"chatcmpl-tool-{uid}"), attempt))
+    with pytest.warns(UserWarning, match="1 episode.s. have a newest attempt with no result yet"):
+        out = compare_methods(run_dir, "tracker", "intent")
+    a_wins = {e["task"]: e for e in out["examples"]["a_wins"]}
+    assert a_wins["t4"]["loser_calls"] == "(no calls)"
+    assert a_wins["t5"]["loser_calls"] == "(no calls)"
+    t6 = next(e for e in out["examples"]["b_wins"] if e["task"] == "t6")
+    assert t6["winner_calls"] == "t0: d ok / t1: e ok"

@@ -313,3 +313,37 @@ def test_a_bad_rollout_cap_is_refused_before_the_server_is_asked(value):
 
     with pytest.raises(UsageError, match="--rollout-max-tokens must be an integer >= 16"):
         main(["--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--rollout-max-tokens", value])
+
+
+def test_a_served_models_re_run_from_step_0_is_told_apart_by_its_attempt_number(tmp_path):
+    # With a served model the call ids are fresh (chatcmpl-tool-<uuid>): attempt 1 crashed after step 0 and
+    # attempt 2 started at step 0 again; by steps and ids the two were one attempt (3 proposals, one "duplicate").
+    # The runner numbers attempts in the results and the log records; the kept result's attempt is counted.
+    store = ResultStore(tmp_path / "episodes.jsonl")
+    store.append(EpisodeResult("raw", "t1", 0, budget=50.0, error="RuntimeError: endpoint down", extra={"attempt": 1}))
+    store.append(EpisodeResult("raw", "t1", 0, budget=50.0, extra={"attempt": 2}))
+    rows = [
+        (1, _rec("raw:t1:0", 0, "chatcmpl-tool-a1", "quote", {"s": "ACME"})),  # attempt 1, then a crash
+        (2, _rec("raw:t1:0", 0, "chatcmpl-tool-b1", "quote", {"s": "ACME"})),  # attempt 2: step 0 again
+        (2, _rec("raw:t1:0", 0, "chatcmpl-tool-b2", "quote", {"s": "HOOLI"})),
+        (3, _rec("raw:t1:0", 0, "chatcmpl-tool-c1", "quote", {"s": "ACME"})),  # attempt 3: died, no result
+    ]
+    _write(tmp_path / "logs.jsonl", [json.dumps({**json.loads(line), "attempt": n}) for n, line in rows])
+    s = method_stats(tmp_path, "raw", 0, {})
+    assert (s["episodes"], s["crashed"], s["proposed_calls"], s["duplicate_calls"]) == (1, 0, 2, 0)
+    # Without the results: the last attempt logged.
+    assert proposal_stats(tmp_path / "logs.jsonl", "raw", 0, ["t1"]) == {"proposals": 1, "duplicates": 0,
+                                                                          "invalid": 0}
+
+
+def test_a_top_up_logged_at_step_minus_1_starts_no_attempt_and_is_no_proposal(tmp_path):
+    # A budget top-up is a kind="tool" record at step -1: in a log without attempt numbers the step heuristic read
+    # the step falling back to -1 as a re-run, and the episode's calls before it were dropped as an older attempt.
+    log = _write(tmp_path / "logs.jsonl", [
+        _rec("raw:t1:0", 0, "a", "quote", {"s": "ACME"}),
+        _rec("raw:t1:0", 1, "b", "quote", {"s": "HOOLI"}),
+        StepRecord(task_id="raw:t1:0", step=-1, call_id="top-up-1", tool="", price=10.0, decision="top_up",
+                   reason="top_up", status="ok", spent=2.0, remaining=58.0, budget=60.0).model_dump_json(),
+        _rec("raw:t1:0", 2, "c", "quote", {"s": "ACME"}),
+    ])
+    assert proposal_stats(log, "raw", 0, ["t1"]) == {"proposals": 3, "duplicates": 0, "invalid": 0}

@@ -53,3 +53,41 @@ def test_runs_that_cannot_be_read_together_are_refused_by_name(tmp_path: Path) -
         main([str(tmp_path / "nowhere")])
     with pytest.raises(UsageError, match="must differ"):
         main([str(one), "--base", "intent"])
+
+
+def test_a_missing_regret_figure_names_the_bases_the_runner_computes_and_those_present(tmp_path: Path) -> None:
+    # The error said to add the method to --methods, which cannot help: the runner computes decision-regret
+    # differences only against tracker and mco (eval/runner.py _regret_bases).
+    run = _run(tmp_path, 0, 3.0, [0.0, 5.8], -0.015, [-0.025, -0.006])
+    results = json.loads((run / "results.json").read_text())
+    results["methods"]["prompt"] = {"PR": 25.0, "decision_regret": None}
+    (run / "results.json").write_text(json.dumps(results))
+    with pytest.raises(UsageError) as err:
+        main([str(run), "--regret-base", "prompt", "--out", str(tmp_path / "o")])
+    text = str(err.value)
+    assert "--regret-base 'prompt'" in text and "only against tracker and mco" in text
+    assert "this run has regret figures against: mco" in text
+    assert "'prompt' in --methods" not in text  # the old advice, which computed nothing more
+
+
+def test_the_same_run_twice_or_two_runs_of_one_seed_are_refused_by_path(tmp_path: Path) -> None:
+    one = _run(tmp_path, 0, 3.0, [0.0, 5.8], -0.015, [-0.025, -0.006])
+    with pytest.raises(UsageError, match=rf"{one} is given twice"):
+        main([str(one), str(tmp_path / "." / "s0"), "--out", str(tmp_path / "o")])
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "s0").mkdir()
+    (again / "s0" / "results.json").write_text((one / "results.json").read_text())
+    with pytest.raises(UsageError, match=rf"{one} and {again / 's0'} are both seed 0"):
+        main([str(one), str(again / "s0"), "--out", str(tmp_path / "o")])
+
+
+def test_a_method_without_a_pr_is_shown_as_a_dash(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # A method that ran no episode has PR None in results.json: the table raised TypeError formatting it.
+    run = _run(tmp_path, 0, 3.0, [0.0, 5.8], -0.015, [-0.025, -0.006])
+    results = json.loads((run / "results.json").read_text())
+    results["methods"]["mco"]["PR"] = None
+    results["methods"]["mco"]["decision_regret"] = None
+    (run / "results.json").write_text(json.dumps(results))
+    assert main([str(run), "--out", str(tmp_path / "o")]) == 0
+    assert "| 0 | 30.0 | – | 33.0 | +3.0 [+0.0, +5.8] | 0.18 / – / 0.12 |" in capsys.readouterr().out

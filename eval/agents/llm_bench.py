@@ -11,7 +11,7 @@ with every method, which runs nothing new and prints the usual table. Per method
 * ``PR``, ``FR``, ``AC`` (mean cost) and ``crashed`` from the runner's metrics;
 * ``s/ep``: mean wall time per episode; ``tok/ep``: agent tokens (prompt + completion) per episode;
 * ``calls``: tool calls the model proposed (the guard's ``logs.jsonl``, one per call id; an episode a
-  resumed run re-ran counts by its last attempt); ``dup%``: those identical (tool and arguments) to an
+  resumed run re-ran counts by the attempt whose result is kept, selected by its attempt number); ``dup%``: those identical (tool and arguments) to an
   earlier proposal of the same model turn; ``inv%``: those the guard refused as invalid for another
   reason than duplication (unknown tool, bad arguments);
 * ``malf%``: model replies in which the server's lenient parser saw a call attempt it could not parse
@@ -38,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eval.episode_log import episode_id, last_attempts
+from eval.episode_log import attempt_of, episode_id, kept_attempts, last_attempts
 from eval.results import EpisodeResult, ResultStore
 from intent.errors import IntentError, LogFormatError, UsageError
 from intent.logs import StepRecord, read_log, read_log_rows
@@ -121,18 +121,29 @@ def server_stats(before: dict[str, float], after: dict[str, float], seconds: flo
             "prefix_cache_hit_pct": round(100 * delta("vllm:prefix_cache_hits_total") / queries, 1) if queries else None}
 
 
-def proposal_stats(logs_path: Path, method: str, seed: int, task_ids: Iterable[str]) -> dict[str, int]:
+def proposal_stats(logs_path: Path, method: str, seed: int, task_ids: Iterable[str],
+                   results: Iterable[EpisodeResult] | None = None) -> dict[str, int]:
     """Tool calls ``method``'s agent proposed on the tasks ``task_ids`` (its episodes in ``episodes.jsonl``), from
     the guard log: ``proposals``; ``duplicates``, those repeating an earlier proposal's tool and arguments in the
     same model turn (episode and step); and ``invalid``, those the guard refused as invalid for another reason
-    (unknown tool, bad arguments). An episode a resumed run re-ran counts by its last attempt, the one whose
-    result ``episodes.jsonl`` keeps."""
+    (unknown tool, bad arguments). An episode a resumed run re-ran counts by one attempt: given ``results`` (the
+    method's saved results, in file order, re-runs included), the attempt whose result ``episodes.jsonl`` keeps,
+    selected by its attempt number (eval/episode_log.py); without them, the last attempt logged."""
     counts = {"proposals": 0, "duplicates": 0, "invalid": 0}
     if not logs_path.exists():
         return counts
     # Whole ids: a prefix 'method:' would also take in the episodes of a method named 'method:variant'.
     ids = {episode_id(method, task, seed) for task in task_ids}
-    for records in last_attempts(read_log(logs_path), ids).values():
+    if results is None:
+        chosen = last_attempts(read_log(logs_path), ids)
+    else:
+        saved: dict[str, list[int | None]] = {}
+        for r in results:
+            eid = episode_id(r.method, r.task_id, r.seed)
+            if eid in ids:
+                saved.setdefault(eid, []).append(attempt_of(r))
+        chosen = {eid: kept.records for eid, kept in kept_attempts(read_log(logs_path), saved).items()}
+    for records in chosen.values():
         _count_proposals(records, counts)
     return counts
 
@@ -142,7 +153,8 @@ def _count_proposals(records: list[StepRecord], counts: dict[str, int]) -> None:
     retried run, a merged duplicate answered later)."""
     firsts: dict[int, dict[str, StepRecord]] = defaultdict(dict)  # step -> call id -> its first record
     for rec in records:
-        firsts[rec.step].setdefault(rec.call_id, rec)
+        if rec.decision != "top_up":  # a budget top-up (logged at step -1) is no proposal
+            firsts[rec.step].setdefault(rec.call_id, rec)
     for calls in firsts.values():
         seen: set[tuple[str, str]] = set()
         for rec in calls.values():
@@ -160,17 +172,13 @@ def _results(out: Path, method: str, seed: int) -> list[EpisodeResult]:
     return [r for r in results if r.method == method and r.seed == seed]
 
 
-def _episodes(out: Path, method: str, seed: int) -> list[EpisodeResult]:
-    """The method's episodes, the latest result of each task (a re-run replaces a crash)."""
-    return list({r.task_id: r for r in _results(out, method, seed)}.values())
-
-
 def method_stats(out: Path, method: str, seed: int, metrics: dict[str, Any]) -> dict[str, Any]:
-    rows = _episodes(out, method, seed)
+    saved = _results(out, method, seed)
+    rows = list({r.task_id: r for r in saved}.values())  # the latest result of each task (a re-run replaces a crash)
     n = len(rows)
     tokens = sum(r.agent_tokens for r in rows)
     wall = sum(r.wall_s for r in rows)
-    p = proposal_stats(out / "logs.jsonl", method, seed, [r.task_id for r in rows])
+    p = proposal_stats(out / "logs.jsonl", method, seed, [r.task_id for r in rows], results=saved)
     return {"episodes": n, "PR": metrics.get("PR"), "FR": metrics.get("FR"), "AC": metrics.get("AC"),
             "crashed": sum(r.crashed for r in rows),
             "context_full": sum(bool(r.extra.get("context_full")) for r in rows),
