@@ -41,10 +41,10 @@ def test_the_warm_up_episode_never_touches_the_oracle_resources(tmp_path, monkey
     warm_ups: list[tuple[str, object]] = []
     original = runner.run_episode
 
-    def spy(spec, env, seed, factory, *, log_sink=None, options=None, resources=None):
+    def spy(spec, env, seed, factory, *, log_sink=None, options=None, resources=None, **more):
         if log_sink is None:
             warm_ups.append((spec.name, resources))
-        return original(spec, env, seed, factory, log_sink=log_sink, options=options, resources=resources)
+        return original(spec, env, seed, factory, log_sink=log_sink, options=options, resources=resources, **more)
 
     monkeypatch.setattr(runner, "run_episode", spy)
     run_benchmark(BenchConfig(tasks=2, methods=["intent", "tracker"], out=str(tmp_path), workers=1,
@@ -58,13 +58,13 @@ def _interrupt(monkeypatch: pytest.MonkeyPatch, method: str, after: int) -> None
     original = runner.run_episode
     calls = {"n": 0}
 
-    def run(spec, env, seed, factory, *, log_sink=None, options=None, resources=None):
+    def run(spec, env, seed, factory, *, log_sink=None, options=None, resources=None, **more):
         if spec.name == method and log_sink is not None:
             calls["n"] += 1
             if calls["n"] > after:
                 raise KeyboardInterrupt
             time.sleep(0.05)
-        return original(spec, env, seed, factory, log_sink=log_sink, options=options, resources=resources)
+        return original(spec, env, seed, factory, log_sink=log_sink, options=options, resources=resources, **more)
 
     monkeypatch.setattr(runner, "run_episode", run)
 
