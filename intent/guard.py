@@ -441,7 +441,12 @@ class BudgetGuard:
                 and all(isinstance(v, Mapping) and LEDGER_KEY in v for v in state.values())):
             raise GuardConfigError(
                 f"ledger: got updates by node ({', '.join(map(str, state))}), a stream chunk, not the graph's state; "
-                "pass agent.get_state(config).values, the run's output, or guard.ledger({}, config)")
+                "pass agent.get_state(config) (the thread's checkpoint) or the run's output")
+        if (channel is None and isinstance(state, Mapping) and "configurable" in state and "messages" not in state
+                and config is None):
+            raise GuardConfigError("ledger: got a run config as the state; pass the thread's checkpoint, "
+                                   "guard.ledger(agent.get_state(config)), or guard.ledger({}, config) for a run "
+                                   "going on in this process")
         read, live = self._read_ledger(state, config)
         return BudgetLedger.from_state(read.to_state()) if live else read
 
@@ -454,6 +459,13 @@ class BudgetGuard:
             episode = self.episodes.peek(str(thread)) if thread is not None else None
             if episode is not None:
                 return episode.ledger, True
+            if thread is not None and not state:
+                # guard.ledger({}, config) is for a run going on here: a fresh ledger would say spent 0 for a
+                # thread whose run ended (or that never ran here, a typo), whatever it spent.
+                raise GuardConfigError(
+                    f"ledger: no run of thread {thread!r} is going on in this process (it ended, ran elsewhere, or "
+                    "never ran) and the state given is empty; pass the thread's checkpoint: "
+                    "guard.ledger(agent.get_state(config))")
             spec = self.budget_spec if isinstance(self.budget_spec, Budget) else Budget(self.budget)
             return BudgetLedger(spec, allow_overspend=not self.enforce), False
         episode = self.episodes.peek(self.episode_of(channel, config) or "")

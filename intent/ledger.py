@@ -708,6 +708,11 @@ class BudgetLedger:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> BudgetLedger:
+        if not isinstance(state, Mapping):
+            raise LedgerError(
+                f"BudgetLedger.from_state takes the guard's ledger channel (state['intent_ledger']), got "
+                f"{type(state).__name__} {state!r:.60}; a checkpoint from before the run's first model step has "
+                "none (nothing was spent yet): read it with snapshot.values.get('intent_ledger')")
         try:
             entries = {cid: LedgerEntry(**e) for cid, e in (state.get("entries") or {}).items()}
             return cls(state["budget"], allow_overspend=bool(state.get("allow_overspend", False)), entries=entries,

@@ -17,6 +17,7 @@ from intent.logs import JsonlLogSink, read_log
 from intent.market import MarketError
 from intent.policy import AgentPolicy
 from intent.pricing import ModelPrice, ModelPrices
+from intent.ledger import BudgetLedger, LedgerError
 from intent.report import budget_report
 
 NAN, INF = math.nan, math.inf
@@ -191,6 +192,8 @@ CASES = [
     ("ModelPrice.cost cached -1", lambda: ModelPrice(1, 1).cost(5, 1, -1), UsageError, "cached_input_tokens"),
     ("ModelPrice.cost input str", lambda: ModelPrice(1, 1).cost("x", 1), UsageError, "input_tokens"),
     ("ModelPrice.cost output 1.5", lambda: ModelPrice(1, 1).cost(1, 1.5), UsageError, "output_tokens"),
+    # --- BudgetLedger.from_state: a checkpoint from before the first model step has no ledger (AttributeError)
+    ("BudgetLedger.from_state(None)", lambda: BudgetLedger.from_state(None), LedgerError, "intent_ledger"),
     # --- budget_report
     ("budget_report(123)", lambda: budget_report(123), UsageError, "budget_report"),
     ("budget_report([1])", lambda: budget_report([1]), UsageError, "StepRecord"),

@@ -65,7 +65,13 @@ def test_guard_ledger_reads_a_snapshot_a_thread_id_and_refuses_what_is_not_a_sta
     chunks = list(agent.stream({"messages": [("user", "go")]}, config, stream_mode="updates"))
     # graph.get_state(config) (a StateSnapshot) read as a state with no ledger: spent 0
     assert guard.ledger(agent.get_state(config)).spent == 1.0
-    assert guard.ledger({}, "t").budget == 10.0  # a thread id, as top_up and scope take
+    # guard.ledger({}, thread) once the thread's run has ended (or for a typo): it said spent 0; now refused
+    for thread in ("t", {"configurable": {"thread_id": "t"}}, "no-such-thread"):
+        with pytest.raises(GuardConfigError, match="no run of thread .* is going on in this process"):
+            guard.ledger({}, thread)
+    with pytest.raises(GuardConfigError, match="got a run config as the state"):
+        guard.ledger(config)  # the config where the state goes: it said spent 0
+    assert guard.ledger({}).budget == 10.0  # no thread: a new thread's ledger
     with pytest.raises(GuardConfigError, match="stream chunk"):
         guard.ledger(next(c for c in chunks if any("intent_ledger" in (v or {}) for v in c.values())))
     with pytest.raises(GuardConfigError, match=r"state\['intent_ledger'\] is a str"):
