@@ -105,7 +105,7 @@ class StableToolBenchMarket:
         if environment not in ("schema", "mirror", "server"):
             raise UsageError(f"unknown StableToolBench environment {environment!r}; choose schema, mirror or server")
         if environment == "mirror":  # fail at startup, not after an hour of episodes
-            from eval.agents.chat import check_endpoint, check_model
+            from worldmodel.endpoints import check_endpoint, check_model
 
             if env_model:
                 check_model(str(env_url), str(env_model), flag="--stb-env-model ", url_flag="--stb-env-url")
