@@ -35,6 +35,7 @@ from eval.agents.simulated import NeedView, TaskView
 from eval.judges import SCORES
 from eval.markets import EpisodeEnv
 from intent.errors import UsageError
+from intent.logs import label_of
 from intent.market import Market, PricedTool
 
 __all__ = ["SOLVABILITY_FILE", "StableToolBenchMarket", "load_solvable", "market_key", "market_key_json"]
@@ -249,7 +250,7 @@ class StableToolBenchMarket:
                 if "intent_reason" in artifact:
                     continue  # refused by the guard: never ran
                 details.append({"name": name, "arguments": args, "response": str(m.content)})
-                if artifact.get("z") == 1:
+                if label_of({"artifact": artifact}, ground_truth_only=True) == 1:
                     successes.add(name)
         return self._judge(task.query, set(task.relevant_function_names), successes, details)(answer)
 
