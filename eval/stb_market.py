@@ -17,8 +17,8 @@ study. Its need recall against the answer key is in ``OUT/retrieval.json``. It s
 result whose ``error`` is empty.
 
 OR's denominator comes from ``OUT/solvability.json`` when an exhaustive DFSDT search was run
-for this configuration (:mod:`eval.stabletoolbench.solvability`); otherwise ``solvable`` is
-None and OR is not reported.
+for this configuration (:mod:`eval.stabletoolbench.solvability` runs it; :func:`load_solvable` here reads
+its verdicts, keyed by :func:`market_key`); otherwise ``solvable`` is None and OR is not reported.
 """
 
 from __future__ import annotations
@@ -35,11 +35,13 @@ from eval.agents.simulated import NeedView, TaskView
 from eval.judges import SCORES
 from eval.markets import EpisodeEnv
 from intent.errors import UsageError
+from intent.logs import label_of
 from intent.market import Market, PricedTool
 
-__all__ = ["StableToolBenchMarket"]
+__all__ = ["SOLVABILITY_FILE", "StableToolBenchMarket", "load_solvable", "market_key", "market_key_json"]
 
 BUDGET = 50.0
+SOLVABILITY_FILE = "solvability.json"
 _TYPE = {"integer": "integer", "string": "string", "boolean": "boolean", "number": "number"}
 
 
@@ -61,7 +63,6 @@ class StableToolBenchMarket:
             write_prices,
         )
         from eval.stabletoolbench.needs import NeedInference, need_recall, summarize
-        from eval.stabletoolbench.solvability import load_solvable
 
         queries = load_queries(root, groups)
         if limit is not None and limit < len(queries):
@@ -105,7 +106,7 @@ class StableToolBenchMarket:
         if environment not in ("schema", "mirror", "server"):
             raise UsageError(f"unknown StableToolBench environment {environment!r}; choose schema, mirror or server")
         if environment == "mirror":  # fail at startup, not after an hour of episodes
-            from eval.agents.chat import check_endpoint, check_model
+            from worldmodel.endpoints import check_endpoint, check_model
 
             if env_model:
                 check_model(str(env_url), str(env_model), flag="--stb-env-model ", url_flag="--stb-env-url")
@@ -249,7 +250,7 @@ class StableToolBenchMarket:
                 if "intent_reason" in artifact:
                     continue  # refused by the guard: never ran
                 details.append({"name": name, "arguments": args, "response": str(m.content)})
-                if artifact.get("z") == 1:
+                if label_of({"artifact": artifact}, ground_truth_only=True) == 1:
                     successes.add(name)
         return self._judge(task.query, set(task.relevant_function_names), successes, details)(answer)
 
@@ -271,6 +272,35 @@ class StableToolBenchMarket:
 
         # The environment's own simulator only when the episodes run against it (a leak, labelled).
         return SchemaWorldModel(apis, leaks=self.environment_kind == "schema")
+
+
+def market_key(market: Any) -> dict[str, Any]:
+    """Everything about a market that decides whether a query is solvable."""
+    return {"budget": market.budget, "price_seed": market.seed, "relevant_price_scale": market.relevant_price_scale,
+            "retriever": market.retriever, "environment": market.environment_kind,
+            "environment_url": market.env_url, "environment_model": market.env_model,
+            "judge": market.sopr.label if market.sopr else "proxy",
+            "needs": {"min_score": market.need_inference.min_score,
+                      "query_weight": market.need_inference.query_weight}}
+
+
+def market_key_json(market: Any) -> str:
+    """:func:`market_key` as the JSON text that keys ``OUT/solvability.json``'s searches."""
+    return json.dumps(market_key(market), sort_keys=True)
+
+
+def load_solvable(out: str | Path, market: Any) -> dict[str, bool]:
+    """The verdicts ``OUT/solvability.json`` holds for this market's configuration (task id ->
+    solvable); empty when no search was run for it."""
+    path = Path(out) / SOLVABILITY_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        entry = data["searches"].get(market_key_json(market)) or {}
+        return {tid: bool(r["solvable"]) for tid, r in (entry.get("tasks") or {}).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{path} is not a solvability cache ({exc!r}); delete it and rerun the search") from exc
 
 
 def _check_reachable(url: str, timeout: float = 5.0) -> None:

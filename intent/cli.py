@@ -1,4 +1,5 @@
-"""The ``intent`` command line: ``intent demo`` (and the subcommands added by later modules)."""
+"""The ``intent`` command line: ``intent demo`` and ``intent report``, and the subcommands other packages add
+through the entry-point group ``intent.commands`` (:func:`_extensions`)."""
 
 from __future__ import annotations
 
@@ -48,22 +49,79 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--key", default=None, help="the shared budget's key, e.g. customer-42/2026-11-23")
     report.add_argument("--out", default=None, help="also write budget_report.{md,json,png} to this directory")
     report.set_defaults(func=_report)
-    for register in _extensions():
+    registrars = _extensions()
+    for register in registrars:
         register(sub)
+    parser.intent_plugins = len(registrars)  # type: ignore[attr-defined]  # read by main()
     return parser
 
 
-def _extensions():  # noqa: ANN202 - subcommands that live in other packages register here
-    import importlib
+COMMANDS_GROUP = "intent.commands"
+_BUILT_IN = ("demo", "report")
 
+
+def _extensions() -> list[Callable[[Any], None]]:
+    """The registrars of the subcommands other packages add (``bench``, ``train``, ``serve``, ...).
+
+    A plugin is an entry point of the group ``intent.commands`` whose object is ``register(subparsers)``
+    (this project's: ``[project.entry-points."intent.commands"]`` in pyproject.toml). ``intent`` names no
+    plugin: the packages that add commands import ``intent``, never the other way round. They are read from
+    the installed metadata, except that ``intent``'s own table is read from the pyproject.toml of the source
+    tree this ``intent`` package is imported from, when there is one: that table describes the code that is
+    running (``python -m intent.cli`` from a checkout, or an editable install whose metadata is older than
+    the table). Registrars run in the order of their names. A plugin whose top-level package is not
+    installed is skipped, as its commands are not there; any other import error propagates.
+    """
+    import importlib.metadata as md
+
+    entries: dict[str, str] = {}
+    source = _source_tree_commands()
+    for ep in md.entry_points(group=COMMANDS_GROUP):
+        dist = getattr(getattr(ep, "dist", None), "name", None)
+        if source is not None and dist is not None and dist.lower() == "intent":
+            continue  # stale or another checkout's metadata: the source tree's table below is the truth
+        entries.setdefault(ep.name, ep.value)
+    entries.update(source or {})
     registrars = []
-    for module in ("eval.cli", "training.cli"):  # bench; train and serve
+    for name in sorted(entries):
+        ep = md.EntryPoint(name=name, value=entries[name], group=COMMANDS_GROUP)
         try:
-            registrars.append(importlib.import_module(module).register)
+            registrars.append(ep.load())
         except ModuleNotFoundError as exc:
+            module = ep.module
             if exc.name not in (module, module.split(".")[0]):
                 raise
     return registrars
+
+
+def _source_tree_commands() -> dict[str, str] | None:
+    """``[project.entry-points."intent.commands"]`` of the pyproject.toml beside this ``intent`` package,
+    when it is a source tree of the ``intent`` project; None otherwise (an installed wheel)."""
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the installed metadata only
+        return None
+    with pyproject.open("rb") as f:
+        project = tomllib.load(f).get("project", {})
+    if project.get("name") != "intent":
+        return None
+    return dict(project.get("entry-points", {}).get(COMMANDS_GROUP, {}))
+
+
+def _no_plugins_error(argv: Sequence[str]) -> str | None:
+    """What to say when a command that is not built in is asked for and no plugin is registered at all."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is None or command in _BUILT_IN:
+        return None
+    return (f"intent: error: no command {command!r}: only {' and '.join(_BUILT_IN)} are built in, and no other "
+            f"command is registered (entry-point group {COMMANDS_GROUP!r}; bench, train, serve, ... are this "
+            "project's). The installed metadata of intent predates that group: re-run `make install` (or pip "
+            "install -e . in the source tree)")
 
 
 def _positive(convert: Callable[[str], Any], noun: str, bound: str) -> Callable[[str], Any]:
@@ -87,6 +145,10 @@ positive_float = _positive(float, "a number", "a number > 0")
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not getattr(parser, "intent_plugins", 0) and (message := _no_plugins_error(argv)):
+        print(message, file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -44,8 +44,8 @@ the planning oracles) then apply the documented fallback (``on_oracle_error`` /
 * the timeout and connection errors of ``httpx`` and ``openai`` (and the ``openai`` client's
   5xx / 429 errors: the server is up but cannot answer now), the clients LangChain chat models
   and the OpenAI-compatible world model use;
-* :class:`worldmodel.ModelError`, the world-model / predictor protocol's documented failure
-  (server down, timeout, malformed reply);
+* :class:`intent.model_protocols.ModelError` (also ``worldmodel.ModelError``), the world-model /
+  predictor protocol's documented failure (server down, timeout, malformed reply);
 * a prompt longer than the model's context (an HTTP 400 that says so, from any OpenAI-compatible
   server): :class:`ContextOverflowError`. A planning oracle's rollout ends there; elsewhere the
   fallback applies.
@@ -188,7 +188,7 @@ _BACKEND_ERRORS: dict[str, tuple[tuple[str, type[OracleUnavailableError]], ...]]
         ("RateLimitError", ModelUnreachableError),  # 429
     ),
     # The world-model / predictor protocol's failure (server down, timeout, malformed reply).
-    "worldmodel.protocols": (("ModelError", OracleUnavailableError),),
+    "intent.model_protocols": (("ModelError", OracleUnavailableError),),
 }
 
 

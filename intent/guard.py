@@ -112,7 +112,7 @@ class BudgetGuard:
       an unreachable model server, a malformed model answer (an
       :class:`~intent.errors.OracleUnavailableError`, or what
       :func:`~intent.errors.as_oracle_unavailable` maps to one: ``TimeoutError``,
-      ``ConnectionError``, httpx / openai timeouts and connection errors, ``worldmodel.ModelError``).
+      ``ConnectionError``, httpx / openai timeouts and connection errors, ``intent.model_protocols.ModelError``).
       ``"accept_if_fits"`` accepts only a call that fits; ``"reject"`` rejects; the decision
       is logged with ``reason="oracle_error"``. Any other exception from the oracle (a bug in
       its code: ``KeyError``, ``TypeError``, ...) is not a fallback case: it propagates

@@ -27,6 +27,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from intent.errors import ContextOverflowError, UsageError, model_call
 from intent.market import Market
 from intent.messages import merge_identical
+from intent.model_protocols import simulate_counted
 from intent.oracle import DecisionContext
 from intent.policy import AgentPolicy
 
@@ -79,8 +80,6 @@ def simulate_rollout(ctx: DecisionContext, policy: AgentPolicy, world_model: Any
     spent, the system notes and the note after a tool result that the agent would be shown, so that the
     simulated agent sees its budget go down as the real one does (``notes`` is then only the first turn's).
     """
-    from worldmodel.protocols import simulate_counted
-
     if max_depth < 1:
         raise UsageError(f"max_depth must be >= 1, got {max_depth}")
     history = list(ctx.history)

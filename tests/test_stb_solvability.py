@@ -134,6 +134,10 @@ def test_judge_path_reads_only_the_branch(market):
     assert market.judge_path(task, "done", path) == 1.0
     refused = [ToolMessage("refused", tool_call_id="c0", artifact={"intent_reason": "over_budget"}), *ok[1:]]
     assert market.judge_path(task, "done", [*path[:2], *refused, path[-1]]) == 0.0
+    # The label is read by intent.logs.label_of, as everywhere: "1" or "true" is a success (`z == 1` was not).
+    as_text = [ToolMessage(m.content, tool_call_id=m.tool_call_id, artifact={"z": z})
+               for m, z in zip(ok, ["1", "true"] * len(ok))]
+    assert market.judge_path(task, "done", [*path[:2], *as_text, path[-1]]) == 1.0
 
 
 class _EndCounting(PromptOracle):

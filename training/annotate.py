@@ -29,7 +29,7 @@ class LLMJudge:
                  temperature: float = 0.7) -> None:
         import httpx
 
-        from eval.agents.chat import check_endpoint
+        from worldmodel.endpoints import check_endpoint
 
         if votes < 1 or votes % 2 == 0:
             raise UsageError(f"votes must be an odd number >= 1 (a majority), got {votes}")

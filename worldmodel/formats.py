@@ -2,15 +2,19 @@
 
 Change a format here and both the training data builders (``training/``) and the inference
 backends (``worldmodel/``) follow; :data:`FORMAT_VERSION` is saved with every trained model so
-that a mismatch is detected at load time.
+that a mismatch is detected at load time. :func:`canonical_args` (the arguments in the prompts) is
+:func:`intent.model_protocols.canonical_args`, the oracles' cache key.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
+
+# The canonical arguments are also the oracles' cache key, so they are defined in intent (which imports nothing
+# above it) and shown in the prompts from there.
+from intent.model_protocols import canonical_args
 
 FORMAT_VERSION = 1
 
@@ -18,16 +22,6 @@ WORLD_MODEL_SYSTEM = (
     "You simulate the response of a tool (an API) to a call. Reply with the tool's raw output only: "
     "no explanations, no markdown."
 )
-
-
-def canonical_args(args: Mapping[str, Any] | str) -> str:
-    """Arguments as canonical JSON (sorted keys, compact), the key for caches and prompts."""
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            return args
-    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def world_model_prompt(tool: str, args: Mapping[str, Any] | str, satisfied: bool | None = None) -> str:

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from intent.errors import UsageError
+from intent.logs import label_of
 from worldmodel.formats import FORMAT_VERSION, predictor_text
 from worldmodel.protocols import ModelError, PredictorInput
-from worldmodel.replay import label_of
 
 __all__ = ["EmpiricalMeanPredictor", "EncoderIntentionPredictor", "HashedLogisticPredictor", "OptimisticPredictor",
            "ToolTokenFrequencyPredictor"]

@@ -32,16 +32,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from intent.errors import UsageError
+from intent.logs import label_of  # the project's one label extraction (public here too, as it always was)
 from worldmodel.formats import canonical_args
 
 __all__ = ["ReplayWorldModel", "label_of"]
-
-
-def label_of(record: Any) -> int | None:
-    """The z label of a log record: :func:`intent.logs.label_of`, the project's one label extraction."""
-    from intent.logs import label_of as shared_label_of
-
-    return shared_label_of(record)
 
 
 class ReplayWorldModel:

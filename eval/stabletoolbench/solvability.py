@@ -23,8 +23,9 @@ solvable when at least one of them is judged correct. Here:
 
 Results go to ``OUT/solvability.json``, keyed by everything that decides the verdict (budget,
 prices, retrieval, environment, judge, the agent's need inference, the search's settings, the
-agent and its seed); :func:`load_solvable` gives a market the verdicts of its own configuration,
-and :func:`ensure_solvability` runs the searches still missing. ``python -m
+agent and its seed); :func:`load_solvable` gives a market the verdicts of its own configuration
+(it lives in :mod:`eval.stb_market`, which reads them, and is re-exported here: the market never imports
+this module), and :func:`ensure_solvability` runs the searches still missing. ``python -m
 eval.stabletoolbench.solvability --out DIR ...`` runs it from the command line with the
 simulated agent.
 """
@@ -41,12 +42,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.stb_market import SOLVABILITY_FILE, load_solvable, market_key, market_key_json
 from intent.errors import UsageError
 
 __all__ = ["SOLVABILITY_FILE", "SearchSettings", "SolvabilityResult", "ensure_solvability", "load_solvable",
            "search_solvable"]
 
-SOLVABILITY_FILE = "solvability.json"
 _WRITE_LOCK = threading.Lock()
 
 
@@ -71,34 +72,6 @@ class SolvabilityResult:
     llm_calls: int
     capped: bool  # the search hit max_llm_calls before it could finish
     best_cost: float | None  # the cheapest correct solution's cost
-
-
-def market_key(market: Any) -> dict[str, Any]:
-    """Everything about a market that decides whether a query is solvable."""
-    return {"budget": market.budget, "price_seed": market.seed, "relevant_price_scale": market.relevant_price_scale,
-            "retriever": market.retriever, "environment": market.environment_kind,
-            "environment_url": market.env_url, "environment_model": market.env_model,
-            "judge": market.sopr.label if market.sopr else "proxy",
-            "needs": {"min_score": market.need_inference.min_score,
-                      "query_weight": market.need_inference.query_weight}}
-
-
-def _key(market: Any) -> str:
-    return json.dumps(market_key(market), sort_keys=True)
-
-
-def load_solvable(out: str | Path, market: Any) -> dict[str, bool]:
-    """The verdicts ``OUT/solvability.json`` holds for this market's configuration (task id ->
-    solvable); empty when no search was run for it."""
-    path = Path(out) / SOLVABILITY_FILE
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-        entry = data["searches"].get(_key(market)) or {}
-        return {tid: bool(r["solvable"]) for tid, r in (entry.get("tasks") or {}).items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"{path} is not a solvability cache ({exc!r}); delete it and rerun the search") from exc
 
 
 def _signature(messages: Sequence[Any]) -> tuple[Any, ...]:
@@ -184,7 +157,7 @@ def ensure_solvability(market: Any, agent_factory: Callable[[Any, int], Any], *,
     from eval.progress import progress as progress_bar
 
     path = market.out / SOLVABILITY_FILE
-    key = _key(market)
+    key = market_key_json(market)
     search = {**asdict(settings), "agent": agent_label, "agent_seed": seed}
     data = json.loads(path.read_text()) if path.exists() else {}
     data.setdefault("label", "OR's denominator: exhaustive DFSDT search per query (paper B.3); see "
@@ -217,7 +190,7 @@ def _atomic_write(path: Path, text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m eval.stabletoolbench.solvability --out DIR [--tasks N] ...`` (simulated agent)."""
     from eval.agents.simulated import SIMULATED_AGENT_LABEL, SimAgentConfig, SimulatedAgent
-    from eval.stb_market import BUDGET, StableToolBenchMarket
+    from eval.stb_market import BUDGET, StableToolBenchMarket  # (imports nothing from here)
 
     p = argparse.ArgumentParser(prog="python -m eval.stabletoolbench.solvability", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="the run directory (solvability.json is written there)")

@@ -29,7 +29,7 @@ def check_model(model: Any, name: str, methods: tuple[str, ...]) -> None:
     """A world model / predictor argument: an object with one of ``methods``."""
     if not any(callable(getattr(model, m, None)) for m in methods):
         raise UsageError(f"{name} must have a {' or '.join(m + '()' for m in methods)} method, got "
-                         f"{type(model).__name__} {model!r:.80}; see worldmodel.protocols")
+                         f"{type(model).__name__} {model!r:.80}; see intent.model_protocols")
 
 
 class PlanningOracle(Oracle):
@@ -37,7 +37,7 @@ class PlanningOracle(Oracle):
 
     If the world model, the predictor or the policy fails *recoverably* (a timeout, an
     unreachable server, a malformed answer: an :class:`~intent.errors.OracleUnavailableError`,
-    a :class:`worldmodel.ModelError`, or what :func:`~intent.errors.as_oracle_unavailable`
+    a :class:`~intent.model_protocols.ModelError`, or what :func:`~intent.errors.as_oracle_unavailable`
     maps, see :mod:`intent.errors`), :meth:`decide` returns the documented fallback: with
     ``on_model_error="accept_if_fits"`` (default) it accepts only a call whose own price fits
     what is left (the conservative floor: nothing is predicted beyond it); with ``"reject"`` it

@@ -32,7 +32,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from worldmodel.formats import canonical_args
+from intent.model_protocols import canonical_args
 
 __all__ = ["CachedStep", "EpisodeMemory", "args_match"]
 

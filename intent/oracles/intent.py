@@ -47,6 +47,7 @@ from typing import Any
 from intent import feedback as fb
 from intent.errors import UsageError, model_call
 from intent.market import Market
+from intent.model_protocols import predict_many
 from intent.oracle import ACCEPTED, CACHE_HIT, PLAN_OVER_BUDGET, Decision, DecisionContext, PlannedStep
 from intent.oracles.base import ModelErrorPolicy, PlanningOracle, check_flags, check_model, usage
 from intent.oracles.caches import CachedStep
@@ -115,8 +116,6 @@ class IntentOracle(PlanningOracle):
         return [n for n in market.names if n not in hidden] if hidden else None
 
     def _decide(self, ctx: DecisionContext) -> Decision:
-        from worldmodel.protocols import predict_many
-
         started = time.perf_counter()
         eid, tool, args, price, left = ctx.episode_id, ctx.tool, dict(ctx.args), ctx.price, ctx.remaining
         fits = price <= left + 1e-9
@@ -200,8 +199,6 @@ class IntentOracle(PlanningOracle):
     def _alternatives(self, ctx: DecisionContext, left: float) -> list[PlannedStep]:
         """Other visible tools that take the same arguments, scored by the predictor on the same
         reasoning and arguments: the ``alternatives`` affordable ones of least expected cost."""
-        from worldmodel.protocols import predict_many
-
         keys = set(ctx.args)
         schemas = {_tool_name(t): _arg_keys(t) for t in self.policy_for(ctx).tools}
         names = [n for n in self.visible(ctx)

@@ -3,7 +3,7 @@
 One lookahead rollout: the agent's own policy against the unconditional world model
 ``W_phi(o | T, u)``, sampled at the oracle's ``temperature`` (1.0, the paper's B.2), to an
 answer or ``max_depth`` turns. The temperature reaches the world model on every call
-(:class:`worldmodel.protocols.AtTemperature`) when the model takes a per-call ``temperature``
+(:class:`intent.model_protocols.AtTemperature`) when the model takes a per-call ``temperature``
 (every shipped sampling backend does); a model without that keyword samples at its own
 setting, and ``temperature_applied`` is then False. ``temperature=None`` also leaves the
 model's own setting. Accept iff the simulated plan's total price is at most ``B_t``; otherwise
@@ -20,14 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from intent import feedback as fb
+from intent.model_protocols import AtTemperature, accepts_temperature, canonical_args
 from intent.oracle import ACCEPTED, CACHE_HIT, PLAN_OVER_BUDGET, Decision, DecisionContext, PlannedStep
 from intent.errors import UsageError
 from intent.oracles.base import ModelErrorPolicy, PlanningOracle, check_flags, check_model, usage
 from intent.oracles.caches import CachedStep
 from intent.policy import AgentPolicy
 from intent.rollout import simulate_rollout
-from worldmodel.formats import canonical_args
-from worldmodel.protocols import AtTemperature, accepts_temperature
 
 __all__ = ["MCOOracle"]
 
