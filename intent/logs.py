@@ -243,6 +243,10 @@ def _rows(path: str | os.PathLike[str], *, skip_torn_tail: bool, require_version
                                  f"{type(data).__name__}")
         version = data.get("schema_version")
         if (require_version or version is not None) and version not in READABLE_VERSIONS:
+            if version is None:
+                raise LogFormatError(
+                    f"{p}:{i}: not a guard log record (no schema_version; keys {sorted(data)[:6]}); pass a log a "
+                    "BudgetGuard wrote (JsonlLogSink), or a run directory holding one")
             raise LogFormatError(
                 f"{p}:{i}: schema_version {version!r} is not one of {READABLE_VERSIONS}; "
                 "the log was written by another version of intent"

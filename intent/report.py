@@ -422,6 +422,10 @@ def shared_budget_report(store: Any, key: str) -> str:
     if isinstance(store, str):
         from intent.stores import open_store
 
+        if store.startswith("sqlite:///") and not Path(store[len("sqlite:///"):]).is_file():
+            # A report only reads: opening a store at a mistyped path would create an empty database there.
+            raise UsageError(f"--store {store}: no SQLite database at {store[len('sqlite:///'):]!r}; check the path "
+                             "(sqlite:///relative/path.db, or sqlite:////absolute/path.db)")
         store = open_store(store)
     store.expire_leases(key)  # a lease that ran out is released before it is reported
     charges = store.charges(key)

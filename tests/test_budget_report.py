@@ -189,6 +189,13 @@ def test_cli_exits_2_naming_bad_input(tmp_path, capsys):
     empty.mkdir()
     assert main(["report", str(empty)]) == 2
     assert f"{empty} holds no guard log" in capsys.readouterr().err
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"a": 1}\n')  # said "schema_version None is not one of ...; written by another version"
+    assert main(["report", str(other)]) == 2
+    assert "other.jsonl:1: not a guard log record" in capsys.readouterr().err
+    db = tmp_path / "nosuch.db"  # a report only reads: a mistyped store path created an empty database
+    assert main(["report", "--store", f"sqlite:///{db}", "--key", "team/1"]) == 2
+    assert "no SQLite database at" in capsys.readouterr().err and not db.exists()
 
 
 def test_importing_the_report_loads_neither_matplotlib_nor_torch():

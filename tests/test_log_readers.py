@@ -103,7 +103,7 @@ def test_read_log_rows_accepts_hand_made_records_only_when_asked(tmp_path):
     path = tmp_path / "hand.jsonl"
     path.write_text('{"task_id": "t", "tool": "a", "useful": 1}\n\n{"schema_version": 2, "tool": "b"}\n')
     assert [r["tool"] for r in read_log_rows(path, require_version=False)] == ["a", "b"]
-    with pytest.raises(LogFormatError, match=r"hand\.jsonl:1: schema_version None"):
+    with pytest.raises(LogFormatError, match=r"hand\.jsonl:1: not a guard log record \(no schema_version"):
         list(read_log_rows(path))
     path.write_text('{"schema_version": 2}\n[1]\n')
     with pytest.raises(LogFormatError, match=r"hand\.jsonl:2: expected a JSON object"):

@@ -331,7 +331,7 @@ def test_a_store_that_cannot_be_opened_names_its_url(tmp_path, capsys):
     with pytest.raises(StoreError, match="unknown store URL"):
         open_store("redis://x")
     assert main(["report", "--store", f"sqlite:///{tmp_path}/no/such/dir/b.db", "--key", "k"]) == 2
-    assert "cannot open the budget store" in capsys.readouterr().err
+    assert "no SQLite database at" in capsys.readouterr().err  # checked before opening (which would create it)
 
 
 @pytest.mark.parametrize("url_kind", ["sqlite", "postgres"])
@@ -684,6 +684,8 @@ def test_an_outbox_journal_is_one_guards_and_reads_past_a_torn_line(tmp_path, bu
         BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 1.0, outbox_journal=journal)
     with pytest.raises(GuardConfigError, match="is a directory"):
         CommitOutbox(store, journal=tmp_path)
+    with pytest.raises(GuardConfigError, match="outbox_journal .*its directory .* does not exist"):
+        CommitOutbox(store, journal=tmp_path / "no-such-dir" / "outbox.jsonl")  # was a bare FileNotFoundError
 
 
 def test_the_outbox_keeps_commits_while_the_store_is_away_and_raises_what_is_a_bug(budget_key):
