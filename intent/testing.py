@@ -2,8 +2,14 @@
 
 * :class:`ScriptedToolModel` / :func:`scripted`, :func:`call`, :func:`ai`: a chat model that
   plays a fixed list of AIMessages with tool calls (``bind_tools`` records what it was shown);
+* :class:`ReactiveToolModel`: a chat model whose every reply is computed from the conversation so far
+  (``reply(messages, info) -> AIMessage``), for agents whose next step depends on what came back;
 * :class:`BilledChatModel` and :class:`ModelRuns`: a chat model that reports token usage and
   counts its executions outside the guard (for checking model charges against what really ran);
+* :class:`RunCounter`: real executions counted by name inside the tools (or models) themselves,
+  thread-safe (a ``Counter``); :class:`CountingTool` is a stand-in tool that counts into one;
+* :class:`RecordingOracle`: an oracle that records every context it is asked about (and every
+  episode start) and answers with a fixed decision (accept) or a callable's;
 * :class:`SwapModel`: a middleware that runs another model in the agent's place (a router's pick);
 * :class:`GuardDriver`: drives a guard's gate and tool step without a graph, as the
   middleware does (before the model, gate, every call's tool step, state merged);
@@ -19,22 +25,23 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, AnyMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langgraph.graph.message import add_messages
 from langgraph.types import Command
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from intent.guard import BudgetGuard
 from intent.ledger import BudgetLedger, merge_ledger_states
 from intent.market import Market, PricedTool
 from intent.messages import tool_name
-from intent.oracle import Decision, DecisionContext, EpisodeInfo, Outcome, Proposal
+from intent.oracle import Decision, DecisionContext, EpisodeInfo, Oracle, Outcome, Proposal
 from intent.state import LEDGER_KEY
 
 __all__ = [
@@ -42,8 +49,12 @@ __all__ = [
     "CountingTool",
     "GuardDriver",
     "ModelRuns",
+    "ReactiveToolModel",
+    "RecordingOracle",
+    "RunCounter",
     "ScriptedToolModel",
     "SwapModel",
+    "TurnInfo",
     "ai",
     "assert_each_call_answered_once",
     "assert_one_record_per_call",
@@ -177,6 +188,178 @@ class SwapModel(AgentMiddleware):
 
     async def awrap_model_call(self, request: Any, handler: Any) -> Any:
         return await handler(request.override(model=self.model))
+
+
+class RunCounter(Counter[str]):
+    """Real executions counted by name where they happen: inside the tools' bodies (or by
+    :class:`ReactiveToolModel`, under its ``model_name``), never inferred from the guard's records.
+
+    A ``Counter``, so ``runs == {"a": 2}``, ``runs["b"]`` (0 when it never ran) and ``runs.total()``
+    work; :meth:`hit` counts under a lock (ToolNode runs parallel calls on threads). Pass the same
+    object to every tool, or model, that should count into it::
+
+        runs = RunCounter()
+
+        def a(x: int = 0) -> str:
+            runs.hit("a")
+            return f"a={x}"
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+
+    def hit(self, name: str) -> int:
+        """Count one execution of ``name``; returns how many ``name`` has had, this one included."""
+        with self._lock:
+            self[name] += 1
+            return self[name]
+
+
+@dataclass(frozen=True)
+class TurnInfo:
+    """What :class:`ReactiveToolModel` tells its ``reply`` besides the messages.
+
+    ``tools``: the names of the tools (or structured-output schemas) bound to this copy of the model,
+    in the order given; ``execution``: this execution's number (1-based) under ``model_name`` in the
+    model's ``runs``, failed ones included; ``model_name``: the model's."""
+
+    tools: tuple[str, ...]
+    execution: int
+    model_name: str | None
+
+
+class ReactiveToolModel(BaseChatModel):
+    """A chat model that answers from the conversation so far: each execution calls
+    ``reply(messages, info)`` with the messages it was given and a :class:`TurnInfo`, and answers
+    what it returns (an ``AIMessage``, or a ``str`` for a plain answer). Use it where a fixed list
+    (:class:`ScriptedToolModel`) cannot say the next step: a call per tool result, per fan-out branch,
+    per human message, a tool selector answering with the schema it was bound, an emulated tool.
+
+    * ``model_name`` names it as a price table does (``None``: a model without a name, as a custom one may be);
+    * ``usage=(input_tokens, output_tokens)`` is reported as ``usage_metadata`` by every reply that has none;
+    * tool calls without an id get a fresh one (as providers give ids);
+    * ``runs``: every execution is counted there under ``model_name`` (``"reactive-fake"`` without one)
+      before ``reply`` is called (a fresh
+      :class:`RunCounter` by default; pass one to share it between models, or to keep it across copies);
+    * ``fail_on``: the executions (numbered as in ``runs``) that raise ``ConnectionError`` instead of
+      answering, as a provider's hiccup would; ``reply`` may raise too;
+    * ``bind_tools`` returns a copy that knows the tools' names (``info.tools``) and binds the non-``None``
+      keyword arguments as a provider's model does; every call's names are appended to ``bound``.
+
+    Sync and async (``ainvoke`` runs the same ``reply`` on an executor thread); streamed, it yields the
+    whole reply as one chunk (BaseChatModel's fallback), its tool calls included. ::
+
+        def reply(messages, info):
+            results = [m for m in messages if isinstance(m, ToolMessage)]
+            return AIMessage("done") if len(results) >= 3 else ai(call("search", q=len(results)))
+
+        model = ReactiveToolModel(reply=reply, usage=(10, 5))
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    reply: Callable[[list[BaseMessage], TurnInfo], AIMessage | str]
+    model_name: str | None = "reactive-model"
+    usage: tuple[int, int] | None = None
+    fail_on: frozenset[int] = frozenset()
+    # Any: pydantic would copy a Counter (a dict) or a list given here, and the caller's object must be the one counted.
+    runs: Any = Field(default_factory=RunCounter)
+    tools: tuple[str, ...] = ()
+    bound: Any = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "reactive-fake"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+        names = tuple(_bound_name(t) for t in tools)
+        self.bound.append(sorted(names))
+        copy = self.model_copy(update={"tools": names})
+        extra = {k: v for k, v in kwargs.items() if v is not None}
+        return copy.bind(**extra) if extra else copy
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        execution = self.runs.hit(self.model_name or self._llm_type)
+        if execution in self.fail_on:
+            raise ConnectionError(f"provider hiccup (scripted failure of execution {execution})")
+        answer = self.reply(list(messages), TurnInfo(self.tools, execution, self.model_name))
+        if isinstance(answer, str):
+            answer = AIMessage(answer)
+        if not isinstance(answer, AIMessage):
+            raise TypeError(f"ReactiveToolModel's reply returned {type(answer).__name__}; return an AIMessage or a str")
+        update: dict[str, Any] = {}
+        if any(not c.get("id") for c in answer.tool_calls):
+            update["tool_calls"] = [c if c.get("id") else {**c, "id": f"call_{next(_ids)}"} for c in answer.tool_calls]
+        if self.usage is not None and answer.usage_metadata is None:
+            i, o = self.usage
+            update["usage_metadata"] = {"input_tokens": i, "output_tokens": o, "total_tokens": i + o}
+        if update:
+            answer = answer.model_copy(update=update)
+        return ChatResult(generations=[ChatGeneration(message=answer)])
+
+
+class RecordingOracle(Oracle):
+    """An oracle that records what the guard asks it and answers as told.
+
+    * :attr:`contexts`: every :class:`~intent.oracle.DecisionContext` it decided on, in order (sync and
+      async: ``adecide`` is ``decide``); :attr:`episodes`: every :class:`~intent.oracle.EpisodeInfo` it was
+      started with; :attr:`ended`: the episode ids its ``end`` hook was given (with ``end_hook=True``);
+      :attr:`calls`: all of them in the order they came, as ``("start", info)``, ``("decide", ctx)``,
+      ``("end", episode_id)``. Appended under a lock (parallel calls and fan-out branches decide on threads);
+    * ``decision``: the :class:`~intent.oracle.Decision` for every call (accept by default), or a callable
+      ``ctx -> Decision`` (which may raise, as a failing oracle does);
+    * ``end_hook``: whether it has the optional ``end(episode_id)`` hook. Off by default: an oracle with one
+      is started again when a fan-out branch revives an episode it was told ended, so recording it changes
+      what the guard does. Its other hooks are :class:`~intent.oracle.Oracle`'s no-ops.
+
+    It passes :func:`check_oracle`. ::
+
+        oracle = RecordingOracle()
+        guard = BudgetGuard(oracle, market, 10.0)
+        ...
+        assert [c.tool for c in oracle.contexts] == ["search", "fetch"]
+    """
+
+    name = "recording"
+
+    def __init__(self, decision: Decision | Callable[[DecisionContext], Decision] | None = None, *,
+                 end_hook: bool = False) -> None:
+        self.decision = Decision.accepted() if decision is None else decision
+        self.contexts: list[DecisionContext] = []
+        self.episodes: list[EpisodeInfo] = []
+        self.ended: list[str] = []
+        self.calls: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+        if not end_hook:
+            self.end = None  # type: ignore[method-assign,assignment] # the guard looks for a callable end
+
+    def decide(self, ctx: DecisionContext) -> Decision:
+        with self._lock:
+            self.contexts.append(ctx)
+            self.calls.append(("decide", ctx))
+        return self.decision(ctx) if callable(self.decision) else self.decision
+
+    def start(self, episode: EpisodeInfo) -> None:
+        with self._lock:
+            self.episodes.append(episode)
+            self.calls.append(("start", episode))
+
+    def end(self, episode_id: str) -> None:
+        with self._lock:
+            self.ended.append(episode_id)
+            self.calls.append(("end", episode_id))
+
+
+def _bound_name(tool: Any) -> str:
+    """A bound tool's or schema's name, as a provider sends it (a pydantic schema's class name too)."""
+    name = _schema_name(tool)
+    if not name:
+        from langchain_core.utils.function_calling import convert_to_openai_tool
+
+        name = convert_to_openai_tool(tool)["function"]["name"]
+    return name
 
 
 def _schema_name(tool: Any) -> str:
@@ -333,7 +516,8 @@ _EPS = 1e-9
 
 
 class CountingTool:
-    """A stand-in tool that counts its real executions by name (what the guard cannot fake)."""
+    """A stand-in tool that counts its real executions by name (what the guard cannot fake): into a
+    :class:`RunCounter` (its own lock), or a plain ``Counter`` under ``lock``."""
 
     def __init__(self, name: str, runs: Counter[str], lock: threading.Lock | None = None) -> None:
         self.name = name
@@ -341,8 +525,11 @@ class CountingTool:
         self._lock = lock or threading.Lock()
 
     def invoke(self, tool_input: Any, config: Any = None, **_: Any) -> ToolMessage:
-        with self._lock:
-            self.runs[self.name] += 1
+        if isinstance(self.runs, RunCounter):
+            self.runs.hit(self.name)
+        else:
+            with self._lock:
+                self.runs[self.name] += 1
         call_id = tool_input["id"] if isinstance(tool_input, dict) and "id" in tool_input else ""
         return ToolMessage(f"{self.name} ran", tool_call_id=call_id, name=self.name)
 
@@ -395,9 +582,8 @@ def check_oracle(factory: Callable[[], Any], *, budget: float = 30.0) -> None:
     # Adversarial episode: every turn proposes all three tools in parallel (41 > budget when
     # budget = 30), 8 turns, through the guard's real gate and tool step, as the middleware
     # drives them. The tools count their own runs.
-    runs: Counter[str] = Counter()
-    lock = threading.Lock()
-    tools = {name: CountingTool(name, runs, lock) for name in market.names}
+    runs = RunCounter()
+    tools = {name: CountingTool(name, runs) for name in market.names}
     guard = BudgetGuard(factory(), market, budget)
     driver = GuardDriver(guard, thread_id="conf-2", query="spend it all", tools=tools)
 

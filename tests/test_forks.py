@@ -21,7 +21,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command, interrupt
 
 from intent import AcceptAll, BudgetGuard, Market, PricedTool
-from intent.testing import ai, assert_each_call_answered_once, call, scripted
+from intent.testing import RecordingOracle, ai, assert_each_call_answered_once, call, scripted
 
 PRICES = {"a": 10.0, "b": 7.0, "h": 5.0}
 
@@ -242,16 +242,9 @@ def test_the_checkpointer_key_is_langgraphs() -> None:
 
 
 # ------------------------------------------- a new message after a run that never ended
-class Recording(AcceptAll):
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str]] = []
-
-    def start(self, episode: Any) -> None:
-        self.seen.append(("start", episode.query))
-
-    def decide(self, ctx: Any) -> Any:
-        self.seen.append(("decide", ctx.query))
-        return super().decide(ctx)
+def seen(oracle: RecordingOracle) -> list[tuple[str, str]]:
+    """The oracle's starts and decisions in order, each with its task."""
+    return [(hook, arg.query) for hook, arg in oracle.calls]
 
 
 class Reminder(AgentMiddleware):
@@ -270,22 +263,22 @@ def test_a_new_message_after_a_run_stopped_by_the_recursion_limit_starts_the_nex
     # the stopped run with invoke(None), or a middleware adding a human message inside the run, is no new run.
     from langgraph.errors import GraphRecursionError
 
-    oracle, tools, saver = Recording(), Tools(), InMemorySaver()
+    oracle, tools, saver = RecordingOracle(), Tools(), InMemorySaver()
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in PRICES.items()]), 100.0)
     script = [ai(call("a", x=1)), ai(call("a", x=2)), ai(call("b", x=3)), AIMessage("done")]
     middleware = [guard.middleware(), *([Reminder()] if then == "reminder_middleware" else [])]
     agent = create_agent(scripted(script), tools.all(), middleware=middleware, checkpointer=saver)
     with pytest.raises(GraphRecursionError):
         agent.invoke({"messages": [HumanMessage("task ONE")]}, {**CFG, "recursion_limit": 4})
-    assert oracle.seen[:2] == [("start", "task ONE"), ("decide", "task ONE")]
-    before = len(oracle.seen)
+    assert seen(oracle)[:2] == [("start", "task ONE"), ("decide", "task ONE")]
+    before = len(seen(oracle))
     out = agent.invoke({"messages": [HumanMessage("task TWO")]} if then == "new_message" else None, CFG)
-    later = oracle.seen[before:]
+    later = seen(oracle)[before:]
     if then == "new_message":
         assert later[0] == ("start", "task TWO") and all(q == "task TWO" for _, q in later)
         assert (out["intent_ledger"]["query"], out["intent_ledger"]["query_run"]) == ("task TWO", 2)
     else:
-        assert later and all(seen == ("decide", "task ONE") for seen in later)
+        assert later and all(step == ("decide", "task ONE") for step in later)
         assert out["intent_ledger"]["query_run"] == 1
     assert guard.ledger(out).reserved == 0.0
 
@@ -405,16 +398,16 @@ def test_a_new_message_after_a_stopped_run_starts_the_next_run_behind_several_ho
     # at first: with 3 hooks the next run was decided under the stopped run's task).
     from langgraph.errors import GraphRecursionError
 
-    oracle, tools, saver = Recording(), Tools(), InMemorySaver()
+    oracle, tools, saver = RecordingOracle(), Tools(), InMemorySaver()
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in PRICES.items()]), 100.0)
     script = [ai(call("a", x=1)), ai(call("a", x=2)), ai(call("b", x=3)), AIMessage("done")]
     agent = create_agent(scripted(script), tools.all(), middleware=[*_hooks(3), guard.middleware()],
                          checkpointer=saver)
     with pytest.raises(GraphRecursionError):
         agent.invoke({"messages": [HumanMessage("task ONE")]}, {**CFG, "recursion_limit": 6})
-    before = len(oracle.seen)
+    before = len(seen(oracle))
     out = agent.invoke({"messages": [HumanMessage("task TWO")]}, CFG)
-    assert oracle.seen[before] == ("start", "task TWO")
+    assert seen(oracle)[before] == ("start", "task TWO")
     assert out["intent_ledger"]["query_run"] == 2 and guard.ledger(out).reserved == 0.0
 
 

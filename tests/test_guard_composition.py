@@ -7,7 +7,7 @@ Regression tests for the guard rewrite. Each test asserts the guard's invariants
 * every proposed tool call gets exactly one ToolMessage answering it (a ToolMessage with
   its id after its AIMessage and before the next AIMessage).
 
-Executions are counted inside the tools themselves (:class:`Runs`), never inferred from
+Executions are counted inside the tools themselves (:class:`intent.testing.RunCounter`), never inferred from
 the guard's own bookkeeping.
 """
 
@@ -54,32 +54,19 @@ from intent import (  # noqa: F401
 )
 from intent.errors import GuardConfigError
 from intent.ledger import BudgetLedger
-from intent.testing import assert_each_call_answered_once, assert_one_record_per_call
+from intent.testing import (
+    ReactiveToolModel,
+    RecordingOracle,
+    RunCounter,
+    assert_each_call_answered_once,
+    assert_one_record_per_call,
+)
 
 # ====================================================================== helpers
 ORDERS = ["guard_first", "guard_last"]
 
 
-class Runs:
-    """Counts real executions per tool name (thread-safe: ToolNode runs calls in parallel)."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def hit(self, name: str) -> None:
-        with self._lock:
-            self.counts[name] += 1
-
-    def __getitem__(self, name: str) -> int:
-        return self.counts[name]
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-def make_tool(name: str, runs: Runs, *, raises: bool = False) -> StructuredTool:
+def make_tool(name: str, runs: RunCounter, *, raises: bool = False) -> StructuredTool:
     """A plain tool ``name(x: int = 0)`` that counts its executions; optionally always raises."""
 
     def fn(x: int = 0) -> str:
@@ -91,7 +78,7 @@ def make_tool(name: str, runs: Runs, *, raises: bool = False) -> StructuredTool:
     return StructuredTool.from_function(fn, name=name, description=f"Tool {name}.")
 
 
-def billing_tool(name: str, runs: Runs, billed: float, content: str = "done") -> StructuredTool:
+def billing_tool(name: str, runs: RunCounter, billed: float, content: str = "done") -> StructuredTool:
     """A tool that reports what the provider billed via the ``intent_billed`` artifact key."""
 
     def fn(x: int = 0) -> tuple[str, dict[str, Any]]:
@@ -138,14 +125,14 @@ def msgs_of(out: Any) -> list[Any]:
     return list(out["messages"])
 
 
-def assert_invariants(guard: BudgetGuard, out: Any, runs: Runs, prices: dict[str, float], budget: float,
+def assert_invariants(guard: BudgetGuard, out: Any, runs: RunCounter, prices: dict[str, float], budget: float,
                       sink: MemoryLogSink | None = None) -> Any:
     """spent == Σ executions × price <= budget, reserved == 0, each call answered once."""
     ledger = guard.ledger(out)
     expected = sum(runs[name] * price for name, price in prices.items())
     assert ledger.reserved == 0, f"a reservation leaked: reserved={ledger.reserved}"
     assert ledger.spent == pytest.approx(expected), (
-        f"spent {ledger.spent} but the tools ran {dict(runs.counts)} at {prices} = {expected}")
+        f"spent {ledger.spent} but the tools ran {dict(runs)} at {prices} = {expected}")
     assert ledger.spent <= budget + 1e-9
     assert ledger.budget == budget
     assert ledger.remaining == pytest.approx(budget - ledger.spent)
@@ -181,7 +168,7 @@ def retry() -> ToolRetryMiddleware:
 
 # ============================================= row 1: ToolRetryMiddleware
 def _retry_case(order: str, budget: float):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), budget, log_sink=sink)
     c = call("a", x=1)
     agent = create_agent(scripted([ai(c), AIMessage("done")]), [make_tool("a", runs, raises=True)],
@@ -221,7 +208,7 @@ def test_retry_middleware_each_execution_is_gated_and_charged(order, budget):
 
 
 def test_tool_errors_raise_reraises_the_tools_exception_after_charging():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink)  # tool_errors="raise" is the default
     agent = create_agent(scripted([ai(call("a")), AIMessage("done")]), [make_tool("a", runs, raises=True)],
                          middleware=[guard.middleware()])
@@ -232,7 +219,7 @@ def test_tool_errors_raise_reraises_the_tools_exception_after_charging():
 
 
 def test_tool_errors_message_turns_the_exception_into_a_charged_error_message():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink, tool_errors="message")
     c = call("a")
     agent = create_agent(scripted([ai(c), AIMessage("done")]), [make_tool("a", runs, raises=True)],
@@ -245,7 +232,7 @@ def test_tool_errors_message_turns_the_exception_into_a_charged_error_message():
 
 # ========================================== row 2: duplicate ids in one message
 def test_duplicate_call_ids_in_one_message_are_each_answered_once():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), 30, log_sink=sink)
     agent = create_agent(scripted([ai(tc("a", "dup", x=1), tc("a", "dup", x=2)), AIMessage("done")]),
                          [make_tool("a", runs)], middleware=[guard.middleware()])
@@ -259,7 +246,7 @@ def test_duplicate_call_ids_in_one_message_are_each_answered_once():
 
 # ================================== row 3: an id reused in a later message
 def test_call_id_reused_in_a_later_message_runs_and_is_charged_again():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0, b=7.0), 100, log_sink=sink)
     agent = create_agent(scripted([ai(tc("a", "call_0")), ai(tc("b", "call_0")), AIMessage("done")]),
                          [make_tool("a", runs), make_tool("b", runs)], middleware=[guard.middleware()])
@@ -277,7 +264,7 @@ def test_call_id_reused_in_a_later_message_runs_and_is_charged_again():
 
 # =============================================== row 4: ToolCallLimitMiddleware
 def _limit_case(order: str, budget: float, gate_at: str = "auto"):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), budget, log_sink=sink, gate_at=gate_at)
     limiter = ToolCallLimitMiddleware(run_limit=1, exit_behavior="continue")
     agent = create_agent(scripted([ai(call("a", x=1), call("a", x=2)), AIMessage("done")]),
@@ -306,7 +293,7 @@ def test_tool_call_limit_blocked_call_keeps_no_reservation(order, budget, gate_a
 
 # ============================================ row 5: HumanInTheLoopMiddleware
 def _hitl_case(order: str, budget: float, thread: str):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0, b=50.0), budget, log_sink=sink)
     c = call("a", x=1)
     agent = create_agent(scripted([ai(c), AIMessage("done")]), [make_tool("a", runs), make_tool("b", runs)],
@@ -315,7 +302,7 @@ def _hitl_case(order: str, budget: float, thread: str):
     config = {"configurable": {"thread_id": thread}}
     first = agent.invoke(USER, config)
     assert "__interrupt__" in first, "the human-in-the-loop middleware should pause before a runs"
-    assert runs.total == 0
+    assert runs.total() == 0
     return guard, runs, sink, c, agent, config
 
 
@@ -323,7 +310,7 @@ def _hitl_case(order: str, budget: float, thread: str):
 def test_hitl_reject_releases_the_reservation(order):
     guard, runs, sink, c, agent, config = _hitl_case(order, 100, f"hitl-reject-{order}")
     out = agent.invoke(Command(resume={"decisions": [{"type": "reject", "message": "no"}]}), config)
-    assert runs.total == 0
+    assert runs.total() == 0
     assert "no" in tool_message(out, c["id"]).content
     ledger = assert_invariants(guard, out, runs, {"a": 20.0, "b": 50.0}, 100, sink)
     assert ledger.spent == 0 and ledger.reserved == 0
@@ -371,7 +358,7 @@ def _run_then_resume(agent: Any, config: dict[str, Any], resume: Command, use_as
 @pytest.mark.parametrize("use_async", [False, True])
 @pytest.mark.parametrize("order", ORDERS)
 def test_hitl_edit_is_regated_and_the_oracle_can_refuse_it_for_its_own_reason(order, use_async):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(RefusesToolB(), market(a=20.0, b=5.0), 100, log_sink=sink)
     c = call("a", x=1)
     agent = create_agent(scripted([ai(c), AIMessage("done")]), [make_tool("a", runs), make_tool("b", runs)],
@@ -381,7 +368,7 @@ def test_hitl_edit_is_regated_and_the_oracle_can_refuse_it_for_its_own_reason(or
     resume = Command(resume={"decisions": [{"type": "edit", "edited_action": {"name": "b", "args": {"x": 2}}}]})
 
     out = _run_then_resume(agent, config, resume, use_async)
-    assert runs.total == 0, "the reviewer turned a into b, which the oracle refuses: nothing may run"
+    assert runs.total() == 0, "the reviewer turned a into b, which the oracle refuses: nothing may run"
     message = tool_message(out, c["id"])
     assert message.status == "error" and "not wanted" in message.content
     assert [r.reason for r in sink.records if r.decision == "reject"] == ["not_wanted"]
@@ -394,7 +381,7 @@ def test_a_call_a_reviewer_edited_before_the_gate_is_not_merged_with_its_old_twi
     # a(x=1) twice; the reviewer edits the first to a(x=2) and approves the second. HumanInTheLoopMiddleware
     # keeps the edit in state and runs it at the tool step, so both calls must run (the gate merged the
     # approved twin into the edited call by the message's arguments: it never ran).
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=5.0), 100, log_sink=sink, gate_at="after_model")
     first, twin = call("a", x=1), call("a", x=1)
     agent = create_agent(scripted([ai(first, twin), AIMessage("done")]), [make_tool("a", runs)],
@@ -411,7 +398,7 @@ def test_a_call_a_reviewer_edited_before_the_gate_is_not_merged_with_its_old_twi
 
 
 # ======================================================= row 6: injected args
-def _injected_tools(runs: Runs) -> list[Any]:
+def _injected_tools(runs: RunCounter) -> list[Any]:
     @tool
     def with_runtime(x: int, runtime: ToolRuntime) -> str:
         """Uses the tool runtime."""
@@ -441,7 +428,7 @@ def _injected_tools(runs: Runs) -> list[Any]:
 
 
 def test_tools_with_injected_arguments_run_and_are_charged():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     prices = {"with_runtime": 1.0, "with_state": 2.0, "with_store": 3.0, "with_call_id": 4.0}
     guard = BudgetGuard(AcceptAll(), market(**prices), 100, log_sink=sink)
     calls = [call(name, x=1) for name in prices]
@@ -449,7 +436,7 @@ def test_tools_with_injected_arguments_run_and_are_charged():
     agent = create_agent(scripted([ai(*calls), AIMessage("done")]), _injected_tools(runs),
                          middleware=[guard.middleware()], store=store)
     out = agent.invoke(USER)
-    assert dict(runs.counts) == {name: 1 for name in prices}, [
+    assert dict(runs) == {name: 1 for name in prices}, [
         m.content for m in msgs_of(out) if isinstance(m, ToolMessage)]
     by_name = {c["name"]: c["id"] for c in calls}
     assert tool_message(out, by_name["with_runtime"]).content == f"runtime:{by_name['with_runtime']}"
@@ -463,7 +450,7 @@ def test_tools_with_injected_arguments_run_and_are_charged():
 
 # ================================================ row 7: Command.PARENT handoff
 def test_handoff_command_to_parent_graph_reaches_the_target_and_is_charged():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(handoff=5.0), 100, log_sink=sink)
 
     @tool
@@ -515,7 +502,7 @@ def test_a_handoff_raised_out_of_the_tool_body_is_charged_and_keeps_the_budget(s
     # The body did its (paid) work, then a graph it ran handed control back: the run happened. It was
     # taken for an interrupt (the run would re-run on resume) and released: 2 runs of 5 on a budget of 6,
     # ledger spent 0.
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(handoff=5.0), 6.0, log_sink=sink)
     inner = _handing_off_graph()
 
@@ -546,7 +533,7 @@ def test_a_sub_agent_that_hands_off_out_of_a_guarded_call_keeps_what_it_spent(sy
     # A FromParent sub-agent inside the call spends (b: 3), then its transfer tool (0.5) hands control to
     # the outer agent's tool step: the sub-agent never ends its episode. Its carve was released as
     # unused and the call itself was not charged: 8.5 run, 0 spent.
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     prices = {"handoff": 5.0, "b": 3.0, "transfer": 0.5}
     outer_call: dict[str, str] = {}
 
@@ -580,7 +567,7 @@ def test_a_sub_agent_that_hands_off_out_of_a_guarded_call_keeps_what_it_spent(sy
     agent = create_agent(scripted([ai(tc("handoff", "d1", q="x")), AIMessage("done")]), [tool_],
                          middleware=[guard.middleware()])
     out = agent.invoke(USER) if sync else asyncio.run(agent.ainvoke(USER))
-    assert dict(runs.counts) == {"handoff": 1, "b": 1, "transfer": 1}
+    assert dict(runs) == {"handoff": 1, "b": 1, "transfer": 1}
     assert tool_message(out, "d1").content.startswith("back")
     assert_invariants(guard, out, runs, prices, 100.0)
 
@@ -652,7 +639,7 @@ class _MessagesUpdate:
 def test_a_command_whose_update_is_not_a_dict_keeps_its_update_and_answer(shape, sync):
     # LangGraph applies an update given as an annotated object or as (key, value) pairs. The guard rebuilt
     # the command with a dict of its own charges only: the answer was lost, the call left unanswered.
-    runs = Runs()
+    runs = RunCounter()
 
     class Inner(TypedDict):
         tool_call_id: str
@@ -715,7 +702,7 @@ class Repricer(AgentMiddleware):
 
 @pytest.mark.parametrize("order", ORDERS)
 def test_price_change_between_gate_and_execution_charges_the_new_price(order):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=10.0), 40, log_sink=sink)
     agent = create_agent(scripted([ai(call("a", x=1), call("a", x=2)), AIMessage("done")]), [make_tool("a", runs)],
                          middleware=with_guard(guard, Repricer(guard, "a", 25.0), order))
@@ -728,7 +715,7 @@ def test_price_change_between_gate_and_execution_charges_the_new_price(order):
 
 
 def test_tool_that_reports_a_zero_bill_on_failure_is_charged_nothing():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink)
     c = call("a")
     agent = create_agent(scripted([ai(c), AIMessage("done")]), [billing_tool("a", runs, 0.0, "quota error")],
@@ -750,7 +737,7 @@ class _ProviderError(RuntimeError):
 
 @pytest.mark.parametrize(("billed", "charged"), [(0.0, 0.0), (7, 7.0), (None, 20.0)])
 def test_a_tool_that_raises_can_report_its_bill_on_the_exception(billed: Any, charged: float):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink, tool_errors="message")
 
     def fn(x: int = 0) -> str:
@@ -778,7 +765,7 @@ def test_a_bill_on_a_tool_exception_langchain_handles_is_what_the_run_costs(bill
 
     if body == "async" and not use_async:
         pytest.skip("an async-only tool runs only under an async agent")
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink)
 
     def fail() -> None:
@@ -853,7 +840,7 @@ def test_a_tool_that_keeps_state_on_itself_keeps_it_when_the_guard_watches_its_b
 def test_a_malformed_bill_on_an_exception_is_charged_at_the_quote_and_fails_loudly(bad: Any, tool_errors: str):
     # A bug in the tool: never turned into an error message for the agent, even with
     # tool_errors="message", and the run is charged at its quote, not forgotten.
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink, tool_errors=tool_errors)
 
     def fn(x: int = 0) -> str:
@@ -872,7 +859,7 @@ def test_a_malformed_bill_on_an_exception_is_charged_at_the_quote_and_fails_loud
 
 
 def test_bill_above_the_price_is_an_overrun_and_refuses_further_calls():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=10.0), 100, log_sink=sink)
     first, second = call("a", x=1), call("a", x=2)
     agent = create_agent(scripted([ai(first), ai(second), AIMessage("done")]), [billing_tool("a", runs, 15.0)],
@@ -892,7 +879,7 @@ def test_bill_above_the_price_is_an_overrun_and_refuses_further_calls():
 def test_an_overrun_stops_the_calls_still_waiting_in_its_batch(use_async: bool):
     # Three calls in one message, gated together (10 each fits 30), run one at a time: the first
     # is billed 15, an overrun, so the two still waiting must not run on their gate reservations.
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=10.0), 30, log_sink=sink)
     batch = [call("a", x=i) for i in range(3)]
     agent = create_agent(scripted([ai(*batch), AIMessage("done")]), [billing_tool("a", runs, 15.0)],
@@ -911,7 +898,7 @@ def test_an_overrun_stops_the_calls_still_waiting_in_its_batch(use_async: bool):
 
 
 # ============================================ row 9: resume with another budget
-def _first_run(saver: InMemorySaver, config: dict[str, Any], runs: Runs):
+def _first_run(saver: InMemorySaver, config: dict[str, Any], runs: RunCounter):
     guard1 = BudgetGuard(AcceptAll(), market(a=20.0, b=40.0), 50)
     agent1 = create_agent(scripted([ai(call("a")), AIMessage("done")]), [make_tool("a", runs), make_tool("b", runs)],
                           middleware=[guard1.middleware()], checkpointer=saver)
@@ -919,7 +906,7 @@ def _first_run(saver: InMemorySaver, config: dict[str, Any], runs: Runs):
     assert guard1.ledger(agent1.get_state(config).values).spent == 20
 
 
-def _second_agent(saver: InMemorySaver, runs: Runs, sink: MemoryLogSink, b_call: dict[str, Any]):
+def _second_agent(saver: InMemorySaver, runs: RunCounter, sink: MemoryLogSink, b_call: dict[str, Any]):
     guard2 = BudgetGuard(AcceptAll(), market(a=20.0, b=40.0), 500, log_sink=sink)
     agent2 = create_agent(scripted([ai(b_call), AIMessage("done again")]), [make_tool("a", runs), make_tool("b", runs)],
                           middleware=[guard2.middleware()], checkpointer=saver)
@@ -927,7 +914,7 @@ def _second_agent(saver: InMemorySaver, runs: Runs, sink: MemoryLogSink, b_call:
 
 
 def test_resumed_thread_keeps_the_budget_in_state():
-    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    saver, runs, sink = InMemorySaver(), RunCounter(), MemoryLogSink()
     config = {"configurable": {"thread_id": "resume-budget"}}
     _first_run(saver, config, runs)
     b = call("b")
@@ -940,7 +927,7 @@ def test_resumed_thread_keeps_the_budget_in_state():
 
 def test_top_up_raises_the_budget_in_state_and_is_logged():
     """With ``graph=`` the top-up is in state at once."""
-    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    saver, runs, sink = InMemorySaver(), RunCounter(), MemoryLogSink()
     config = {"configurable": {"thread_id": "top-up"}}
     _first_run(saver, config, runs)
     b = call("b")
@@ -960,7 +947,7 @@ def test_top_up_raises_the_budget_in_state_and_is_logged():
 def test_top_up_without_the_graph_of_a_thread_with_no_run_here_is_refused_not_guessed():
     # Its budget is only in state: the guard (built with 500) returned 525 and logged "budget 525" for a thread
     # whose budget is 50 (the ledger in state wins), and the top-up landed on a budget of 50.
-    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    saver, runs, sink = InMemorySaver(), RunCounter(), MemoryLogSink()
     config = {"configurable": {"thread_id": "top-up-no-graph"}}
     _first_run(saver, config, runs)
     guard2, agent2 = _second_agent(saver, runs, sink, call("b"))
@@ -974,7 +961,7 @@ def test_top_up_without_the_graph_of_a_paused_run_reaches_state_at_its_next_step
     # The documented way for a thread paused inside a tool step (update_state there would run the step again).
     from langgraph.types import interrupt
 
-    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    saver, runs, sink = InMemorySaver(), RunCounter(), MemoryLogSink()
     config = {"configurable": {"thread_id": f"top-up-paused-{use_async}"}}
     _first_run(saver, config, runs)  # a: 20 of 50
 
@@ -1010,7 +997,7 @@ async def test_an_async_top_up_writes_through_an_async_only_checkpointer(tmp_pat
     # AsyncSqliteSaver (as AsyncPostgresSaver) has no sync methods: top_up(graph=) could not write to it.
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     config = {"configurable": {"thread_id": "async-top-up"}}
     tools = [make_tool("a", runs), make_tool("b", runs)]
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "threads.db")) as saver:
@@ -1050,7 +1037,7 @@ async def test_async_tool_call_limit_blocked_call_keeps_no_reservation(order, bu
 
 
 def test_a_malformed_bill_fails_loudly_and_the_run_is_still_charged():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=20.0), 100, log_sink=sink)
 
     def run() -> tuple[str, dict]:
@@ -1086,7 +1073,7 @@ def _other(kind: str) -> Any:
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("other", ["limit", "model_limit", "hitl"])
 def test_a_reply_of_malformed_calls_only_goes_back_to_the_model_in_any_stack(other, order, gate_at, use_async):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=5.0, b=5.0), 50, log_sink=sink, gate_at=gate_at)
     c = call("a", x=1)
     agent = create_agent(scripted([_MALFORMED, ai(c), AIMessage("done")]), [make_tool("a", runs), make_tool("b", runs)],
@@ -1098,49 +1085,25 @@ def test_a_reply_of_malformed_calls_only_goes_back_to_the_model_in_any_stack(oth
     assert guard.ledger(out).spent == 5.0 and guard.ledger(out).reserved == 0
 
 
-class _Tracking(AcceptAll):
-    def __init__(self) -> None:
-        super().__init__()
-        self.started: list[str] = []
-        self.ended: list[str] = []
-
-    def start(self, info: Any) -> None:
-        self.started.append(info.episode_id)
-
-    def end(self, episode_id: str) -> None:
-        self.ended.append(episode_id)
-
-
 @pytest.mark.parametrize("use_async", [False, True])
 def test_an_outer_model_retry_without_a_thread_id_keeps_one_episode(use_async):
     # [ModelRetryMiddleware, guard], no thread_id: the retried model call is the same episode, which
     # starts once, ends once and leaves nothing behind.
-    oracle = _Tracking()
+    oracle = RecordingOracle(end_hook=True)
     guard = BudgetGuard(oracle, market(a=1.0), 10.0)
     for _ in range(3):
         model = scripted([ai(call("a", x=1)), AIMessage("done")], fail_on={1, 2})
         retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
-        agent = create_agent(model, [make_tool("a", Runs())], middleware=[retry, guard.middleware()])
+        agent = create_agent(model, [make_tool("a", RunCounter())], middleware=[retry, guard.middleware()])
         out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
         assert guard.ledger(out).spent == 1.0
     assert len(guard.episodes) == 0
-    assert len(oracle.started) == len(oracle.ended) == 3
+    assert len(oracle.episodes) == len(oracle.ended) == 3
 
 
-class _Hooks(Oracle):
-    """Accepts every call; records its start and end hooks in order (``end`` optional)."""
-
-    def __init__(self, with_end: bool = True) -> None:
-        self.calls: list[tuple[str, str]] = []
-        if with_end:
-            self.end = lambda episode_id: self.calls.append(("end", episode_id))
-
-    def decide(self, ctx: Any) -> Decision:
-        self.calls.append(("decide", ctx.episode_id))
-        return Decision.accepted()
-
-    def start(self, info: Any) -> None:
-        self.calls.append(("start", info.episode_id))
+def _hooks(oracle: RecordingOracle) -> list[tuple[str, str]]:
+    """The oracle's start, decide and end hooks in order, each with its episode id."""
+    return [(hook, arg if isinstance(arg, str) else arg.episode_id) for hook, arg in oracle.calls]
 
 
 @pytest.mark.parametrize("with_end", [True, False])
@@ -1152,12 +1115,10 @@ def test_each_run_of_a_thread_starts_the_oracle_again(with_end, use_async):
     # checkpointer): a resumed run is the same run, so its oracle is not started again.
     from langchain_core.messages import HumanMessage
 
-    saver, runs = InMemorySaver(), Runs()
-    hooks: list[tuple[str, str]] = []
+    saver, runs = InMemorySaver(), RunCounter()
+    oracle = RecordingOracle(end_hook=with_end)  # one record across the guards
 
     def agent_with_fresh_guard(replies: list[AIMessage]) -> tuple[Any, BudgetGuard]:
-        oracle = _Hooks(with_end)
-        oracle.calls = hooks  # one record across the guards
         guard = BudgetGuard(oracle, market(a=1.0), 10.0)
         middleware = [guard.middleware(), HumanInTheLoopMiddleware(interrupt_on={"a": {"allowed_decisions": [
             "approve"], "description": "pay?"}})] if len(replies) > 2 else [guard.middleware()]
@@ -1177,12 +1138,13 @@ def test_each_run_of_a_thread_starts_the_oracle_again(with_end, use_async):
     go(agent, Command(resume={"decisions": [{"type": "approve"}]}))
     agent, guard = agent_with_fresh_guard([ai(call("a", x=3)), AIMessage("three")])
     out = go(agent, {"messages": [HumanMessage("third")]})
+    hooks = _hooks(oracle)
     episode = hooks[0][1]
     assert {e for _, e in hooks} == {episode}, "one thread, one episode id"
     per_run = [k for k, _ in hooks]
     expected = ["start", "decide", "end"] if with_end else ["start", "decide"]
     assert per_run == expected * 3
-    assert runs.total == 3 and guard.ledger(out).spent == 3.0 and guard.ledger(out).reserved == 0
+    assert runs.total() == 3 and guard.ledger(out).spent == 3.0 and guard.ledger(out).reserved == 0
     assert out["intent_ledger"]["runs_started"] == out["intent_ledger"]["runs_ended"] == 3
 
 
@@ -1192,14 +1154,12 @@ def test_a_run_resumed_elsewhere_that_ends_without_a_model_step_is_counted_ended
     # oracle again (was: the next turn decided right after end, with no start).
     from langchain_core.messages import HumanMessage
 
-    hooks: list[tuple[str, str]] = []
-    saver, runs = InMemorySaver(), Runs()
-    tool_a = StructuredTool.from_function(lambda x=0: runs.hit("a") or "a", name="a", description="a",
+    oracle = RecordingOracle(end_hook=True)  # one record across the guards
+    saver, runs = InMemorySaver(), RunCounter()
+    tool_a = StructuredTool.from_function(lambda x=0: runs.hit("a") and "a", name="a", description="a",
                                           return_direct=True)
 
     def agent(replies: list[AIMessage]) -> Any:
-        oracle = _Hooks()
-        oracle.calls = hooks
         guard = BudgetGuard(oracle, market(a=1.0), 10.0)
         approve = HumanInTheLoopMiddleware(interrupt_on={"a": {"allowed_decisions": ["approve"]}})
         return create_agent(scripted(replies), [tool_a], middleware=[guard.middleware(), approve], checkpointer=saver)
@@ -1210,7 +1170,7 @@ def test_a_run_resumed_elsewhere_that_ends_without_a_model_step_is_counted_ended
     out = resumed.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
     assert runs["a"] == 1 and out["intent_ledger"]["runs_ended"] == 1
     resumed.invoke({"messages": [HumanMessage("two")]}, config)  # pauses at the approval again
-    assert [k for k, _ in hooks] == ["start", "decide", "end", "start", "decide"]
+    assert [k for k, _ in _hooks(oracle)] == ["start", "decide", "end", "start", "decide"]
 
 
 def test_malformed_replies_are_asked_again_at_most_three_times_in_one_step():
@@ -1221,7 +1181,7 @@ def test_malformed_replies_are_asked_again_at_most_three_times_in_one_step():
     bad = [AIMessage("", invalid_tool_calls=[{"name": "a", "args": "{", "id": f"bad{i}", "error": "bad json",
                                               "type": "invalid_tool_call"}]) for i in range(6)]
     model = scripted([*bad, AIMessage("done")])
-    agent = create_agent(model, [make_tool("a", Runs())],
+    agent = create_agent(model, [make_tool("a", RunCounter())],
                          middleware=[guard.middleware(), ToolCallLimitMiddleware(thread_limit=5)])
     out = agent.invoke(USER)
     asked = 1 + MAX_MALFORMED_REASKS
@@ -1239,7 +1199,7 @@ def test_structured_output_keeps_its_answer_and_the_money_holds(gate_at, use_asy
     class Answer(BaseModel):
         text: str
 
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=5.0), 50, log_sink=sink, gate_at=gate_at)
     # A priced call and the structured answer in one reply, as a model may give them.
     reply = ai(call("a", x=1), {"name": "Answer", "args": {"text": "hi"}, "id": "s1", "type": "tool_call"})
@@ -1262,7 +1222,7 @@ def test_runs_without_a_thread_id_that_reuse_one_input_stay_separate_episodes():
 
     def agent() -> Any:
         return create_agent(scripted([ai(call("a", x=1)), ai(call("a", x=2)), AIMessage("done")]),
-                            [make_tool("a", Runs())], middleware=[guard.middleware()])
+                            [make_tool("a", RunCounter())], middleware=[guard.middleware()])
 
     inp = {"messages": [HumanMessage("go")]}
 
@@ -1283,18 +1243,13 @@ def test_a_summarised_history_keeps_the_turn_numbers_and_the_task(gate_at, use_a
     # its per-turn state by it) and keep the episode's task as it was given.
     from langchain.agents.middleware import SummarizationMiddleware
 
-    seen: list[tuple[int, str]] = []
-
-    class Recording(Oracle):
-        def decide(self, ctx: Any) -> Decision:
-            seen.append((ctx.step, ctx.query))
-            return Decision.accepted()
+    oracle = RecordingOracle()
 
     from intent import ModelPrice
 
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     # The agent's model calls are priced too: each is charged under the turn it makes.
-    guard = BudgetGuard(Recording(), market(a=1.0), 50, log_sink=sink, gate_at=gate_at,
+    guard = BudgetGuard(oracle, market(a=1.0), 50, log_sink=sink, gate_at=gate_at,
                         model_prices={"scripted-model": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0)})
     turns = 6
     summariser = scripted([AIMessage("an earlier turn called a") for _ in range(turns)])
@@ -1306,7 +1261,7 @@ def test_a_summarised_history_keeps_the_turn_numbers_and_the_task(gate_at, use_a
     out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
     assert any("an earlier turn called a" in str(m.content) for m in out["messages"])  # it did summarise
     task = USER["messages"][0][1]
-    assert seen == [(i, task) for i in range(turns)]
+    assert [(c.step, c.query) for c in oracle.contexts] == [(i, task) for i in range(turns)]
     ran = [r for r in sink.records if r.execution == 1]
     assert [r.step for r in ran if r.kind == "tool"] == list(range(turns))
     assert [r.step for r in ran if r.kind == "model"] == list(range(turns + 1))
@@ -1339,26 +1294,20 @@ def test_a_message_rebuilt_outside_the_guard_still_runs_its_gated_calls(rebuild,
         async def awrap_model_call(self, request: Any, handler: Any) -> Any:
             return self._rebuilt(await handler(request))
 
-    decided: list[int] = []
-
-    class Recording(Oracle):
-        def decide(self, ctx: Any) -> Decision:
-            decided.append(ctx.args["x"])
-            return Decision.accepted()
-
-    runs, sink = Runs(), MemoryLogSink()
-    guard = BudgetGuard(Recording(), market(a=2.0, b=3.0), budget, log_sink=sink)
+    oracle = RecordingOracle()
+    runs, sink = RunCounter(), MemoryLogSink()
+    guard = BudgetGuard(oracle, market(a=2.0, b=3.0), budget, log_sink=sink)
     agent = create_agent(scripted([ai(call("a", x=1), call("b", x=2)), ai(call("a", x=3)), AIMessage("done")]),
                          [make_tool("a", runs), make_tool("b", runs)], middleware=[Rebuild(), guard.middleware()])
     out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
     # With a budget of 4, b (3) does not fit after a (2): refused at the gate, never run.
-    assert runs.counts == (Counter({"a": 2, "b": 1}) if budget == 50 else Counter({"a": 2}))
+    assert runs == (Counter({"a": 2, "b": 1}) if budget == 50 else Counter({"a": 2}))
     refused = [m.tool_call_id for m in msgs_of(out) if isinstance(m, ToolMessage) and m.status == "error"]
     assert len(refused) == (0 if budget == 50 else 1)
     assert_invariants(guard, out, runs, {"a": 2.0, "b": 3.0}, budget, sink)
     # New arguments are decided again before they run; the same ones are not.
     again = [101, 103] if budget == 4 else [101, 102, 103]
-    assert sorted(decided) == ([1, 2, 3, *again] if rebuild == "new_args" else [1, 2, 3])
+    assert sorted(c.args["x"] for c in oracle.contexts) == ([1, 2, 3, *again] if rebuild == "new_args" else [1, 2, 3])
 
 
 @pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
@@ -1375,7 +1324,7 @@ def test_turns_stay_unique_when_a_summariser_removes_replies_without_calls_over_
                         model_prices={"scripted-model": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0)})
     replies = [ai(call("a", x=1), usage=(10, 5)), *(ai(text=f"reply {i}", usage=(10, 5)) for i in range(7)),
                ai(call("a", x=2), usage=(10, 5)), ai(text="done", usage=(10, 5))]
-    agent = create_agent(scripted(replies), [make_tool("a", Runs())],
+    agent = create_agent(scripted(replies), [make_tool("a", RunCounter())],
                          middleware=[SummarizationMiddleware(scripted([AIMessage("summary")] * 20),
                                                              trigger=("messages", 4), keep=("messages", 2)),
                                      guard.middleware()], checkpointer=InMemorySaver())
@@ -1402,18 +1351,8 @@ def test_each_run_of_a_chat_thread_is_its_own_task_across_processes(gate_at, use
 
     from intent import LEDGER_KEY, ModelPrice
 
-    started: list[str] = []
-    decided: list[str] = []
-
-    class Recording(Oracle):
-        def start(self, episode: Any) -> None:
-            started.append(episode.query)
-
-        def decide(self, ctx: Any) -> Decision:
-            decided.append(ctx.query)
-            return Decision.accepted()
-
-    saver, runs, sink = InMemorySaver(), Runs(), MemoryLogSink()
+    oracle = RecordingOracle()  # the same oracle for both guards (both processes' records in one list)
+    saver, runs, sink = InMemorySaver(), RunCounter(), MemoryLogSink()
     prices = {"scripted-model": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0),
               "summariser": ModelPrice(input_per_mtok=1.0, output_per_mtok=1.0)}
     replies = [ai(call("a", x=1), usage=(10, 5)), ai(text="weather done", usage=(10, 5)),
@@ -1423,7 +1362,7 @@ def test_each_run_of_a_chat_thread_is_its_own_task_across_processes(gate_at, use
                           for _ in range(6)], model_name="summariser")
 
     def agent() -> Any:
-        guard = BudgetGuard(Recording(), market(a=1.0, b=2.0), 10, log_sink=sink, gate_at=gate_at,
+        guard = BudgetGuard(oracle, market(a=1.0, b=2.0), 10, log_sink=sink, gate_at=gate_at,
                             model_prices=prices)
         summariser = SummarizationMiddleware(guard.metered_model(summaries), trigger=("messages", 4),
                                              keep=("messages", 1))
@@ -1444,10 +1383,10 @@ def test_each_run_of_a_chat_thread_is_its_own_task_across_processes(gate_at, use
     assert (state[LEDGER_KEY]["query"], state[LEDGER_KEY]["query_run"]) == ("and the stock price?", 2)
     guard, resumed = agent()  # another process picks the thread up
     out = invoke(resumed, Command(resume={"decisions": [{"type": "approve"}]}))
-    assert runs.counts == Counter({"a": 2, "b": 1})
+    assert runs == Counter({"a": 2, "b": 1})
     weather, stocks = "what is the weather", "and the stock price?"
-    assert started == [weather, stocks]
-    assert decided == [weather, stocks, stocks]
+    assert [e.query for e in oracle.episodes] == [weather, stocks]
+    assert [c.query for c in oracle.contexts] == [weather, stocks, stocks]
     assert [(r.tool, r.query) for r in sink.records if r.kind == "tool"] == [("a", weather), ("a", stocks), ("b", stocks)]
     summarised = [r.query for r in sink.records if r.kind == "model" and r.tool == "summariser"]
     assert summarised and set(summarised) == {stocks}  # the metered summariser runs on run 2's first step
@@ -1464,32 +1403,17 @@ def test_each_fan_out_branch_of_one_run_keeps_its_own_task(use_async):
 
     from intent import GuardState
 
-    decided: list[tuple[str, int]] = []
-
-    class Recording(Oracle):
-        def decide(self, ctx: Any) -> Decision:
-            decided.append((ctx.query, ctx.args["x"]))
-            return Decision.accepted()
-
-    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-
-    class PerBranch(GenericFakeChatModel):
+    def per_branch(messages: list, info: Any) -> AIMessage:
         """Branch k calls a(x=k) once, then answers."""
+        k = int(str(next(m for m in messages if isinstance(m, HumanMessage)).content).split()[-1])
+        done = any(isinstance(m, AIMessage) for m in messages)
+        return AIMessage("done") if done else ai(call("a", x=k))
 
-        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-            return self
-
-        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
-            from langchain_core.outputs import ChatGeneration, ChatResult
-
-            k = int(str(next(m for m in messages if isinstance(m, HumanMessage)).content).split()[-1])
-            done = any(isinstance(m, AIMessage) for m in messages)
-            msg = AIMessage("done") if done else ai(call("a", x=k))
-            return ChatResult(generations=[ChatGeneration(message=msg)])
-
-    runs, sink = Runs(), MemoryLogSink()
-    guard = BudgetGuard(Recording(), market(a=1.0), 10, log_sink=sink)
-    sub = create_agent(PerBranch(messages=iter(())), [make_tool("a", runs)], middleware=[guard.middleware()])
+    oracle = RecordingOracle()
+    runs, sink = RunCounter(), MemoryLogSink()
+    guard = BudgetGuard(oracle, market(a=1.0), 10, log_sink=sink)
+    sub = create_agent(ReactiveToolModel(reply=per_branch, model_name=None), [make_tool("a", runs)],
+                       middleware=[guard.middleware()])
     parent = StateGraph(GuardState)
     parent.add_node("sub", sub)
     parent.add_conditional_edges(
@@ -1498,7 +1422,7 @@ def test_each_fan_out_branch_of_one_run_keeps_its_own_task(use_async):
     graph = parent.compile(checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": f"fan-tasks-{use_async}"}}
     out = asyncio.run(graph.ainvoke({"messages": []}, config)) if use_async else graph.invoke({"messages": []}, config)
-    assert sorted(decided) == [(f"task {k}", k) for k in range(3)]
+    assert sorted((c.query, c.args["x"]) for c in oracle.contexts) == [(f"task {k}", k) for k in range(3)]
     assert sorted((r.args["x"], r.query) for r in sink.records if r.kind == "tool") == [(k, f"task {k}") for k in range(3)]
     assert guard.ledger(out).spent == 3.0 and guard.ledger(out).reserved == 0
 
@@ -1507,7 +1431,7 @@ def test_a_later_message_reusing_a_rebuilt_calls_id_is_not_run_on_its_reservatio
     # An outer middleware rebuilds turn 1's message (supported), then answers turn 2 itself without
     # calling the model, reusing the call id: the guard never gated that message, so its call must
     # not run on the first call's (already spent) reservation.
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=2.0), 10.0, log_sink=sink)
     agent = create_agent(scripted([ai(tc("a", "c0", x=1)), AIMessage("done")]), [make_tool("a", runs)],
                          middleware=[RebuildThenCache(), guard.middleware()])
@@ -1527,15 +1451,9 @@ def test_parallel_sub_agents_sharing_an_episode_each_keep_their_own_task():
 
     from intent import FromParent
 
-    seen: list[tuple[str, Any]] = []
-
-    class Recording(Oracle):
-        def decide(self, ctx: Any) -> Decision:
-            seen.append((ctx.query, ctx.args.get("q")))
-            return Decision.accepted()
-
+    oracle = RecordingOracle()
     prices = market(fetch=0.01, research=0.0)
-    child = BudgetGuard(Recording(), prices, FromParent(limit=0.3))
+    child = BudgetGuard(oracle, prices, FromParent(limit=0.3))
     barrier = threading.Barrier(2)
 
     def fetch(q: str = "") -> str:
@@ -1552,7 +1470,7 @@ def test_parallel_sub_agents_sharing_an_episode_each_keep_their_own_task():
     create_agent(scripted([ai(tc("research", "r-A", q="A"), tc("research", "r-B", q="B")), AIMessage("done")]),
                  [StructuredTool.from_function(research, name="research", description="r")],
                  middleware=[parent.middleware()]).invoke(USER, {"configurable": {"thread_id": "p"}})
-    assert sorted(seen) == [("task A", "A"), ("task B", "B")]
+    assert sorted((c.query, c.args.get("q")) for c in oracle.contexts) == [("task A", "A"), ("task B", "B")]
 
 
 @pytest.mark.parametrize("gate_at", ["model_call", "after_model"])
@@ -1569,7 +1487,7 @@ def test_a_middlewares_own_unpriced_tool_is_refused_as_unpriced_with_one_warning
     todo = {"todos": [{"content": "x", "status": "pending"}]}
     replies = [ai(tc("write_todos", "t1", **todo)), ai(tc("write_todos", "t2", **todo), tc("invented", "i1")),
                AIMessage("done")]
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     # "b" is priced but not the agent's: never offered as usable.
     guard = BudgetGuard(AcceptAll(), market(a=1.0, b=1.0), 10.0, log_sink=sink, gate_at=gate_at)
     agent = create_agent(scripted(replies), [make_tool("a", runs)], middleware=[TodoListMiddleware(), guard.middleware()])
@@ -1607,32 +1525,19 @@ def test_an_outer_model_retry_of_a_first_reply_without_calls_leaves_a_whole_chan
     # ends: its oracle is ended and its working state dropped.
     from langchain.agents.middleware import ModelRetryMiddleware
 
-    class Tracking(Oracle):
-        def __init__(self) -> None:
-            self.started: list[str] = []
-            self.ended: list[str] = []
-
-        def decide(self, ctx: Any) -> Decision:
-            return Decision.accepted()
-
-        def start(self, info: Any) -> None:
-            self.started.append(info.episode_id)
-
-        def end(self, episode_id: str) -> None:
-            self.ended.append(episode_id)
-
     from langchain.agents.middleware import ModelFallbackMiddleware
 
-    oracle = Tracking()
+    oracle = RecordingOracle(end_hook=True)
     guard = BudgetGuard(oracle, market(a=1.0), 10.0, gate_at=gate_at)
     first = scripted([AIMessage("done, no calls")], fail_on={1})
     retry = (ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
              if outer == "retry" else ModelFallbackMiddleware(scripted([AIMessage("done by the fallback")])))
-    agent = create_agent(first, [make_tool("a", Runs())], middleware=[retry, guard.middleware()])
+    agent = create_agent(first, [make_tool("a", RunCounter())], middleware=[retry, guard.middleware()])
     out = asyncio.run(agent.ainvoke(USER)) if use_async else agent.invoke(USER)
     channel = out["intent_ledger"]
-    assert channel["budget"] == 10.0 and channel["episode_id"] == oracle.started[0]
-    assert oracle.ended == oracle.started and len(guard.episodes) == 0
+    started = [e.episode_id for e in oracle.episodes]
+    assert channel["budget"] == 10.0 and channel["episode_id"] == started[0]
+    assert oracle.ended == started and len(guard.episodes) == 0
     assert guard.ledger(out).spent == 0.0
 
 
@@ -1647,22 +1552,16 @@ def test_replies_rebuilt_outside_the_guard_keep_their_turn_numbers_over_many_run
             msg = handler(request).result[-1]
             return AIMessage(content=msg.content, tool_calls=msg.tool_calls, id=f"rebuilt-{msg.id}")
 
-    steps: list[int] = []
-
-    class Recording(Oracle):
-        def decide(self, ctx: Any) -> Decision:
-            steps.append(ctx.step)
-            return Decision.accepted()
-
-    runs, sink = Runs(), MemoryLogSink()
-    guard = BudgetGuard(Recording(), market(a=1.0), 50, log_sink=sink)
+    oracle = RecordingOracle()
+    runs, sink = RunCounter(), MemoryLogSink()
+    guard = BudgetGuard(oracle, market(a=1.0), 50, log_sink=sink)
     replies = [r for i in range(3) for r in (ai(call("a", x=i)), AIMessage(f"answer {i}"))]
     agent = create_agent(scripted(replies), [make_tool("a", runs)], middleware=[Rebuild(), guard.middleware()],
                          checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "rebuilt"}}
     for i in range(3):
         out = agent.invoke({"messages": [HumanMessage(f"q{i}")]}, config)
-    assert steps == [0, 2, 4]
+    assert [c.step for c in oracle.contexts] == [0, 2, 4]
     assert_one_record_per_call(out["messages"], sink.records)
     assert runs["a"] == 3 and guard.ledger(out).spent == 3.0
 
@@ -1673,7 +1572,7 @@ def test_a_cached_message_after_a_rejected_rebuilt_call_is_not_run_on_its_reserv
     # that reuses the call id. The guard never saw that message: its call must not run.
     from langchain.agents.middleware import HumanInTheLoopMiddleware
 
-    runs = Runs()
+    runs = RunCounter()
     guard = BudgetGuard(AcceptAll(), market(a=2.0), 10.0)
     agent = create_agent(scripted([ai(tc("a", "c0", x=1)), AIMessage("done")]), [make_tool("a", runs)],
                          middleware=[RebuildThenCache(), guard.middleware(),
@@ -1745,7 +1644,7 @@ def test_turns_stay_unique_over_runs_with_a_summariser_and_replies_no_gate_sees_
                    ai(call("a", x=4), usage=(10, 5)), ai(text="answer 2", usage=(10, 5))]
         middleware = [summariser, guard.middleware(), ToolCallLimitMiddleware(run_limit=1, exit_behavior="end")]
         runs_of_thread = 3
-    agent = create_agent(scripted(replies), [make_tool("a", Runs())], middleware=middleware,
+    agent = create_agent(scripted(replies), [make_tool("a", RunCounter())], middleware=middleware,
                          checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "chat"}}
     for i in range(runs_of_thread):
@@ -1777,7 +1676,7 @@ def test_a_cached_message_in_a_cut_down_history_is_not_run_on_the_rebuilt_calls_
                 return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage("summary: a ran", id="s")]}
             return None
 
-    runs = Runs()
+    runs = RunCounter()
     guard = BudgetGuard(AcceptAll(), market(a=2.0), 10.0)
     agent = create_agent(scripted([ai(tc("a", "c0", x=1)), AIMessage("done")]), [make_tool("a", runs)],
                          middleware=[CutDown(), RebuildThenCache(), guard.middleware()])
@@ -1797,7 +1696,7 @@ def test_an_offered_tool_the_market_cannot_price_is_warned_of_at_the_first_model
     from intent import UnpricedToolWarning
 
     guard = BudgetGuard(AcceptAll(), market(a=1.0), 10.0)
-    agent = create_agent(scripted([AIMessage("done"), AIMessage("done")]), [make_tool("a", Runs())],
+    agent = create_agent(scripted([AIMessage("done"), AIMessage("done")]), [make_tool("a", RunCounter())],
                          middleware=[TodoListMiddleware(), guard.middleware()])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -1817,7 +1716,7 @@ def test_a_providers_server_side_tool_is_not_warned_of():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         guard.prepare({"messages": []}, {"configurable": {"thread_id": "w"}},
-                      offered=[make_tool("a", Runs()), {"type": "web_search_20250305", "name": "web_search"},
+                      offered=[make_tool("a", RunCounter()), {"type": "web_search_20250305", "name": "web_search"},
                                {"name": "lookup", "description": "d", "input_schema": {"type": "object"}}])
     unpriced = [str(w.message) for w in caught if issubclass(w.category, UnpricedToolWarning)]
     assert len(unpriced) == 1 and "'lookup'" in unpriced[0]
@@ -1839,7 +1738,7 @@ def test_hiding_priced_tools_keeps_the_providers_server_side_tools_bound(hidden_
         AcceptAll(), prices.ban("c"), 10.0)
     server_side = [{"type": "tool_search"}, {"type": "web_search_20250305", "name": "web_search"}]
     model = ScriptedToolModel(messages=iter([AIMessage("done")]), bound=[], fail_on=set(), executions=[])
-    create_agent(model, [make_tool("a", Runs()), make_tool("c", Runs()), *server_side],
+    create_agent(model, [make_tool("a", RunCounter()), make_tool("c", RunCounter()), *server_side],
                  middleware=[guard.middleware()]).invoke(USER)
     assert model.bound == [sorted(["a", "", "web_search"])]  # c hidden; the unnamed tool_search kept
 
@@ -1874,7 +1773,7 @@ class AddsTool(AgentMiddleware):
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_tool_a_middleware_adds_at_runtime_is_paid_on_either_side_of_the_guard(order: str, use_async: bool) -> None:
     # Listed after the guard, the added tool ran unpaid and was logged as never run: 50 spent of 35.
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), market(a=10.0, extra=20.0), 35.0, log_sink=sink)
     model = scripted([ai(call("extra", x=1), call("a", x=1)), ai(call("extra", x=2)), AIMessage("done")])
     agent = create_agent(model, [make_tool("a", runs)],

@@ -30,24 +30,13 @@ from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from intent import AcceptAll, BudgetGuard, Market, MemoryLogSink, ModelPrice, Oracle, PricedTool
-from intent.testing import assert_each_call_answered_once, assert_one_record_per_call, scripted
+from intent.testing import RunCounter, assert_each_call_answered_once, assert_one_record_per_call, scripted
 
 ORDERS = ["guard_first", "guard_last"]
 MODES = ["sync", "async"]
 
 
-class Runs:
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def hit(self, name: str) -> None:
-        self.counts[name] = self.counts.get(name, 0) + 1
-
-    def __getitem__(self, name: str) -> int:
-        return self.counts.get(name, 0)
-
-
-def make_tool(name: str, runs: Runs) -> StructuredTool:
+def make_tool(name: str, runs: RunCounter) -> StructuredTool:
     def fn(x: str = "0") -> str:
         runs.hit(name)
         return f"{name} ran with {x}"
@@ -69,18 +58,18 @@ def invoke(agent: Any, inp: Any, mode: str, config: Any = None) -> Any:
     return agent.invoke(inp, config)
 
 
-def check(guard: BudgetGuard, out: Any, runs: Runs, prices: dict[str, float], sink: MemoryLogSink,
+def check(guard: BudgetGuard, out: Any, runs: RunCounter, prices: dict[str, float], sink: MemoryLogSink,
           *, model_cost: float = 0.0, all_messages: list[Any] | None = None) -> Any:
     ledger = guard.ledger(out)
     expected = sum(runs[n] * p for n, p in prices.items()) + model_cost
     assert ledger.reserved == 0, f"reserved {ledger.reserved} after the run"
-    assert ledger.spent == pytest.approx(expected), f"spent {ledger.spent}, tools ran {runs.counts}: {expected}"
+    assert ledger.spent == pytest.approx(expected), f"spent {ledger.spent}, tools ran {dict(runs)}: {expected}"
     assert ledger.spent <= ledger.budget + 1e-9
     msgs = list(out["messages"]) if all_messages is None else all_messages
     assert_each_call_answered_once(msgs)
-    tool_runs = [r for r in sink.records if r.kind == "tool" and r.execution > 0 and r.tool in runs.counts]
-    assert len(tool_runs) == sum(runs.counts.get(n, 0) for n in prices), (
-        f"{len(tool_runs)} execution records, {runs.counts} executions")
+    tool_runs = [r for r in sink.records if r.kind == "tool" and r.execution > 0 and r.tool in runs]
+    assert len(tool_runs) == sum(runs.get(n, 0) for n in prices), (
+        f"{len(tool_runs)} execution records, {dict(runs)} executions")
     assert sum(r.charged for r in sink.records) == pytest.approx(ledger.spent)
     assert_one_record_per_call(msgs, sink.records)
     return ledger
@@ -92,7 +81,7 @@ USER = {"messages": [("user", "go")]}
 def _guarded(prices: dict[str, float], budget: float, **guard_kw: Any) -> tuple[Any, MemoryLogSink, BudgetGuard]:
     """Executions counted outside the guard, its log, and an AcceptAll guard over ``prices``."""
     sink = MemoryLogSink()
-    return Runs(), sink, BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), budget,
+    return RunCounter(), sink, BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), budget,
                                      log_sink=sink, **guard_kw)
 
 
@@ -202,7 +191,7 @@ class HideA_B(Oracle):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_tool_selector_picking_a_hidden_tool_cannot_unhide_it(order, mode):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     prices = {"a": 1.0, "b": 2.0, "c": 1.0}
     # b banned in the market (refused at the gate), c hidden by the oracle (not shown)
     guard = BudgetGuard(HideA_B(), Market([PricedTool(n, p) for n, p in prices.items()], banned=["b"]), 10.0,
@@ -222,7 +211,7 @@ def test_tool_selector_picking_a_hidden_tool_cannot_unhide_it(order, mode):
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("priced", [False, True])
 def test_todo_list_write_todos_priced_or_not(order, mode, priced):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     prices = {"a": 1.0}
     tools = [PricedTool("a", 1.0)] + ([PricedTool("write_todos", 0.0)] if priced else [])
     guard = BudgetGuard(AcceptAll(), Market(tools), 10.0, log_sink=sink)
@@ -392,7 +381,7 @@ SPRICES = {"main": ModelPrice(1000, 1000), "selector": ModelPrice(2000, 2000)}
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_selector_model_executions_inside_the_guard_are_metered(order, mode):
-    runs, sink, mruns = Runs(), MemoryLogSink(), ModelRuns()
+    runs, sink, mruns = RunCounter(), MemoryLogSink(), ModelRuns()
     prices = {"a": 1.0, "b": 1.0}
     guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 10.0, log_sink=sink,
                         model_prices=SPRICES, max_output_tokens=100)
@@ -441,7 +430,7 @@ def test_limits_ending_runs_across_a_thread(which, order, mode):
 def test_pii_block_on_tool_result_keeps_the_charge(order, mode):
     from langchain.agents.middleware import PIIDetectionError
 
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 2.0)]), 10.0, log_sink=sink)
     model = scripted([AIMessage("", tool_calls=[tc("a", "c1", x="x@example.com"), tc("a", "c2", x="y")]),
                       AIMessage("done")])
@@ -457,7 +446,7 @@ def test_pii_block_on_tool_result_keeps_the_charge(order, mode):
     assert sum(r.charged for r in sink.records) == pytest.approx(4.0)
 
 
-def strict_tool(name: str, runs: Runs) -> StructuredTool:
+def strict_tool(name: str, runs: RunCounter) -> StructuredTool:
     def fn(x: int) -> str:
         runs.hit(name)
         return f"{name} ran with {x}"
@@ -478,7 +467,7 @@ REWRITES2 = {
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("how", list(REWRITES2))
 def test_after_model_rewrites_to_unusable_calls(how, order, mode, gate_at):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     prices = {"a": 1.0, "banned": 1.0}
     guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()], banned=["banned"]), 10.0,
                         log_sink=sink, gate_at=gate_at)
@@ -498,7 +487,7 @@ def test_after_model_rewrites_to_unusable_calls(how, order, mode, gate_at):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_priced_write_todos_and_pii_args(order, mode, gate_at):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 2.0), PricedTool("write_todos", 0.5)]), 10.0,
                         log_sink=sink, gate_at=gate_at)
     todos = [{"content": "mail bob@example.com", "status": "pending"}]
@@ -551,7 +540,7 @@ def test_tool_call_limit_error_then_next_run_on_the_thread(order, mode):
 def test_rewritten_args_retried_each_run_paid(order, mode):
     from langchain.agents.middleware import ToolRetryMiddleware
 
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
 
     def fn(x: str = "0") -> str:
         runs.hit("a")

@@ -7,16 +7,12 @@ fixed usage, so what was spent is (agent executions x agent cost) + (summaries x
 from __future__ import annotations
 
 import asyncio
-import itertools
-import threading
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, SummarizationMiddleware
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -31,68 +27,32 @@ from intent import (
     PricedTool,
 )
 from intent.state import LEDGER_KEY
+from intent.testing import ReactiveToolModel, RunCounter, TurnInfo, ai, call
 
 PRICE = ModelPrice(input_per_mtok=1000.0, output_per_mtok=1000.0)  # 0.001 per token
 AGENT_USAGE, SUMMARY_USAGE = (10, 5), (200, 50)
 AGENT_COST, SUMMARY_COST = 15 * 0.001, 250 * 0.001
 USER = {"messages": [("user", "count to six with a")]}
-_ids = itertools.count()
 
 
-def _usage(i: int, o: int) -> dict[str, int]:
-    return {"input_tokens": i, "output_tokens": o, "total_tokens": i + o}
+def counting_agent(runs: RunCounter, until: int = 6, fail_at: int = 0) -> ReactiveToolModel:
+    """Calls tool ``a`` with x = last result + 1 until x reaches ``until``, then answers; its ``fail_at``-th
+    execution (counted in ``runs``) raises, as a provider outage would, before any usage."""
 
-
-class Runs:
-    def __init__(self) -> None:
-        self.n, self._lock = 0, threading.Lock()
-
-    def hit(self) -> int:
-        with self._lock:
-            self.n += 1
-            return self.n
-
-
-class CountingAgentModel(BaseChatModel):
-    """Calls tool ``a`` with x = last result + 1 until x reaches ``until``, then answers."""
-
-    model_name: str = "agent-model"
-    until: int = 6
-    runs: Any = None
-
-    @property
-    def _llm_type(self) -> str:
-        return "counting-agent"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> CountingAgentModel:
-        return self
-
-    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        self.runs.hit()
+    def reply(messages: list, info: TurnInfo) -> AIMessage:
+        if info.execution == fail_at:
+            raise RuntimeError("model down")
         last = next((m for m in reversed(messages) if isinstance(m, ToolMessage)), None)
         x = int(str(last.content).split("=")[1]) if last is not None else 0
-        calls = [] if x >= self.until else [{"name": "a", "args": {"x": x + 1}, "id": f"c{next(_ids)}",
-                                               "type": "tool_call"}]
-        msg = AIMessage("done" if not calls else "", tool_calls=calls, usage_metadata=_usage(*AGENT_USAGE))
-        return ChatResult(generations=[ChatGeneration(message=msg)])
+        return AIMessage("done") if x >= until else ai(call("a", x=x + 1))
+
+    return ReactiveToolModel(reply=reply, model_name="agent-model", usage=AGENT_USAGE, runs=runs)
 
 
-class SummaryModel(BaseChatModel):
+def summary_model(runs: RunCounter, fail_on: Any = ()) -> ReactiveToolModel:
     """Always the same summary, with SUMMARY_USAGE; the executions in ``fail_on`` raise first."""
-
-    model_name: str = "summary-model"
-    runs: Any = None
-    fail_on: set = set()
-
-    @property
-    def _llm_type(self) -> str:
-        return "summary"
-
-    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        if self.runs.hit() in self.fail_on:
-            raise ConnectionError("provider hiccup")
-        message = AIMessage("summary of earlier turns", usage_metadata=_usage(*SUMMARY_USAGE))
-        return ChatResult(generations=[ChatGeneration(message=message)])
+    return ReactiveToolModel(reply=lambda messages, info: "summary of earlier turns", model_name="summary-model",
+                             usage=SUMMARY_USAGE, runs=runs, fail_on=frozenset(fail_on))
 
 
 def _tool_a() -> StructuredTool:
@@ -105,21 +65,21 @@ class Setup:
         self.sink = MemoryLogSink()
         self.guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", tool_price)]), budget, log_sink=self.sink,
                                  model_prices={"agent-model": PRICE, "summary-model": PRICE}, max_output_tokens=100)
-        self.agent_runs, self.summary_runs = Runs(), Runs()
-        self.summariser = SummaryModel(runs=self.summary_runs, fail_on=set(fail_on))
+        self.agent_runs, self.summary_runs = RunCounter(), RunCounter()
+        self.summariser = summary_model(self.summary_runs, fail_on)
         middleware: list[Any] = []
         if summarise:
             middleware.append(SummarizationMiddleware(self.guard.metered_model(self.summariser),
                                                       trigger=("messages", 4), keep=("messages", 2)))
         middleware.append(self.guard.middleware())
-        self.agent = create_agent(CountingAgentModel(runs=self.agent_runs, until=until), [_tool_a()],
+        self.agent = create_agent(counting_agent(self.agent_runs, until=until), [_tool_a()],
                                   middleware=middleware, checkpointer=checkpointer)
 
     def run(self, use_async: bool, inp: Any = USER, config: Any = None) -> Any:
         return asyncio.run(self.agent.ainvoke(inp, config)) if use_async else self.agent.invoke(inp, config)
 
     def expected(self) -> float:
-        return self.agent_runs.n * AGENT_COST + self.summary_runs.n * SUMMARY_COST
+        return self.agent_runs.total() * AGENT_COST + self.summary_runs.total() * SUMMARY_COST
 
     def model_records(self, episode: str | None = None) -> list[Any]:
         return [r for r in self.sink.records if r.kind == "model" and (episode is None or r.task_id == episode)]
@@ -137,12 +97,12 @@ def test_the_summarisers_executions_are_charged_to_the_runs_episode(thread, use_
     s = Setup(checkpointer=saver)
     out = s.run(use_async, config=config)
     assert any("summary of earlier turns" in str(m.content) for m in out["messages"])  # it did summarise
-    assert s.summary_runs.n >= 2
+    assert s.summary_runs.total() >= 2
     ledger = s.guard.ledger(out)
     assert ledger.spent == pytest.approx(s.expected()) and ledger.spent <= ledger.budget
     assert ledger.reserved == 0
     records = s.model_records()
-    assert len(records) == s.agent_runs.n + s.summary_runs.n  # one record per execution
+    assert len(records) == s.agent_runs.total() + s.summary_runs.total()  # one record per execution
     assert {r.task_id for r in records} == {out[LEDGER_KEY]["episode_id"]}
     assert sorted({r.reason for r in records if r.tool == "summary-model"}) == ["metered_model:summarization"]
     assert sum(r.charged for r in records) == pytest.approx(s.expected())
@@ -165,7 +125,7 @@ def test_concurrent_runs_without_a_thread_each_pay_for_their_own_summaries():
         summary_n = sum(1 for r in records if r.tool == "summary-model")
         assert summary_n >= 2
         assert committed(out[LEDGER_KEY]) == pytest.approx(agent_n * AGENT_COST + summary_n * SUMMARY_COST)
-    assert len(s.model_records()) == s.agent_runs.n + s.summary_runs.n
+    assert len(s.model_records()) == s.agent_runs.total() + s.summary_runs.total()
 
 
 @pytest.mark.parametrize("use_async", [False, True])
@@ -173,7 +133,8 @@ def test_a_failed_summary_execution_is_released_and_its_retry_charged(use_async)
     s = Setup(fail_on={1})  # SummarizationMiddleware retries its model
     out = s.run(use_async)
     ledger = s.guard.ledger(out)
-    assert ledger.spent == pytest.approx(s.agent_runs.n * AGENT_COST + (s.summary_runs.n - 1) * SUMMARY_COST)
+    assert ledger.spent == pytest.approx(
+        s.agent_runs.total() * AGENT_COST + (s.summary_runs.total() - 1) * SUMMARY_COST)
     assert ledger.reserved == 0
     errors = [r for r in s.model_records() if r.status == "error"]
     assert [(r.tool, r.charged) for r in errors] == [("summary-model", 0.0)]
@@ -188,11 +149,11 @@ def test_a_thread_resumed_by_a_fresh_guard_keeps_what_it_spent(use_async):
     first = Setup(7.0, checkpointer=saver, tool_price=1.0, summarise=False)
     first.run(use_async, config=config)
     spent_before = committed(first.agent.get_state(config).values[LEDGER_KEY])
-    assert spent_before == pytest.approx(6 + first.agent_runs.n * AGENT_COST)
+    assert spent_before == pytest.approx(6 + first.agent_runs.total() * AGENT_COST)
     second = Setup(7.0, checkpointer=saver, tool_price=1.0)
     with pytest.raises(MeteredModelRefused, match="costs"):
         second.run(use_async, {"messages": [("user", "again")]}, config)
-    assert second.summary_runs.n == 0  # refused once, not retried by SummarizationMiddleware
+    assert second.summary_runs.total() == 0  # refused once, not retried by SummarizationMiddleware
     assert [(r.tool, r.reason, r.charged) for r in second.model_records()] == [
         ("summary-model", "model_over_budget", 0.0)]
     ledger = second.guard.episodes.peek("R").ledger
@@ -207,7 +168,7 @@ def test_a_thread_resumed_by_a_fresh_guard_charges_on_top_of_state(use_async):
     before = committed(first.agent.get_state(config).values[LEDGER_KEY])
     second = Setup(checkpointer=saver)
     out = second.run(use_async, {"messages": [("user", "again")]}, config)
-    assert second.summary_runs.n >= 1
+    assert second.summary_runs.total() >= 1
     assert committed(out[LEDGER_KEY]) == pytest.approx(before + second.expected())
     assert committed(second.agent.get_state(config).values[LEDGER_KEY]) == pytest.approx(before + second.expected())
 
@@ -234,11 +195,11 @@ class Reviewer(AgentMiddleware):
 def test_a_charge_after_the_last_model_step_reaches_the_checkpoint(use_async):
     saver, config = InMemorySaver(), {"configurable": {"thread_id": "V"}}
     s = Setup(checkpointer=saver, summarise=False, until=1)
-    reviewer = Reviewer(s.guard.metered_model(SummaryModel(runs=s.summary_runs)))
-    s.agent = create_agent(CountingAgentModel(runs=s.agent_runs, until=1), [_tool_a()],
+    reviewer = Reviewer(s.guard.metered_model(summary_model(s.summary_runs)))
+    s.agent = create_agent(counting_agent(s.agent_runs, until=1), [_tool_a()],
                            middleware=[reviewer, s.guard.middleware()], checkpointer=saver)
     out = s.run(use_async, config=config)
-    assert s.summary_runs.n == 1
+    assert s.summary_runs.total() == 1
     assert committed(s.agent.get_state(config).values[LEDGER_KEY]) == pytest.approx(s.expected())
     assert s.guard.ledger(out).reserved == 0
     assert [r.reason for r in s.model_records() if r.tool == "summary-model"] == ["metered_model"]
@@ -249,10 +210,10 @@ def test_a_charge_after_the_last_model_step_reaches_the_checkpoint(use_async):
 def test_a_metered_copy_used_as_the_agents_own_model_is_charged_once(thread, use_async):
     saver = InMemorySaver() if thread else None
     s = Setup(summarise=False)
-    s.agent = create_agent(s.guard.metered_model(CountingAgentModel(runs=s.agent_runs)), [_tool_a()],
+    s.agent = create_agent(s.guard.metered_model(counting_agent(s.agent_runs)), [_tool_a()],
                            middleware=[s.guard.middleware()], checkpointer=saver)
     out = s.run(use_async, config={"configurable": {"thread_id": "O"}} if thread else None)
-    assert out["messages"][-1].content == "done" and s.agent_runs.n == 7  # six calls to a, then the answer
+    assert out["messages"][-1].content == "done" and s.agent_runs.total() == 7  # six calls to a, then the answer
     assert s.guard.ledger(out).spent == pytest.approx(7 * AGENT_COST)
     assert [r.reason for r in s.model_records()] == ["accepted"] * 7
 
@@ -263,10 +224,10 @@ def test_a_run_without_a_thread_cannot_pay_for_a_summary_before_its_first_model_
     long_input = {"messages": [("user", f"message {i}") for i in range(6)]}
     with pytest.raises(MeteredModelRefused, match="thread_id"):
         s.agent.invoke(long_input)
-    assert s.summary_runs.n == 0
+    assert s.summary_runs.total() == 0
     with_thread = Setup(checkpointer=InMemorySaver())  # with a thread it is the thread's new episode
     out = with_thread.agent.invoke(long_input, {"configurable": {"thread_id": "L"}})
-    assert with_thread.summary_runs.n >= 1
+    assert with_thread.summary_runs.total() >= 1
     assert committed(out[LEDGER_KEY]) == pytest.approx(with_thread.expected())
 
 
@@ -278,18 +239,18 @@ def test_without_the_state_reader_only_an_episode_loaded_from_state_can_pay(monk
     saver, config = InMemorySaver(), {"configurable": {"thread_id": "W"}}
     first = Setup(checkpointer=saver)
     first.run(False, config=config)  # loads the episode at its first model step, before any summary
-    assert first.summary_runs.n >= 2
+    assert first.summary_runs.total() >= 2
     assert committed(first.agent.get_state(config).values[LEDGER_KEY]) == pytest.approx(first.expected())
     second = Setup(checkpointer=saver)  # a fresh process: the summary would run before the guard loads
     with pytest.raises(MeteredModelRefused, match="does not let"):
         second.run(False, {"messages": [("user", "again")]}, config)
-    assert second.summary_runs.n == 0
+    assert second.summary_runs.total() == 0
 
 
 def test_metered_model_needs_a_price_table():
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0)
     with pytest.raises(GuardConfigError, match="model_prices"):
-        guard.metered_model(SummaryModel(runs=Runs()))
+        guard.metered_model(summary_model(RunCounter()))
     priced = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"gpt-4o-mini": PRICE})
     with pytest.raises(TypeError, match="chat model"):
         priced.metered_model(object())
@@ -306,28 +267,10 @@ def test_metered_model_takes_a_provider_string_and_bounds_its_output(monkeypatch
     assert [type(h).__name__ for h in model.callbacks] == ["MeteredModelCallback"]
 
 
-class SelectorModel(BaseChatModel):
+def selector_model(runs: RunCounter) -> ReactiveToolModel:
     """LLMToolSelectorMiddleware's model: picks tool ``a`` through structured output (a tool call)."""
-
-    model_name: str = "summary-model"  # priced as the summariser
-    runs: Any = None
-    schema_name: str = ""
-
-    @property
-    def _llm_type(self) -> str:
-        return "selector"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-        from langchain_core.utils.function_calling import convert_to_openai_tool
-
-        name = convert_to_openai_tool(tools[0])["function"]["name"]
-        return self.model_copy(update={"schema_name": name}).bind(**kwargs)
-
-    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        self.runs.hit()
-        call = {"name": self.schema_name, "args": {"tools": ["a"]}, "id": f"s{next(_ids)}", "type": "tool_call"}
-        message = AIMessage("", tool_calls=[call], usage_metadata=_usage(*SUMMARY_USAGE))
-        return ChatResult(generations=[ChatGeneration(message=message)])
+    return ReactiveToolModel(reply=lambda messages, info: ai(call(info.tools[0], tools=["a"])),
+                             model_name="summary-model", usage=SUMMARY_USAGE, runs=runs)  # priced as the summariser
 
 
 @pytest.mark.parametrize("use_async", [False, True])
@@ -341,10 +284,10 @@ def test_a_tool_selectors_model_is_charged_in_either_order(selector_first, use_a
 
     def build(s: Setup, saver: Any = None) -> None:
         b = StructuredTool.from_function(lambda: "b", name="b", description="Tool b.")
-        selector = LLMToolSelectorMiddleware(model=s.guard.metered_model(SelectorModel(runs=s.summary_runs)),
+        selector = LLMToolSelectorMiddleware(model=s.guard.metered_model(selector_model(s.summary_runs)),
                                              max_tools=1)
         stack = [selector, s.guard.middleware()] if selector_first else [s.guard.middleware(), selector]
-        s.agent = create_agent(CountingAgentModel(runs=s.agent_runs, until=3), [_tool_a(), b], middleware=stack,
+        s.agent = create_agent(counting_agent(s.agent_runs, until=3), [_tool_a(), b], middleware=stack,
                                checkpointer=saver)
 
     if selector_first:
@@ -352,12 +295,12 @@ def test_a_tool_selectors_model_is_charged_in_either_order(selector_first, use_a
         build(unplaced)
         with pytest.raises(MeteredModelRefused, match="thread_id"):
             unplaced.run(use_async)
-        assert unplaced.summary_runs.n == 0 and unplaced.agent_runs.n == 0
+        assert unplaced.summary_runs.total() == 0 and unplaced.agent_runs.total() == 0
     s = Setup(summarise=False, until=3)
     saver = InMemorySaver() if selector_first else None
     build(s, saver)
     out = s.run(use_async, config={"configurable": {"thread_id": "sel"}} if selector_first else None)
-    assert s.agent_runs.n == 4 and s.summary_runs.n == 4  # one selection before each model call
+    assert s.agent_runs.total() == 4 and s.summary_runs.total() == 4  # one selection before each model call
     ledger = s.guard.ledger(out)
     assert ledger.spent == pytest.approx(s.expected()) and ledger.reserved == 0
     assert sorted({r.reason for r in s.model_records() if r.tool == "summary-model"}) == [
@@ -366,23 +309,16 @@ def test_a_tool_selectors_model_is_charged_in_either_order(selector_first, use_a
     assert committed(out[LEDGER_KEY]) == pytest.approx(s.expected())
 
 
-class EmulatorModel(BaseChatModel):
+def emulator_model(runs: RunCounter) -> ReactiveToolModel:
     """LLMToolEmulator's model: answers tool a's call as the tool would ("n=<x>")."""
 
-    model_name: str = "summary-model"  # priced as the summariser
-    runs: Any = None
-
-    @property
-    def _llm_type(self) -> str:
-        return "emulator"
-
-    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+    def reply(messages: list, info: TurnInfo) -> str:
         import re
 
-        self.runs.hit()
         x = re.search(r"'x': (\d+)", str(messages[-1].content)).group(1)
-        message = AIMessage(f"n={x}", usage_metadata=_usage(*SUMMARY_USAGE))
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        return f"n={x}"
+
+    return ReactiveToolModel(reply=reply, model_name="summary-model", usage=SUMMARY_USAGE, runs=runs)
 
 
 @pytest.mark.parametrize("use_async", [False, True])
@@ -395,11 +331,11 @@ def test_a_tool_emulators_model_is_charged_and_the_emulated_tool_is_not(emulator
     from langchain.agents.middleware import LLMToolEmulator
 
     s = Setup(summarise=False, tool_price=1.0, until=3)
-    emulator = LLMToolEmulator(tools=["a"], model=s.guard.metered_model(EmulatorModel(runs=s.summary_runs)))
+    emulator = LLMToolEmulator(tools=["a"], model=s.guard.metered_model(emulator_model(s.summary_runs)))
     stack = [emulator, s.guard.middleware()] if emulator_first else [s.guard.middleware(), emulator]
-    s.agent = create_agent(CountingAgentModel(runs=s.agent_runs, until=3), [_tool_a()], middleware=stack)
+    s.agent = create_agent(counting_agent(s.agent_runs, until=3), [_tool_a()], middleware=stack)
     out = s.run(use_async)
-    assert s.agent_runs.n == 4 and s.summary_runs.n == 3  # three emulated calls to a
+    assert s.agent_runs.total() == 4 and s.summary_runs.total() == 3  # three emulated calls to a
     ledger = s.guard.ledger(out)
     assert ledger.spent_by_kind() == {"model": pytest.approx(s.expected())}  # tool a never ran: not charged
     assert ledger.reserved == 0
@@ -413,8 +349,8 @@ def test_a_sub_agent_without_a_guard_pays_its_metered_model_from_the_parents_too
     # whose model is the parent guard's metered copy, as deepagents' general-purpose sub-agent uses the
     # main model. Its executions are paid by the parent's tool call; nothing reads a channel it lacks.
     s = Setup(summarise=False, until=1)
-    child_runs = Runs()
-    child_model = s.guard.metered_model(CountingAgentModel(runs=child_runs, until=2))
+    child_runs = RunCounter()
+    child_model = s.guard.metered_model(counting_agent(child_runs, until=2))
 
     def delegate(q: str = "") -> str:
         child = create_agent(child_model, [_tool_a()])
@@ -427,14 +363,15 @@ def test_a_sub_agent_without_a_guard_pays_its_metered_model_from_the_parents_too
         return "n=1"
 
     tool = StructuredTool.from_function(delegate, coroutine=adelegate, name="a", description="Delegate.")
-    parent_model = CountingAgentModel(runs=s.agent_runs, until=1)
+    parent_model = counting_agent(s.agent_runs, until=1)
     s.agent = create_agent(parent_model, [tool], middleware=[s.guard.middleware()])
     out = s.run(use_async)
-    assert child_runs.n == 3 and s.agent_runs.n == 2  # the child called its a twice then answered
+    assert child_runs.total() == 3 and s.agent_runs.total() == 2  # the child called its a twice then answered
     ledger = s.guard.ledger(out)
-    assert ledger.spent == pytest.approx((s.agent_runs.n + child_runs.n) * AGENT_COST) and ledger.reserved == 0
+    assert ledger.spent == pytest.approx((s.agent_runs.total() + child_runs.total()) * AGENT_COST)
+    assert ledger.reserved == 0
     assert committed(out[LEDGER_KEY]) == pytest.approx(ledger.spent)
-    assert len(s.model_records()) == s.agent_runs.n + child_runs.n
+    assert len(s.model_records()) == s.agent_runs.total() + child_runs.total()
 
 
 def test_metered_model_refuses_a_completion_model():
@@ -447,19 +384,6 @@ def test_metered_model_refuses_a_completion_model():
         guard.metered_model(FakeListLLM(responses=["x"]))
 
 
-class FailingOnce(CountingAgentModel):
-    """The agent's model: its ``fail_at``-th execution raises (a provider outage), before any usage."""
-
-    fail_at: int = 0
-
-    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        if self.runs.n + 1 == self.fail_at:
-            self.runs.hit()
-            self.fail_at = 0
-            raise RuntimeError("model down")
-        return super()._generate(messages, stop, run_manager, **kwargs)
-
-
 @pytest.mark.parametrize("use_async", [False, True])
 def test_a_summary_charge_survives_a_crash_of_the_next_model_step(use_async):
     # The summariser runs (and is paid) in its own node; then the agent's model step fails and the run
@@ -468,7 +392,7 @@ def test_a_summary_charge_survives_a_crash_of_the_next_model_step(use_async):
     saver, config = InMemorySaver(), {"configurable": {"thread_id": "C"}}
 
     def build(s: Setup, fail_at: int) -> None:
-        s.agent = create_agent(FailingOnce(runs=s.agent_runs, fail_at=fail_at), [_tool_a()], middleware=[
+        s.agent = create_agent(counting_agent(s.agent_runs, fail_at=fail_at), [_tool_a()], middleware=[
             SummarizationMiddleware(s.guard.metered_model(s.summariser), trigger=("messages", 4), keep=("messages", 2)),
             s.guard.middleware()], checkpointer=saver)
 
@@ -476,14 +400,14 @@ def test_a_summary_charge_survives_a_crash_of_the_next_model_step(use_async):
     build(first, fail_at=3)  # the third model execution fails, after the first summary
     with pytest.raises(RuntimeError, match="model down"):
         first.run(use_async, config=config)
-    assert first.summary_runs.n == 1
-    paid = (first.agent_runs.n - 1) * AGENT_COST + SUMMARY_COST  # the failed execution is not billed
+    assert first.summary_runs.total() == 1
+    paid = (first.agent_runs.total() - 1) * AGENT_COST + SUMMARY_COST  # the failed execution is not billed
     assert committed(first.agent.get_state(config).values[LEDGER_KEY]) == pytest.approx(paid)
     second = Setup(checkpointer=saver)
     second.agent_runs, second.summary_runs, second.summariser = first.agent_runs, first.summary_runs, first.summariser
     build(second, fail_at=0)
     out = asyncio.run(second.agent.ainvoke(None, config)) if use_async else second.agent.invoke(None, config)
-    paid = (first.agent_runs.n - 1) * AGENT_COST + first.summary_runs.n * SUMMARY_COST
+    paid = (first.agent_runs.total() - 1) * AGENT_COST + first.summary_runs.total() * SUMMARY_COST
     assert second.guard.ledger(out).spent == pytest.approx(paid)
 
 
@@ -492,7 +416,7 @@ def test_a_streamed_run_charges_the_summariser_as_an_invoked_one(mode):
     saver, config = InMemorySaver(), {"configurable": {"thread_id": f"stream-{mode}"}}
     s = Setup(checkpointer=saver)
     chunks = list(s.agent.stream(USER, config, stream_mode=mode))
-    assert chunks and s.summary_runs.n >= 2
+    assert chunks and s.summary_runs.total() >= 2
     state = s.agent.get_state(config).values
     assert committed(state[LEDGER_KEY]) == pytest.approx(s.expected())
     assert s.guard.ledger(state).reserved == 0

@@ -17,7 +17,7 @@ from intent.oracles import MCOOracle
 from intent.oracles.base import PlanningOracle
 from intent.oracles.caches import CachedStep
 from intent.policy import AgentPolicy
-from intent.testing import ScriptedToolModel, ai, call, scripted
+from intent.testing import RecordingOracle, ScriptedToolModel, ai, call, scripted
 
 MARKET = Market([PricedTool("a", 1.0)])
 
@@ -132,14 +132,7 @@ def test_fan_out_branches_of_one_step_are_one_run_not_a_new_one_each():
 
     from intent.state import GuardState
 
-    class Recording(AcceptAll):
-        def __init__(self) -> None:
-            self.starts: list[str] = []
-
-        def start(self, info: EpisodeInfo) -> None:
-            self.starts.append(info.query)
-
-    oracle = Recording()
+    oracle = RecordingOracle()
     guard = BudgetGuard(oracle, MARKET, 10.0)
 
     def agent_node(state, config):  # noqa: ANN001, ANN202 - LangGraph passes config by this signature
@@ -154,4 +147,4 @@ def test_fan_out_branches_of_one_step_are_one_run_not_a_new_one_each():
     graph.add_edge("agent", END)
     graph.compile(checkpointer=InMemorySaver()).invoke(
         {"messages": [HumanMessage("sub-task 0"), HumanMessage("sub-task 1")]}, {"configurable": {"thread_id": "fan"}})
-    assert oracle.starts == ["sub-task 0"]
+    assert [e.query for e in oracle.episodes] == ["sub-task 0"]

@@ -11,8 +11,6 @@ tools, never read back from the guard.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections import Counter
 from typing import Any
 
 import httpx
@@ -36,7 +34,7 @@ from intent.errors import (
 )
 from intent.oracles import IntentOracle, MCOOracle
 from intent.policy import AgentPolicy
-from intent.testing import GuardDriver, ScriptedToolModel, assert_each_call_answered_once
+from intent.testing import GuardDriver, RunCounter, ScriptedToolModel, assert_each_call_answered_once
 from worldmodel.openai_compat import OpenAICompatibleWorldModel
 from worldmodel.protocols import ModelError
 
@@ -74,23 +72,18 @@ BUGS = {
 }
 
 
-class Runs:
-    """Real executions per tool, counted inside the tools (thread-safe)."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
+class Runs(RunCounter):
+    """Real executions per tool, counted inside the tools (thread-safe), and what they cost."""
 
     def tool(self, name: str) -> StructuredTool:
         def fn(x: int = 0) -> str:
-            with self._lock:
-                self.counts[name] += 1
+            self.hit(name)
             return f"{name} ran with {x}"
 
         return StructuredTool.from_function(fn, name=name, description=f"Tool {name}.")
 
     def money(self) -> float:
-        return sum(n * PRICES[name] for name, n in self.counts.items())
+        return sum(n * PRICES[name] for name, n in self.items())
 
 
 class Scripted(Oracle):
@@ -168,7 +161,7 @@ def test_a_bug_in_the_oracle_fails_the_run_and_the_money_stays_right(bug, tool_e
         run(agent, {"messages": [("user", "go")]}, config, is_async)
     assert type(raised.value) is expected  # unchanged, not wrapped, not turned into a fallback
 
-    assert runs.counts == {"a": 1}  # c1 only
+    assert runs == {"a": 1}  # c1 only
     state = agent.get_state(config).values
     ledger = guard.ledger(state)
     assert ledger.spent == runs.money() == 10.0
@@ -180,11 +173,11 @@ def test_a_bug_in_the_oracle_fails_the_run_and_the_money_stays_right(bug, tool_e
     out = run(agent, None, config, is_async)
     ledger = guard.ledger(out)
     if gate_at == "after_model":
-        assert runs.counts == {"a": 2, "b": 1}
+        assert runs == {"a": 2, "b": 1}
         assert ledger.spent == runs.money() == 27.0
         assert sorted(r.call_id for r in sink.records if r.execution > 0) == ["c1", "c2", "c3"]
     else:
-        assert runs.counts == {"a": 1}
+        assert runs == {"a": 1}
         assert ledger.spent == runs.money() == 10.0
         assert out["messages"][-1].content == "done"
         assert not any(c["id"] in ("c2", "c3") for m in out["messages"] for c in getattr(m, "tool_calls", []))
@@ -202,7 +195,7 @@ def test_an_oracle_raising_stop_iteration_fails_instead_of_ending_the_batch(is_a
                          middleware=[guard.middleware()])
     with pytest.raises(RuntimeError, match="raised StopIteration"):
         run(agent, {"messages": [("user", "go")]}, {"configurable": {"thread_id": f"stop-{is_async}"}}, is_async)
-    assert runs.counts == {}
+    assert runs == {}
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
@@ -219,9 +212,9 @@ def test_a_recoverable_failure_falls_back_as_documented(policy, name, is_async):
     fallback = [r for r in sink.records if r.reason == "oracle_error"]
     assert [r.call_id for r in fallback] == ["c3"]
     if policy == "accept_if_fits":
-        assert runs.counts == {"a": 2, "b": 1} and fallback[0].decision == "accept"
+        assert runs == {"a": 2, "b": 1} and fallback[0].decision == "accept"
     else:
-        assert runs.counts == {"a": 1, "b": 1} and fallback[0].decision == "reject"
+        assert runs == {"a": 1, "b": 1} and fallback[0].decision == "reject"
     ledger = guard.ledger(out)
     assert ledger.spent == runs.money() and ledger.reserved == 0
     assert_each_call_answered_once(out["messages"])
@@ -233,7 +226,7 @@ def test_the_fallback_never_accepts_what_does_not_fit():
     agent = create_agent(ScriptedToolModel(messages=iter(script()), bound=[]), [runs.tool("a"), runs.tool("b")],
                          middleware=[guard.middleware()])
     out = agent.invoke({"messages": [("user", "go")]})
-    assert runs.counts == {"a": 1}  # b (7) does not fit in the 5 left, nor does the second a
+    assert runs == {"a": 1}  # b (7) does not fit in the 5 left, nor does the second a
     assert guard.ledger(out).spent == runs.money() == 10.0
 
 
@@ -254,7 +247,7 @@ def test_a_bug_while_re_gating_an_edited_call_fails_and_releases_the_reservation
 
     answers = driver.step(AIMessage("", tool_calls=[tc("a", "e1", x=1)]), run_tool=edit_then_run)
     assert [(m.status, m.artifact["intent_reason"]) for m in answers] == [("error", "oracle_bug")]
-    assert runs.counts == {}
+    assert runs == {}
     ledger = guard.episodes.get("regate-" + tool_errors).ledger
     assert (ledger.spent, ledger.reserved) == (0.0, 0.0)
     with pytest.raises(KeyError, match="args"):
@@ -294,7 +287,7 @@ def test_a_bug_in_an_oracle_hook_at_the_tool_step_is_raised_once_and_the_tool_ru
     config = {"configurable": {"thread_id": f"hook-{hook}-{order}-{is_async}"}}
     with pytest.raises(KeyError, match=f"bug in {hook}"):
         run(agent, {"messages": [("user", "go")]}, config, is_async)
-    assert runs.counts == {"a": 1}
+    assert runs == {"a": 1}
     ledger = guard.ledger(agent.get_state(config).values)
     assert ledger.spent == runs.money() == 10.0 and ledger.reserved == 0
 
@@ -543,4 +536,4 @@ def test_a_deferred_oracle_bug_is_not_raised_again_on_the_threads_next_run():
         agent.invoke({"messages": [("user", "go")]}, config)
     oracle.broken = False
     out = agent.invoke({"messages": [("user", "again")]}, config)
-    assert out["messages"][-1].content == "second run's answer" and runs.counts == {"a": 1}
+    assert out["messages"][-1].content == "second run's answer" and runs == {"a": 1}

@@ -637,3 +637,135 @@ def test_a_call_the_human_denied_a_top_up_for_does_not_run_through_the_last_call
     asked, runs = _denied_run(calls)
     assert asked and asked[0] == "a"
     assert runs == {}, f"ran {runs} although the human denied (asked {asked})"
+
+
+# ------------------------------------------------- intent.testing's doubles: RecordingOracle, ReactiveToolModel
+def _recording_agent(oracle: Any, model: Any, runs: Any) -> Any:
+    from langchain.agents import create_agent
+    from langchain_core.tools import StructuredTool
+
+    from intent import BudgetGuard
+
+    def tool(name: str) -> Any:
+        def fn(x: int = 0) -> str:
+            runs.hit(name)
+            return f"{name}={x}"
+
+        return StructuredTool.from_function(fn, name=name, description=f"Tool {name}.")
+
+    guard = BudgetGuard(oracle, Market([PricedTool("a", 1.0), PricedTool("b", 2.0)]), 10.0)
+    return guard, create_agent(model, [tool("a"), tool("b")], middleware=[guard.middleware()])
+
+
+def _invoke(agent: Any, text: str, use_async: bool) -> Any:
+    import asyncio
+
+    inp = {"messages": [HumanMessage(text)]}
+    return asyncio.run(agent.ainvoke(inp)) if use_async else agent.invoke(inp)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_the_recording_oracle_records_what_it_is_asked_and_accepts_by_default(use_async):
+    from intent.testing import RecordingOracle, RunCounter, ai, call, scripted
+
+    oracle, runs = RecordingOracle(), RunCounter()
+    _, agent = _recording_agent(oracle, scripted([ai(call("a", x=1), call("b", x=2)), ai(call("a", x=3)),
+                                                  AIMessage("done")]), runs)
+    _invoke(agent, "the task", use_async)
+    assert runs == {"a": 2, "b": 1}  # all accepted
+    assert [(c.tool, dict(c.args), c.query, c.step) for c in oracle.contexts] == [
+        ("a", {"x": 1}, "the task", 0), ("b", {"x": 2}, "the task", 0), ("a", {"x": 3}, "the task", 1)]
+    assert [(e.query, e.budget) for e in oracle.episodes] == [("the task", 10.0)]
+    assert [hook for hook, _ in oracle.calls] == ["start", "decide", "decide", "decide"]
+    assert oracle.calls[1][1] is oracle.contexts[0] and oracle.calls[0][1] is oracle.episodes[0]
+    check_oracle(RecordingOracle)
+    check_oracle(lambda: RecordingOracle(end_hook=True))
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_the_recording_oracle_answers_with_its_decision_or_its_callables(use_async):
+    from intent.testing import RecordingOracle, RunCounter, ai, call, scripted
+
+    no = Decision.rejected("not this one", reason="not_wanted")
+    for oracle, ran in ((RecordingOracle(no), {}),
+                        (RecordingOracle(lambda ctx: no if ctx.tool == "b" else Decision.accepted()), {"a": 1})):
+        runs = RunCounter()
+        _, agent = _recording_agent(oracle, scripted([ai(call("a", x=1), call("b", x=2)), AIMessage("done")]), runs)
+        out = _invoke(agent, "go", use_async)
+        assert runs == ran and len(oracle.contexts) == 2
+        refused = [m for m in out["messages"] if getattr(m, "status", None) == "error"]
+        assert len(refused) == 2 - len(ran) and all("not this one" in str(m.content) for m in refused)
+
+
+def test_the_recording_oracles_end_hook_is_there_only_when_asked_for():
+    from intent.testing import RecordingOracle, RunCounter, ai, call, scripted
+
+    assert not callable(getattr(RecordingOracle(), "end", None))  # the guard looks for a callable end
+    oracle = RecordingOracle(end_hook=True)
+    _, agent = _recording_agent(oracle, scripted([ai(call("a", x=1)), AIMessage("done")]), RunCounter())
+    out = agent.invoke({"messages": [HumanMessage("go")]})
+    episode = out["intent_ledger"]["episode_id"]
+    assert oracle.ended == [episode] and [h for h, _ in oracle.calls] == ["start", "decide", "end"]
+    quiet = RecordingOracle()
+    _, agent = _recording_agent(quiet, scripted([ai(call("a", x=1)), AIMessage("done")]), RunCounter())
+    agent.invoke({"messages": [HumanMessage("go")]})
+    assert quiet.ended == [] and [h for h, _ in quiet.calls] == ["start", "decide"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_the_reactive_model_answers_from_the_conversation_so_far(use_async):
+    from langchain_core.messages import ToolMessage
+
+    from intent.testing import ReactiveToolModel, RecordingOracle, RunCounter, TurnInfo
+
+    seen: list[TurnInfo] = []
+
+    def reply(messages: list, info: TurnInfo) -> Any:
+        seen.append(info)
+        results = [m for m in messages if isinstance(m, ToolMessage)]
+        if len(results) == 2:
+            return "done"
+        x = int(str(results[-1].content).split("=")[1]) + 1 if results else 1
+        return AIMessage("", tool_calls=[{"name": "a", "args": {"x": x}, "id": None}])  # no id: it gets one
+
+    tools_runs, model_runs = RunCounter(), RunCounter()
+    model = ReactiveToolModel(reply=reply, model_name="mine", usage=(7, 3), runs=model_runs)
+    _, agent = _recording_agent(RecordingOracle(), model, tools_runs)
+    out = _invoke(agent, "go", use_async)
+    assert out["messages"][-1].content == "done" and tools_runs == {"a": 2}
+    assert [m.tool_calls[0]["args"] for m in out["messages"] if isinstance(m, AIMessage) and m.tool_calls] == [
+        {"x": 1}, {"x": 2}]  # the second call read the first one's result
+    ids = [c["id"] for m in out["messages"] if isinstance(m, AIMessage) for c in m.tool_calls]
+    assert len(ids) == 2 and all(ids) and len(set(ids)) == 2
+    assert all(m.usage_metadata["input_tokens"] == 7 for m in out["messages"] if isinstance(m, AIMessage))
+    assert model_runs == {"mine": 3} and [i.execution for i in seen] == [1, 2, 3]
+    assert {i.tools for i in seen} == {("a", "b")} and model.bound == [["a", "b"]] * 3
+    chunks = list(model.bind_tools([]).stream([HumanMessage("go")]))
+    assert [c["name"] for c in chunks[0].tool_calls] == ["a"]  # streamed, its calls come too
+
+
+def test_the_reactive_model_fails_the_executions_it_is_told_to_and_binds_what_it_is_given():
+    from intent.testing import ReactiveToolModel
+
+    model = ReactiveToolModel(reply=lambda messages, info: f"{info.tools} {info.execution}", fail_on={2})
+    assert model.invoke("hi").content == "() 1"
+    with pytest.raises(ConnectionError, match="execution 2"):
+        model.invoke("hi")
+    assert model.invoke("hi").content == "() 3" and model.runs == {"reactive-model": 3}
+    bound = model.bind_tools([{"name": "pick", "parameters": {}}], tool_choice="any")
+    assert bound.kwargs == {"tool_choice": "any"} and bound.invoke("hi").content == "('pick',) 4"
+    with pytest.raises(TypeError, match="AIMessage or a str"):
+        ReactiveToolModel(reply=lambda messages, info: 42).invoke("hi")
+
+
+def test_the_run_counter_counts_by_name_across_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from intent.testing import CountingTool, RunCounter
+
+    runs = RunCounter()
+    assert runs.hit("a") == 1 and runs.hit("a") == 2 and runs["b"] == 0
+    tool = CountingTool("b", runs)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: tool.invoke({"id": f"c{i}", "args": {}}), range(400)))
+    assert runs == {"a": 2, "b": 400} and runs.total() == 402

@@ -55,7 +55,7 @@ from typing_extensions import NotRequired
 
 from intent import AcceptAll, BudgetGuard, Market, PricedTool
 from intent.logs import MemoryLogSink
-from intent.testing import assert_each_call_answered_once, assert_one_record_per_call, scripted
+from intent.testing import RunCounter, assert_each_call_answered_once, assert_one_record_per_call, scripted
 
 ORDERS = ["guard_first", "guard_last"]
 MODES = ["sync", "async"]
@@ -64,12 +64,7 @@ USER = {"messages": [("user", "go")]}
 _threads = itertools.count()
 
 
-class Runs(Counter):
-    def hit(self, name: str) -> None:
-        self[name] += 1
-
-
-def make_tool(name: str, runs: Runs, *, fail: bool = False, delay: float = 0.0) -> StructuredTool:
+def make_tool(name: str, runs: RunCounter, *, fail: bool = False, delay: float = 0.0) -> StructuredTool:
     def fn(x: str = "0") -> str:
         runs.hit(name)  # counted when the body starts: a run cancelled mid-way is paid
         if delay:
@@ -135,7 +130,7 @@ def check(guard: BudgetGuard, out: Any, runs: Any, prices: dict[str, float], sin
 @pytest.mark.parametrize("emulate", [["a"], None])
 def test_emulated_calls_never_run_cost_nothing_and_leave_nothing_reserved(emulate, order, mode, ckpt):
     prices = {"a": 10.0, "b": 5.0}
-    runs = Runs()
+    runs = RunCounter()
     guard, sink = guard_for(prices, 25.0)
     script = [AIMessage("", tool_calls=[tc("a", "c1"), tc("b", "c2"), tc("a", "c3", x="2")]),
               AIMessage("", tool_calls=[tc("a", "c4"), tc("b", "c5")]), AIMessage("done")]
@@ -155,7 +150,7 @@ def test_emulated_calls_never_run_cost_nothing_and_leave_nothing_reserved(emulat
 @pytest.mark.parametrize("order", ORDERS)
 def test_real_summariser_over_many_parallel_turns_keeps_the_money(order, mode, ckpt, gate_at):
     prices = {"a": 2.0, "b": 1.0}
-    runs = Runs()
+    runs = RunCounter()
     guard, sink = guard_for(prices, 16.0, gate_at=gate_at)  # 6 turns of 3 do not all fit: some refused
     script = [AIMessage("", tool_calls=[tc("a", f"s{i}a", x="x" * 200), tc("b", f"s{i}b", x="y" * 200)])
               for i in range(6)] + [AIMessage("done")]
@@ -175,7 +170,7 @@ def test_real_summariser_over_many_parallel_turns_keeps_the_money(order, mode, c
 @pytest.mark.parametrize("budget", [30.0, 11.0])
 def test_cleared_tool_inputs_in_the_models_request_leave_the_money_alone(budget, order, mode, gate_at):
     prices = {"a": 2.0, "b": 3.0}
-    runs = Runs()
+    runs = RunCounter()
     guard, sink = guard_for(prices, budget, gate_at=gate_at)
     script = [AIMessage("", tool_calls=[tc("a", "e1", x="1"), tc("b", "e2", x="2")]),
               AIMessage("", tool_calls=[tc("a", "e3", x="1"), tc("b", "e4", x="2")]),
@@ -258,7 +253,7 @@ class _Route(BaseDecisionModel):
 @pytest.mark.parametrize("order", ORDERS)
 def test_auto_mode_blocked_calls_are_released_never_charged(order, mode, gate_at):
     prices = {"a": 4.0, "b": 3.0}
-    runs = Runs()
+    runs = RunCounter()
     guard, sink = guard_for(prices, 12.0, gate_at=gate_at)
     script = [AIMessage("", tool_calls=[tc("a", "m1", x="risky"), tc("a", "m2", x="ok"), tc("b", "m3", x="risky")]),
               AIMessage("", tool_calls=[tc("a", "m4", x="risky"), tc("b", "m5")]), AIMessage("done")]
@@ -275,7 +270,7 @@ def test_auto_mode_blocked_calls_are_released_never_charged(order, mode, gate_at
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_routed_models_calls_are_gated_and_paid(order, mode, ckpt):
     prices = {"a": 4.0, "b": 3.0}
-    runs = Runs()
+    runs = RunCounter()
     guard, sink = guard_for(prices, 12.0)
     small = scripted([AIMessage("", tool_calls=[tc("a", "r1")]), AIMessage("small done")])
     big = scripted([AIMessage("", tool_calls=[tc("b", "r2"), tc("a", "r3")]), AIMessage("", tool_calls=[tc("b", "r4")]),
@@ -297,7 +292,7 @@ def test_a_routed_models_calls_are_gated_and_paid(order, mode, ckpt):
 @pytest.mark.parametrize("mode", MODES)
 def test_a_stream_left_early_then_resumed_pays_every_run_once(mode, chunks, stream_mode, gate_at):
     prices = {"a": 10.0, "b": 5.0, "s": 3.0}
-    runs = Runs()
+    runs = RunCounter()
     guard, sink = guard_for(prices, 50.0, gate_at=gate_at)
     script = [AIMessage("", tool_calls=[tc("a", "c1"), tc("s", "c2"), tc("b", "c3")]),
               AIMessage("", tool_calls=[tc("a", "c4")]), AIMessage("done")]
@@ -333,7 +328,7 @@ def test_a_stream_left_early_then_resumed_pays_every_run_once(mode, chunks, stre
 
 
 # ============================================== interrupt() inside a priced tool
-def _asking_tools(runs: Runs, starts: Runs, *, fail_b: bool = False, twice: bool = False) -> list[Any]:
+def _asking_tools(runs: RunCounter, starts: RunCounter, *, fail_b: bool = False, twice: bool = False) -> list[Any]:
     def ask(x: str = "0") -> str:
         starts.hit("ask")
         first = interrupt({"q": x})
@@ -373,7 +368,7 @@ OTHERS = {
 @pytest.mark.parametrize("other", list(OTHERS))
 def test_an_interrupt_inside_a_priced_tool_is_charged_once_when_it_ends(other, order, mode, gate_at):
     prices = {"ask": 10.0, "b": 5.0}
-    runs, starts = Runs(), Runs()
+    runs, starts = RunCounter(), RunCounter()
     fail_b = other == "tool_retry"
     guard, sink = guard_for(prices, 50.0, gate_at=gate_at)
     script = [AIMessage("", tool_calls=[tc("ask", "q0", x="0"), tc("ask", "q1", x="1"), tc("b", "qb")]),
@@ -388,7 +383,7 @@ def test_an_interrupt_inside_a_priced_tool_is_charged_once_when_it_ends(other, o
 @pytest.mark.parametrize("mode", MODES)
 def test_two_interrupts_in_one_priced_tool_charge_it_once(mode):
     prices = {"ask": 10.0, "b": 5.0}
-    runs, starts = Runs(), Runs()
+    runs, starts = RunCounter(), RunCounter()
     guard, sink = guard_for(prices, 50.0)
     script = [AIMessage("", tool_calls=[tc("ask", "q0"), tc("b", "qb")]), AIMessage("done")]
     agent = create_agent(scripted(script), _asking_tools(runs, starts, twice=True), middleware=[guard.middleware()],
@@ -407,7 +402,7 @@ class _NoteState(AgentState):
 @pytest.mark.parametrize("mode", MODES)
 def test_parallel_commands_without_goto_keep_their_update_and_answer(mode, ckpt):
     prices = {"c": 7.0, "b": 5.0}
-    runs = Runs()
+    runs = RunCounter()
 
     def c(x: str, runtime: ToolRuntime) -> Command:
         runs.hit("c")
@@ -432,7 +427,7 @@ def test_parallel_commands_without_goto_keep_their_update_and_answer(mode, ckpt)
 @pytest.mark.parametrize("budget", [50.0, 14.0])
 def test_a_goto_end_command_beside_blocked_and_refused_calls_leaves_nothing_reserved(budget, order, mode):
     prices = {"stop": 10.0, "b": 5.0}
-    runs = Runs()
+    runs = RunCounter()
 
     def stop(x: str, runtime: ToolRuntime) -> Command:
         runs.hit("stop")
@@ -457,7 +452,7 @@ def test_a_crash_in_a_parallel_batch_then_resume_pays_every_run(mode, tools_kind
     if mode == "sync" and tools_kind == "async":
         pytest.skip("a sync agent cannot run coroutine-only tools")
     prices = {"f": 4.0, "slow": 3.0, "a": 2.0}
-    runs, broken = Runs(), {"f": True}
+    runs, broken = RunCounter(), {"f": True}
 
     def f(x: str = "0") -> str:
         runs.hit("f")
@@ -500,7 +495,7 @@ def test_a_crash_in_a_parallel_batch_then_resume_pays_every_run(mode, tools_kind
 
 
 # ============================================== injected arguments under the probed middleware
-def _injected_tools(runs: Runs) -> list[Any]:
+def _injected_tools(runs: RunCounter) -> list[Any]:
     @tool
     def inj(x: str, state: Annotated[dict, InjectedState], call_id: Annotated[str, InjectedToolCallId]) -> Command:
         """A tool with injected state and call id that answers with a Command."""
@@ -531,7 +526,7 @@ INJECTED_OTHERS = {
 @pytest.mark.parametrize("other", list(INJECTED_OTHERS))
 def test_injected_arguments_work_under_the_probed_middleware(other, order, mode):
     prices = {"inj": 3.0, "rt": 2.0}
-    runs = Runs()
+    runs = RunCounter()
     guard, sink = guard_for(prices, 50.0)
     script = [AIMessage("", tool_calls=[tc("inj", "i1", x="1"), tc("rt", "i2", x="1"), tc("inj", "i3", x="2")]),
               AIMessage("", tool_calls=[tc("rt", "i4", x="2")]), AIMessage("done")]

@@ -8,14 +8,13 @@ import asyncio
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.tools import StructuredTool
 from langgraph.graph import END, START, StateGraph
 
 from intent import AcceptAll, BudgetGuard, Decision, GuardState, Market, Oracle, PricedTool
 from intent import MeteredModelRefused
-from intent.testing import ai, assert_each_call_answered_once, call, scripted
+from intent.testing import ReactiveToolModel, TurnInfo, ai, assert_each_call_answered_once, call, scripted
 
 
 def _readme_graph(guard: BudgetGuard, model: Any, tools: list[Any], schema: Any = GuardState) -> StateGraph:
@@ -157,8 +156,6 @@ def test_the_readme_graph_fanned_out_as_parallel_subgraphs_shares_one_budget(use
     # the sibling's tool ran (LedgerError after the tool had run; tools ran for 14 against a budget of 12).
     import threading
 
-    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-
     runs: list[str] = []
     lock = threading.Lock()
     second_turn = threading.Event()  # a branch's model has been called for its second turn
@@ -182,25 +179,17 @@ def test_the_readme_graph_fanned_out_as_parallel_subgraphs_shares_one_budget(use
     prices = {"a": 3.0, "b": 5.0}
     guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 12.0)
 
-    class Branchy(GenericFakeChatModel):
+    def branchy(messages: list, info: TurnInfo) -> AIMessage:
         """a, then b, then a, then b, then done, by the turn of the branch's own history."""
+        turn = sum(1 for m in messages if isinstance(m, AIMessage))
+        k = int(str(messages[0].content).split()[-1])  # "task k"
+        if turn == 1:
+            second_turn.set()
+        name = ("a", "b", "a", "b")[turn] if turn < 4 else None
+        return AIMessage("done") if name is None else AIMessage("", tool_calls=[
+            {"name": name, "args": {"x": turn, "k": k}, "id": f"c{turn}-{k}", "type": "tool_call"}])
 
-        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
-            from langchain_core.outputs import ChatGeneration, ChatResult
-
-            turn = sum(1 for m in messages if isinstance(m, AIMessage))
-            k = int(str(messages[0].content).split()[-1])  # "task k"
-            if turn == 1:
-                second_turn.set()
-            name = ("a", "b", "a", "b")[turn] if turn < 4 else None
-            msg = AIMessage("done") if name is None else AIMessage("", tool_calls=[
-                {"name": name, "args": {"x": turn, "k": k}, "id": f"c{turn}-{k}", "type": "tool_call"}])
-            return ChatResult(generations=[ChatGeneration(message=msg)])
-
-        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-            return self
-
-    model = Branchy(messages=iter(()))
+    model = ReactiveToolModel(reply=branchy, model_name=None)
 
     graph = _fanned_out(_readme_graph(guard, model, tools).compile(), 3)
     config = {"configurable": {"thread_id": f"fan-{use_async}"}}
@@ -211,30 +200,21 @@ def test_the_readme_graph_fanned_out_as_parallel_subgraphs_shares_one_budget(use
     assert ledger.reserved == 0 and len(guard.episodes) == 0
 
 
-class _ByTurn(BaseChatModel):
+def _by_turn_reply(*names: str) -> Any:
     """Calls ``names[i]`` at the i-th turn after the latest human message, then answers "done"."""
 
-    names: tuple[str, ...] = ()
-
-    @property
-    def _llm_type(self) -> str:
-        return "by-turn"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-        return self
-
-    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
-        import uuid
-
-        from langchain_core.outputs import ChatGeneration, ChatResult
-
+    def reply(messages: list, info: TurnInfo) -> AIMessage:
         last_human = max(i for i, m in enumerate(messages) if m.type == "human")
         turn = sum(1 for m in messages[last_human:] if isinstance(m, AIMessage))
         text = str(messages[last_human].content)
-        names = self.names if not text.startswith("ask") else ("ask",)
-        msg = AIMessage("done") if turn >= len(names) else AIMessage("", tool_calls=[
-            {"name": names[turn], "args": {"x": turn}, "id": f"c-{uuid.uuid4().hex[:8]}", "type": "tool_call"}])
-        return ChatResult(generations=[ChatGeneration(message=msg)])
+        todo = names if not text.startswith("ask") else ("ask",)
+        return AIMessage("done") if turn >= len(todo) else ai(call(todo[turn], x=turn))
+
+    return reply
+
+
+def _by_turn(*names: str) -> ReactiveToolModel:
+    return ReactiveToolModel(reply=_by_turn_reply(*names), model_name=None)
 
 
 def _priced_tools(prices: dict[str, float], runs: list[str], **bodies: Any) -> list[Any]:
@@ -259,7 +239,7 @@ def test_a_subgraph_turn_after_an_abandoned_pause_releases_the_paused_reservatio
     tools = _priced_tools(prices, runs, ask=lambda x: f"human said {interrupt('ok?')}")
     guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 5.0)
     parent = StateGraph(GuardState)
-    parent.add_node("sub", _readme_graph(guard, _ByTurn(names=("a",)), tools).compile())
+    parent.add_node("sub", _readme_graph(guard, _by_turn("a"), tools).compile())
     parent.add_edge(START, "sub")
     parent.add_edge("sub", END)
     graph = parent.compile(checkpointer=InMemorySaver())
@@ -356,7 +336,7 @@ def _late_fan_out(guard: BudgetGuard, prices: dict[str, float], runs: list[str],
     finished, then runs ``after_wait(k)`` (when given) before its agent starts."""
     import threading
 
-    agent = _readme_graph(guard, _ByTurn(names=("a", "b")), _priced_tools(prices, runs)).compile()
+    agent = _readme_graph(guard, _by_turn("a", "b"), _priced_tools(prices, runs)).compile()
     first_done = threading.Event()
 
     def wait_or_pass(state: Any) -> dict[str, Any]:
@@ -390,23 +370,24 @@ def _fanned_out(sub: Any, branches: int, *, carried: bool = False, each_turn: An
     return parent.compile(checkpointer=InMemorySaver())
 
 
-class _Cued(_ByTurn):
-    """A :class:`_ByTurn` model whose ``on_turn(k, turn)`` runs before it answers (to line branches up)."""
+def _cued_reply(on_turn: Any = None, branch_calls: dict[int, str] | None = None) -> Any:
+    """Branch k ("task k"; -1 without a number) calls ``branch_calls[k]`` at its first turn, then answers
+    "done"; ``on_turn(k, turn)`` runs before it answers (to line branches up)."""
 
-    on_turn: Any = None
-    branch_calls: dict[int, str] = {}
-
-    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
-        from langchain_core.outputs import ChatGeneration, ChatResult
-
+    def reply(messages: list, info: TurnInfo) -> AIMessage:
         k = int(str(messages[0].content).split()[-1]) if str(messages[0].content)[-1:].isdigit() else -1
         turn = sum(1 for m in messages if isinstance(m, AIMessage))
-        if self.on_turn is not None:
-            self.on_turn(k, turn)
-        name = self.branch_calls.get(k) if turn == 0 else None
-        msg = AIMessage("done") if name is None else AIMessage("", tool_calls=[
+        if on_turn is not None:
+            on_turn(k, turn)
+        name = (branch_calls or {}).get(k) if turn == 0 else None
+        return AIMessage("done") if name is None else AIMessage("", tool_calls=[
             {"name": name, "args": {"x": k}, "id": f"c{k}-{turn}", "type": "tool_call"}])
-        return ChatResult(generations=[ChatGeneration(message=msg)])
+
+    return reply
+
+
+def _cued(on_turn: Any = None, branch_calls: dict[int, str] | None = None) -> ReactiveToolModel:
+    return ReactiveToolModel(reply=_cued_reply(on_turn, branch_calls), model_name=None)
 
 
 class _SlowRevivingStart(_LiveEpisodes):
@@ -454,13 +435,13 @@ def test_a_sub_agents_carve_inside_one_fan_out_branch_is_left_to_it_by_a_sibling
 
     runs: list[str] = []
     child_guard = BudgetGuard(AcceptAll(), Market([PricedTool("b", 5.0)]), FromParent(limit=6.0))
-    child = _readme_graph(child_guard, _Cued(on_turn=child_cue, branch_calls={-1: "b"}),
+    child = _readme_graph(child_guard, _cued(on_turn=child_cue, branch_calls={-1: "b"}),
                           _priced_tools({"b": 5.0}, runs)).compile()
     prices = {"a": 3.0, "delegate": 1.0}
     tools = _priced_tools(prices, runs, delegate=lambda x: child.invoke({"messages": [HumanMessage("child task")]})
                           and "child done")
     guard = BudgetGuard(AcceptAll(), Market([PricedTool(n, p) for n, p in prices.items()]), 12.0)
-    graph = _fanned_out(_readme_graph(guard, _Cued(on_turn=parent_cue, branch_calls={0: "delegate", 1: "a"}),
+    graph = _fanned_out(_readme_graph(guard, _cued(on_turn=parent_cue, branch_calls={0: "delegate", 1: "a"}),
                                       tools).compile(), 2)
     config = {"configurable": {"thread_id": f"carve-{use_async}"}}
     inp = {"messages": [("user", "fan out")]}
@@ -506,7 +487,7 @@ def test_a_late_branch_inside_a_run_under_way_waits_for_the_revived_episodes_sta
 
     prices, runs, oracle = {"a": 1.0, "b": 2.0}, [], _SlowRevivingStart(reviving, sibling_going, 0.3)
     guard = BudgetGuard(oracle, Market([PricedTool(n, p) for n, p in prices.items()]), 30.0)
-    agent = _readme_graph(guard, _ByTurn(names=("a", "b")), _priced_tools(prices, runs)).compile()
+    agent = _readme_graph(guard, _by_turn("a", "b"), _priced_tools(prices, runs)).compile()
 
     def wait_or_pass(state: Any) -> dict[str, Any]:
         k = int(state["messages"][0].content.split()[-1])
@@ -642,14 +623,16 @@ def test_a_metered_model_in_a_late_fan_out_branch_spends_from_the_threads_budget
     selector = guard.metered_model(billed)
     first_done, runs = threading.Event(), []
 
-    class MarkDone(_ByTurn):
-        def _generate(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
-            out = super()._generate(messages, *args, **kwargs)
-            if out.generations[0].message.content == "done" and messages[0].content == "task 0":
-                first_done.set()
-            return out
+    by_turn = _by_turn_reply("a", "a")
 
-    graph = _classifying_fan_out(guard, selector, MarkDone(names=("a", "a")), _priced_tools({"a": 5.0}, runs),
+    def mark_done(messages: list, info: TurnInfo) -> AIMessage:
+        out = by_turn(messages, info)
+        if out.content == "done" and messages[0].content == "task 0":
+            first_done.set()
+        return out
+
+    model = ReactiveToolModel(reply=mark_done, model_name=None)
+    graph = _classifying_fan_out(guard, selector, model, _priced_tools({"a": 5.0}, runs),
                                  before=lambda k: k == 0 or first_done.wait(timeout=30))
     config = {"configurable": {"thread_id": f"late-selector-{use_async}"}}
     inp = {"messages": [("user", "fan out")]}
@@ -684,18 +667,19 @@ def test_a_sibling_settling_leaves_a_running_metered_call_of_a_branch_that_has_n
 
     selector = guard.metered_model(Slow(model_name="sel", runs=billed.runs, tokens=(0, 100)))
 
-    class Branch0Waits(_Cued):
-        def _generate(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
-            if messages[0].content == "task 0":
-                turn = sum(1 for m in messages if isinstance(m, AIMessage))
-                if turn == 0:
-                    assert in_flight.wait(timeout=30)  # branch 1's metered call is running
-                else:
-                    settled.set()  # branch 0's second step has settled
-            return super()._generate(messages, *args, **kwargs)
+    cued = _cued_reply(branch_calls={0: "a"})
+
+    def branch_0_waits(messages: list, info: TurnInfo) -> AIMessage:
+        if messages[0].content == "task 0":
+            turn = sum(1 for m in messages if isinstance(m, AIMessage))
+            if turn == 0:
+                assert in_flight.wait(timeout=30)  # branch 1's metered call is running
+            else:
+                settled.set()  # branch 0's second step has settled
+        return cued(messages, info)
 
     runs: list[str] = []
-    model = Branch0Waits(branch_calls={0: "a"})
+    model = ReactiveToolModel(reply=branch_0_waits, model_name=None)
     graph = _classifying_fan_out(guard, selector, model, _priced_tools({"a": 5.0}, runs), only="task 1")
     config = {"configurable": {"thread_id": f"in-flight-{use_async}"}}
     inp = {"messages": [("user", "fan out")]}
@@ -730,7 +714,7 @@ def test_a_late_branch_starts_the_episode_again_only_after_its_end_hook_has_retu
 
     oracle, runs = SlowEnd(), []
     guard = BudgetGuard(oracle, Market([PricedTool("a", 3.0)]), 12.0)
-    agent = _readme_graph(guard, _ByTurn(names=("a",)), _priced_tools({"a": 3.0}, runs)).compile()
+    agent = _readme_graph(guard, _by_turn("a"), _priced_tools({"a": 3.0}, runs)).compile()
 
     def wait_for_the_end(state: Any) -> dict[str, Any]:
         if state["messages"][-1].content != "task 0":
@@ -779,10 +763,10 @@ def test_a_scope_node_fanned_out_beside_the_guarded_agent_spends_from_the_same_b
     runs: list[str] = []
     budget = 6.0 if late else 12.0
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 3.0)]), budget)
-    agent = _readme_graph(guard, _Cued(on_turn=agent_cue, branch_calls={0: "a"}), _priced_tools({"a": 3.0}, runs))
+    agent = _readme_graph(guard, _cued(on_turn=agent_cue, branch_calls={0: "a"}), _priced_tools({"a": 3.0}, runs))
     agent = agent.compile()
     child_guard = BudgetGuard(AcceptAll(), Market([PricedTool("c", 4.0)]), FromParent(limit=8.0))
-    child = _readme_graph(child_guard, _Cued(on_turn=child_cue, branch_calls={-1: "c"}),
+    child = _readme_graph(child_guard, _cued(on_turn=child_cue, branch_calls={-1: "c"}),
                           _priced_tools({"c": 4.0}, runs)).compile()
 
     def helper(state, config):  # noqa: ANN001 - unannotated, for LangGraph to pass the config
@@ -866,7 +850,7 @@ def test_a_metered_model_in_a_plain_node_beside_the_agent_keeps_its_reservation_
             settled.set()  # the agent's second step has settled, with the model call running
 
     runs: list[str] = []
-    agent = _readme_graph(guard, _Cued(on_turn=agent_cue, branch_calls={0: "a"}),
+    agent = _readme_graph(guard, _cued(on_turn=agent_cue, branch_calls={0: "a"}),
                           _priced_tools({"a": 3.0}, runs)).compile()
 
     def helper(state, config):  # noqa: ANN001 - unannotated, for LangGraph to pass the config
@@ -904,7 +888,7 @@ def test_a_cancelled_async_metered_call_is_charged_and_leaves_no_visitor_or_rese
     selector = guard.metered_model(Slow(model_name="sel", runs=billed.runs, tokens=(0, 100)))
     timed_out, seen = threading.Event(), {}
     runs: list[str] = []
-    agent = _readme_graph(guard, _Cued(on_turn=lambda k, t: t == 0 and timed_out.wait(30), branch_calls={0: "a"}),
+    agent = _readme_graph(guard, _cued(on_turn=lambda k, t: t == 0 and timed_out.wait(30), branch_calls={0: "a"}),
                           _priced_tools({"a": 3.0}, runs)).compile()
 
     async def classify(state: Any) -> dict[str, Any]:
@@ -939,7 +923,7 @@ def test_a_refused_prompt_of_a_batch_releases_the_prompts_started_before_it():
     selector = guard.metered_model(billed)
     tried, seen = threading.Event(), {}
     runs: list[str] = []
-    agent = _readme_graph(guard, _Cued(on_turn=lambda k, t: t == 0 and tried.wait(30), branch_calls={}),
+    agent = _readme_graph(guard, _cued(on_turn=lambda k, t: t == 0 and tried.wait(30), branch_calls={}),
                           _priced_tools({"a": 3.0}, runs)).compile()
 
     def classify(state: Any) -> dict[str, Any]:

@@ -10,8 +10,6 @@ Runs are counted inside the tools.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections import Counter
 from typing import Annotated, Any
 
 import pytest
@@ -24,22 +22,17 @@ from langgraph.types import Command
 
 from intent import AcceptAll, BudgetGuard, FromParent, GuardConfigError, Market, PricedTool
 from intent.state import LEDGER_KEY
-from intent.testing import ai, assert_each_call_answered_once, call, scripted
+from intent.testing import ReactiveToolModel, RunCounter, ai, assert_each_call_answered_once, call, scripted
 
 PRICE_A = 3.0
 MARKET = Market([PricedTool("a", PRICE_A), PricedTool("task", 0.0)])
 EXCLUDED = ("messages", "todos", "structured_response")  # what deepagents does not copy
 
 
-class Runs:
-    def __init__(self) -> None:
-        self.counts: Counter = Counter()
-        self._lock = threading.Lock()
-
+class Runs(RunCounter):
     def tool(self) -> StructuredTool:
         def a(x: int = 0) -> str:
-            with self._lock:
-                self.counts["a"] += 1
+            self.hit("a")
             return f"a={x}"
 
         return StructuredTool.from_function(a, name="a", description="Tool a.")
@@ -104,8 +97,8 @@ def test_a_child_guard_on_a_copy_of_the_parents_state_spends_only_its_carve(thre
     ledger = parent.ledger(out)
     # The child runs a once (3 of its 4), its second call does not fit; the parent then has 7 left
     # and runs both of its calls: 9 spent, and every run is paid exactly once.
-    assert runs.counts["a"] == 3
-    assert ledger.spent == pytest.approx(runs.counts["a"] * PRICE_A) and ledger.spent <= 10.0
+    assert runs["a"] == 3
+    assert ledger.spent == pytest.approx(runs["a"] * PRICE_A) and ledger.spent <= 10.0
     (carve,) = [e for e in ledger.entries() if e.kind == "sub_agent"]
     assert carve.status == "committed" and carve.amount == pytest.approx(PRICE_A)
     assert ledger.reserved == 0
@@ -140,7 +133,7 @@ def test_the_same_guard_in_a_sub_agent_on_a_copy_of_the_state_is_a_configuration
                          middleware=[guard.middleware()])
     with pytest.raises(GuardConfigError, match="FromParent"):
         run(agent, use_async, None)
-    assert runs.counts["a"] == 0  # nothing ran on a ledger that was not the sub-agent's
+    assert runs["a"] == 0  # nothing ran on a ledger that was not the sub-agent's
 
 
 @pytest.mark.parametrize("use_async", [False, True])
@@ -183,7 +176,7 @@ def test_parallel_grandchildren_on_the_parents_thread_each_carve_their_own(copy_
                          [runs.tool(), task(make_mid)], middleware=[top.middleware()], checkpointer=InMemorySaver())
     out = run(agent, use_async, {"configurable": {"thread_id": "p"}})
     ledger = top.ledger(out)
-    assert runs.counts["a"] == 4  # the long grandchild's four calls fit its carve of 20
+    assert runs["a"] == 4  # the long grandchild's four calls fit its carve of 20
     assert ledger.spent == pytest.approx(4 * PRICE_A) and ledger.reserved == 0
     assert len(top.episodes) == len(mid.episodes) == len(leaf.episodes) == 0
 
@@ -194,31 +187,16 @@ def test_a_child_s_metered_model_before_its_guard_s_first_step_pays_from_the_chi
     # child guard's first step has replaced the copied ledger. Its executions must be paid from the
     # child's own carve, in the episode the child's guard then continues (not a copy of the parent's).
     from langchain.agents.middleware import LLMToolSelectorMiddleware
-    from langchain_core.language_models import BaseChatModel
-    from langchain_core.outputs import ChatGeneration, ChatResult
-    from langchain_core.utils.function_calling import convert_to_openai_tool
 
     from intent import ModelPrice
 
-    selections = []
+    selections = RunCounter()
 
-    class Selector(BaseChatModel):
-        model_name: str = "selector"
-        schema_name: str = ""
-
-        @property
-        def _llm_type(self) -> str:
-            return "selector"
-
-        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-            return self.model_copy(update={"schema_name": convert_to_openai_tool(tools[0])["function"]["name"]})
-
-        def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
-            selections.append(1)
-            msg = AIMessage("", tool_calls=[{"name": self.schema_name, "args": {"tools": ["a"]}, "id": "s",
-                                            "type": "tool_call"}],
-                            usage_metadata={"input_tokens": 100, "output_tokens": 10, "total_tokens": 110})
-            return ChatResult(generations=[ChatGeneration(message=msg)])
+    def selector_model() -> ReactiveToolModel:
+        """LLMToolSelectorMiddleware's model: picks tool ``a`` through structured output (a tool call)."""
+        return ReactiveToolModel(reply=lambda messages, info: AIMessage("", tool_calls=[
+            {"name": info.tools[0], "args": {"tools": ["a"]}, "id": "s", "type": "tool_call"}]),
+                                 model_name="selector", usage=(100, 10), runs=selections)
 
     runs = Runs()
     prices = {"selector": ModelPrice(input_per_mtok=1000.0, output_per_mtok=1000.0)}  # 0.11 per selection
@@ -228,7 +206,7 @@ def test_a_child_s_metered_model_before_its_guard_s_first_step_pays_from_the_chi
     b = StructuredTool.from_function(lambda: "b", name="b", description="Tool b.")
 
     def make_child() -> Any:
-        selector = LLMToolSelectorMiddleware(model=child.metered_model(Selector()), max_tools=1)
+        selector = LLMToolSelectorMiddleware(model=child.metered_model(selector_model()), max_tools=1)
         return create_agent(scripted([ai(call("a", x=1)), ai(text="child done")]), [runs.tool(), b],
                             middleware=[selector, child.middleware()])
 
@@ -237,8 +215,8 @@ def test_a_child_s_metered_model_before_its_guard_s_first_step_pays_from_the_chi
                          checkpointer=InMemorySaver())
     out = run(agent, use_async, {"configurable": {"thread_id": "p"}})
     ledger = parent.ledger(out)
-    counted = runs.counts["a"] * PRICE_A + len(selections) * 0.11
-    assert runs.counts["a"] == 1 and len(selections) == 2
+    counted = runs["a"] * PRICE_A + selections.total() * 0.11
+    assert runs["a"] == 1 and selections.total() == 2
     assert ledger.spent == pytest.approx(counted) and ledger.reserved == 0
     (carve,) = [e for e in ledger.entries() if e.kind == "sub_agent"]
     assert carve.amount == pytest.approx(counted)  # the child's tool run and both selections, in its carve
@@ -267,7 +245,7 @@ def test_a_child_with_a_thread_of_its_own_carves_again_each_time_it_is_started()
                          middleware=[parent.middleware()], checkpointer=InMemorySaver())
     out = agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}})
     ledger = parent.ledger(out)
-    assert runs.counts["a"] == 3
+    assert runs["a"] == 3
     assert ledger.spent == pytest.approx(3 * PRICE_A) and ledger.reserved == 0
     assert sorted(e.amount for e in ledger.entries() if e.kind == "sub_agent") == [PRICE_A, 2 * PRICE_A]
 
@@ -299,7 +277,7 @@ def test_sub_agents_started_together_by_one_call_on_the_inherited_thread_are_all
                          middleware=[parent.middleware()], checkpointer=InMemorySaver())
     out = asyncio.run(agent.ainvoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}}))
     ledger = parent.ledger(out)
-    assert runs.counts["a"] == 3
+    assert runs["a"] == 3
     assert ledger.spent == pytest.approx(3 * PRICE_A) and ledger.reserved == 0
 
 
@@ -309,7 +287,7 @@ MARKET_AB = Market([PricedTool("a", PRICE_A), PricedTool("b", 1.0), PricedTool("
 def _ab_tools(runs: Runs) -> list[StructuredTool]:
     def b(x: int = 0) -> str:
         with runs._lock:
-            runs.counts["b"] += 1
+            runs["b"] += 1
         return "b"
 
     return [runs.tool(), StructuredTool.from_function(b, name="b", description="Tool b.")]
@@ -357,7 +335,7 @@ def test_a_child_paused_by_a_reviewer_and_resumed_pays_each_run_once(fresh):
     if fresh:
         parent, agent = build(_hitl_child_script()[2:], parent_script[1:])
     out = agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
-    assert dict(runs.counts) == {"a": 2, "b": 1}
+    assert dict(runs) == {"a": 2, "b": 1}
     ledger = parent.ledger(out)
     assert ledger.spent == pytest.approx(2 * PRICE_A + 1.0) and ledger.reserved == 0
 
@@ -389,7 +367,7 @@ def test_a_child_with_its_own_thread_paused_in_one_call_and_resumed_from_the_nex
                          [*_ab_tools(runs), StructuredTool.from_function(task, name="task", description="Delegate.")],
                          middleware=[parent.middleware()], checkpointer=InMemorySaver())
     out = agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}})
-    assert dict(runs.counts) == {"a": 2, "b": 1}
+    assert dict(runs) == {"a": 2, "b": 1}
     ledger = parent.ledger(out)
     assert ledger.spent == pytest.approx(2 * PRICE_A + 1.0) and ledger.reserved == 0
     assert len(child.episodes) == 0
@@ -406,7 +384,7 @@ def test_sub_agents_running_at_the_same_time_from_one_call_each_get_their_own_ep
         long_in_tool.set()
         await short_done.wait()  # the long sub-agent's run is in flight when the short one ends
         with runs._lock:
-            runs.counts["a"] += 1
+            runs["a"] += 1
         return f"a={x}"
 
     def tool_a() -> StructuredTool:
@@ -434,7 +412,7 @@ def test_sub_agents_running_at_the_same_time_from_one_call_each_get_their_own_ep
                          middleware=[parent.middleware()], checkpointer=InMemorySaver())
     out = asyncio.run(agent.ainvoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}}))
     ledger = parent.ledger(out)
-    assert runs.counts["a"] == 2
+    assert runs["a"] == 2
     assert ledger.spent == pytest.approx(2 * PRICE_A) and ledger.reserved == 0
     assert len([e for e in ledger.entries() if e.kind == "sub_agent"]) == 2  # one carve each
     assert len(child.episodes) == 0
@@ -458,7 +436,7 @@ def test_a_child_with_its_own_thread_run_twice_in_one_call_is_paid_once_per_run(
                          [runs.tool(), StructuredTool.from_function(task, name="task", description="Delegate.")],
                          middleware=[parent.middleware()], checkpointer=InMemorySaver())
     ledger = parent.ledger(agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "p"}}))
-    assert runs.counts["a"] == 2
+    assert runs["a"] == 2
     assert ledger.spent == pytest.approx(2 * PRICE_A) and ledger.reserved == 0
 
 
@@ -484,6 +462,6 @@ def test_a_childs_top_up_before_a_pause_grows_the_new_carve_after_a_resume_in_an
     assert "__interrupt__" in out  # now the reviewer, on b
     parent, agent = build(child_script[3:], parent_script[1:])  # another process
     out = agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), config)
-    assert dict(runs.counts) == {"a": 3, "b": 1}  # the child's two, and the parent's own
+    assert dict(runs) == {"a": 3, "b": 1}  # the child's two, and the parent's own
     ledger = parent.ledger(out)
     assert ledger.spent == pytest.approx(3 * PRICE_A + 1.0) and ledger.reserved == 0 and ledger.overrun == 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -37,7 +36,7 @@ from intent import (
 )
 from intent.ledger import BudgetLedger
 from intent.market import MarketError, UnpricedToolError
-from intent.testing import ScriptedToolModel, ai, assert_each_call_answered_once, call, scripted
+from intent.testing import RunCounter, ScriptedToolModel, ai, assert_each_call_answered_once, call, scripted
 
 PRICE = ModelPrice(input_per_mtok=2.0, output_per_mtok=8.0, cached_input_per_mtok=0.5)
 PRICES = {"scripted-model": PRICE}
@@ -47,17 +46,7 @@ def model_cost(inp: int, out: int, cached: int = 0) -> float:
     return ((inp - cached) * 2.0 + cached * 0.5 + out * 8.0) / 1e6
 
 
-class Runs(Counter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lock = threading.Lock()
-
-    def hit(self, name: str) -> None:
-        with self.lock:
-            self[name] += 1
-
-
-def priced_tools(runs: Runs) -> list[StructuredTool]:
+def priced_tools(runs: RunCounter) -> list[StructuredTool]:
     def make(name: str) -> StructuredTool:
         def run(q: str = "") -> str:
             runs.hit(name)
@@ -76,7 +65,7 @@ MARKET = Market([PricedTool("search", 0.02), PricedTool("fetch", 0.05)])
 TOOL_PRICE = {"search": 0.02, "fetch": 0.05}
 
 
-def invariants(guard: BudgetGuard, state: dict[str, Any], sink: MemoryLogSink, runs: Runs,
+def invariants(guard: BudgetGuard, state: dict[str, Any], sink: MemoryLogSink, runs: RunCounter,
                model_usage: list[tuple[int, int]]) -> None:
     ledger = guard.ledger(state)
     expected_tools = sum(TOOL_PRICE[n] * k for n, k in runs.items())
@@ -95,7 +84,7 @@ def invariants(guard: BudgetGuard, state: dict[str, Any], sink: MemoryLogSink, r
 # =========================================================== model spend
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_model_tokens_and_tools_share_one_ledger(mode):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     usage = [(1200, 60), (1900, 45), (2500, 30)]
     model = scripted([ai(call("search", q="a"), usage=usage[0]), ai(call("fetch", q="b"), usage=usage[1]),
                       ai(text="done", usage=usage[2])])
@@ -212,7 +201,7 @@ def test_guard_ledger_with_the_runs_config_reads_a_first_step_that_wrote_no_stat
             raise KeyError("bug")
 
     guard = BudgetGuard(Crashes(), MARKET, 1.0, model_prices=PRICES)
-    agent = create_agent(scripted([ai(call("search", q="a"), usage=(100, 10))]), priced_tools(Runs()),
+    agent = create_agent(scripted([ai(call("search", q="a"), usage=(100, 10))]), priced_tools(RunCounter()),
                          middleware=[guard.middleware()], checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "first-step"}}
     with pytest.raises(KeyError):
@@ -224,7 +213,7 @@ def test_guard_ledger_with_the_runs_config_reads_a_first_step_that_wrote_no_stat
 
 
 def test_a_model_call_that_does_not_fit_is_not_made_and_the_agent_ends_with_the_reason():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     played: list[int] = []
 
     class Counting(ScriptedToolModel):
@@ -263,7 +252,7 @@ def test_the_worst_case_bound_is_bound_into_the_request_as_max_tokens():
 
 @pytest.mark.parametrize("guard_position", ["outer", "inner"])
 def test_model_retries_are_metered_per_execution_wherever_the_guard_sits(guard_position):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     usage = [(300, 20), (400, 20)]
     model = scripted([ai(call("search", q="a"), usage=usage[0]), ai(text="done", usage=usage[1])], fail_on={1, 2})
     guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=128, log_sink=sink)
@@ -284,7 +273,7 @@ class _BuggyOracle:
 def test_with_model_retries_inside_the_guard_an_oracles_bug_is_not_retried():
     # [guard, ModelRetryMiddleware]: the retries wrap the model alone, so the gate's bug (raised
     # after the model answered) leaves the run at once, unchanged, and the model ran once.
-    runs = Runs()
+    runs = RunCounter()
     model = scripted([ai(call("search", q="a"), usage=(300, 20)), ai(text="done", usage=(10, 10))])
     guard = BudgetGuard(_BuggyOracle(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=128)
     retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, backoff_factor=0.0, jitter=False)
@@ -313,7 +302,7 @@ def test_unknown_model_is_refused_or_charged_the_worst_case_never_free():
 
 @pytest.mark.parametrize("policy", ["worst_case", "refuse"])
 def test_a_response_without_usage_is_charged_its_reservation(policy):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     msgs = [ai(call("search", q="a")), ai(text="second", usage=(10, 10))]  # the first reports no usage
     guard = BudgetGuard(AcceptAll(), MARKET, 1.0, model_prices=PRICES, max_output_tokens=100, log_sink=sink,
                         missing_usage=policy)
@@ -330,7 +319,7 @@ def test_a_response_without_usage_is_charged_its_reservation(policy):
 
 
 def test_sub_caps_bind_each_kind_inside_the_total():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     msgs = [ai(call("fetch", q="1"), usage=(10, 10)), ai(call("fetch", q="2"), usage=(10, 10)),
             ai(text="done", usage=(10, 10))]
     guard = BudgetGuard(AcceptAll(), MARKET, Budget(total=1.0, tools=0.08, llm=0.5), model_prices=PRICES,
@@ -350,13 +339,13 @@ def test_llm_sub_cap_stops_model_calls_while_tools_money_is_left():
     # cap of 0.012; after it spent 0.008, the second's worst case does not, though the total has room.
     guard = BudgetGuard(AcceptAll(), MARKET, Budget(total=1.0, llm=0.012), model_prices=PRICES,
                         max_output_tokens=1000)
-    out = create_agent(scripted(msgs), priced_tools(Runs()), middleware=[guard.middleware()]).invoke(
+    out = create_agent(scripted(msgs), priced_tools(RunCounter()), middleware=[guard.middleware()]).invoke(
         {"messages": [HumanMessage("go")]})
     assert out["messages"][-1].content.startswith("I have to stop")
 
 
 # ========================================================= human top-up
-def _saver_agent(tmp_path, guard: BudgetGuard, msgs: list[AIMessage], runs: Runs, conn_holder: list) -> Any:
+def _saver_agent(tmp_path, guard: BudgetGuard, msgs: list[AIMessage], runs: RunCounter, conn_holder: list) -> Any:
     import sqlite3
 
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -373,7 +362,7 @@ def _ask_guard(sink: MemoryLogSink, budget: float = 0.06) -> BudgetGuard:
 
 
 def test_over_budget_pauses_for_a_human_and_a_fresh_guard_resumes_from_sqlite(tmp_path):
-    runs, conns = Runs(), []
+    runs, conns = RunCounter(), []
     msgs = [ai(call("fetch", q="1"), usage=(50, 5)), ai(call("fetch", q="2"), usage=(50, 5)),
             ai(text="done", usage=(50, 5))]
     cfg = {"configurable": {"thread_id": "human-1"}}
@@ -406,7 +395,7 @@ def test_over_budget_pauses_for_a_human_and_a_fresh_guard_resumes_from_sqlite(tm
 
 @pytest.mark.parametrize("action", ["approve_once", "deny"])
 def test_approve_once_tops_up_exactly_the_shortfall_and_deny_keeps_the_refusal(action):
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     msgs = [ai(call("fetch", q="1"), usage=(50, 5)), ai(call("fetch", q="2"), usage=(50, 5)),
             ai(text="done", usage=(50, 5))]
     guard = _ask_guard(sink)
@@ -431,7 +420,7 @@ def test_approve_once_tops_up_exactly_the_shortfall_and_deny_keeps_the_refusal(a
 def test_a_malformed_resume_value_asks_again_with_the_fix_and_the_thread_goes_on(bad):
     """LangGraph keeps a resume value as its interrupt's answer: raising on a bad one would replay it on every
     later resume, and the thread could never go on. The run pauses again, saying what was wrong."""
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     guard = _ask_guard(sink)
     msgs = [ai(call("fetch", q="1"), usage=(50, 5)), ai(call("fetch", q="2"), usage=(50, 5)),
             ai(text="done", usage=(50, 5))]
@@ -452,7 +441,7 @@ def test_a_malformed_resume_value_asks_again_with_the_fix_and_the_thread_goes_on
 def test_a_top_up_that_would_make_the_budget_infinite_asks_again():
     # The ask loop checks the top-up before leaving it (the ledger would refuse it after the loop, with the
     # answer kept by LangGraph: every later resume would replay it and the thread could never go on).
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     market = Market([PricedTool("search", 0.02), PricedTool("fetch", 1.5e308)])
     guard = BudgetGuard(AcceptAll(), market, 1e308, model_prices=PRICES, max_output_tokens=64, log_sink=sink,
                         on_over_budget="ask")
@@ -486,7 +475,8 @@ def test_a_model_call_over_budget_also_asks_and_resumes():
 
 
 # ======================================================== nested budgets
-def _sub_agent_tool(child_guard_factory, runs: Runs, child_msgs_factory, name: str = "research") -> StructuredTool:
+def _sub_agent_tool(child_guard_factory, runs: RunCounter, child_msgs_factory,
+                    name: str = "research") -> StructuredTool:
     def research(q: str = "") -> str:
         child = child_guard_factory()
         agent = create_agent(scripted(child_msgs_factory()), priced_tools(runs), middleware=[child.middleware()])
@@ -497,7 +487,7 @@ def _sub_agent_tool(child_guard_factory, runs: Runs, child_msgs_factory, name: s
 
 
 def test_a_sub_agent_spends_only_what_its_parent_has_left_and_returns_the_rest():
-    runs, parent_sink, child_sink = Runs(), MemoryLogSink(), MemoryLogSink()
+    runs, parent_sink, child_sink = RunCounter(), MemoryLogSink(), MemoryLogSink()
     child_guards: list[BudgetGuard] = []
 
     def child_guard() -> BudgetGuard:
@@ -526,7 +516,7 @@ def test_a_sub_agent_spends_only_what_its_parent_has_left_and_returns_the_rest()
 
 
 def test_two_levels_deep_and_the_grandchild_is_capped_by_what_the_child_has():
-    runs = Runs()
+    runs = RunCounter()
 
     def grandchild_guard() -> BudgetGuard:
         return BudgetGuard(AcceptAll(), MARKET, FromParent(limit=0.50), model_prices=PRICES, max_output_tokens=32)
@@ -622,7 +612,7 @@ def test_from_parent_outside_a_guarded_call_is_a_clear_error():
 def test_a_sub_agent_priced_in_another_currency_than_its_parent_is_refused():
     # "One budget has one currency": a FromParent child with EUR prices paid its EUR tokens from a USD budget
     # as if they were dollars.
-    runs = Runs()
+    runs = RunCounter()
 
     def child_guard() -> BudgetGuard:
         return BudgetGuard(AcceptAll(), MARKET, FromParent(limit=0.3),
@@ -638,7 +628,7 @@ def test_a_sub_agent_priced_in_another_currency_than_its_parent_is_refused():
         agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "fx"}})
 
 
-def _scope_node_graph(guards: list[BudgetGuard], runs: Runs) -> Any:
+def _scope_node_graph(guards: list[BudgetGuard], runs: RunCounter) -> Any:
     """A one-node graph whose node runs a FromParent sub-agent (one 0.05 fetch) inside ``guards[-1].scope``."""
     from langgraph.graph import END, START, StateGraph
 
@@ -665,7 +655,7 @@ def test_a_subgraph_node_carves_through_guard_scope():
     # thread, the second time by a fresh guard (another process): its scope starts from what the first run
     # left in state.
     guards = [BudgetGuard(AcceptAll(), MARKET, 0.07)]
-    runs = Runs()
+    runs = RunCounter()
     graph = _scope_node_graph(guards, runs)
     config = {"configurable": {"thread_id": "thread-s"}}
     out = graph.invoke({"messages": [HumanMessage("go")]}, config)
@@ -683,7 +673,7 @@ def test_a_scope_node_spends_from_state_after_another_process_spent_on_the_threa
     # and, at the fourth, spent from it as it was (0.10 spent) rather than from state (0.15): 0.20 of 0.17.
     # After a run, the scope keeps nothing: a bare thread id is then the clear error.
     first, second = BudgetGuard(AcceptAll(), MARKET, 0.17), BudgetGuard(AcceptAll(), MARKET, 0.17)
-    runs, current = Runs(), [first]
+    runs, current = RunCounter(), [first]
     graph = _scope_node_graph(current, runs)
     config = {"configurable": {"thread_id": "thread-p"}}
     spent = []
@@ -704,7 +694,7 @@ def test_a_top_up_made_between_runs_reaches_the_next_scope_node():
     # thread is going on here) is what the next scope node spends from. (Was, when a top-up without a graph
     # waited on the episode: the scope dropped it, and state said 0.10 spent of 0.07.)
     guards = [BudgetGuard(AcceptAll(), MARKET, 0.07)]
-    runs = Runs()
+    runs = RunCounter()
     graph = _scope_node_graph(guards, runs)
     config = {"configurable": {"thread_id": "thread-t"}}
     graph.invoke({"messages": [HumanMessage("go")]}, config)
@@ -795,7 +785,7 @@ def test_bad_model_price_input_names_the_field():
 
 
 def test_two_calls_over_budget_in_one_message_ask_twice_and_each_top_up_is_logged_once():
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     msgs = [ai(call("fetch", q="1"), call("fetch", q="2"), usage=(50, 5)), ai(text="done", usage=(50, 5))]
     guard = _ask_guard(sink, budget=0.01)
     agent = create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()],
@@ -820,7 +810,7 @@ def test_charge_oracle_counts_the_oracles_tokens_in_the_same_budget():
         def decide(self, ctx):  # an oracle that spent 1000 in / 200 out tokens on its own model
             return Decision.accepted(input_tokens=1000, output_tokens=200)
 
-    runs, sink = Runs(), MemoryLogSink()
+    runs, sink = RunCounter(), MemoryLogSink()
     prices = {**PRICES, "judge-model": ModelPrice(1.0, 2.0)}
     guard = BudgetGuard(Thinking(), MARKET, 1.0, model_prices=prices, max_output_tokens=64, log_sink=sink,
                         charge_oracle=True, oracle_model="judge-model")
@@ -848,7 +838,7 @@ def test_charge_oracle_counts_the_oracles_tokens_in_the_same_budget():
     tight = BudgetGuard(Counting(), MARKET, 0.08, model_prices=prices, charge_oracle=True,
                         oracle_model="judge-model", oracle_max_tokens=5000, charge_models=False)
     msgs = [ai(call("fetch", q="1")), ai(call("search", q="2")), ai(text="done")]
-    out = create_agent(scripted(msgs), priced_tools(Runs()), middleware=[tight.middleware()]).invoke(
+    out = create_agent(scripted(msgs), priced_tools(RunCounter()), middleware=[tight.middleware()]).invoke(
         {"messages": [HumanMessage("go")]})
     ledger = tight.ledger(out)
     # fetch: hold 0.01 (5000 tokens at 2/M), oracle costs 0.0014, fetch 0.05 -> 0.0514 spent; search:
@@ -861,7 +851,7 @@ def test_charge_oracle_counts_the_oracles_tokens_in_the_same_budget():
     tighter = BudgetGuard(Counting(), MARKET, 0.059, model_prices=prices, charge_oracle=True, log_sink=sink,
                           oracle_model="judge-model", oracle_max_tokens=5000, charge_models=False)
     msgs = [ai(call("fetch", q="1")), ai(call("search", q="2")), ai(text="done")]
-    out = create_agent(scripted(msgs), priced_tools(Runs()), middleware=[tighter.middleware()]).invoke(
+    out = create_agent(scripted(msgs), priced_tools(RunCounter()), middleware=[tighter.middleware()]).invoke(
         {"messages": [HumanMessage("go")]})
     # after fetch 0.0514 is spent; the next decision's hold (0.01) does not fit the 0.0076 left
     assert len(asked) == 1 and tighter.ledger(out).spent == pytest.approx(0.0514)
