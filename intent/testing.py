@@ -37,6 +37,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command
 from pydantic import ConfigDict, Field
 
+from intent.errors import UsageError
 from intent.guard import BudgetGuard
 from intent.ledger import BudgetLedger, merge_ledger_states
 from intent.market import Market, PricedTool
@@ -558,6 +559,9 @@ def _check_hook_result(hook: str, value: Any) -> None:
 
 
 def check_oracle(factory: Callable[[], Any], *, budget: float = 30.0) -> None:
+    if not callable(factory) or (not isinstance(factory, type) and hasattr(factory, "decide")):  # an oracle itself
+        raise UsageError(f"check_oracle takes a factory that makes the oracle (called once per episode it drives), "
+                         f"got {type(factory).__name__} {factory!r:.60}; pass the class, or lambda: MyOracle(...)")
     market = Market([PricedTool("cheap", 4), PricedTool("mid", 11), PricedTool("pricey", 26)])
     oracle = factory()
     ctx = DecisionContext("conf-1", "q", Proposal("c0", "cheap", {"x": 1}, "I need x"), 4.0, budget, 0.0, budget,

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage
 
-from intent import Decision, DecisionContext, Market, PricedTool, Proposal
+from intent import AcceptAll, Decision, DecisionContext, Market, PricedTool, Proposal
 from intent.conformance import check_oracle
 from intent.oracles import IntentOracle, MCOOracle, args_match
 from intent.policy import AgentPolicy
@@ -769,3 +769,14 @@ def test_the_run_counter_counts_by_name_across_threads():
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: tool.invoke({"id": f"c{i}", "args": {}}), range(400)))
     assert runs == {"a": 2, "b": 400} and runs.total() == 402
+
+
+def test_check_oracle_given_an_oracle_instead_of_its_factory_says_so():
+    # check_oracle(AcceptAll()) raised "TypeError: 'AcceptAll' object is not callable", naming nothing.
+    from intent.errors import UsageError
+
+    for wrong in (AcceptAll(), "AcceptAll", None):
+        with pytest.raises(UsageError, match="check_oracle takes a factory"):
+            check_oracle(wrong)
+    check_oracle(AcceptAll)  # the class is a factory
+    check_oracle(lambda: AcceptAll())
