@@ -1184,11 +1184,16 @@ class BudgetGuard:
         if name in self._warned_unpriced:
             return
         self._warned_unpriced.add(name)
+        import difflib
+
+        # A priced name close to it that the model is not offered is most likely a typo in the market.
+        close = difflib.get_close_matches(name, list(self._market.names), n=1, cutoff=0.8)
+        typo = f"; the market prices {close[0]!r}: a typo of {name!r}?" if close else ""
         warnings.warn(
             f"the model is offered the tool {name!r} (a middleware's own tool, or one a market update removed?) but "
             "the market has no price "
             f"for it, so the guard refuses its calls; add PricedTool({name!r}, 0.0) to the market if it is "
-            "free, or its price", UnpricedToolWarning, stacklevel=2)
+            f"free, or its price{typo}", UnpricedToolWarning, stacklevel=2)
 
     def visible_tool_names(self, state: Any, config: Mapping[str, Any] | None = None, *,
                            episode_id: str | None = None) -> set[str] | None:

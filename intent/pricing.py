@@ -147,6 +147,10 @@ class ModelPrices:
     def __len__(self) -> int:
         return len(self._table)
 
+    def __repr__(self) -> str:
+        currency = f", currency={self.currency!r}" if self.currency else ""
+        return f"ModelPrices({self._table!r}{currency})"
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._table)

@@ -1787,3 +1787,20 @@ def test_a_tool_a_middleware_adds_at_runtime_is_paid_on_either_side_of_the_guard
     assert_one_record_per_call(msgs_of(out), sink.records)
     extra = [(r.decision, r.execution, r.charged) for r in sink.records if r.tool == "extra" and r.execution]
     assert extra == [("accept", 1, 20.0)]
+
+
+def test_an_unpriced_tool_close_to_a_priced_name_is_warned_of_as_a_likely_typo():
+    # PricedTool("get_qoute", ...) for a tool named get_quote: the warning guessed "a middleware's own tool".
+    import warnings
+
+    from intent import UnpricedToolWarning
+
+    guard = BudgetGuard(AcceptAll(), market(get_qoute=1.0), 10.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        guard.prepare({"messages": []}, {"configurable": {"thread_id": "w"}},
+                      offered=[make_tool("get_quote", RunCounter()), make_tool("write_todos", RunCounter())])
+    unpriced = sorted(str(w.message) for w in caught if issubclass(w.category, UnpricedToolWarning))
+    assert len(unpriced) == 2
+    assert "the market prices 'get_qoute': a typo of 'get_quote'?" in unpriced[0]
+    assert "typo" not in unpriced[1] and "'write_todos'" in unpriced[1]

@@ -225,3 +225,9 @@ def test_valid_input_still_works():
     _mco(temperature=None, max_depth=1)
     _mco(temperature=0)
     _oracles(lambda ctx: AgentPolicy(_Model()), _WM(), kind="mco")
+
+
+def test_model_prices_print_their_table():
+    # It printed as <intent.pricing.ModelPrices object at 0x...>.
+    shown = repr(ModelPrices({"m": ModelPrice(1, 2)}, currency="USD"))
+    assert shown.startswith("ModelPrices({'m': ModelPrice(input_per_mtok=1.0, output_per_mtok=2.0") and "'USD'" in shown
