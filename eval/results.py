@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from intent.errors import UsageError
+from intent.jsonl import parse_jsonl
 from intent.ledger import BUDGET_EPS
 
 __all__ = ["EpisodeResult", "ResultStore", "ResultsFormatError"]
@@ -95,25 +96,19 @@ class ResultStore:
         if not self.path.exists():
             return []
         raw = self.path.read_text(encoding="utf-8")
-        lines = raw.split("\n")
+        # A torn last line (a crash mid-write) is skipped; a complete bad line anywhere, the last included, is
+        # corruption and is never cut away by a repair (intent.jsonl, as a guard log is read).
+        parsed = parse_jsonl(raw, bad_line=lambda i, exc: ResultsFormatError(
+            f"{self.path}:{i}: corrupt line ({exc.msg}); move the file away to restart"))
         results: list[EpisodeResult] = []
-        for i, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                # append() writes a line and its newline in one write: only a last line WITHOUT its newline
-                # can be torn. A complete bad last line is corruption, like a bad line anywhere else (as
-                # intent.logs reads a guard log), and is never cut away by a repair.
-                if i == len(lines):
-                    self._drop_torn_tail(raw, line, i, repair)
-                    return results
-                raise ResultsFormatError(f"{self.path}:{i}: corrupt line ({exc.msg}); move the file away to restart") from exc
-            if data.get("schema") != RESULT_SCHEMA:
-                raise ResultsFormatError(f"{self.path}:{i}: result schema {data.get('schema')!r} != {RESULT_SCHEMA}")
+        for i, data in parsed.rows:
+            if not isinstance(data, dict) or data.get("schema") != RESULT_SCHEMA:
+                found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+                raise ResultsFormatError(f"{self.path}:{i}: result schema {found!r} != {RESULT_SCHEMA}")
             results.append(EpisodeResult(**data))
-        if repair and raw and not raw.endswith("\n") and lines[-1].strip():
+        if parsed.torn is not None:
+            self._drop_torn_tail(raw, parsed.torn[1], parsed.torn[0], repair)
+        elif repair and parsed.unterminated:
             # A whole last line without its newline (append writes both at once, so not a crash of ours: a file
             # edited or copied by hand): kept, and closed here, or the next append would join a second result
             # onto it and the load after that fail on a line holding two.

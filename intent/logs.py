@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from intent.arguments import is_path_arg
 from intent.errors import LogFormatError, UsageError
+from intent.jsonl import parse_jsonl
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -222,22 +223,10 @@ def _rows(path: str | os.PathLike[str], *, skip_torn_tail: bool, require_version
     except UnicodeDecodeError as exc:
         raise LogFormatError(f"{p} is not a text log (byte {exc.start} is not UTF-8); pass the JSONL written by "
                              "intent.logs.JsonlLogSink") from exc
-    # Records end in "\n" only: str.splitlines would also cut at U+2028, \x1c, ... that a record's strings
-    # (an observation) may hold unescaped, making a valid log unreadable.
-    lines = text.split("\n")
-    # JsonlLogSink writes each record with its newline in one write: only a last line WITHOUT its
-    # newline can be a torn write. A complete (newline-terminated) bad last line is an error like any other.
-    torn = len(lines) if skip_torn_tail and text and not text.endswith("\n") else None
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == torn:
-                return  # a crash mid-write leaves at most a torn last line (JsonlLogSink)
-            raise LogFormatError(f"{p}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); expected one "
-                                 "interaction-log record (a JSON object) per line") from exc
+    parsed = parse_jsonl(text, allow_torn_tail=skip_torn_tail, bad_line=lambda i, exc: LogFormatError(
+        f"{p}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); expected one interaction-log record (a JSON "
+        "object) per line"))
+    for i, data in parsed.rows:
         if not isinstance(data, dict):
             raise LogFormatError(f"{p}:{i}: expected a JSON object (an interaction-log record), got "
                                  f"{type(data).__name__}")
