@@ -422,8 +422,9 @@ class BudgetGuard:
         (the run goes on without it, and changing it changes nothing of the guard's). ``config`` (the run's,
         with its ``thread_id``) finds the live episode when ``state`` has no ledger yet: a run stopped in
         its first model step (a stream its reader left, a cancel) wrote none, but may have spent."""
-        if hasattr(state, "values") and hasattr(state, "next") and hasattr(state, "config"):
-            # graph.get_state(config): a StateSnapshot, whose .values is the state
+        snapshot = hasattr(state, "values") and hasattr(state, "next") and hasattr(state, "config")
+        if snapshot:
+            # graph.get_state(config): a StateSnapshot, whose .values is the state (empty for a thread never run)
             state, config = state.values, config if config is not None else state.config
         elif not (isinstance(state, Mapping) or hasattr(state, LEDGER_KEY) or hasattr(state, "messages")):
             raise GuardConfigError(
@@ -442,24 +443,25 @@ class BudgetGuard:
             raise GuardConfigError(
                 f"ledger: got updates by node ({', '.join(map(str, state))}), a stream chunk, not the graph's state; "
                 "pass agent.get_state(config) (the thread's checkpoint) or the run's output")
-        if (channel is None and isinstance(state, Mapping) and "configurable" in state and "messages" not in state
-                and config is None):
+        if channel is None and isinstance(state, Mapping) and "configurable" in state and "messages" not in state:
             raise GuardConfigError("ledger: got a run config as the state; pass the thread's checkpoint, "
                                    "guard.ledger(agent.get_state(config)), or guard.ledger({}, config) for a run "
                                    "going on in this process")
-        read, live = self._read_ledger(state, config)
+        read, live = self._read_ledger(state, config, checkpoint=snapshot)
         return BudgetLedger.from_state(read.to_state()) if live else read
 
-    def _read_ledger(self, state: Any, config: Mapping[str, Any] | None = None) -> tuple[BudgetLedger, bool]:
+    def _read_ledger(self, state: Any, config: Mapping[str, Any] | None = None, *,
+                     checkpoint: bool = False) -> tuple[BudgetLedger, bool]:
         """:meth:`ledger`, but a live episode's working copy itself (then ``True``: read it, never change it)
-        when state has nothing the working copy lacks."""
+        when state has nothing the working copy lacks. ``checkpoint``: ``state`` is a checkpoint's values
+        (empty for a thread never run: nothing spent), not a ``{}`` given for a live run."""
         channel = channel_of(state)
         if not channel:
             thread = ((config or {}).get("configurable") or {}).get("thread_id")
             episode = self.episodes.peek(str(thread)) if thread is not None else None
             if episode is not None:
                 return episode.ledger, True
-            if thread is not None and not state:
+            if thread is not None and not state and not checkpoint:
                 # guard.ledger({}, config) is for a run going on here: a fresh ledger would say spent 0 for a
                 # thread whose run ended (or that never ran here, a typo), whatever it spent.
                 raise GuardConfigError(

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.tools import ToolException
 from langgraph.errors import GraphBubbleUp, ParentCommand
 from langgraph.types import Command
 
@@ -377,6 +378,19 @@ class _Regate(NamedTuple):
     version: int
 
 
+def _tool_error_answer(exc: ToolException, flag: Any) -> str:
+    """What a tool with ``handle_tool_error=flag`` answers for ``exc`` (LangChain's rule, in
+    ``langchain_core.tools.base._handle_tool_error``): the exception's message, the flag's text, or the flag's
+    answer to it."""
+    if isinstance(flag, bool):
+        content = exc.args[0] if exc.args else "Tool execution error"
+    elif isinstance(flag, str):
+        content = flag
+    else:
+        content = flag(exc)
+    return content if isinstance(content, str) else str(content)
+
+
 class CallRun:
     """The runs of one proposed call within one ``wrap_tool_call`` of the guard."""
 
@@ -468,10 +482,16 @@ class CallRun:
         name = tool.name
         try:
             problem = argument_problem(tool, args)
-        except Exception:
+        except Exception as exc:
             # A validator of the tool's own raised what pydantic does not wrap (a KeyError, a TypeError): the
-            # tool's run would raise it before its body starts. Raised unchanged, as without the guard (retries
-            # and handle_tool_errors see it), and free: the gate's reservation goes back.
+            # tool's run would raise it before its body starts. As without the guard, and free: a tool that
+            # turns its ToolException into an answer (handle_tool_error) answers this one too, as LangChain does
+            # when the input is parsed; anything else is raised unchanged (retries and handle_tool_errors see
+            # it; tool_errors="message" answers it, charged nothing). The gate's reservation goes back.
+            flag = getattr(tool, "handle_tool_error", False)
+            if flag and isinstance(exc, ToolException):
+                return self._refuse(name, args, None, "invalid", BAD_ARGUMENTS, _tool_error_answer(exc, flag))
+            self.raised.append(exc)
             ledger = self.episode.ledger
             with self.episode.lock:
                 released = ledger.release_held(self.key)  # None on a retry's run: the first one gave it back

@@ -309,3 +309,51 @@ def test_a_validators_own_exception_reaches_what_is_outside_the_guard_free(schem
     released = [(r.task_id, r.call_id) for r in sink.records if r.status == "released"
                 and r.reason == "raised_before_run"]
     assert sorted(t for t, _ in released) == ["plain", "retried"]  # each call's reservation back once, not per retry
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_validators_own_exception_is_answered_free_where_the_tool_or_the_guard_answers_errors(use_async):
+    # tool_errors="message" (the bench's setting) and a tool's handle_tool_error answer a tool's own errors: the
+    # validator's exception crashed the run under both once the guard stopped answering it as a refusal.
+    import asyncio
+
+    from langchain_core.tools import ToolException
+
+    class _Handled(BaseModel):
+        city: str
+
+        @field_validator("city")
+        @classmethod
+        def _known(cls, city: str) -> str:
+            if city != "Paris":
+                raise ToolException(f"unknown city {city}; try Paris")
+            return city
+
+    runs: list[Any] = []
+
+    def make(schema: type[BaseModel], **more: Any) -> StructuredTool:
+        async def body_async(**kw: Any) -> str:
+            runs.append(kw)
+            return "ok"
+
+        return StructuredTool.from_function(lambda **kw: runs.append(kw) or "ok", coroutine=body_async, name="t",
+                                            description="t", args_schema=schema, **more)
+
+    def answers(tool: StructuredTool, tool_errors: str | None) -> list[tuple[str, str]]:
+        guard = None if tool_errors is None else BudgetGuard(AcceptAll(), Market([PricedTool("t", 5.0)]), 20.0,
+                                                             tool_errors=tool_errors)
+        agent = create_agent(scripted([ai(call("t", city="Rome")), AIMessage("done")]), [tool],
+                             middleware=[] if guard is None else [guard.middleware()])
+        inputs = {"messages": [("user", "go")]}
+        out = asyncio.run(agent.ainvoke(inputs)) if use_async else agent.invoke(inputs)
+        assert_each_call_answered_once(out["messages"])
+        if guard is not None:
+            assert (guard.ledger(out).spent, guard.ledger(out).reserved) == (0.0, 0.0)
+        return [(m.status, str(m.content)) for m in out["messages"] if isinstance(m, ToolMessage)]
+
+    handled = make(_Handled, handle_tool_error=True)
+    assert answers(handled, None) == [("error", "unknown city Rome; try Paris")]  # the reference: no guard
+    assert answers(handled, "raise") == [("error", "unknown city Rome; try Paris")]
+    (status, text), = answers(make(_Lookup), "message")
+    assert status == "error" and "KeyError" in text and "cost nothing" in text
+    assert runs == []

@@ -69,8 +69,12 @@ def test_guard_ledger_reads_a_snapshot_a_thread_id_and_refuses_what_is_not_a_sta
     for thread in ("t", {"configurable": {"thread_id": "t"}}, "no-such-thread"):
         with pytest.raises(GuardConfigError, match="no run of thread .* is going on in this process"):
             guard.ledger({}, thread)
-    with pytest.raises(GuardConfigError, match="got a run config as the state"):
-        guard.ledger(config)  # the config where the state goes: it said spent 0
+    for extra in ((), (config,), ("t",)):
+        with pytest.raises(GuardConfigError, match="got a run config as the state"):
+            guard.ledger(config, *extra)  # the config where the state goes: it said spent 0
+    fresh = {"configurable": {"thread_id": "never-ran"}}
+    assert agent.get_state(fresh).values == {}  # a thread never run: its checkpoint is empty, and spent nothing
+    assert (guard.ledger(agent.get_state(fresh)).spent, guard.ledger(agent.get_state(fresh)).budget) == (0.0, 10.0)
     assert guard.ledger({}).budget == 10.0  # no thread: a new thread's ledger
     with pytest.raises(GuardConfigError, match="stream chunk"):
         guard.ledger(next(c for c in chunks if any("intent_ledger" in (v or {}) for v in c.values())))
