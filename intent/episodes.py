@@ -52,7 +52,7 @@ class Episode:
     # would take it for the tool's failure and run (and pay) the tool again.
     oracle_bug: BaseException | None = None
     # The id of the human message that started the episode's current run (when it had one): a new message
-    # after a run whose first step's writes were lost starts the next run (BudgetGuard._start).
+    # after a run whose first step's writes were lost starts the next run (intent.lifecycle.start).
     run_input: str | None = None
     run_checkpoint: str | None = None  # the checkpoint that run's first step ran from
     # Top-ups asked for without a graph: written to state at the episode's next hook.
@@ -68,7 +68,7 @@ class Episode:
     # Calls whose one log record is written outside a gate decision in state, by (reason, call key): refused at
     # the tool step as never gated (intent.metering), so a re-run of the step (a resume after an interrupt in a
     # sibling call of the same task) does not write it again; answered by another middleware before any gate
-    # saw them (intent.guard.BudgetGuard._log_answered_before_gate), so a step whose update was lost (a model
+    # saw them (intent.lifecycle.log_answered_before_gate), so a step whose update was lost (a model
     # call that raised, retried or invoked again) does not either.
     logged_once: set[tuple[str, str]] = field(default_factory=set)
     # The tools the model was offered at its last call (the request's list, as given): a call to
@@ -174,7 +174,7 @@ class EpisodeRegistry:
         # step's write, which LangGraph drops when that step never completes (a sync stream closed by its
         # reader: the node's thread runs the agent to its end regardless) and the thread then gets new input.
         # The thread's next run here takes it back when the lineage shows just that (see
-        # BudgetGuard._take_back_dropped_run): otherwise its spending was forgotten and it ran on a fresh budget.
+        # intent.lifecycle.take_back_dropped_run): otherwise its spending was forgotten and it ran on a fresh budget.
         self._tails: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
 

@@ -23,8 +23,10 @@ from langchain_core.messages import AIMessage, ToolMessage
 from intent import feedback as fb
 from intent._build import builder
 from intent.errors import OracleUnavailableError
+from intent import lifecycle
 from intent.human import HumanTopUps
 from intent.ledger import BudgetExceededError, LedgerEntry
+from intent.lifecycle import ANSWERED_ELSEWHERE, RELEASED_UNUSED, answered_decision
 from intent.market import UnpricedToolError
 from intent.messages import (
     answered_after,
@@ -49,6 +51,7 @@ from intent.oracle import (
     Proposal,
 )
 from intent.state import LEDGER_KEY, branch_of, channel_of
+from intent.top_ups import channel_base
 
 if TYPE_CHECKING:
     from intent.episodes import Episode
@@ -58,10 +61,8 @@ if TYPE_CHECKING:
 __all__ = ["ANSWERED_ELSEWHERE", "HUMAN_APPROVED", "RELEASED_UNUSED", "charge_oracle", "dedupe_ids",
            "gate_batch", "hold_oracle"]
 
-RELEASED_UNUSED = "released_unused"  # reason of a release record: the reservation was never used
-# Reason of an answered record: something else answered the call before the gate saw it (another
-# middleware's after_model, or the model's own response: a structured-output answer).
-ANSWERED_ELSEWHERE = "answered_elsewhere"
+# RELEASED_UNUSED, ANSWERED_ELSEWHERE and answered_decision live in intent.lifecycle (the episode's settle and
+# run end write them too) and are imported from there.
 HUMAN_APPROVED = "human_approved"  # a call over budget a human approved (on_over_budget="ask")
 # Rejections a human may overrule with money (on_over_budget="ask"): the call does not fit,
 # or the oracle's plan does not.
@@ -85,13 +86,6 @@ HITL_EDITS_KEY = "hitl_edited_tool_calls"
 _proposal = builder(Proposal)
 _context = builder(DecisionContext)
 _proposal_of = operator.attrgetter("proposal")
-
-
-def answered_decision(tool: str, args: dict[str, Any], step: int) -> dict[str, Any]:
-    """The decision state keeps for a call another middleware answered before any gate decided it: nothing
-    decided or reserved, but a later gate or run end sees it there and does not log the call again."""
-    return {"accept": False, "tool": tool, "args": args, "price": None, "step": step,
-            "reason": ANSWERED_ELSEWHERE, "feedback": "", "kind": "answered"}
 
 
 def _edited_ids(state: Any) -> Any:
@@ -121,11 +115,13 @@ def gate_batch(
         return
     channel = channel_of(state)
     if episode is None:
-        episode = guard.follow(guard.episodes.get(guard.episode_id(state, config), channel), channel, config)
-        guard._start(episode, channel, messages, config)
+        episode = lifecycle.follow(guard, guard.episodes.get(lifecycle.episode_id(guard, state, config), channel),
+                                   channel, config)
+        lifecycle.start(guard, episode, channel, messages, config)
     episode_id = episode.episode_id
     # A graph whose agent node did not call prepare() (a hand-built one) is settled here.
-    settled = guard._settle(episode, state, reason=RELEASED_UNUSED, branch=branch_of(config)) if settle else None
+    settled = (lifecycle.settle(guard, episode, state, reason=RELEASED_UNUSED, branch=branch_of(config)) if settle
+               else None)
     ledger = episode.ledger
     market = guard.market_for(episode_id, channel)
     query = episode.task(channel, messages)
@@ -353,7 +349,7 @@ def gate_batch(
         channel_update = dict(written)
         entries = dict(channel_update.get("entries", {}))
     else:  # (a new dict already: not copied again)
-        channel_update, entries = guard._channel_base(episode), {}
+        channel_update, entries = channel_base(episode), {}
     for k, e in new_entries.items():  # (a loop, not a dict comprehension: no function made per gate)
         entries[k] = ledger.serialized(e)
     channel_update["entries"] = entries

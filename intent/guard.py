@@ -23,7 +23,8 @@ One guarded step:
 The pieces live in their own modules: :mod:`intent.episodes` (per-episode working state),
 :mod:`intent.records` (log records), :mod:`intent.messages` (message helpers),
 :mod:`intent.gate` (the batch gate), :mod:`intent.metering` (one metered call),
-:mod:`intent.state` (the graph-state channel).
+:mod:`intent.state` (the graph-state channel), :mod:`intent.lifecycle` (an episode's start, settling
+and end: ``prepare`` / ``finish``), :mod:`intent.top_ups` (``top_up`` / ``atop_up`` / ``scope``).
 """
 
 from __future__ import annotations
@@ -31,17 +32,16 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Collection, Generator, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.messages import ToolMessage
 from langgraph.errors import ParentCommand
 from langgraph.types import Command
 
 from intent import feedback as fb
-from intent import lean_path
+from intent import lean_path, lifecycle, top_ups
 from intent.episodes import Episode, EpisodeRegistry
 from intent.budget import Budget
 from intent.arguments import is_list_arg
@@ -56,15 +56,12 @@ from intent.errors import (
 from intent.ledger import BudgetLedger
 from intent.logs import LogSink
 from intent.market import Market, PricedTool, UnpricedToolError, check_amount
-from intent.gate import ANSWERED_ELSEWHERE, RELEASED_UNUSED, answered_decision, gate_batch
-from intent.lineage import Reader, checkpoint_here, forked, new_input
-from intent.messages import (answered_after, call_key, messages_of, provider_run, query_run, text_of, tool_name,
-                             turns_before)
+from intent.gate import gate_batch
+from intent.messages import provider_run, tool_name
 from intent.oracle import (
     ORACLE_ERROR,
     Decision,
     DecisionContext,
-    EpisodeInfo,
     InvalidDecisionError,
     Oracle,
 )
@@ -72,10 +69,10 @@ from intent.records import Recorder
 from intent.metering import ORACLE_BUG_MARK, is_oracle_bug, open_call
 from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
-from intent.nesting import CarvedLedger, FromParent, close_carves, current_parent, spending_scope
+from intent.nesting import FromParent
 from intent.pricing import ModelPrice, ModelPrices
-from intent.state import (LEDGER_KEY, GuardState, branch_of, branch_stamp, channel_of, read_ledger_channel, run_of,
-                          runs_of, write_ledger_update)
+from intent.state import LEDGER_KEY, GuardState, channel_of
+from intent.top_ups import thread_id_of
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -85,18 +82,6 @@ __all__ = ["LEDGER_KEY", "BudgetGuard", "GuardState", "OracleErrorPolicy", "Tool
 OracleErrorPolicy = Literal["accept_if_fits", "reject"]
 ToolErrorPolicy = Literal["raise", "message"]
 
-
-def _thread_id(config: Any, method: str, *, required: bool = True) -> str | None:
-    """The thread id of a run's config (or of a bare id), or a GuardConfigError naming ``method``'s fix."""
-    if isinstance(config, str):
-        return config
-    if isinstance(config, Mapping):
-        configurable = config.get("configurable") or {}
-        thread_id = configurable.get("thread_id") if isinstance(configurable, Mapping) else None
-        if thread_id is not None or not required:
-            return None if thread_id is None else str(thread_id)
-    raise GuardConfigError(f"{method} needs the thread's config ({{'configurable': {{'thread_id': ...}}}}) or its id "
-                           f"(a str), got {type(config).__name__} {config!r}")
 
 
 class BudgetGuard:
@@ -433,7 +418,7 @@ class BudgetGuard:
         if isinstance(config, str):
             config = {"configurable": {"thread_id": config}}
         elif config is not None:
-            _thread_id(config, "ledger", required=False)
+            thread_id_of(config, "ledger", required=False)
         channel = channel_of(state)
         if channel is not None and not isinstance(channel, Mapping):
             raise GuardConfigError(f"ledger: state[{LEDGER_KEY!r}] is a {type(channel).__name__}, not the guard's "
@@ -483,6 +468,7 @@ class BudgetGuard:
         merged.absorb(channel)
         return merged, False
 
+    # ============================================================ top-ups (intent.top_ups)
     def top_up(self, config: Mapping[str, Any] | str, amount: float, *, graph: Any = None, reason: str = "",
                approved_by: str = "") -> float:
         """Raise a thread's budget by ``amount``: the only way a budget changes after it is set.
@@ -496,67 +482,13 @@ class BudgetGuard:
         it runs again); top up such a thread without ``graph`` (same process), or once it ends.
         :meth:`atop_up` is the same for an async checkpointer (``graph.aget_state`` / ``aupdate_state``).
         """
-        _check_graph(graph, "top_up", ("get_state", "update_state"))
-        steps = self._top_up(config, amount, graph=graph, reason=reason, approved_by=approved_by)
-        try:
-            step = next(steps)
-            while True:
-                step = steps.send(graph.get_state(*step[1]) if step[0] == "get" else graph.update_state(*step[1]))
-        except StopIteration as done:
-            return float(done.value)
+        return top_ups.top_up(self, config, amount, graph=graph, reason=reason, approved_by=approved_by)
 
     async def atop_up(self, config: Mapping[str, Any] | str, amount: float, *, graph: Any = None,
                       reason: str = "", approved_by: str = "") -> float:
         """:meth:`top_up`, reading and writing the thread's state with the graph's async methods (an
         ``AsyncSqliteSaver`` or ``AsyncPostgresSaver`` has no sync ones)."""
-        _check_graph(graph, "atop_up", ("aget_state", "aupdate_state"))
-        steps = self._top_up(config, amount, graph=graph, reason=reason, approved_by=approved_by)
-        try:
-            step = next(steps)
-            while True:
-                step = steps.send(await graph.aget_state(*step[1]) if step[0] == "get"
-                                  else await graph.aupdate_state(*step[1]))
-        except StopIteration as done:
-            return float(done.value)
-
-    def _top_up(self, config: Mapping[str, Any] | str, amount: float, *, graph: Any, reason: str,
-                approved_by: str) -> Generator[tuple[str, tuple[Any, ...]], Any, float]:
-        """A top-up, one graph call at a time (``("get", args)``: the state; ``("update", args)``: write it),
-        driven by :meth:`top_up` and :meth:`atop_up`. Returns the new budget."""
-        amount = check_amount(amount, "top-up amount", allow_zero=False)
-        for name, text in (("reason", reason), ("approved_by", approved_by)):
-            if not isinstance(text, str):
-                raise GuardConfigError(f"top_up {name} must be a str (logged with the top-up), got "
-                                       f"{type(text).__name__} {text!r}")
-        thread_id = _thread_id(config, "top_up")
-        cfg = {"configurable": {"thread_id": thread_id}} if isinstance(config, str) else config
-        channel = None
-        if graph is not None:
-            channel = channel_of((yield ("get", (cfg,))).values)
-        episode_id = self.episode_of(channel, cfg) or str(thread_id)
-        if graph is None and self.episodes.peek(episode_id) is None:
-            # No run of the thread is going on here, so its ledger (budget, earlier top-ups) is only in its
-            # state: a top-up on a fresh one would return and log a budget the thread does not have.
-            raise GuardConfigError(
-                f"top_up: thread {thread_id!r} has no run going on in this guard, so its budget is in the graph's "
-                "state; pass the compiled agent: guard.top_up(config, amount, graph=agent)")
-        episode = self.episodes.get(episode_id, channel)
-        top_up_id = f"top-up-{uuid.uuid4().hex[:12]}"
-        new_budget = self._apply_top_up(episode, top_up_id, amount, approved_by=approved_by, reason=reason)
-        if graph is not None:
-            # The charges as the thread's state shows them are written back with the top-up: on a paused
-            # thread, LangGraph's update_state drops the paused step's saved writes (a call that finished
-            # in it runs again on resume), and the charge of that finished call was only there.
-            written = yield ("update", (cfg, {LEDGER_KEY: self._channel_base(episode) | {
-                "entries": dict((channel or {}).get("entries") or {}),
-                "top_ups": {top_up_id: amount}, "top_up_by": {top_up_id: approved_by} if approved_by else {}}}))
-            landed = ((written or {}).get("configurable") or {})
-            if landed.get("checkpoint_id") and not landed.get("checkpoint_ns"):
-                episode.lineage.landed(str(landed["checkpoint_id"]))  # a fork from before it goes without it
-        else:
-            with episode.lock:
-                episode.pending_top_ups[top_up_id] = amount
-        return new_budget
+        return await top_ups.atop_up(self, config, amount, graph=graph, reason=reason, approved_by=approved_by)
 
     @contextlib.contextmanager
     def scope(self, config: Mapping[str, Any] | str) -> Iterator[None]:
@@ -565,75 +497,10 @@ class BudgetGuard:
         For a sub-agent run from a graph node (a subgraph) rather than from a guarded tool call
         (tool calls open a scope by themselves). Carves still open when the scope ends are closed.
         """
-        cfg = None if isinstance(config, str) else config
-        thread_id = _thread_id(config, "scope")
-        # Given the node's config: its state's ledger (the thread's budget, when the episode has ended here);
-        # its task, a visitor of the episode while the scope is open (a parallel branch settling leaves its
-        # carves alone); the top graph's step, to take up an episode that a sibling branch of the same step
-        # ended (not a fresh budget).
-        readable, channel = read_ledger_channel(cfg)
-        task = str(((cfg or {}).get("configurable") or {}).get("checkpoint_ns") or "")
-        episode_id = self.episode_of(channel, cfg or {"configurable": {"thread_id": thread_id}}) or str(thread_id)
-        stamp = branch_stamp(cfg, task) if task else None
-        if not readable and episode_id not in self.episodes and not self.episodes.can_revive(episode_id, stamp):
-            # Neither the thread's state nor a live episode says what the thread has left: a fresh budget
-            # here would spend the thread's money twice. (A node whose state has the channel, still empty, is
-            # the thread's first spending: the guard's budget.)
-            raise GuardConfigError(
-                f"guard.scope: thread {thread_id!r} has no run of this guard going in this process, and "
-                + ("this node's state has no ledger channel" if cfg is not None and task else
-                   "a thread id (or a config from outside a graph node) does not say what its budget has left")
-                + ": call scope(config) with the config of a graph node whose state carries the guard's channel "
-                  "(intent_ledger: extend intent.GuardState or intent.BudgetState), or while the run goes on")
-        episode = self.episodes.get(episode_id, channel, stamp=stamp)
-        episode.ledger.catch_up(channel)  # kept here from an earlier run while another process spent
-        if task:
-            episode.visit(task)
-        key = f"scope-{uuid.uuid4().hex[:12]}"
-        try:
-            with spending_scope(self, episode, key, cfg):
-                yield
-        finally:
-            close_carves(episode, key)
-            if task:
-                episode.unvisit(task)
-            # What the node's state has not seen, in the node's writes (the thread's channel): its sub-agents'
-            # carves, a metered model called in the scope, a sibling branch's charges as this process has them
-            # (statuses only move forward when the branches' writes meet), a top-up made without a graph.
-            update = self._unseen_by(episode, channel)
-            if update is not None:
-                if cfg is not None:
-                    write_ledger_update(cfg, update)
-                elif update.get("top_ups"):
-                    with episode.lock:  # no node to write from: the thread's next step writes them
-                        episode.pending_top_ups = update["top_ups"] | episode.pending_top_ups
-            # No run of the thread going here: not kept (a later scope or run reads the thread's state).
-            self.episodes.done_visiting(episode, stamp)
+        with top_ups.scope(self, config):
+            yield
 
-    def _apply_top_up(self, episode: Episode, top_up_id: str, amount: float, *, approved_by: str,
-                      reason: str) -> float:
-        """Raise the episode's budget once per id, and log it once."""
-        ledger = episode.ledger
-        with episode.lock:
-            known = top_up_id in ledger.top_ups
-            new_budget = ledger.top_up(top_up_id, amount, approved_by=approved_by)
-        if not known:
-            self.records.top_up(ledger, episode_id=episode.episode_id, top_up_id=top_up_id, amount=amount,
-                                reason=reason, approved_by=approved_by)
-        return new_budget
-
-    def _channel_base(self, episode: Episode) -> dict[str, Any]:
-        ledger = episode.ledger
-        base = {"episode_id": episode.episode_id, "budget": ledger.base_budget,
-                "allow_overspend": ledger.allow_overspend}
-        caps = ledger.caps  # (a copy each time it is read)
-        if caps:
-            base["caps"] = caps
-        if isinstance(ledger, CarvedLedger):
-            base["carved_by"] = ledger.carve_id  # the carve holding these charges (CarvedLedger.take_over)
-        return base
-
-    # ============================================================ episodes
+    # ============================================================ episodes (intent.lifecycle)
     @staticmethod
     def episode_of(channel: Mapping[str, Any] | None, config: Mapping[str, Any] | None) -> str | None:
         """The episode a ledger ``channel`` read in a step of ``config``'s thread belongs to (``None``: the
@@ -645,43 +512,10 @@ class BudgetGuard:
         two running at once, or both paused), they shared one working copy (one thread's reservations used
         the other's room, a top-up of one went to the other, and the copy's charges were logged as the
         source's)."""
-        named = channel.get("episode_id") if channel else None
-        if not named:
-            return None
-        thread = ((config or {}).get("configurable") or {}).get("thread_id")
-        if thread is None or named == thread:  # (every model and tool step: the common case first)
-            return str(named)
-        named, thread = str(named), str(thread)
-        if named == thread or named.startswith(thread + ">"):
-            return named  # this thread's (a sub-agent's, on its ancestors' thread: "<thread>><call key>")
-        _root, sep, rest = named.partition(">")
-        return thread + sep + rest
+        return lifecycle.episode_of(channel, config)
 
     def episode_id(self, state: Any, config: Mapping[str, Any] | None) -> str:
-        channel = channel_of(state)
-        if channel and channel.get("episode_id"):
-            return self.episode_of(channel, config)  # type: ignore[return-value]  # (named: a str)
-        thread_id = ((config or {}).get("configurable") or {}).get("thread_id")
-        if thread_id is None:
-            # No thread and no channel yet (a run's first step): a new episode. The middleware keeps
-            # its name in the step's state, so a step that runs again finds it (see _settled_request).
-            return f"episode-{uuid.uuid4().hex[:12]}"
-        parent = current_parent()
-        if parent is not None and parent.guard is not self:
-            above, thread = parent.episode.episode_id, str(thread_id)
-            if above == thread or above.startswith(thread + ">"):
-                # A sub-agent (at any depth) run inside a guarded tool call with its ancestors' config
-                # (their thread id), on its first step: an episode of its own, named after the call
-                # that started it, so that sub-agents of different calls never share one; a second one
-                # that the same call runs while the first is still going gets the next free name. (An
-                # episode no model step has started yet is free: a metered model called before the
-                # sub-agent's first step made it for that step. Later steps read the name from state.)
-                name, n = f"{above}>{parent.key}", 1
-                while (taken := self.episodes.peek(name)) is not None and taken.started:
-                    n += 1
-                    name = f"{above}>{parent.key}~{n}"
-                return name
-        return str(thread_id)
+        return lifecycle.episode_id(self, state, config)
 
     def inherits_parent_ledger(self, state: Any) -> bool:
         """Whether ``state``'s ledger channel is the running parent's: a sub-agent started inside one
@@ -691,153 +525,7 @@ class BudgetGuard:
 
         The same guard guarding a sub-agent inside one of its own tool calls would take the tool
         call's episode for the sub-agent's: a configuration error, raised here."""
-        parent = current_parent()
-        channel = channel_of(state)
-        named = channel.get("episode_id") if channel else None
-        if parent is None or not named or named not in (parent.episode.episode_id, parent.episode.source):
-            return False
-        if parent.guard is self:
-            raise GuardConfigError(
-                "this guard guards a sub-agent run inside one of its own tool calls (the sub-agent's state "
-                "carries the tool call's ledger): give the sub-agent a guard of its own, "
-                "BudgetGuard(oracle, market, FromParent(limit=...)), so that it spends from the call's budget")
-        return True
-
-    def _start(self, episode: Episode, channel: Mapping[str, Any] | None, messages: Sequence[AnyMessage],
-               config: Mapping[str, Any] | None = None) -> None:
-        # Held while the oracle's start hook runs: a sibling branch's step waits for it, so no decision of
-        # the episode comes before its start has finished.
-        with episode.start_lock:
-            with episode.lock:
-                # Which run of the thread this is, by state (sibling fan-out branches of one step read the same).
-                run, new_run = run_of(channel)
-                last_input = messages[-1].id if messages and isinstance(messages[-1], HumanMessage) else None
-                if not new_run and self._run_left_behind(episode, messages, config):
-                    run, new_run = run + 1, True
-                elif (new_run and episode.started and run <= episode.run and last_input is not None
-                      and episode.run_input is not None and last_input != episode.run_input
-                      and checkpoint_here(config) != episode.run_checkpoint
-                      and self._run_left_behind(episode, messages, config)):
-                    # State says a run begins, but this working copy started that run already: its first step's
-                    # writes were lost (an async run cancelled in its first model step, a crash), and the user
-                    # has sent a new message since (not the one that started it, and with a checkpoint of its
-                    # own: a fan-out branch's own message is not a new run): the thread's next run.
-                    run = episode.run + 1
-                # Started again: a run this episode has not started yet, or a fan-out branch's revived episode
-                # whose end the oracle was told (intent.guard.BudgetGuard.prepared).
-                first_time = (new_run and run > episode.run) or (not episode.started and episode.revived)
-                episode.run = max(episode.run, run)
-                episode.started, episode.revived = True, False
-                if first_time:
-                    # (A fan-out sibling of this first step runs from its checkpoint too: not a new run.)
-                    episode.run_input, episode.run_checkpoint = last_input, checkpoint_here(config)
-                    episode.oracle_bug = None  # one the last run raised is not this run's
-            if first_time:
-                self._call_hook("start", EpisodeInfo(episode.episode_id, episode.task(channel, messages),
-                                                     episode.ledger.budget, self.market_for(episode.episode_id),
-                                                     spent=episode.ledger.spent))
-
-    @staticmethod
-    def _run_left_behind(episode: Episode, messages: Sequence[AnyMessage], config: Mapping[str, Any] | None) -> bool:
-        """Whether a step that state places inside a run under way starts the thread's next run instead: the
-        last run never ended (it stopped at GraphRecursionError, or was left at an interrupt) and the user
-        sent a new message. Told by the new message (the last one, after the run's replies) and the
-        checkpoint LangGraph made for it (``source="input"``): a resume adds no input, and a middleware that
-        adds a human message inside a run makes none."""
-        if not messages or not isinstance(messages[-1], HumanMessage):
-            return False
-        here = checkpoint_here(config)
-        return here is not None and new_input(episode.lineage, here, Reader(config or {}))
-
-    def _settle(self, episode: Episode, state: Any, *, reason: str, branch: str | None = None) -> dict[str, Any] | None:
-        """Release reservations nothing will use and write what state has not seen yet.
-
-        Called at a model boundary (before a model call, at the gate, after the run): every
-        tool task of the last step has finished then, so a held reservation is one that
-        another middleware answered (a call limit, a human's reject, a jump). ``branch``: the part
-        of the graph run settling (:func:`intent.state.branch_of`); what another branch running the
-        same episode now reserved is live: it is not released.
-        """
-        channel = channel_of(state) or {}
-        ledger = episode.ledger
-        decisions = channel.get("decisions") or {}
-        # State may hold charges this process has not seen: a thread resumed here whose paused step had a
-        # sibling call finish in another process (LangGraph applies that task's writes when the resumed step
-        # completes, after this episode was loaded from the resumed task's older state). Taken in before
-        # anything held is judged unused.
-        ledger.catch_up(channel)
-        # What is held, read before who is running: a branch or visitor joins before it reserves, so one
-        # whose reservation is in `held` is in `others` unless it has finished with that reservation since.
-        held = ledger.held()
-        others: list[str] = []
-        own_task = False  # a visitor in the very task this branch runs in (a model called beside the agent there)
-        if branch is not None:
-            for b in episode.branches.copy():  # (a loop, not a list comprehension: one branch, on every model step)
-                if b != branch:
-                    others.append(b)
-            for task in episode.visitors.copy():
-                if task != branch:
-                    others.append(task)
-                else:
-                    own_task = True
-        query: str | None = None  # the task of the run the released reservations were made in (read once, below)
-        for entry in held:
-            owner = ledger.owner_of(entry.call_id)
-            if (others and _owned_by(owner, others)) or (own_task and owner == branch):
-                continue  # a parallel branch's call, still running (or a sub-agent's carve inside it), a visitor's
-            released = ledger.release_held(entry.call_id)
-            if released is None:
-                continue  # committed or released by its branch or visitor, or another settle, since `held` was read
-            if query is None:
-                # The one state keeps (the gate that reserved wrote it), not this step's messages, whose last human
-                # message is a new run's task when the run that reserved was abandoned (paused, then given new
-                # input); with no task kept in state (a run that reserved before writing any), this run's.
-                query = (channel["query"] if query_run(channel) is not None
-                         else episode.task(channel, messages_of(state)))
-            self.records.release(ledger, released, episode_id=episode.episode_id,
-                                 meta=decisions.get(entry.call_key, {}), reason=reason, query=query)
-        # Every charge state has not seen, a running sibling branch's included: a fresh guard resuming this
-        # branch from its own checkpoint then knows what the siblings had spent by its last step.
-        unseen = self._unseen_by(episode, channel)
-        new_run = episode.run > channel.get("runs_started", 0)
-        if unseen is None and channel and not new_run:
-            return None
-        update = unseen or self._channel_base(episode) | {"entries": {}}
-        if new_run:
-            update["runs_started"] = episode.run
-        update |= episode.query_update(channel, messages_of(state))
-        if new_run and channel:
-            # A run left before its gate saw its last reply (a stream its reader left, a cancel, with the gate
-            # in an after_model hook), whose calls a middleware answered since (a dangling-call patcher's
-            # before_agent): their one record, at the next run's start (the run end's scan starts after the
-            # last reply counted, which is then the new run's).
-            return self._log_answered_before_gate(episode, state, channel, {LEDGER_KEY: update})
-        return {LEDGER_KEY: update}
-
-    def _unseen_by(self, episode: Episode, channel: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """The channel update with what ``channel`` (a task's state) has not seen: charges it lacks or holds
-        at an earlier status, and top-ups made without a graph (taken from the episode: written once).
-        ``None`` when there is nothing."""
-        known = (channel or {}).get("entries") or {}
-        changed = episode.ledger.unseen_in(known)
-        top_ups: dict[str, float] = {}
-        if episode.pending_top_ups:  # (none, mostly: no lock taken and no dict made on every model step)
-            with episode.lock:
-                top_ups, episode.pending_top_ups = episode.pending_top_ups, {}
-        held_top_ups = episode.ledger.top_ups
-        if held_top_ups:
-            # A top-up the working copy counts and this state lacks (written to another branch's checkpoint,
-            # kept here because this branch also carries what that one's crashed step spent: intent.lineage):
-            # written to this branch too, so that its state and the working copy agree on its budget.
-            written = (channel or {}).get("top_ups") or {}
-            top_ups = {**{k: v for k, v in held_top_ups.items() if k not in written}, **top_ups}
-        if not changed and not top_ups:
-            return None
-        update = self._channel_base(episode) | {"entries": changed}
-        if top_ups:
-            by = episode.ledger.approved_by
-            update |= {"top_ups": top_ups, "top_up_by": {k: by[k] for k in top_ups if k in by}}
-        return update
+        return lifecycle.inherits_parent_ledger(self, state)
 
     def prepare(self, state: Any, config: Mapping[str, Any] | None = None, *,
                 offered: Sequence[Any] | None = None) -> dict[str, Any] | None:
@@ -851,72 +539,7 @@ class BudgetGuard:
                  offered: Sequence[Any] | None = None) -> tuple[Episode, dict[str, Any] | None]:
         """:meth:`prepare`, also returning the episode, for a model step that gates next
         (``gate(..., episode=...)`` then skips finding it again)."""
-        channel = channel_of(state)
-        branch = branch_of(config)
-        # Found (or revived, or made) and this branch registered in one step, so that a sibling finishing
-        # meanwhile never ends the episode under it (EpisodeRegistry.get, .leave).
-        stamp = branch_stamp(config, branch)
-        episode = self.follow(self.episodes.get(self.episode_id(state, config), channel, branch=branch, stamp=stamp),
-                              channel, config, branch=branch, stamp=stamp)
-        if branch and stamp is not None:
-            self._take_back_dropped_run(episode, config, stamp)
-        if episode.revived:
-            # Revived for a fan-out branch that started after its siblings ended. An oracle with an end hook
-            # was told it ended, so it is told it starts again (_start); one without keeps what it knows of
-            # the episode (start would reset it).
-            if callable(getattr(self.oracle, "end", None)):
-                episode.started = False
-            else:
-                episode.revived = False
-        if offered is not None:
-            if episode.offered is None:  # the episode's first model step here: tell the developer now
-                self._warn_unpriced(self.market_for(episode.episode_id, channel), offered)
-            episode.offered = offered
-        self._start(episode, channel, messages_of(state), config)  # (a new run drops the last run's deferred bug)
-        _raise_deferred(episode)
-        return episode, self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
-
-    def _take_back_dropped_run(self, episode: Episode, config: Mapping[str, Any] | None, stamp: str) -> None:
-        """A subgraph's run whose episode ended here in an earlier step of the top graph (``finish`` kept its
-        ledger) and whose result that step never saved: taken back into ``episode``, the thread's next run.
-
-        The subgraph's spending reaches the thread's state only as the parent step's write. A sync caller
-        that stops reading the parent's stream closes the parent's loop, but the node's thread runs the agent
-        to its end (LangGraph cannot stop it), so the agent ends its episode here, and the parent step's write
-        stays pending, and a new input on the thread drops it. Without this the next run started from a fresh
-        budget and spent it again (9 spent of 7: tests/test_subgraph_runs_dropped_by_the_parent.py). The top graph's checkpoints
-        decide, on evidence only: the run is taken back when the checkpoint that follows the one its step ran
-        from is a new input's (the step's result never saved), not when it is that step's result (saved: state
-        has it, or the parent keeps no ledger channel and each turn starts a fresh budget, as documented)."""
-        tail = self.episodes.take_tail(episode.episode_id)
-        if tail is None:
-            return
-        ran_from, ledger_state = tail
-        reader, current = Reader(config or {}), stamp
-        if reader.saver is None:
-            # No checkpointer (the caller carries state from one invoke to the next): no checkpoints to read,
-            # and nothing LangGraph could drop. (Reader needs a saver: this crashed the next turn's first model
-            # step with AttributeError; final review, test seen red.)
-            return
-        for hop in range(32):  # the parent's steps between that step and this one (a new input, nodes before this)
-            if current == ran_from:
-                return  # this very step (a fan-out sibling that starts after the others ended)
-            read = reader.parent(current, wait=hop == 0)
-            if read is None:
-                return  # unreadable (durability="exit", an async saver on its own loop): not on a guess
-            source, parent = read
-            if parent == ran_from:
-                # An input on that step's checkpoint is also a fork (invoke(new input, config of that checkpoint))
-                # when the step's result WAS saved on the other branch (a "loop" child): the fork runs on its
-                # checkpoint's ledger (intent.lineage), so the run is taken back only when no child saved it.
-                # (Without this check the fork counted the other branch's run: 6 spent for one call of 3; final
-                # review, test seen red.)
-                if source == "input" and reader.result_saved(ran_from) is False:
-                    episode.ledger.absorb(ledger_state)  # entries only move forward: what state has is a no-op
-                return
-            if parent is None:
-                return
-            current = parent
+        return lifecycle.prepared(self, state, config, offered=offered)
 
     def follow(self, episode: Episode, channel: Mapping[str, Any] | None, config: Mapping[str, Any] | None,
                **get: Any) -> Episode:
@@ -924,16 +547,7 @@ class BudgetGuard:
         another branch of the thread than the one its working copy followed (a fork, a replay of an older
         checkpoint: :mod:`intent.lineage`), as a guard in another process would make it; the step's
         checkpoint noted. ``get``: :meth:`EpisodeRegistry.get`'s keywords for the step's branch."""
-        here = checkpoint_here(config)
-        if here is None:  # no checkpointer (no time travel), or a subgraph's step
-            return episode
-        ledger = episode.ledger
-        if (channel and episode.lineage and not any(episode.branches) and ledger.shared is None
-                and not isinstance(ledger, CarvedLedger) and ledger.ahead_of(channel, episode.pending_top_ups)
-                and forked(episode.lineage, here, Reader(config or {}))):
-            episode = self.episodes.reload(episode.episode_id, channel, **get)
-        episode.lineage.ran(here)
-        return episode
+        return lifecycle.follow(self, episode, channel, config, **get)
 
     def _warn_unpriced(self, market: Market, offered: Sequence[Any]) -> None:
         """Warn (once per guard and tool) of each offered tool the market cannot price: the agent is
@@ -950,86 +564,8 @@ class BudgetGuard:
 
     def finish(self, state: Any, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """After the run: nothing stays reserved, state has every charge, the working state is dropped."""
-        channel = channel_of(state)
-        episode_id = self.episode_id(state, config)
-        if episode_id not in self.episodes and not channel:
-            return None
-        episode = self.follow(self.episodes.get(episode_id, channel), channel, config)
-        _raise_deferred(episode, last=True)
-        branch = branch_of(config)
-        update = self._settle(episode, state, reason=RELEASED_UNUSED, branch=branch)
-        update = self._log_answered_before_gate(episode, state, channel, update)
-        # Held from leaving to the oracle's end: a fan-out sibling that revives the episode meanwhile starts it
-        # again (_start takes the same lock) only after the end hook has returned.
-        with episode.start_lock:
-            # Kept aside for a late fan-out sibling only when no guarded call above runs it: a sub-agent's
-            # episode (FromParent, or any agent inside a guarded tool call) is ended for good, so the next
-            # sub-agent of the same call starts its own instead of reviving this one.
-            if not self.episodes.leave(episode, branch, keep=current_parent() is None
-                                       and not isinstance(episode.ledger, CarvedLedger)):
-                return update  # parallel branches of this thread still run: the last one ends the episode
-            if isinstance(episode.ledger, CarvedLedger):
-                episode.ledger.close()  # a sub-agent's unspent carve goes back to its parent
-            elif branch and current_parent() is None and episode.ledger.shared is None:
-                # A subgraph's run (not a sub-agent inside a guarded call, nor one on a budget store, which
-                # counts every run): its spending reaches state only with the parent step's result, which
-                # may be dropped; kept for the thread's next run here (_take_back_dropped_run).
-                stamp = branch_stamp(config, branch)
-                if stamp is not None:
-                    self.episodes.keep_tail(episode_id, stamp, episode.ledger.to_state())
-            # The thread's next run starts the oracle again (_start). An episode made here (a run resumed by
-            # this process that ended without another model step) is the run state says is under way.
-            run = episode.run or max(runs_of(channel)[0], 1)
-            update = update or {LEDGER_KEY: self._channel_base(episode)}
-            update[LEDGER_KEY] = {**update[LEDGER_KEY], "runs_ended": run}
-            end = getattr(self.oracle, "end", None)
-            if callable(end):
-                end(episode_id)
-        return update
+        return lifecycle.finish(self, state, config)
 
-    def _log_answered_before_gate(self, episode: Episode, state: Any, channel: Mapping[str, Any] | None,
-                                  update: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Log ``answered`` for the calls another middleware answered and then ended the run before the gate
-        saw their message: with the gate in an ``after_model`` hook listed after it, a call limit's
-        ``exit_behavior="end"`` answers the calls and jumps to the end, skipping the gate, so those calls had
-        no log record at all (each call gets exactly one). Only messages after the last one the guard counted,
-        and only calls answered in the history and never decided; their decisions go to state, so a later
-        run's end does not log them again, and the episode logs each once (``Episode.first_record``), so a new
-        run's start and its end, or a step that runs again after its update was lost, do not both log it."""
-        messages = messages_of(state)
-        turns = (channel or {}).get("turns") or {}
-        known = (channel or {}).get("decisions") or {}
-        last_id = turns.get("last_id")
-        start = 0  # after the last reply the guard counted, when it counted one
-        if last_id:
-            start = next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].id == last_id), 0)
-        decisions: dict[str, Any] = {}
-        for index in range(start, len(messages)):
-            ai = messages[index]
-            if not isinstance(ai, AIMessage) or not ai.tool_calls or not ai.id:
-                continue
-            answered = answered_after(messages, index)
-            step = turns_before(messages, index, turns, gate=True)  # as the gate would have numbered it
-            for call in ai.tool_calls:
-                cid = call.get("id")
-                key = call_key(ai, index, cid) if cid else None
-                if (key is None or cid not in answered or key in known or key in episode.ledger
-                        or not episode.first_record(ANSWERED_ELSEWHERE, key)):
-                    continue
-                name, args = call["name"], dict(call.get("args") or {})
-                self.records.answered(episode.ledger, episode_id=episode.episode_id, step=step,
-                                      query=episode.task(channel, messages), reasoning=text_of(ai), call_id=cid,
-                                      tool=name, args=args, reason=ANSWERED_ELSEWHERE,
-                                      market_version=self.market_for(episode.episode_id, channel).version)
-                decisions[key] = answered_decision(name, args, step)
-        if not decisions:
-            return update
-        update = update or {LEDGER_KEY: self._channel_base(episode)}
-        update[LEDGER_KEY] = {**update[LEDGER_KEY],
-                              "decisions": {**update[LEDGER_KEY].get("decisions", {}), **decisions}}
-        return update
-
-    # ============================================================ the gate
     # ===================================================== the agent's model calls
     @property
     def meters_models(self) -> bool:
@@ -1265,26 +801,11 @@ class BudgetGuard:
         return known
 
 
-def _check_graph(graph: Any, method: str, needs: tuple[str, ...]) -> None:
-    """``graph=`` of :meth:`BudgetGuard.top_up` / ``atop_up``: ``None`` or a compiled graph with ``needs``."""
-    if graph is not None and not all(callable(getattr(graph, name, None)) for name in needs):
-        raise GuardConfigError(f"{method} graph= must be the compiled agent (with {' and '.join(needs)}), got "
-                               f"{type(graph).__name__} {graph!r:.80}; pass graph=agent, or leave it out for a run "
-                               "going on in this process")
-
-
 def _check_tools(tools: Any, where: str) -> None:
     """A list of tools (LangChain tools or functions), not ``None``, a string or a mapping."""
     if not is_list_arg(tools):
         raise GuardConfigError(f"{where} needs a list of tools, got {type(tools).__name__} {tools!r:.80}; pass "
                                "[tool, ...] (the agent's tools)")
-
-
-def _owned_by(owner: str | None, branches: Sequence[str]) -> bool:
-    """Whether a reservation made in the graph task ``owner`` (intent.state.task_of) belongs to one of
-    ``branches`` (branches and visitors' tasks): made in it, or deeper inside it (a step of the branch, a
-    sub-agent's carve reserved from the sub-agent's own steps)."""
-    return owner is not None and any(owner == b or (b and owner.startswith(b + "|")) for b in branches)
 
 
 def _recoverable(exc: Exception, oracle: Any) -> OracleUnavailableError | None:
@@ -1313,19 +834,3 @@ def _check_currencies(budget: Budget | FromParent, market: Market, prices: Model
         raise GuardConfigError(
             f"currencies disagree: {given}; a budget has one currency, so convert the prices or the budget")
     return next(iter(given.values()), None)
-
-
-def _raise_deferred(episode: Episode, *, last: bool = False) -> None:
-    """Raise the bug an oracle hook raised at one of the episode's tool steps (intent.metering). Kept until the
-    run's end (``last``, the after_agent node no retry wraps) or the next run's start: a ModelRetryMiddleware
-    listed before the guard retries the model step that raised it (and may turn it into a message), and the
-    bug must not be lost with that step."""
-    if episode.oracle_bug is None:
-        return  # (one attribute read, atomic: no lock on every model step when there is none)
-    with episode.lock:
-        bug = episode.oracle_bug
-        if last:
-            episode.oracle_bug = None
-    if bug is not None:
-        raise bug
-

@@ -35,6 +35,7 @@ from intent import lean_tool
 from intent.gate import _context, _proposal
 from intent.ledger import BudgetExceededError, BudgetLedger
 from intent.market import UnpricedToolError
+from intent.lifecycle import follow
 from intent.lineage import _CHECKPOINTER
 from intent.messages import text_of, turns_before
 from intent.metering import CallRun
@@ -92,7 +93,7 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
         return None  # a branch of a subgraph (a fan-out): branch_of is not ""
     messages = state.get("messages") or []
     if messages and isinstance(messages[-1], HumanMessage):
-        return None  # maybe the thread's next run (BudgetGuard._run_left_behind)
+        return None  # maybe the thread's next run (intent.lifecycle.run_left_behind)
     if current_parent() is not None:
         return None  # inside a guarded tool call: sub-agent rules (inherits_parent_ledger, carves)
     episodes = guard.episodes
@@ -116,8 +117,8 @@ def prepared(guard: BudgetGuard, request: Any, config: Any) -> tuple[Any, Episod
             return None
         episodes._episodes.move_to_end(episode.episode_id)
     if configurable.get(_CHECKPOINTER) is not None:  # (without one, checkpoint_here is None: follow does nothing)
-        # BudgetGuard.follow: with the ledger as state has it no fork is possible; the step's checkpoint noted.
-        guard.follow(episode, channel, config, branch="", stamp=None)
+        # lifecycle.follow: with the ledger as state has it no fork is possible; the step's checkpoint noted.
+        follow(guard, episode, channel, config, branch="", stamp=None)
     offered = request.tools
     if offered is not None:
         if episode.offered is None:
@@ -253,7 +254,8 @@ def decided(guard: BudgetGuard, episode: Episode, gate: LeanGate, answer: Any) -
     else:
         meta = _refusal(guard, episode, gate, price, "reject", decision.reason,
                         decision.feedback or fb.generic_rejection(name), decision, decision_ms)
-    # guard._channel_base(episode) for a plain BudgetLedger (prepared() checked: not a carve), then gate_batch's keys
+    # intent.top_ups.channel_base(episode) for a plain BudgetLedger (prepared() checked: not a carve), then
+    # gate_batch's keys
     update = {"episode_id": episode.episode_id, "budget": ledger._budget, "allow_overspend": ledger._allow_overspend}
     if ledger._caps:
         update["caps"] = dict(ledger._caps)
@@ -333,7 +335,7 @@ def open_call(guard: BudgetGuard, request: Any) -> CallRun | None:
             return None
         episodes._episodes.move_to_end(episode.episode_id)
     if configurable.get(_CHECKPOINTER) is not None:
-        episode = guard.follow(episode, channel, config)  # a fork runs on its checkpoint's ledger
+        episode = follow(guard, episode, channel, config)  # a fork runs on its checkpoint's ledger
         if key not in episode.ledger:
             return None  # (made again from a checkpoint that never gated it: the general function decides)
     return lean_tool.call_run(guard, episode, key, request, dict(meta), messages, ai, channel)

@@ -71,6 +71,7 @@ from intent.model_meter import (
 from intent.nesting import current_parent
 from intent.state import (branch_of, branch_stamp, current_config, read_ledger_channel, read_state_messages, task_of,
                           write_ledger_update)
+from intent.top_ups import channel_base
 
 if TYPE_CHECKING:
     from intent.episodes import Episode
@@ -273,7 +274,7 @@ class MeteredModelCallback(BaseCallbackHandler):
         """The execution's charge into the running task's writes, when that task's state holds the episode."""
         charge = meter.entries[-1] if meter.entries else None
         if config is not None and charge is not None and charge.status == "committed":
-            write_ledger_update(config, {**self.guard._channel_base(meter.episode),
+            write_ledger_update(config, {**channel_base(meter.episode),
                                          "entries": {charge.call_id: charge.to_dict()}})
 
     def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:

@@ -32,6 +32,7 @@ from intent.errors import InvalidBillError
 
 PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead of serving the call
 from intent.ledger import BudgetExceededError, BudgetLedger
+from intent.lifecycle import episode_of, follow
 from intent.market import UnpricedToolError, payment_required
 from intent.nesting import _CURRENT, close_carves, enter_spending, spending_scope
 from intent.messages import (
@@ -63,6 +64,7 @@ from intent.oracle import (
 )
 from intent.state import LEDGER_KEY, channel_of, missing_channel_error, task_free_ns
 from intent.tool_body import WatchedBody, as_message, watched
+from intent.top_ups import channel_base
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -152,7 +154,7 @@ def open_call(guard: BudgetGuard, request: ToolCallRequest) -> CallRun | ToolMes
         return ToolMessage(fb.not_gated(name), tool_call_id=cid, name=name, status="error")
     # (A fork or replay of the thread runs on its checkpoint's ledger: intent.lineage.)
     config = getattr(request.runtime, "config", None)
-    episode = guard.follow(guard.episodes.get(str(guard.episode_of(channel, config)), channel), channel, config)
+    episode = follow(guard, guard.episodes.get(str(episode_of(channel, config)), channel), channel, config)
     key = call_key(ai, index, cid)
     decisions = channel.get("decisions") or {}
     if key not in decisions and key not in episode.ledger:
@@ -913,5 +915,5 @@ class CallRun:
             # them: the reducer keeps the first value written of each (merge_ledger_states), and the channel only
             # gains keys, so writing them again changes nothing; a smaller write is a cheaper merge on every call.
             # (A carved ledger's carve id and sub-caps, which merge otherwise, are always written.)
-            written = self.guard._channel_base(episode) | written
+            written = channel_base(episode) | written
         return with_update(result, self.tool_call_id, message, {LEDGER_KEY: written})

@@ -36,7 +36,7 @@ from langgraph.types import Command, Overwrite
 from typing_extensions import NotRequired
 
 from intent import feedback as fb
-from intent import lean_path
+from intent import lean_path, lifecycle
 from intent.episodes import RUNNING_EPISODE
 from intent.ledger import merge_ledger_states
 from intent.messages import provider_run, tool_name, turns_before
@@ -288,7 +288,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
         """Settle before the model call; the request's state then carries what settling wrote
         (a new episode's id, above all), so the model meter finds the same episode. Returns the
         request, the episode and what settling wrote."""
-        episode, settled = self.guard.prepared(request.state, config, offered=request.tools)
+        episode, settled = lifecycle.prepared(self.guard, request.state, config, offered=request.tools)
         if settled and settled.get(LEDGER_KEY):
             state = request.state
             channel = merge_ledger_states(state.get(LEDGER_KEY), settled[LEDGER_KEY])

@@ -21,6 +21,7 @@ from intent.messages import turns_before
 from intent.model_meter import MODEL_OVER_BUDGET, MODEL_UNPRICED, ModelCallMeter, ModelCallRefused
 from intent.pricing import UnpricedModelError
 from intent.state import LEDGER_KEY, channel_of, current_config
+from intent.top_ups import channel_base
 
 if TYPE_CHECKING:
     from intent.guard import BudgetGuard
@@ -99,7 +100,7 @@ class ModelGate:
     def update(self, meter: ModelCallMeter) -> Command:
         ledger = meter.episode.ledger
         entries = {e.call_id: ledger.get(e.call_id) for e in meter.entries}
-        update = self.guard._channel_base(meter.episode) | {
+        update = channel_base(meter.episode) | {
             "entries": {cid: e.to_dict() for cid, e in entries.items() if e is not None}}
         tops = ledger.top_ups
         if tops:
