@@ -503,15 +503,9 @@ class BudgetGuard:
     # ============================================================ episodes (intent.lifecycle)
     @staticmethod
     def episode_of(channel: Mapping[str, Any] | None, config: Mapping[str, Any] | None) -> str | None:
-        """The episode a ledger ``channel`` read in a step of ``config``'s thread belongs to (``None``: the
-        channel names none). The channel's own, unless it was made on another thread: a thread made by copying
-        another thread's state (LangGraph Platform's "copy thread", ``update_state(new_config, old_values)``)
-        carries the source's episode id, which the ledger's reducer keeps. Such a copy is a fork with money of
-        its own from the copy on, so it gets an episode of its own, named after its thread (a sub-agent's
-        episode under it after the thread too): otherwise, with the source's episode live in this process (the
-        two running at once, or both paused), they shared one working copy (one thread's reservations used
-        the other's room, a top-up of one went to the other, and the copy's charges were logged as the
-        source's)."""
+        """The episode a ledger ``channel`` read in a step of ``config``'s thread belongs to (``None``: the channel
+        names none): the channel's own, or, for a thread copied from another, the copy's own
+        (:func:`intent.lifecycle.episode_of` says why)."""
         return lifecycle.episode_of(channel, config)
 
     def episode_id(self, state: Any, config: Mapping[str, Any] | None) -> str:
