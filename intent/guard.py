@@ -432,27 +432,27 @@ class BudgetGuard:
             raise GuardConfigError("ledger: got a run config as the state; pass the thread's checkpoint, "
                                    "guard.ledger(agent.get_state(config)), or guard.ledger({}, config) for a run "
                                    "going on in this process")
-        read, live = self._read_ledger(state, config, checkpoint=snapshot)
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
+        if not state and not snapshot and thread is not None and self.episodes.peek(str(thread)) is None:
+            # guard.ledger({}, config) is for a run going on here: a fresh ledger would say spent 0 for a thread
+            # whose run ended (or that never ran here, a typo), whatever it spent. (An empty checkpoint, a thread
+            # never run, did spend nothing.)
+            raise GuardConfigError(
+                f"ledger: no run of thread {thread!r} is going on in this process (it ended, ran elsewhere, or "
+                "never ran) and the state given is empty; pass the thread's checkpoint: "
+                "guard.ledger(agent.get_state(config))")
+        read, live = self._read_ledger(state, config)
         return BudgetLedger.from_state(read.to_state()) if live else read
 
-    def _read_ledger(self, state: Any, config: Mapping[str, Any] | None = None, *,
-                     checkpoint: bool = False) -> tuple[BudgetLedger, bool]:
+    def _read_ledger(self, state: Any, config: Mapping[str, Any] | None = None) -> tuple[BudgetLedger, bool]:
         """:meth:`ledger`, but a live episode's working copy itself (then ``True``: read it, never change it)
-        when state has nothing the working copy lacks. ``checkpoint``: ``state`` is a checkpoint's values
-        (empty for a thread never run: nothing spent), not a ``{}`` given for a live run."""
+        when state has nothing the working copy lacks."""
         channel = channel_of(state)
         if not channel:
             thread = ((config or {}).get("configurable") or {}).get("thread_id")
             episode = self.episodes.peek(str(thread)) if thread is not None else None
             if episode is not None:
                 return episode.ledger, True
-            if thread is not None and not state and not checkpoint:
-                # guard.ledger({}, config) is for a run going on here: a fresh ledger would say spent 0 for a
-                # thread whose run ended (or that never ran here, a typo), whatever it spent.
-                raise GuardConfigError(
-                    f"ledger: no run of thread {thread!r} is going on in this process (it ended, ran elsewhere, or "
-                    "never ran) and the state given is empty; pass the thread's checkpoint: "
-                    "guard.ledger(agent.get_state(config))")
             spec = self.budget_spec if isinstance(self.budget_spec, Budget) else Budget(self.budget)
             return BudgetLedger(spec, allow_overspend=not self.enforce), False
         episode = self.episodes.peek(self.episode_of(channel, config) or "")

@@ -39,7 +39,6 @@ extraction of a record's label z.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading

@@ -684,7 +684,7 @@ def test_an_outbox_journal_is_one_guards_and_reads_past_a_torn_line(tmp_path, bu
         BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 1.0, outbox_journal=journal)
     with pytest.raises(GuardConfigError, match="is a directory"):
         CommitOutbox(store, journal=tmp_path)
-    with pytest.raises(GuardConfigError, match="outbox_journal .*its directory .* does not exist"):
+    with pytest.raises(GuardConfigError, match="outbox_journal .*cannot be opened.*its directory .* does not exist"):
         CommitOutbox(store, journal=tmp_path / "no-such-dir" / "outbox.jsonl")  # was a bare FileNotFoundError
 
 

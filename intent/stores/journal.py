@@ -49,14 +49,13 @@ class OutboxJournal:
             raise GuardConfigError(f"outbox_journal {self.path} is a directory; pass a file path in it, e.g. "
                                    f"{self.path / 'budget-outbox.jsonl'}")
         # Opened for appending and kept open: each write is one line, flushed and fsynced before it returns.
-        if not self.path.parent.is_dir():
-            raise GuardConfigError(f"outbox_journal {self.path}: its directory {self.path.parent} does not exist; "
-                                   "create it first, or pass a path in an existing directory")
         try:
             self._file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - closed in close()
         except OSError as exc:
-            raise GuardConfigError(f"outbox_journal {self.path} cannot be opened for writing ({exc.strerror}); "
-                                   "pass a file path this process may write") from exc
+            fix = (f"its directory {self.path.parent} does not exist; create it first, or pass a path in an existing "
+                   "directory") if not self.path.parent.is_dir() else "pass a file path this process may write"
+            raise GuardConfigError(f"outbox_journal {self.path} cannot be opened for writing ({exc.strerror}): "
+                                   f"{fix}") from exc
         if fcntl is not None:
             try:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
