@@ -14,6 +14,7 @@ a built-in method.
 
 from __future__ import annotations
 
+import difflib
 import threading
 from collections.abc import Iterable
 from importlib.metadata import entry_points
@@ -70,4 +71,9 @@ def get_method(name: str) -> MethodSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise UsageError(f"unknown method {name!r}; choose from {', '.join(sorted(_REGISTRY))}") from None
+        # Names are lower case and matched exactly (they name result rows and run files); a near miss
+        # ("MCO", "intnet") is named as the likely intended method.
+        close = [m for m in _REGISTRY if m.lower() == name.strip().lower()] or difflib.get_close_matches(
+            name.strip().lower(), list(_REGISTRY), n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UsageError(f"unknown method {name!r}{hint} Choose from {', '.join(sorted(_REGISTRY))}") from None

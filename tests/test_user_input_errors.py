@@ -304,3 +304,20 @@ def test_the_study_refuses_max_turns_with_a_simulated_agent(tmp_path, capsys):
     assert main(["bench", "study", "--quick", "--max-turns", "5", "--out", str(tmp_path / "s")]) == 2
     assert "--max-turns limits a real LLM agent's" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("typed,meant", [("MCO", "mco"), ("Intent", "intent"), ("intnet", "intent"),
+                                         ("trakcer", "tracker")])
+def test_a_near_miss_method_name_is_named(typed, meant, tmp_path, capsys):
+    # `--methods MCO` (the paper's spelling) was refused with the whole list only; names are matched exactly
+    # (they name result rows and files), so the error names the method the user meant.
+    assert main(["bench", "--tasks", "1", "--methods", typed, "--no-progress", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown method {typed!r}; did you mean {meant!r}?" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_name_far_from_every_method_gets_no_guess(tmp_path, capsys):
+    assert main(["bench", "--tasks", "1", "--methods", "zzz", "--no-progress", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'zzz'" in err and "did you mean" not in err and "Choose from" in err
