@@ -567,7 +567,6 @@ def test_parallel_sub_agents_never_take_more_than_the_parent_has_left(n, limits,
     are reservations in the parent's ledger, so together they never exceed what it has left, and
     what they did not spend goes back."""
     from intent.episodes import Episode
-    from intent.ledger import BudgetLedger
     from intent.nesting import close_carves, spending_scope
 
     parent = BudgetGuard(AcceptAll(), MARKET, parent_budget)
