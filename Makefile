@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test test-slow bench-stores loop bench-v2 bench-v2-seeds predictor-report bench-guard bench-instructions profile-opcodes bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
+.PHONY: install demo demo-guard study test test-slow lint bench-stores loop bench-v2 bench-v2-seeds predictor-report bench-guard bench-instructions profile-opcodes bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,10 @@ demo-guard: install
 # The fast suite (< 2 min on 2 cores): everything but the end-to-end runs marked slow.
 test: install
 	$(PY) -m pytest -n 2 -m "not slow"
+
+# The linter (ruff; rules in pyproject.toml's [tool.ruff]): pyflakes and syntax errors, about a second.
+lint: install
+	$(VENV)/bin/ruff check .
 
 # The slow end-to-end tests and the property tests at full size (CI runs both targets).
 test-slow: install

@@ -77,28 +77,57 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from intent.budget import Budget
-    from intent.errors import GuardConfigError, IntentError, InvalidBillError, UnpricedToolWarning, UsageError
-    from intent.nesting import FromParent
-    from intent.pricing import ModelPrice, ModelPrices, UnpricedModelError
-    from intent.report import budget_report
-    from intent.react import guard_react_agent
-    from intent.middleware import BudgetState
-    from intent.guard import BudgetGuard
-    from intent.ledger import BudgetExceededError, BudgetLedger, LedgerEntry, LedgerError
-    from intent.logs import SCHEMA_VERSION, JsonlLogSink, MemoryLogSink, StepRecord, read_log
-    from intent.metered_models import MeteredModelRefused
-    from intent.model_meter import ModelCallRefused
-    from intent.market import InvalidPriceError, Market, MarketError, PricedTool, UnpricedToolError
-    from intent.oracle import (
-        AcceptAll,
-        Decision,
-        DecisionContext,
-        EpisodeInfo,
-        InvalidDecisionError,
-        Oracle,
-        Outcome,
-        PlannedStep,
-        Proposal,
+    # `X as X`: an explicit re-export for type checkers and linters (the names load lazily above).
+    from intent.budget import Budget as Budget
+    from intent.errors import (
+        ContextOverflowError as ContextOverflowError,
+        GuardConfigError as GuardConfigError,
+        IntentError as IntentError,
+        InvalidBillError as InvalidBillError,
+        UnpricedToolWarning as UnpricedToolWarning,
+        UsageError as UsageError,
     )
-    from intent.state import LEDGER_KEY, GuardState
+    from intent.nesting import FromParent as FromParent
+    from intent.pricing import (
+        ModelPrice as ModelPrice,
+        ModelPrices as ModelPrices,
+        UnpricedModelError as UnpricedModelError,
+    )
+    from intent.report import budget_report as budget_report
+    from intent.react import guard_react_agent as guard_react_agent
+    from intent.middleware import BudgetState as BudgetState
+    from intent.guard import BudgetGuard as BudgetGuard
+    from intent.ledger import (
+        BudgetExceededError as BudgetExceededError,
+        BudgetLedger as BudgetLedger,
+        LedgerEntry as LedgerEntry,
+        LedgerError as LedgerError,
+    )
+    from intent.logs import (
+        SCHEMA_VERSION as SCHEMA_VERSION,
+        JsonlLogSink as JsonlLogSink,
+        MemoryLogSink as MemoryLogSink,
+        StepRecord as StepRecord,
+        read_log as read_log,
+    )
+    from intent.metered_models import MeteredModelRefused as MeteredModelRefused
+    from intent.model_meter import ModelCallRefused as ModelCallRefused
+    from intent.market import (
+        InvalidPriceError as InvalidPriceError,
+        Market as Market,
+        MarketError as MarketError,
+        PricedTool as PricedTool,
+        UnpricedToolError as UnpricedToolError,
+    )
+    from intent.oracle import (
+        AcceptAll as AcceptAll,
+        Decision as Decision,
+        DecisionContext as DecisionContext,
+        EpisodeInfo as EpisodeInfo,
+        InvalidDecisionError as InvalidDecisionError,
+        Oracle as Oracle,
+        Outcome as Outcome,
+        PlannedStep as PlannedStep,
+        Proposal as Proposal,
+    )
+    from intent.state import LEDGER_KEY as LEDGER_KEY, GuardState as GuardState

@@ -6,14 +6,14 @@ bench-llm with Qwen2.5-Coder-0.5B (8,192 tokens): a tracker episode died on the 
 
 from __future__ import annotations
 
-import json
-
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage
 
 from eval.agents.context_full import StopWhenContextFull, ended_on_full_context
+from eval.results import ResultStore
 from eval.runner import BenchConfig, run_benchmark
 from intent import AcceptAll, BudgetGuard, Market, PricedTool
+from intent.logs import read_log
 from intent.testing import ScriptedToolModel, ai, call
 
 
@@ -75,8 +75,8 @@ def test_the_runner_lists_a_full_context_as_a_failed_episode_not_a_crash(tmp_pat
                       progress=False)
     row = s["methods"]["tracker"]
     assert row["context_full"] == 2 and row["episode_errors"] == 0 and row["FR"] == 100.0 and row["PR"] == 0.0
-    episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
-    assert all(e["error"] == "" and e["extra"]["context_full"] for e in episodes)
+    episodes = ResultStore(tmp_path / "episodes.jsonl").load(repair=False)
+    assert all(e.error == "" and e.extra["context_full"] for e in episodes)
 
 
 class Looping(ScriptedToolModel):
@@ -95,8 +95,8 @@ def test_a_looping_agent_ends_at_its_turn_limit_without_an_answer_not_a_crash(tm
                       agent_factory=lambda env, seed: Looping(messages=iter([])), progress=False)
     row = s["methods"]["tracker"]
     assert row["turn_limit"] == 1 and row["episode_errors"] == 0 and row["FR"] == 100.0
-    (episode,) = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
-    assert episode["error"] == "" and episode["answered"] is False and episode["proposed_calls"] == 4
+    (episode,) = ResultStore(tmp_path / "episodes.jsonl").load(repair=False)
+    assert episode.error == "" and episode.answered is False and episode.proposed_calls == 4
 
 
 def test_max_turns_must_be_a_positive_integer(tmp_path):
@@ -114,8 +114,8 @@ def test_the_oracle_log_collection_honours_the_turn_limit_too(tmp_path):
                               options={"max_turns": 3, "oracle_train_tasks": 1}),
                   agent_factory=lambda env, seed: Looping(messages=iter([])), progress=False)
     (log,) = (tmp_path / "oracle_data").glob("**/logs.jsonl")
-    collected = [json.loads(line) for line in log.read_text().splitlines()]
-    assert collected and len({r["step"] for r in collected}) == 3  # one call per turn, three turns
+    collected = list(read_log(log))
+    assert collected and len({r.step for r in collected}) == 3  # one call per turn, three turns
 
 
 def test_an_overflow_on_the_first_call_is_a_configuration_error_not_a_full_context():

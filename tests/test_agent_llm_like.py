@@ -125,6 +125,7 @@ def test_bad_config_names_the_field() -> None:
 
 @pytest.mark.slow
 def test_same_seed_same_results_with_two_workers(tmp_path) -> None:
+    from eval.results import ResultStore
     from eval.runner import BenchConfig, run_benchmark
 
     def run(out: str) -> list[tuple]:
@@ -132,9 +133,8 @@ def test_same_seed_same_results_with_two_workers(tmp_path) -> None:
         cfg = BenchConfig(market="synthetic-v2", agent="sim-llm", methods=("raw", "tracker", "intent", "optimal"),
                           tasks=16, workers=2, seed=1, out=out, options={"oracle_train_tasks": 20})
         run_benchmark(cfg, progress=False)
-        rows = [json.loads(line) for line in (tmp_path / out / "episodes.jsonl").read_text().splitlines()]
-        return sorted((r["method"], r["task_id"], r["passed"], r["cost"], r["n_calls"], r["n_rejected"])
-                      for r in rows)
+        rows = ResultStore(tmp_path / out / "episodes.jsonl").load(repair=False)
+        return sorted((r.method, r.task_id, r.passed, r.cost, r.n_calls, r.n_rejected) for r in rows)
 
     first, second = run(str(tmp_path / "a")), run(str(tmp_path / "b"))
     assert first == second and len(first) == 64

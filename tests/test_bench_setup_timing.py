@@ -10,6 +10,7 @@ import pytest
 
 import eval.runner as runner
 from eval.oracle_methods import OracleResources
+from eval.results import ResultStore
 from eval.runner import BenchConfig, run_benchmark
 from intent.errors import UsageError
 
@@ -74,8 +75,8 @@ def test_an_interrupted_phase_keeps_the_time_of_the_episodes_it_saved(tmp_path, 
     _interrupt(monkeypatch, "raw", after=2)
     with pytest.raises(KeyboardInterrupt):
         run_benchmark(cfg, progress=False)
-    saved = sum(1 for _ in open(tmp_path / "episodes.jsonl"))
-    assert saved == 2
+    saved = ResultStore(tmp_path / "episodes.jsonl").load(repair=False)
+    assert len(saved) == 2
     first = json.loads((tmp_path / "timing.json").read_text())["raw"]
     assert first >= 0.1  # two saved episodes of >= 0.05 s each
     monkeypatch.undo()

@@ -8,7 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 
 from eval.agents.simulated import NeedView, SimAgentConfig, SimulatedAgent, TaskView, looks_successful
 from eval.metrics import compute_metrics, group_pass_rates

@@ -7,6 +7,7 @@ import ast
 import json
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from eval.markets import EpisodeEnv, SyntheticBenchMarket
 from eval.method_spec import MethodSpec
 from eval.methods import get_method, register
 from eval.optimal import DecisionAudit, OptimalGate, StateValues, SyntheticTruth
-from eval.results import EpisodeResult
+from eval.results import EpisodeResult, ResultStore
 from eval.runner import BenchConfig, HarnessError, _calls_and_answers, run_benchmark, run_episode, sim_agent_factory
 from eval.synthetic import Need, SyntheticEnvironment, Task, ToolSpec, clairvoyant_plan, generate_tasks
 from intent.market import Market, PricedTool
@@ -43,8 +44,8 @@ def _strip_timings(summary: dict) -> dict:
 
 def _episodes(path: Path) -> dict:
     rows = {}
-    for line in path.read_text().splitlines():
-        d = json.loads(line)
+    for result in ResultStore(path).load(repair=False):
+        d = asdict(result)
         d.pop("wall_s"), d.pop("decision_ms")
         for k in ("oracle_ms", "planning_ms"):
             d["extra"].get("oracle_usage", {}).pop(k, None)
@@ -315,10 +316,10 @@ def test_regret_splits_into_what_acceptances_and_rejections_lost(tmp_path):
     tracker = rows["mco"]
     assert 0.0 < tracker["reject_share"] < 1.0 and tracker["regret_per_accept"] > 0
     # Pooled over the decisions, the two kinds make up the whole: re-derive the pooled mean from the episodes.
-    episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
-    mine = [e for e in episodes if e["method"] == "mco"]
-    n = sum(e["extra"]["decisions_audited"] for e in mine)
-    pooled = sum(e["extra"]["decision_regret"] * e["extra"]["decisions_audited"] for e in mine) / n
+    episodes = ResultStore(tmp_path / "episodes.jsonl").load(repair=False)
+    mine = [e for e in episodes if e.method == "mco"]
+    n = sum(e.extra["decisions_audited"] for e in mine)
+    pooled = sum(e.extra["decision_regret"] * e.extra["decisions_audited"] for e in mine) / n
     per = (tracker["regret_per_accept"] * (1 - tracker["reject_share"]) + (tracker["regret_per_reject"] or 0.0)
            * tracker["reject_share"])
     assert abs(per - pooled) < 1e-4
@@ -326,7 +327,7 @@ def test_regret_splits_into_what_acceptances_and_rejections_lost(tmp_path):
     by = tracker["regret_by_reason"]
     assert {"accepted", "plan_over_budget"} <= set(by), by
     # every audited decision of every episode is counted under exactly one reason
-    assert sum(count for e in mine for _, count in e["extra"]["regret_by_reason"].values()) == n
+    assert sum(count for e in mine for _, count in e.extra["regret_by_reason"].values()) == n
     assert abs(sum(v["regret"] * v["share"] for v in by.values()) - pooled) < 1e-3
     report = (tmp_path / "results.md").read_text()
     assert "| method | accepted |" in report and f"| mco | {by['accepted']['regret']:.2f} (" in report

@@ -5,6 +5,7 @@ so an oracle that crashes on hard tasks looked better)."""
 from __future__ import annotations
 
 from eval.report import markdown_table
+from eval.results import ResultStore
 from eval.runner import BenchConfig, run_benchmark, sim_agent_factory
 
 CRASH_AFTER = {"syn-7-0004": 3, "syn-7-0003": 1}  # model calls before the crash (the first: before any decision)
@@ -36,14 +37,12 @@ def test_regret_counts_decisions_up_to_a_crash_and_says_over_how_many_episodes(t
                             agent_factory=_crashing_factory(), progress=False)
     row = summary["methods"]["tracker"]
     assert row["episode_errors"] == 2
-    import json
-
-    eps = [json.loads(line) for line in open(tmp_path / "episodes.jsonl")]
-    late = next(e for e in eps if e["method"] == "tracker" and e["task_id"] == "syn-7-0004")
-    assert late["error"] and late["extra"].get("decisions_audited", 0) > 0
-    assert late["extra"]["decision_regret"] is not None  # its decisions before the crash were audited
-    early = next(e for e in eps if e["method"] == "tracker" and e["task_id"] == "syn-7-0003")
-    assert early["error"] and early["extra"].get("decision_regret") is None
+    eps = ResultStore(tmp_path / "episodes.jsonl").load(repair=False)
+    late = next(e for e in eps if e.method == "tracker" and e.task_id == "syn-7-0004")
+    assert late.error and late.extra.get("decisions_audited", 0) > 0
+    assert late.extra["decision_regret"] is not None  # its decisions before the crash were audited
+    early = next(e for e in eps if e.method == "tracker" and e.task_id == "syn-7-0003")
+    assert early.error and early.extra.get("decision_regret") is None
     assert row["decision_regret_crashed_without"] == 1
     n_regret = row["decision_regret_n"]
     assert n_regret < row["n"]

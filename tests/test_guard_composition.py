@@ -14,7 +14,6 @@ the guard's own bookkeeping.
 import asyncio
 import dataclasses
 import functools
-import threading
 from collections import Counter
 from typing import Annotated, Any
 

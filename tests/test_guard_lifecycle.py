@@ -187,7 +187,7 @@ def test_a_late_bill_that_comes_after_its_run_ended_reaches_the_threads_next_run
     from langchain_core.messages import ToolMessage
     from langgraph.checkpoint.memory import InMemorySaver
 
-    running, release, billed_late = threading.Event(), threading.Event(), threading.Event()
+    running, release = threading.Event(), threading.Event()
 
     def slow(x: int = 0):
         running.set()

@@ -112,7 +112,7 @@ def test_budget_is_never_exceeded_and_every_charge_logged_once(sc):
 
     guard = current["guard"] = BudgetGuard(oracle, market, sc["budget"], log_sink=sink, tool_errors="message")
     agent = new_agent(guard)
-    out = agent.invoke({"messages": [("user", "go")]}, config)
+    agent.invoke({"messages": [("user", "go")]}, config)
     updates = list(sc["updates"])
     for i in range(len(sc["turns"]) + 1):
         if agent.get_state(config).next == ():
@@ -125,7 +125,7 @@ def test_budget_is_never_exceeded_and_every_charge_logged_once(sc):
             guard = current["guard"] = BudgetGuard(oracle, guard.market, sc["budget"], log_sink=sink,
                                                    tool_errors="message")
             agent = new_agent(guard)
-        out = agent.invoke(None, config)
+        agent.invoke(None, config)
 
     state = agent.get_state(config).values
     ledger = BudgetGuard(AcceptAll(), market, sc["budget"]).ledger(state)  # from state alone

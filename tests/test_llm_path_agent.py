@@ -321,14 +321,15 @@ def test_a_crashed_episode_is_listed_once_and_its_rerun_on_resume_gets_fresh_fig
     """The table after a method's run lists a crashed episode instead of quietly running it again;
     a resumed run re-runs it, and its server figures are this run's, not the saved ones."""
     from eval.agents.llm_bench import main as llm_bench
+    from eval.results import ResultStore
 
     out = tmp_path / "run"
     argv = ["--base-url", stub, "--model", STUB_MODEL, "--markets", "synthetic", "--methods", "raw", "--tasks", "2",
             "--workers", "1", "--out", str(out), "--no-progress"]
     _Stub.fail_next = 1
     assert llm_bench(argv) == 0
-    rows = [json.loads(line) for line in (out / "synthetic" / "episodes.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and sum(bool(r["error"]) for r in rows) == 1  # listed, not run again for the table
+    rows = ResultStore(out / "synthetic" / "episodes.jsonl").load(repair=False)
+    assert len(rows) == 2 and sum(bool(r.error) for r in rows) == 1  # listed, not run again for the table
     first = json.loads((out / "synthetic" / "llm_stats.json").read_text())["methods"]["raw"]
     assert first["crashed"] == 1
     stats_path = out / "synthetic" / "llm_stats.json"
@@ -336,13 +337,13 @@ def test_a_crashed_episode_is_listed_once_and_its_rerun_on_resume_gets_fresh_fig
     saved["methods"]["raw"]["run_seconds"] = -1.0  # a marker: the resumed run must not report it
     stats_path.write_text(json.dumps(saved))
     assert llm_bench(argv) == 0
-    rows = [json.loads(line) for line in (out / "synthetic" / "episodes.jsonl").read_text().splitlines()]
+    rows = ResultStore(out / "synthetic" / "episodes.jsonl").load(repair=False)
     assert len(rows) == 3  # the crashed episode ran again, the finished one did not
     again = json.loads(stats_path.read_text())["methods"]["raw"]
     assert again["crashed"] == 0 and again["run_seconds"] >= 0
     # tokens per second of this run: the re-run episode's tokens only, not the finished one's as well
-    assert again["run_agent_tokens"] == rows[-1]["agent_tokens"] > 0
-    assert again["agent_tokens"] == sum(r["agent_tokens"] for r in rows if not r["error"]) > again["run_agent_tokens"]
+    assert again["run_agent_tokens"] == rows[-1].agent_tokens > 0
+    assert again["agent_tokens"] == sum(r.agent_tokens for r in rows if not r.error) > again["run_agent_tokens"]
 
 
 def test_a_reply_cap_the_served_context_cannot_hold_is_a_one_line_error(stub, tmp_path, capsys):

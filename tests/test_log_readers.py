@@ -76,7 +76,7 @@ def test_annotate_ground_truth_reads_the_environment_label_only(tmp_path):
     records = [rec(0, artifact={"z": 1}, z=0), rec(1, artifact={"z": 0}), rec(2)]
     counts = annotate(records, tmp_path / "z.jsonl")
     assert counts == {"labelled": 2, "unlabelled": 1}
-    assert [r.get("z") for r in map(json.loads, (tmp_path / "z.jsonl").read_text().splitlines())] == [1, 0, None]
+    assert [r.get("z") for r in read_log_rows(tmp_path / "z.jsonl")] == [1, 0, None]
 
 
 # ------------------------------------------------------------------------------------ reader

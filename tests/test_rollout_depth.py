@@ -10,11 +10,12 @@ import json
 import pytest
 
 from eval.runner import BenchConfig, run_benchmark
+from intent.logs import read_log
 
 
 def _rollout_turns(out):
-    return [r["oracle_usage"]["rollout_turns"] for r in map(json.loads, (out / "logs.jsonl").read_text().splitlines())
-            if r.get("oracle") == "intent" and (r.get("oracle_usage") or {}).get("rollout_turns")]
+    return [r.oracle_usage["rollout_turns"] for r in read_log(out / "logs.jsonl")
+            if r.oracle == "intent" and r.oracle_usage.get("rollout_turns")]
 
 
 def test_the_rollout_horizon_reaches_intent_and_is_printed(tmp_path):

@@ -144,6 +144,7 @@ def test_a_killed_process_leaves_nothing_reserved_after_its_lease(kind, tmp_path
     time.sleep(lease + 0.2)
     store.expire_leases(budget_key)
     assert store.reserved(budget_key) == 0.0
+    # the worker's own progress lines ([charge id, amount]; tests/store_workers.py), neither a guard log nor results
     reported = {cid: amt for line in sorted(tmp_path.glob("progress-*.jsonl"))
                 for cid, amt in map(json.loads, line.read_text().splitlines())}
     committed = {c.charge_id: c.amount for c in store.charges(budget_key) if c.status == "committed"}

@@ -5,7 +5,6 @@ Money is counted outside the guard: each tool counts its own runs.
 
 from __future__ import annotations
 
-import json
 import warnings
 from typing import Annotated, Any
 
@@ -18,6 +17,7 @@ from langgraph.prebuilt import InjectedState
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from intent import AcceptAll, BudgetGuard, Decision, JsonlLogSink, Market, MemoryLogSink, PricedTool
+from intent.logs import read_log_rows
 from intent.testing import ai, assert_each_call_answered_once, call, scripted
 
 
@@ -123,7 +123,7 @@ def test_an_injected_runtime_the_schema_declares_is_not_an_edit_and_stays_out_of
                       log_sink=JsonlLogSink(path))
     assert runs == ["ls"]
     assert oracle.asked == [("shell", {"command": "ls"})]  # gated once: not re-gated as an edited call
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = list(read_log_rows(path))
     assert [r["args"] for r in records if r["execution"] == 1] == [{"command": "ls"}]
     assert guard.ledger(out).spent == 5.0
 
@@ -139,7 +139,7 @@ def test_a_tool_taking_a_tool_runtime_logs_to_a_jsonl_sink_with_the_models_argum
     path = tmp_path / "log.jsonl"
     guard, out = _run(tool, [ai(call("lookup", x=3)), AIMessage("done")], log_sink=JsonlLogSink(path))
     assert runs == [3]
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = list(read_log_rows(path))
     assert [r["args"] for r in records] == [{"x": 3}]
     assert guard.ledger(out).spent == 5.0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from intent.feedback import without_result_note
-from intent.logs import LogFormatError
+from intent.logs import LogFormatError, read_log_rows
 from training.data import load_records, pairs, parse_fraction, split_by_task, subsample, triples
 
 torch = pytest.importorskip("torch")
@@ -62,7 +62,7 @@ def test_annotate_ground_truth_and_llm_judge(logs, tmp_path):
 
     counts = annotate(load_records(logs), tmp_path / "z.jsonl")
     assert counts["labelled"] > 0
-    rows = [json.loads(line) for line in (tmp_path / "z.jsonl").read_text().splitlines()]
+    rows = list(read_log_rows(tmp_path / "z.jsonl"))
     assert any(r.get("z") == 1 for r in rows) and any(r.get("z") == 0 for r in rows)
 
     class Judge(BaseHTTPRequestHandler):
@@ -489,7 +489,7 @@ def test_training_the_predictor_on_logs_without_labels_points_to_annotate(logs, 
     # Was: "the intention labels are all one class".
     from intent.cli import main
 
-    rows = [json.loads(line) for line in logs.read_text().splitlines() if line.strip()]
+    rows = list(read_log_rows(logs))
     for row in rows:
         if isinstance(row.get("artifact"), dict):
             row["artifact"].pop("z", None)

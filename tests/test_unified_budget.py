@@ -567,7 +567,6 @@ def test_parallel_sub_agents_never_take_more_than_the_parent_has_left(n, limits,
     are reservations in the parent's ledger, so together they never exceed what it has left, and
     what they did not spend goes back."""
     from intent.episodes import Episode
-    from intent.ledger import BudgetLedger
     from intent.nesting import close_carves, spending_scope
 
     parent = BudgetGuard(AcceptAll(), MARKET, parent_budget)
@@ -861,25 +860,24 @@ def test_charge_oracle_counts_the_oracles_tokens_in_the_same_budget():
 @pytest.mark.slow
 def test_the_benchmark_charges_the_oracles_tokens_when_asked(tmp_path):
     """`intent bench --charge-oracle PRICE`: the oracle's tokens are paid from the episode's budget."""
-    import json as _json
+    from pathlib import Path
 
+    from eval.results import EpisodeResult, ResultStore
     from eval.runner import BenchConfig, run_benchmark
 
-    def run(options: dict[str, Any], out: str) -> list[dict[str, Any]]:
+    def run(options: dict[str, Any], out: str) -> list[EpisodeResult]:
         run_benchmark(BenchConfig(market="synthetic-v2", agent="sim-llm", tasks=4, methods=["mco"], out=out,
                                   options=options), progress=False)
-        return [_json.loads(line) for line in (Path(out) / "episodes.jsonl").read_text().splitlines()]
-
-    from pathlib import Path
+        return ResultStore(Path(out) / "episodes.jsonl").load(repair=False)
 
     free = run({}, str(tmp_path / "free"))
     paid = run({"charge_oracle": 2000.0, "oracle_max_tokens": 20000}, str(tmp_path / "paid"))
-    assert all(e["extra"]["oracle_charged"] == 0 for e in free)
-    charged = [e["extra"]["oracle_charged"] for e in paid]
+    assert all(e.extra["oracle_charged"] == 0 for e in free)
+    charged = [e.extra["oracle_charged"] for e in paid]
     assert sum(charged) > 0
     for e in paid:  # the oracle's money is part of what the episode spent, held before each decision
-        assert e["cost"] >= e["extra"]["oracle_charged"] - 1e-9
-        assert e["cost"] <= e["budget"] + 1e-9
+        assert e.cost >= e.extra["oracle_charged"] - 1e-9
+        assert e.cost <= e.budget + 1e-9
 
 
 def test_an_mcp_servers_tools_are_priced_from_their_meta_through_langchain_mcp_adapters():

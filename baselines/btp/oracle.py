@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from baselines.btp.experience import Embedder, ExperienceStore
 from baselines.btp.knapsack import plan_quotas
