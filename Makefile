@@ -87,7 +87,7 @@ predictor-report: install
 demo-guard: install
 	$(VENV)/bin/intent demo
 
-# The fast suite (< 2 min on 2 cores): everything but the end-to-end runs marked slow.
+# The fast suite (a few minutes on 2 cores; the README gives times): everything but the end-to-end runs marked slow.
 test: install
 	$(PY) -m pytest -n 2 -m "not slow"
 
