@@ -548,7 +548,14 @@ class CallRun:
                     if abs(price - gated.amount) > 1e-12 or name != gated.tool:
                         ledger.reprice(charge_id, price, tool=name, market_version=version)
                 else:
-                    charge_id = f"{self.key}#{runs + 1}"
+                    # A charge id of its own: one already in the ledger (a run of this call that never started,
+                    # released with its number: a hedged twin cancelled before its body, a run the store had no room
+                    # for) would make ``reserve`` return that entry unchanged, released, and the run would go on
+                    # holding nothing and fail to commit (LedgerError), unpaid.
+                    n = runs + 1
+                    while f"{self.key}#{n}" in ledger:
+                        n += 1
+                    charge_id = f"{self.key}#{n}"
                     ledger.reserve(charge_id, name, price, market_version=version, tool_call_id=self.tool_call_id)
                 try:
                     # A shared budget gives the run a store charge of its own, which must still fit there.

@@ -64,6 +64,7 @@ from langchain.agents.middleware import (
     ToolRetryMiddleware,
 )
 from langchain.tools import ToolRuntime
+from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import InjectedToolCallId, StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -505,11 +506,12 @@ def run_agent(sc: dict[str, Any]) -> None:
         state = agent.get_state(config).values
         spent = check_thread(sc, guard, state, config, runs, xs, limit_error=drive.limit_error)
         check_log(sink, runs, spent)
-        asks_again = {"retry", "retry_on_error", "hedge"} & set(sc["order"])
+        asks_again = {"retry", "retry_on_error", "hedge", "fails_before", "fails_after"} & set(sc["order"])
         resumed = drive.crashed or drive.left or drive.cancelled
         if not (drive.limit_error or "model_limit" in sc["order"] or asks_again or resumed):
             # (A call asked for again, by a middleware or by a crashed step run again on resume, gets a refusal
-            # record per refused attempt.)
+            # record per refused attempt; one refused inside the guard, then failed by a middleware after the
+            # refusal, has its reservation released unused at the next model step, a second record.)
             assert_one_record_per_call(state["messages"], sink.records)
     finally:
         if conn is not None:
@@ -689,3 +691,66 @@ def test_a_run_of_an_edit_the_oracle_refused_is_re_gated_not_run(shape, mode):
     assert_each_call_answered_once(out["messages"])
     if fail_first_run:
         assert runs == {1: 1}  # the accepted rewrite ran once (and failed); the retry's x=3 did not run
+
+
+# ------------------------------------------------------------------ regression: a hedged call's runs on resume
+class HedgeAll(_Custom):
+    """Runs every call twice at once and keeps the first answer (a hedged request)."""
+
+    async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+        first, _ = await asyncio.gather(handler(request), handler(request))
+        return first
+
+
+class SlowToolStart(AsyncCallbackHandler):
+    """A tracer whose ``on_tool_start`` takes long: a cancellation lands before the tool's body starts."""
+
+    async def on_tool_start(self, *args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(30)
+
+
+@pytest.mark.parametrize("price_on_resume", [5.0, 8.0])
+@pytest.mark.parametrize("hedge_first", [False, True])
+def test_a_hedged_call_cancelled_before_its_bodies_started_pays_each_run_on_resume(hedge_first, price_on_resume):
+    """Both hedged runs are cancelled before their bodies start (released, never charged); the thread is resumed
+    (the price rising to 8 meanwhile: one run of 8 fits the budget of 10, not two) and the call runs again, twice.
+    Each run is reserved under a charge id of its own, checked against the budget and paid (before: a resumed run
+    took a released run's id, ran holding nothing, unchecked, and failed to commit: LedgerError, the run unpaid)."""
+    runs: Counter = Counter()
+
+    async def search(q: str) -> str:
+        runs["search"] += 1
+        return "found"
+
+    tool = StructuredTool.from_function(coroutine=search, name="search", description="search")
+    sink = MemoryLogSink()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("search", 5.0)]), 10.0, log_sink=sink)
+    hedge = [HedgeAll(), guard.middleware()] if hedge_first else [guard.middleware(), HedgeAll()]
+    agent = create_agent(ScriptedToolModel(messages=iter([ai(call("search", q="x")), AIMessage("done")]), bound=[],
+                                           fail_on=set(), executions=[]),
+                         [tool], middleware=hedge, checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": "hedged"}}
+
+    async def go() -> dict[str, Any]:
+        task = asyncio.ensure_future(agent.ainvoke({"messages": [("user", "go")]},
+                                                   {**cfg, "callbacks": [SlowToolStart()]}))
+        for _ in range(300):  # until both runs wait in the tracer, each holding 5
+            await asyncio.sleep(0.01)
+            if guard.episodes.peek("hedged") is not None and guard.ledger({}, cfg).reserved == 10.0:
+                break
+        assert guard.ledger({}, cfg).reserved == 10.0
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert runs["search"] == 0
+        guard.update_market(lambda m: m.with_price("search", price_on_resume))
+        return await agent.ainvoke(None, cfg)
+
+    out = asyncio.run(go())
+    ledger = guard.ledger(out)
+    assert runs["search"] == (2 if price_on_resume == 5.0 else 1)
+    assert ledger.spent == pytest.approx(price_on_resume * runs["search"])
+    assert ledger.spent <= 10.0
+    assert ledger.reserved == 0
+    assert_each_call_answered_once(out["messages"])
+    assert len([r for r in sink.records if r.execution > 0]) == runs["search"]
