@@ -76,7 +76,8 @@ from intent.stores import MemoryBudgetStore, SqliteBudgetStore
 from intent.testing import ScriptedToolModel, ai, assert_each_call_answered_once, assert_one_record_per_call, call
 
 SEEDS = int(os.environ.get("INTENT_FUZZ_SEEDS", "240"))
-NAMES = ["t0", "t1", "t2", "t3", "cmd", "rt"]  # t1 (and rt): reviewed; t0: rewritten; t2: sent to t1; t3: answered
+NAMES = ["t0", "t1", "t2", "t3", "cmd", "rt", "bill"]  # t1, rt: reviewed; t0: rewritten; t2: sent to t1; t3: answered
+BILL_FACTORS = [0.0, 0.5, 1.0, 2.0]  # bill's bill, × its price, by x (0: a failure not billed; 2: an overrun)
 MODES = ["sync", "async"]
 
 
@@ -97,8 +98,11 @@ class RefusesThree:
         return Decision.accepted()
 
 
-def make_tools(fail_runs: dict[str, set[int]], runs: Counter, xs: Counter) -> list[StructuredTool]:
-    """The tools, counting their runs (by name, and by argument ``x``) in their bodies."""
+def make_tools(fail_runs: dict[str, set[int]], runs: Counter, xs: Counter, prices: dict[str, float],
+               bills: list[float]) -> list[StructuredTool]:
+    """The tools, counting their runs (by name, and by argument ``x``) in their bodies; ``bill`` reports what its
+    provider billed (``BILL_FACTORS[x]`` × its price, in its artifact), appended to ``bills``, or its price when it
+    fails without a bill (the guard charges a failed run its quote)."""
 
     def counted(name: str, x: int) -> None:
         runs[name] += 1
@@ -127,6 +131,18 @@ def make_tools(fail_runs: dict[str, set[int]], runs: Counter, xs: Counter) -> li
     async def acmd(x: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
         return cmd(x, tool_call_id)
 
+    def bill(x: int) -> tuple[str, dict[str, float]]:
+        try:
+            counted("bill", x)
+        except ToolDown:
+            bills.append(prices["bill"])
+            raise
+        bills.append(prices["bill"] * BILL_FACTORS[x])
+        return f"bill:{x}", {"intent_billed": bills[-1]}
+
+    async def abill(x: int) -> tuple[str, dict[str, float]]:
+        return bill(x)
+
     def rt(x: int, runtime: ToolRuntime) -> str:
         counted("rt", x)
         return f"rt:{x}:{runtime.tool_call_id}"
@@ -136,7 +152,9 @@ def make_tools(fail_runs: dict[str, set[int]], runs: Counter, xs: Counter) -> li
 
     return [*(make(n) for n in NAMES[:4]),
             StructuredTool.from_function(cmd, coroutine=acmd, name="cmd", description="returns a Command"),
-            StructuredTool.from_function(rt, coroutine=art, name="rt", description="reads its runtime")]
+            StructuredTool.from_function(rt, coroutine=art, name="rt", description="reads its runtime"),
+            StructuredTool.from_function(bill, coroutine=abill, name="bill", description="reports its bill",
+                                         response_format="content_and_artifact")]
 
 
 # ------------------------------------------------------------------ custom tool-call middleware
@@ -463,18 +481,20 @@ class Drive:
 
 
 def check_thread(sc: dict[str, Any], guard: BudgetGuard, state: dict[str, Any], config: Any, runs: Counter,
-                 xs: Counter, *, limit_error: bool) -> float:
-    """The money invariants of one thread; returns what its tools really ran for."""
+                 xs: Counter, bills: list[float], *, limit_error: bool) -> tuple[float, float]:
+    """The money invariants of one thread; returns what its tools really ran for, and its overrun."""
     ledger = guard.ledger(state, config)
-    ran = sum(runs[n] * sc["prices"][n] for n in NAMES)
-    assert ledger.spent == pytest.approx(ran, abs=1e-9), f"spent {ledger.spent:g}, the tools ran {dict(runs)}"
-    assert ledger.spent <= sc["budget"] + 1e-9
+    ran = sum(runs[n] * sc["prices"][n] for n in NAMES if n != "bill") + sum(bills)
+    assert ledger.spent == pytest.approx(ran, abs=1e-9), f"spent {ledger.spent:g}, the tools ran {dict(runs)}, {bills}"
+    # Only a bill above its reservation (an overrun, recorded as such) goes past the budget.
+    assert ledger.spent <= sc["budget"] + ledger.overrun + 1e-9
+    assert ledger.overrun <= sum(b for b in bills if b > sc["prices"]["bill"]) + 1e-9
     if not limit_error:  # a run ToolCallLimitMiddleware ended with its error keeps its reservations till the next step
         assert ledger.reserved == 0
         assert_each_call_answered_once(state["messages"])
     if sc["oracle"] == "refuses_three":
         assert xs[3] == 0, "a call with x=3 ran: an edit was not re-gated"
-    return ran
+    return ran, ledger.overrun
 
 
 def check_log(sink: MemoryLogSink, runs: Counter, spent: float) -> None:
@@ -484,14 +504,14 @@ def check_log(sink: MemoryLogSink, runs: Counter, spent: float) -> None:
 
 
 def run_agent(sc: dict[str, Any]) -> None:
-    runs, xs = Counter(), Counter()
+    runs, xs, bills = Counter(), Counter(), []
     sink = MemoryLogSink()
     guard = new_guard(sc, sink)
     failures = sc["model_failures"] if "model_retry" in sc["order"] else set()
     model = ScriptedToolModel(messages=iter(script(sc["turns"])), bound=[], fail_on=failures, executions=[])
     sync_sqlite = sc["ckpt"] == "sqlite" and not sc["mode"].startswith("a")  # SqliteSaver is sync only
     conn = sqlite3.connect(":memory:", check_same_thread=False) if sync_sqlite else None
-    agent = create_agent(model, make_tools(sc["fail_runs"], runs, xs), middleware=stack(sc, guard),
+    agent = create_agent(model, make_tools(sc["fail_runs"], runs, xs, sc["prices"], bills), middleware=stack(sc, guard),
                          checkpointer=SqliteSaver(conn) if conn is not None else InMemorySaver())
     config = {"configurable": {"thread_id": f"fuzz-{sc['seed']}"}, "recursion_limit": 100}
     drive = Drive(sc, agent, config, sc["mode"])
@@ -504,7 +524,7 @@ def run_agent(sc: dict[str, Any]) -> None:
     try:
         asyncio.run(turns())
         state = agent.get_state(config).values
-        spent = check_thread(sc, guard, state, config, runs, xs, limit_error=drive.limit_error)
+        spent, _ = check_thread(sc, guard, state, config, runs, xs, bills, limit_error=drive.limit_error)
         check_log(sink, runs, spent)
         asks_again = {"retry", "retry_on_error", "hedge", "fails_before", "fails_after"} & set(sc["order"])
         resumed = drive.crashed or drive.left or drive.cancelled
@@ -522,35 +542,37 @@ def run_two_threads_on_a_store(sc: dict[str, Any], tmp_path: Any) -> None:
     store = MemoryBudgetStore() if sc["store"] == "memory" else SqliteBudgetStore(str(tmp_path / f"{sc['seed']}.db"))
     key = f"team/{sc['seed']}"
     store.create_budget(key, sc["shared_budget"])
-    # No middleware that ends or crashes a run for good here (limits, a model limit): each thread runs to its end.
-    sc = {**sc, "order": [k for k in sc["order"] if k not in ("limit", "model_limit", "fails_before")]}
+    # No middleware that ends a run early here (a call limit's error, a model limit): each thread runs to its end.
+    sc = {**sc, "order": [k for k in sc["order"] if k not in ("limit", "model_limit")]}
     sinks = [MemoryLogSink(), MemoryLogSink()]
     guards = [new_guard(sc, sinks[0], store=store, budget_key=key)]
     guards.append(guards[0] if sc["one_guard"] else new_guard(sc, sinks[1], store=store, budget_key=key))
     threads = []
     for i, turns in enumerate([sc["turns"], sc["turns_b"]]):
-        runs, xs = Counter(), Counter()
+        runs, xs, bills = Counter(), Counter(), []
         model = ScriptedToolModel(messages=iter(script(turns, prefix=f"b{i}-")), bound=[], fail_on=set(),
                                   executions=[])
-        agent = create_agent(model, make_tools(sc["fail_runs"], runs, xs), middleware=stack(sc, guards[i]),
+        agent = create_agent(model, make_tools(sc["fail_runs"], runs, xs, sc["prices"], bills),
+                             middleware=stack(sc, guards[i]),
                              checkpointer=InMemorySaver())
         config = {"configurable": {"thread_id": f"store-{sc['seed']}-{i}"}, "recursion_limit": 100}
         mode = "ainvoke" if sc["mode"].startswith("a") else "invoke"
-        threads.append((agent, config, runs, xs, Drive({**sc, "cancel_after": None}, agent, config, mode)))
+        threads.append((agent, config, runs, xs, bills, Drive({**sc, "cancel_after": None}, agent, config, mode)))
 
     async def both() -> None:
         await asyncio.gather(*(d.run({"messages": [("user", "go")]}) for *_, d in threads))
 
     asyncio.run(both())
-    total = 0.0
-    for i, (agent, config, runs, xs, _) in enumerate(threads):
-        total += check_thread(sc, guards[i], agent.get_state(config).values, config, runs, xs, limit_error=False)
+    total = overrun = 0.0
+    for i, (agent, config, runs, xs, bills, _) in enumerate(threads):
+        ran, over = check_thread(sc, guards[i], agent.get_state(config).values, config, runs, xs, bills,
+                                 limit_error=False)
+        total, overrun = total + ran, overrun + over
+        if not sc["one_guard"]:
+            check_log(sinks[i], runs, ran)
     assert store.spent(key) == pytest.approx(total, abs=1e-9), f"the store spent {store.spent(key):g}, the tools ran {total:g}"
-    assert store.spent(key) <= sc["shared_budget"] + 1e-9
+    assert store.spent(key) <= sc["shared_budget"] + overrun + 1e-9
     assert store.reserved(key) == 0
-    if not sc["one_guard"]:
-        for i, (*_, runs, _xs, _d) in enumerate(threads):
-            check_log(sinks[i], runs, guards[i].ledger(threads[i][0].get_state(threads[i][1]).values).spent)
 
 
 def _run_seeds(seeds: range, run: Any, *args: Any) -> None:
@@ -754,3 +776,80 @@ def test_a_hedged_call_cancelled_before_its_bodies_started_pays_each_run_on_resu
     assert ledger.reserved == 0
     assert_each_call_answered_once(out["messages"])
     assert len([r for r in sink.records if r.execution > 0]) == runs["search"]
+
+
+# ------------------------------------------------------------------ regression: a gate's update lost, the gate re-run
+class SlowToCloseTheGate(AsyncCallbackHandler):
+    """A tracer slow to close the guard's ``after_model`` node: the run is cancelled there, after the gate has
+    decided and reserved, and the node's update is lost with it."""
+
+    def __init__(self) -> None:
+        self.names: dict[Any, Any] = {}
+
+    async def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: Any, **kwargs: Any) -> None:
+        self.names[run_id] = kwargs.get("name")
+
+    async def on_chain_end(self, outputs: Any, *, run_id: Any, **kwargs: Any) -> None:
+        if self.names.get(run_id) == "BudgetGuard.after_model":
+            await asyncio.sleep(30)
+
+
+@pytest.mark.parametrize("resumed_by", ["this_guard", "a_fresh_guard"])
+def test_a_gate_run_again_after_its_update_was_lost_writes_its_decisions_again(resumed_by):
+    """The after_model gate decides and reserves; the run is cancelled before the gate's step is saved; the thread
+    is resumed: the gate runs again on the same message. Its decision must reach state: the reviewer's edit to
+    ``x=3`` is re-gated (refused, never run), and a guard in another process resuming the review finds the
+    approved call (it runs once, paid). Before: the gate skipped the call it had reserved and wrote nothing, so
+    the edit ran unchecked (a call with no decision in state is never re-gated), and in another process the
+    approved call was refused as never approved. (A sync run keeps the finished gate's update: LangGraph saves it
+    though the step times out or a tracer raises, so this is async only.)"""
+    runs: Counter = Counter()
+
+    def search(x: int) -> str:
+        runs[x] += 1
+        return f"ran {x}"
+
+    tool = StructuredTool.from_function(search, name="search", description="search")
+    saver = InMemorySaver()
+
+    def build(replies: list[AIMessage]) -> tuple[Any, BudgetGuard, MemoryLogSink]:
+        sink = MemoryLogSink()
+        guard = BudgetGuard(RefusesThree(), Market([PricedTool("search", 5.0)]), 100.0, gate_at="after_model",
+                            log_sink=sink)
+        model = ScriptedToolModel(messages=iter(replies), bound=[], fail_on=set(), executions=[])
+        return create_agent(model, [tool], middleware=[HumanInTheLoopMiddleware(interrupt_on={"search": True}),
+                                                       guard.middleware()], checkpointer=saver), guard, sink
+
+    agent, guard, sink = build([ai(call("search", x=1)), AIMessage("done")])
+    cfg = {"configurable": {"thread_id": "lost-gate"}}
+
+    async def paused() -> None:
+        task = asyncio.ensure_future(agent.ainvoke({"messages": [("user", "go")]},
+                                                   {**cfg, "callbacks": [SlowToCloseTheGate()]}))
+        for _ in range(300):  # until the gate has reserved the call
+            await asyncio.sleep(0.01)
+            if guard.episodes.peek("lost-gate") is not None and guard.ledger({}, cfg).reserved == 5.0:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        lost = (await agent.aget_state(cfg)).values.get("intent_ledger") or {}
+        assert not lost.get("decisions") and not lost.get("entries")  # the gate's update was lost
+        assert (await agent.ainvoke(None, cfg)).get("__interrupt__")  # the gate's step again, then the review
+
+    asyncio.run(paused())
+    decisions = agent.get_state(cfg).values["intent_ledger"].get("decisions") or {}
+    assert [d["args"] for d in decisions.values()] == [{"x": 1}], decisions  # the gate's decision is in state
+    if resumed_by == "a_fresh_guard":
+        agent, guard, sink = build([AIMessage("done")])  # another process: only state knows what was approved
+        resume = {"decisions": [{"type": "approve"}]}
+    else:
+        resume = {"decisions": [{"type": "edit", "edited_action": {"name": "search", "args": {"x": 3}}}]}
+    out = asyncio.run(agent.ainvoke(Command(resume=resume), cfg))
+    ledger = guard.ledger(out)
+    assert runs == ({1: 1} if resumed_by == "a_fresh_guard" else {}), f"runs by x: {dict(runs)}"
+    assert ledger.spent == pytest.approx(5.0 * sum(runs.values()))
+    assert ledger.reserved == 0
+    assert_each_call_answered_once(out["messages"])
+    if resumed_by == "this_guard":
+        assert [r.reason for r in sink.records] == ["refuses_three"]  # the edit re-gated, and refused
