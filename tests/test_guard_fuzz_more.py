@@ -13,7 +13,8 @@ orders around it (and around each other):
   reviews in one batch); ToolRetryMiddleware, ToolErrorMiddleware, ModelRetryMiddleware (a model that fails),
   ModelCallLimitMiddleware, ContextEditingMiddleware;
 * tools that return a ``Command`` (with ``InjectedToolCallId``), that take a ``ToolRuntime``, that fail on given
-  runs; parallel and repeated calls in one message;
+  runs, that report their provider's bill (nothing, half, the quote, or twice it: an overrun); parallel and
+  repeated calls in one message;
 * ``invoke``, ``stream`` (left early, then the thread resumed), ``ainvoke``, ``astream`` and ``astream_events``
   (left early too), an ``ainvoke`` cancelled while a tool sleeps (then resumed); ``InMemorySaver`` and
   ``SqliteSaver``; a second user turn on the thread;
@@ -21,8 +22,9 @@ orders around it (and around each other):
 
 After every example (the thread driven to its end, every interrupt answered, every crash resumed):
 
-* ``spent == Σ runs × price <= budget`` (runs counted inside the tools' bodies), and with a store,
-  ``store.spent == Σ of both threads' runs × price <= the shared budget``, nothing held in the store;
+* ``spent == Σ runs × price`` (runs counted inside the tools' bodies; the billing tool's runs at their bills)
+  ``<= budget`` (``+ overrun``: only a bill above its reservation goes past it), and with a store,
+  ``store.spent ==`` both threads' spend ``<= the shared budget (+ their overruns)``, nothing held in the store;
 * nothing reserved (a run ended by ToolCallLimitMiddleware's ``"error"`` excepted: its reservations are released
   at the thread's next model step, as documented);
 * every proposed call answered by exactly one ToolMessage; one execution record per run; the log's charges add up
@@ -30,12 +32,20 @@ After every example (the thread driven to its end, every interrupt answered, eve
 * with an oracle that refuses every call with ``x == 3``, no call with ``x == 3`` runs: a call edited after the
   gate (a reviewer, a middleware rewriting arguments, on any run) is re-gated before it runs.
 
-Found by it: an edited call whose re-gate the oracle refused ran anyway when a middleware inside the guard asked
-for the call again (a retry on the refusal, a ToolRetryMiddleware after a failure): the first re-gate marked the
-call as re-gated whatever the oracle said, and a later run of a call re-gated once was never asked about again,
-other arguments included (``intent/metering.py``, ``CallRun._regate`` / ``_edited``). The regression tests below
-hold that; each example's seed and scenario are in its failure message (``python -c`` with ``scenario(seed)``
-replays it).
+Found by it (each has a regression test below, red before its fix):
+
+* an edited call whose re-gate the oracle refused ran anyway when a middleware inside the guard asked for the call
+  again (a retry on the refusal, a ToolRetryMiddleware after a failure), and a retry whose arguments a middleware
+  rewrote again was never re-gated (``intent/metering.py``, ``CallRun._regate`` / ``_edited``);
+* a call run twice at once (a hedging middleware) whose runs were both cancelled before their bodies started: on
+  resume a run took a released run's charge id, ran holding nothing and failed to commit (``LedgerError``, the run
+  unpaid; ``CallRun._reserve``);
+* an ``after_model`` gate whose step was cancelled after it had reserved, run again on resume, skipped the calls
+  it had reserved and wrote no decision: a reviewer's edit then ran without a re-gate, and another process refused
+  the approved call as never approved (``intent/gate.py``).
+
+Each example's seed and scenario are in its failure message (``run_agent(scenario(seed))`` replays it; a
+cancellation's timing varies from run to run).
 
 ``INTENT_FUZZ_SEEDS`` sets how many seeds the fast tests run (240 agent, 48 shared-store); the slow ones run 2000
 and 300.
