@@ -71,6 +71,9 @@ class Episode:
     # saw them (intent.lifecycle.log_answered_before_gate), so a step whose update was lost (a model
     # call that raised, retried or invoked again) does not either.
     logged_once: set[tuple[str, str]] = field(default_factory=set)
+    # The gate's decisions, by call key, as written to state: a gate run again on the same message because its
+    # step's update was lost (cancelled or crashed after the gate) writes them again (intent.gate).
+    decided: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The tools the model was offered at its last call (the request's list, as given): a call to
     # one the market does not price is refused as unpriced, not as a tool that does not exist.
     offered: Any = None

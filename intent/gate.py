@@ -207,8 +207,21 @@ def gate_batch(
         if cid is None:
             continue
         key = call_key(ai, index, cid)
-        if key in ledger or key in known_decisions:
+        if key in known_decisions:
             continue  # gated before (the gate ran again on the same message)
+        kept = episode.decided.get(key)
+        if kept is not None:
+            # Gated here before by a run of this gate whose update was lost (its step was cancelled, or crashed,
+            # after the gate had decided and reserved): its decision and reservation are written again, not
+            # decided again, so that the tool step knows what was approved (a reviewer's edit of it is re-gated)
+            # and a resume in another process finds both in state.
+            decisions[key] = kept
+            entry = ledger.get(key)
+            if entry is not None:
+                new_entries[key] = entry
+            continue
+        if key in ledger:
+            continue  # reserved before, not by a gate of this process (nothing to write again)
         if cid in answered:
             # Another middleware answered it before this gate (a call limit or a reviewer whose
             # after_model runs first): nothing to decide or reserve, but the call gets its one
@@ -340,6 +353,9 @@ def gate_batch(
         effects.insert(0, humans.log)
     for effect in effects:  # (a list: what an effect appends, a late refusal's record, runs too)
         effect()
+    if decisions:
+        with episode.lock:
+            episode.decided.update(decisions)
 
     update: dict[str, Any] = {}
     if out_messages:

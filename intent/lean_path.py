@@ -261,6 +261,7 @@ def decided(guard: BudgetGuard, episode: Episode, gate: LeanGate, answer: Any) -
         update["caps"] = dict(ledger._caps)
     update["entries"] = {key: ledger.serialized(entry)} if entry is not None else {}
     update["decisions"] = {key: meta}
+    episode.decided[key] = meta  # (intent.gate: a gate run again on this message after its update was lost)
     update["market_version"] = market.version
     if not gate.query_kept:
         update |= episode.query_update(gate.channel, gate.messages)

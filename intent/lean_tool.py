@@ -73,7 +73,7 @@ def call_run(guard: BudgetGuard, episode: Episode, key: str, request: ToolCallRe
     # CallRun.__init__'s attributes, set at once
     run.__dict__ = {"guard": guard, "episode": episode, "key": key, "request": request, "meta": meta,
                     "channel": channel, "tool_call_id": call["id"], "name": call["name"], "messages": messages,
-                    "_ai": ai, "last_outcome": None, "regated": False, "refused": False, "raised": []}
+                    "_ai": ai, "last_outcome": None, "regated": None, "refused": False, "raised": []}
     return run
 
 

@@ -407,7 +407,10 @@ class CallRun:
         self.messages = messages
         self._ai = ai
         self.last_outcome: Outcome | None = None
-        self.regated = False
+        # The (tool, model's arguments) of the latest edited run the oracle accepted on a re-gate: a further run of
+        # exactly that call (a retry) is not asked again. A refused re-gate licenses nothing: the next run of the
+        # edit (a retry middleware inside the guard, one that retries on an error answer) is re-gated again.
+        self.regated: tuple[str, Any] | None = None
         self.refused = False  # a run was refused: its record already says why the reservation went unused
         self.raised: list[BaseException] = []  # what the tool's own runs raised (tool_errors="message" answers those)
 
@@ -472,8 +475,12 @@ class CallRun:
         )
 
     def _edited(self, name: str, args: Mapping[str, Any], tool: Any) -> bool:
-        """Whether the call about to run is not the one the gate approved (a reviewer's edit)."""
-        if self.regated or "tool" not in self.meta:
+        """Whether the call about to run is neither the one the gate approved nor one an earlier run's re-gate
+        approved (a reviewer's edit, arguments a middleware rewrote)."""
+        if "tool" not in self.meta:
+            return False
+        approved = self.regated
+        if approved is not None and name == approved[0] and model_args(tool, args) == approved[1]:
             return False
         if name != self.meta["tool"]:
             return True
@@ -541,7 +548,14 @@ class CallRun:
                     if abs(price - gated.amount) > 1e-12 or name != gated.tool:
                         ledger.reprice(charge_id, price, tool=name, market_version=version)
                 else:
-                    charge_id = f"{self.key}#{runs + 1}"
+                    # A charge id of its own: one already in the ledger (a run of this call that never started,
+                    # released with its number: a hedged twin cancelled before its body, a run the store had no room
+                    # for) would make ``reserve`` return that entry unchanged, released, and the run would go on
+                    # holding nothing and fail to commit (LedgerError), unpaid.
+                    n = runs + 1
+                    while f"{self.key}#{n}" in ledger:
+                        n += 1
+                    charge_id = f"{self.key}#{n}"
                     ledger.reserve(charge_id, name, price, market_version=version, tool_call_id=self.tool_call_id)
                 try:
                     # A shared budget gives the run a store charge of its own, which must still fit there.
@@ -581,10 +595,10 @@ class CallRun:
 
     def _regate(self, decision: Decision | BaseException, ctx: DecisionContext) -> ToolMessage | None:
         checked = self.guard.check_decision(decision, ctx)  # raises an oracle's crash
-        # Only a decision that came in marks the edited call as re-gated: a retry middleware inside
-        # the guard that swallowed the oracle's crash must not run the call undecided.
-        self.regated = True
+        # Only an acceptance marks the edited call as re-gated: a retry middleware inside the guard that
+        # swallowed the oracle's crash, or retried its refusal, must not run the call undecided.
         if checked.accept:
+            self.regated = (ctx.tool, dict(ctx.args))
             return None
         return self._refuse(ctx.tool, ctx.args, ctx.price, "reject", checked.reason,
                             checked.feedback or fb.generic_rejection(ctx.tool), checked)
