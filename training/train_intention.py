@@ -143,7 +143,11 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    # max_length: the truncation the weights were trained and the temperature fitted under; the loader
+    # applies the same one (was: 256 at inference after 128 in training, so long inputs were scored on
+    # tokens the model never saw, with a temperature fitted on other logits).
     (out / "calibration.json").write_text(json.dumps({"temperature": temperature, "format_version": FORMAT_VERSION,
+                                                      "max_length": max_length,
                                                       "metrics": report["test_calibrated"]}, indent=2))
     (out / "report.json").write_text(json.dumps(report, indent=2))
     save_manifest(manifest, out)
