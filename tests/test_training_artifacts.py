@@ -39,3 +39,30 @@ def test_the_saved_predictor_scores_the_test_split_as_the_trainer_reported(logs,
         assert nll(probs, [t.z for t in test]) == pytest.approx(report[key]["nll"], rel=1e-5)
         assert model.max_length == 16
     assert json.loads((out / "calibration.json").read_text())["max_length"] == 16
+
+
+@pytest.mark.ml
+def test_a_mistyped_world_model_base_or_recipe_is_a_one_line_error(logs, tmp_path, capsys, monkeypatch):
+    # Was: `--base-model runs/smollm` (a typo: any missing path with a '/') was taken for a hub id, and
+    # transformers' hub client ended in a traceback after retrying the network; a missing --config file
+    # was "[Errno 2] No such file or directory" without the flag.
+    from intent.cli import main
+
+    (tmp_path / "runs").mkdir()
+    base = ["train", "worldmodel", "--logs", str(logs), "--out", str(tmp_path / "wm")]
+    assert main([*base, "--base-model", str(tmp_path / "runs" / "smollm")]) == 2
+    err = capsys.readouterr().err
+    assert "smollm is not a Hugging Face model directory" in err and "Traceback" not in err
+    assert main([*base, "--config", str(tmp_path / "nope.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--config" in err and "nope.json" in err and "Traceback" not in err
+
+    # A hub id where the hub cannot be reached (the GPU recipe's base here): named, with the flag to use.
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    assert main([*base, "--base-model", "someone/some-model"]) == 2
+    err = capsys.readouterr().err
+    assert "someone/some-model" in err and "--base-model DIR" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -52,6 +52,16 @@ def convert_smollm2(out_dir: str | Path) -> Path:
     return out
 
 
+def _looks_like_hub_id(name: str) -> bool:
+    """``owner/model`` that is not a local path: no such file, exactly one '/', and ``owner`` is not a
+    local directory (``runs/smollm`` mistyped is a missing directory, not a model on the hub)."""
+    import re
+
+    path = Path(name)
+    return (not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
+            and not name.startswith(".") and not path.parent.is_dir())
+
+
 def _examples(tokenizer: Any, rows: list[Pair], satisfied: bool | None, max_length: int,
               dropped: list[int] | None = None) -> list[tuple[list[int], list[int]]]:
     """(input ids, labels) per pair, cut to ``max_length``; a pair whose prompt alone fills
@@ -119,9 +129,13 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     ``flag_prefix``: what the caller's flags put before ``max-length`` / ``batch-size`` (``intent loop``'s
     are ``--wm-max-length``), so an error names the flag the user typed."""
     length_flag = f"--{flag_prefix}max-length"
+    base_model_flag = base_model is not None  # given by the caller, not by --config
     if config is not None:
         try:
             cfg_file = json.loads(Path(config).read_text())
+        except OSError as exc:
+            raise UsageError(f"--config {config}: cannot read it ({exc.strerror or exc}); give a recipe file, e.g. "
+                             "training/configs/paper_gpu.json, or leave --config out") from exc
         except json.JSONDecodeError as exc:
             raise UsageError(f"--config {config} is not valid JSON ({exc}); fix the file or leave --config out") from exc
         base_model = base_model or cfg_file.get("base_model")
@@ -141,7 +155,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     splits, manifest = split_by_task(rows, seed=seed)
     out = Path(out_dir)
     base = base_model or str(convert_smollm2(out.parent / "smollm2-135m-hf"))
-    if not Path(base).exists() and "/" in base:
+    if _looks_like_hub_id(base):
         pass  # a hub id (GPU recipe): transformers resolves it where a hub is reachable
     else:
         check_base_model(base, "causal")
@@ -158,10 +172,21 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     if state is not None:
         check_resume(out, state, run)
     source = str(ckpt) if state else base
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if bf16 else torch.float32)
+    except OSError as exc:
+        if Path(source).exists():
+            raise
+        # Not a local directory: transformers took it for a hub id (a mistyped path, or the GPU recipe's
+        # model on a machine without the hub). Was: a traceback from transformers' hub client.
+        base_flag = f"--{flag_prefix}base" if flag_prefix else "--base-model"
+        origin = base_flag if base_model_flag else f"--config {config} (its base_model)"
+        raise UsageError(f"base model {source} (from {origin}) is neither a local model directory nor available from "
+                         f"the Hugging Face hub here ({str(exc).splitlines()[0]}); pass {base_flag} DIR (an HF "
+                         "directory with config.json), or leave it out for SmolLM2-135M") from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if bf16 else torch.float32)
     if lora:
         try:
             from peft import LoraConfig, get_peft_model
