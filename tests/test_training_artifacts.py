@@ -66,3 +66,33 @@ def test_a_mistyped_world_model_base_or_recipe_is_a_one_line_error(logs, tmp_pat
     err = capsys.readouterr().err
     assert "someone/some-model" in err and "--base-model DIR" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_predictor_trained_on_the_evaluated_tasks_is_refused_by_the_bench(tmp_path):
+    # Was: `intent bench --seed 1 --predictor-dir P` with P trained on `intent bench --seed 1`'s own logs ran,
+    # and results.json said the oracle models were "built from other tasks".
+    from eval.runner import BenchConfig, build_market, run_benchmark
+    from intent.errors import UsageError
+
+    def never(*args, **kwargs):
+        raise AssertionError("no episode may run")
+
+    config = BenchConfig(tasks=3, methods=["intent"], seed=1, out=str(tmp_path / "run"), reference="intent")
+    evaluated = [build_market(config).task_id(t) for t in build_market(config).tasks()]
+    pred = tmp_path / "pred"
+    pred.mkdir()
+    (pred / "config.json").write_text("{}")
+    (pred / "calibration.json").write_text("{}")
+
+    def bench_with(split_tasks: dict) -> None:
+        (pred / "split.json").write_text(json.dumps({"seed": 0, "tasks": split_tasks}))
+        from dataclasses import replace
+
+        run_benchmark(replace(config, options={"predictor_dir": str(pred)}), agent_factory=never, progress=False)
+
+    # The evaluated task in the predictor's dev split (its temperature was fitted on it): refused, named.
+    with pytest.raises(UsageError, match=f"trained on 1 of the evaluated tasks.*{evaluated[1]}"):
+        bench_with({"train": ["prompt:syn-10008-0001:10008"], "dev": [f"prompt:{evaluated[1]}:1"], "test": []})
+    # Only in its test split (never trained or calibrated on): the check passes, the run goes on to its episodes.
+    with pytest.raises(AssertionError, match="no episode may run"):
+        bench_with({"train": ["prompt:syn-10008-0001:10008"], "dev": [], "test": [f"prompt:{evaluated[0]}:1"]})
