@@ -96,3 +96,29 @@ def test_a_predictor_trained_on_the_evaluated_tasks_is_refused_by_the_bench(tmp_
     # Only in its test split (never trained or calibrated on): the check passes, the run goes on to its episodes.
     with pytest.raises(AssertionError, match="no episode may run"):
         bench_with({"train": ["prompt:syn-10008-0001:10008"], "dev": [], "test": [f"prompt:{evaluated[0]}:1"]})
+
+
+@pytest.mark.ml
+def test_a_world_model_records_its_prompt_format_and_another_version_is_refused(logs, tiny_lm, tmp_path):
+    # Was: worldmodel/formats.py said FORMAT_VERSION "is saved with every trained model so that a mismatch is
+    # detected at load time", but only the predictor saved it; a world model trained on other prompts loaded
+    # (in process, or served by vLLM) and was sent prompts it was not trained on, without a word.
+    from intent.errors import UsageError
+    from training.data import pairs
+    from training.serve import serve
+    from training.train_worldmodel import train_world_model
+    from worldmodel.formats import FORMAT_VERSION
+    from worldmodel.transformers_lm import TransformersWorldModel
+
+    out = tmp_path / "wm"
+    train_world_model(pairs(load_records(logs)), out, base_model=str(tiny_lm), conditional=True, max_steps=1,
+                      batch_size=2, max_length=96, progress=False, samples=0)
+    report = json.loads((out / "report.json").read_text())
+    assert report["format_version"] == FORMAT_VERSION
+    TransformersWorldModel(out, max_new_tokens=4)  # loads
+    assert serve(out, print_only=True) == 0
+    (out / "report.json").write_text(json.dumps({**report, "format_version": FORMAT_VERSION + 1}))
+    with pytest.raises(UsageError, match=f"format_version {FORMAT_VERSION + 1} != {FORMAT_VERSION}.*retrain"):
+        TransformersWorldModel(out, max_new_tokens=4)
+    with pytest.raises(UsageError, match="format_version"):
+        serve(out, print_only=True)

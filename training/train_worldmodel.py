@@ -287,7 +287,11 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         model = model.merge_and_unload()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    report = {"base_model": base, "conditional": conditional, "examples": manifest["sizes"], "steps": steps,
+    from worldmodel.formats import FORMAT_VERSION
+
+    # format_version: the prompts it was trained on; TransformersWorldModel and `intent serve worldmodel` check it.
+    report = {"base_model": base, "format_version": FORMAT_VERSION, "conditional": conditional,
+              "examples": manifest["sizes"], "steps": steps,
               "held_out_loss": held_out, "perplexity": math.exp(min(held_out, 50)), "samples": generations}
     report["loss_curve"] = curve
     report["exported_step"] = best_step  # the step whose weights were exported (best validation loss)
