@@ -14,7 +14,7 @@ from training.data import load_records, triples
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_training import logs, tiny_lm  # noqa: E402,F401  (module fixtures reused)
+from test_training import logs, tiny_encoder, tiny_lm  # noqa: E402,F401  (module fixtures reused)
 
 
 @pytest.mark.slow
@@ -122,3 +122,20 @@ def test_a_world_model_records_its_prompt_format_and_another_version_is_refused(
         TransformersWorldModel(out, max_new_tokens=4)
     with pytest.raises(UsageError, match="format_version"):
         serve(out, print_only=True)
+
+
+@pytest.mark.ml
+def test_a_temperature_fitted_on_a_few_dev_calls_is_not_applied(logs, tiny_encoder, tmp_path):
+    # Was: always applied. On `intent train predictor`'s 75 dev calls (300 tasks' logs) it reached the
+    # search bound, T = 20 (every p about 0.5), and raised the test NLL 0.657 -> 0.691 and ECE 0.076 -> 0.129.
+    from training.train_intention import MIN_CALIBRATION_EXAMPLES, train_predictor
+    from worldmodel.predictors import EncoderIntentionPredictor
+
+    out = tmp_path / "pred"
+    report = train_predictor(triples(load_records(logs)), out, base_model=str(tiny_encoder), max_steps=2,
+                             batch_size=8, progress=False)
+    assert report["examples"]["dev"] < MIN_CALIBRATION_EXAMPLES
+    assert report["temperature_fitted"] != pytest.approx(1.0)  # something was fitted, and reported...
+    assert report["temperature"] == 1.0 and report["temperature_kept"] is False  # ... but not used
+    assert report["test_calibrated"] == report["test_uncalibrated"]
+    assert EncoderIntentionPredictor(out).temperature == 1.0

@@ -25,7 +25,9 @@ from training.common import check_base_model, check_resume, memory_warning, reli
 from training.data import Triple, save_manifest, split_by_task, subsample
 from worldmodel.formats import FORMAT_VERSION, predictor_text
 
-__all__ = ["default_encoder", "train_predictor"]
+__all__ = ["MIN_CALIBRATION_EXAMPLES", "default_encoder", "train_predictor"]
+
+MIN_CALIBRATION_EXAMPLES = 200  # dev calls a temperature is fitted on before it is used (as the hashed predictor's)
 
 
 def default_encoder() -> str:
@@ -133,11 +135,24 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         return out_vals
 
     dev_d, test_d = logit_diff(splits["dev"]), logit_diff(splits["test"])
-    temperature = fit_temperature(dev_d, [t.z for t in splits["dev"]])
+    y_dev = [t.z for t in splits["dev"]]
+    fitted = fit_temperature(dev_d, y_dev)
+    # Kept on the hashed predictor's terms (worldmodel.predictors.HashedLogisticPredictor.fit): only when the
+    # dev split holds MIN_CALIBRATION_EXAMPLES calls and the temperature lowers its NLL without raising its
+    # ECE. Was: always applied; fitted on 75 dev calls it reached the search bound (T = 20, every p about
+    # 0.5) and raised the test NLL and ECE, and the oracle used it.
+    np = __import__("numpy")
+    from worldmodel.calibration import ece, nll
+
+    dev_before, dev_after = sigmoid(np.asarray(dev_d)), sigmoid(np.asarray(dev_d) / fitted)
+    keep = (len(y_dev) >= MIN_CALIBRATION_EXAMPLES and nll(dev_after, y_dev) < nll(dev_before, y_dev)
+            and ece(dev_after, y_dev, 15) <= ece(dev_before, y_dev, 15))
+    temperature = fitted if keep else 1.0
     y_test = [t.z for t in splits["test"]]
     before = [float(p) for p in sigmoid(__import__("numpy").asarray(test_d))]
     after = [float(p) for p in sigmoid(__import__("numpy").asarray(test_d) / temperature)]
     report = {"base_model": base, "examples": manifest["sizes"], "steps": steps, "temperature": temperature,
+              "temperature_fitted": fitted, "temperature_kept": keep,
               "test_uncalibrated": _metrics(before, y_test), "test_calibrated": _metrics(after, y_test),
               "fraction": fraction, "format_version": FORMAT_VERSION}
     out.mkdir(parents=True, exist_ok=True)
