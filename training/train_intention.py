@@ -21,7 +21,8 @@ from typing import Any
 from baselines.embeddings import minilm_weights
 from intent.errors import UsageError
 from intent.progress import progress as progress_reporter
-from training.common import check_base_model, check_resume, memory_warning, reliability_png, run_fingerprint
+from training.common import (check_base_model, check_resume, memory_warning, reliability_png, restore_training_state,
+                             run_fingerprint, save_training_state)
 from training.data import Triple, save_manifest, split_by_task, subsample
 from worldmodel.formats import FORMAT_VERSION, predictor_text
 
@@ -95,6 +96,8 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
     n_params = sum(p.numel() for p in model.parameters())
     memory_warning(n_params, batch_size, max_length, int(cfg.get("hidden_size", 384)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    if state:
+        restore_training_state(ckpt, optimizer)
     train = splits["train"]
     start_epoch = state["epoch"] + 1 if state else 0
     steps = 0
@@ -119,6 +122,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         ckpt.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(ckpt)
         tokenizer.save_pretrained(ckpt)
+        save_training_state(ckpt, optimizer)
         (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "run": run}))
         if max_steps is not None and steps >= max_steps:
             break

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from intent.errors import UsageError
-from training.common import check_base_model, check_resume, memory_warning, run_fingerprint
+from training.common import (check_base_model, check_resume, memory_warning, restore_training_state, run_fingerprint,
+                             save_training_state)
 from training.data import Pair, save_manifest, split_by_task, subsample
 
 __all__ = ["convert_smollm2", "train_world_model"]
@@ -220,6 +221,8 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         total = min(total, max_steps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     schedule = get_cosine_schedule_with_warmup(optimizer, int(warmup * total), total)
+    if state:
+        restore_training_state(ckpt, optimizer, schedule)
     from intent.progress import progress as progress_reporter
 
     every = eval_every or max(1, total // 10)
@@ -233,6 +236,10 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
 
     steps, start_epoch = (state.get("steps", 0) if state else 0), (state["epoch"] + 1 if state else 0)
     best: tuple[float, int, Any] = (float("inf"), steps, None)
+    if state and keep_best and (ckpt / "best.pt").is_file():
+        # The best validation step so far and its weights: a resumed run exports what the uninterrupted one would.
+        saved = torch.load(ckpt / "best.pt", weights_only=True)
+        best = (float(saved["loss"]), int(saved["step"]), saved["weights"])
     if not curve and dev:
         curve.append({"step": 0, "train_loss": None, "dev_loss": dev_loss()})
     with progress_reporter(total, "world model steps", enabled=progress) as bar:
@@ -264,6 +271,9 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
             ckpt.mkdir(parents=True, exist_ok=True)
             model.save_pretrained(ckpt)
             tokenizer.save_pretrained(ckpt)
+            save_training_state(ckpt, optimizer, schedule)
+            if keep_best and best[2] is not None:
+                torch.save({"loss": best[0], "step": best[1], "weights": best[2]}, ckpt / "best.pt")
             (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "curve": curve, "run": run}))
             if steps >= total:
                 break
