@@ -240,9 +240,11 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         # The best validation step so far and its weights: a resumed run exports what the uninterrupted one would.
         saved = torch.load(ckpt / "best.pt", weights_only=True)
         best = (float(saved["loss"]), int(saved["step"]), saved["weights"])
-    if not curve and dev:
-        curve.append({"step": 0, "train_loss": None, "dev_loss": dev_loss()})
     with progress_reporter(total, "world model steps", enabled=progress) as bar:
+        # Inside the bar: the step-0 validation loss takes as long as several steps (was: minutes of silence
+        # on a busy CPU before the first progress line).
+        if not curve and dev:
+            curve.append({"step": 0, "train_loss": None, "dev_loss": dev_loss()})
         bar.update(min(steps, total))
         for epoch in range(start_epoch, epochs):
             if steps >= total:
@@ -281,17 +283,10 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     if keep_best and best[2] is not None and best[1] != steps:
         model.load_state_dict(best[2])
         best_step = best[1]
-    held_out = _mean_loss(model, test, batch_size, pad, seed)
-    from worldmodel.transformers_lm import render_prompt
-
-    generations = []
-    for p in (splits["test"] or splits["dev"])[:samples]:
-        enc = tokenizer(render_prompt(tokenizer, p.tool, p.args, satisfied), return_tensors="pt",
-                        return_token_type_ids=False)
-        with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=pad)
-        generations.append({"tool": p.tool, "args": p.args, "truth": p.observation[:300],
-                            "generated": tokenizer.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)})
+    with progress_reporter(1, "world model held-out loss and samples", enabled=progress) as bar:
+        held_out = _mean_loss(model, test, batch_size, pad, seed)
+        generations = _samples(model, tokenizer, (splits["test"] or splits["dev"])[:samples], satisfied, pad)
+        bar.update(1)
     out.mkdir(parents=True, exist_ok=True)
     if lora:
         model = model.merge_and_unload()
@@ -312,6 +307,23 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         _loss_png(out / "loss_curve.png", curve, f"{Path(base).name}: {'conditional generator' if conditional else 'world model'}")
     save_manifest(manifest, out)
     return report
+
+
+def _samples(model: Any, tokenizer: Any, rows: list[Pair], satisfied: bool | None, pad: int) -> list[dict[str, Any]]:
+    """Greedy generations for a few held-out pairs, next to the truth (report.json's ``samples``)."""
+    import torch
+
+    from worldmodel.transformers_lm import render_prompt
+
+    generations = []
+    for p in rows:
+        enc = tokenizer(render_prompt(tokenizer, p.tool, p.args, satisfied), return_tensors="pt",
+                        return_token_type_ids=False)
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=pad)
+        generations.append({"tool": p.tool, "args": p.args, "truth": p.observation[:300],
+                            "generated": tokenizer.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)})
+    return generations
 
 
 def _loss_png(path: Path, curve: list[dict[str, Any]], title: str) -> None:
