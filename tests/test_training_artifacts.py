@@ -14,7 +14,47 @@ from training.data import load_records, triples
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_training import logs, tiny_encoder, tiny_lm  # noqa: E402,F401  (module fixtures reused)
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> Path:
+    """Real guard logs: the Prompt agent on 40 synthetic tasks (simulated), with ground-truth z."""
+    from eval.runner import BenchConfig, run_benchmark
+
+    out = tmp_path_factory.mktemp("logs")
+    run_benchmark(BenchConfig(tasks=40, methods=["prompt"], reference="prompt", out=str(out)), progress=False)
+    return out / "logs.jsonl"
+
+
+@pytest.fixture
+def tiny_lm(tmp_path) -> Path:
+    """A tiny random Llama with the MiniLM tokenizer (as tests/test_training.py's)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from training.train_intention import default_encoder
+
+    tok = AutoTokenizer.from_pretrained(default_encoder())
+    cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                      pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    return tmp_path / "tiny"
+
+
+@pytest.fixture
+def tiny_encoder(tmp_path) -> Path:
+    """A tiny random BERT classifier with the MiniLM tokenizer (as tests/test_training.py's)."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from training.train_intention import default_encoder
+
+    tok = AutoTokenizer.from_pretrained(default_encoder())
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, max_position_embeddings=128, num_labels=2)
+    BertForSequenceClassification(cfg).save_pretrained(tmp_path / "tiny-encoder")
+    tok.save_pretrained(tmp_path / "tiny-encoder")
+    return tmp_path / "tiny-encoder"
 
 
 @pytest.mark.slow
@@ -23,9 +63,9 @@ def test_the_saved_predictor_scores_the_test_split_as_the_trainer_reported(logs,
     # Was: trained (and its temperature fitted) on inputs cut to --max-length (default 128), but loaded by
     # EncoderIntentionPredictor with max_length=256: long inputs were scored on tokens the model never saw,
     # so the oracle's p differed from what report.json / calibration.json measured.
+    from training.train_intention import train_predictor
     from worldmodel.calibration import nll
     from worldmodel.predictors import EncoderIntentionPredictor
-    from training.train_intention import train_predictor
 
     tri = triples(load_records(logs))
     out = tmp_path / "pred"
@@ -156,7 +196,7 @@ def test_an_interrupted_predictor_run_resumes_to_the_uninterrupted_runs_weights(
     import training.train_intention as ti
 
     tri = triples(load_records(logs))
-    kw = dict(base_model=str(tiny_encoder), epochs=2, batch_size=16, progress=False)
+    kw = {"base_model": str(tiny_encoder), "epochs": 2, "batch_size": 16, "progress": False}
     ti.train_predictor(tri, tmp_path / "whole", **kw)
     n_train = json.loads((tmp_path / "whole" / "split.json").read_text())["sizes"]["train"]
     calls, real = [0], ti.predictor_text
@@ -186,7 +226,8 @@ def test_an_interrupted_world_model_run_resumes_to_the_uninterrupted_runs_weight
     from training.train_worldmodel import train_world_model
 
     prs = pairs(load_records(logs))
-    kw = dict(base_model=str(tiny_lm), epochs=3, batch_size=8, max_length=96, lr=1e-3, progress=False, samples=0)
+    kw = {"base_model": str(tiny_lm), "epochs": 3, "batch_size": 8, "max_length": 96, "lr": 1e-3, "progress": False,
+          "samples": 0}
     whole = train_world_model(prs, tmp_path / "whole", **kw)
     per_epoch = whole["steps"] // 3
     real, calls = torch.optim.AdamW.step, [0]

@@ -13,7 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from worldmodel.formats import check_format_version, world_model_messages, world_model_prompt
+from worldmodel.formats import (
+    check_format_version,
+    world_model_messages,
+    world_model_prompt,
+)
 from worldmodel.protocols import ModelError
 
 __all__ = ["TransformersWorldModel", "render_prompt"]
