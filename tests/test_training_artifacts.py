@@ -281,3 +281,47 @@ def test_every_slow_phase_of_world_model_training_runs_under_a_progress_reporter
                                   batch_size=4, max_length=96, progress=False, samples=1)
     assert report["loss_curve"][0]["step"] == 0 and report["samples"]
     assert outside == []
+
+
+def test_a_judge_model_the_server_does_not_serve_is_a_one_line_error(logs, tmp_path, capsys):
+    # Was: the endpoint was checked, not the model: `--judge-model wrong` read the logs, then ended in an httpx
+    # HTTPStatusError traceback (404) at the first call to label.
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from intent.cli import main
+    from intent.errors import UsageError
+    from training.annotate import LLMJudge
+
+    class Server(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code: int, obj: dict) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200, {"data": [{"id": "judge"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._send(404, {"error": {"message": "The model does not exist."}})  # e.g. a proxy's stale list
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    try:
+        rc = main(["train", "annotate", "--logs", str(logs), "--out", str(tmp_path / "z.jsonl"), "--method", "llm",
+                   "--judge-url", url, "--judge-model", "wrong"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "'wrong' is not served" in err and "--judge-model" in err and "Traceback" not in err
+        judge = LLMJudge(url, "judge", votes=1)  # listed, yet refused when asked
+        record = next(r for r in load_records(logs) if r.decision == "accept")
+        with pytest.raises(UsageError, match="refused the request for --judge-model judge: HTTP 404"):
+            judge.label(record)
+    finally:
+        srv.shutdown()
