@@ -191,14 +191,20 @@ def _same_weights(a: Path, b: Path) -> bool:
 @pytest.mark.ml
 def test_an_interrupted_predictor_run_resumes_to_the_uninterrupted_runs_weights(logs, tiny_encoder, tmp_path,
                                                                                 monkeypatch):
-    # Was: the checkpoint held the weights only; a resumed run restarted AdamW's moments and torch's random
-    # state (dropout), so its model differed from the same seed's uninterrupted run.
+    # Was: the checkpoint held the weights only; a resumed run restarted AdamW's moments, torch's random
+    # state (dropout) and its --max-steps count, so its model differed from the same seed's uninterrupted run.
     import training.train_intention as ti
 
     tri = triples(load_records(logs))
-    kw = {"base_model": str(tiny_encoder), "epochs": 2, "batch_size": 16, "progress": False}
-    ti.train_predictor(tri, tmp_path / "whole", **kw)
-    n_train = json.loads((tmp_path / "whole" / "split.json").read_text())["sizes"]["train"]
+    # --max-steps ends the run inside its second epoch: a resume must count the steps done before it.
+    from training.data import split_by_task
+
+    n_train = len(split_by_task(tri, seed=0)[0]["train"])
+    n_batches = -(-n_train // 16)
+    kw = {"base_model": str(tiny_encoder), "epochs": 3, "batch_size": 16, "progress": False,
+          "max_steps": n_batches + 3}
+    whole = ti.train_predictor(tri, tmp_path / "whole", **kw)
+    assert whole["steps"] == n_batches + 3
     calls, real = [0], ti.predictor_text
 
     def interrupted(*args, **kwargs):
@@ -212,7 +218,8 @@ def test_an_interrupted_predictor_run_resumes_to_the_uninterrupted_runs_weights(
         ti.train_predictor(tri, tmp_path / "resumed", **kw)
     assert json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())["epoch"] == 0
     monkeypatch.setattr(ti, "predictor_text", real)
-    ti.train_predictor(tri, tmp_path / "resumed", **kw)
+    resumed = ti.train_predictor(tri, tmp_path / "resumed", **kw)
+    assert resumed["steps"] == whole["steps"]
     assert _same_weights(tmp_path / "whole", tmp_path / "resumed")
 
 

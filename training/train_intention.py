@@ -100,7 +100,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         restore_training_state(ckpt, optimizer)
     train = splits["train"]
     start_epoch = state["epoch"] + 1 if state else 0
-    steps = 0
+    steps = int(state.get("steps", 0)) if state else 0  # --max-steps counts the whole run, not from the resume
     for epoch in range(start_epoch, epochs):
         model.train()
         order = list(range(len(train)))
@@ -123,7 +123,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         model.save_pretrained(ckpt)
         tokenizer.save_pretrained(ckpt)
         save_training_state(ckpt, optimizer)
-        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "run": run}))
+        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "run": run}))
         if max_steps is not None and steps >= max_steps:
             break
 
