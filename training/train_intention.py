@@ -102,6 +102,8 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
     start_epoch = state["epoch"] + 1 if state else 0
     steps = int(state.get("steps", 0)) if state else 0  # --max-steps counts the whole run, not from the resume
     for epoch in range(start_epoch, epochs):
+        if max_steps is not None and steps >= max_steps:
+            break  # a finished run found again in its own checkpoint: nothing left to train (as the world model's)
         model.train()
         order = list(range(len(train)))
         random.Random(seed + epoch).shuffle(order)
