@@ -415,6 +415,34 @@ def _check_oracle_logs(config: BenchConfig, market: BenchMarket, specs: Sequence
                      f"--market {config.market} (leave --oracle-logs out) or give that market's logs")
 
 
+def _check_predictor_dir(config: BenchConfig, market: BenchMarket, specs: Sequence[MethodSpec]) -> None:
+    """A predictor given with --predictor-dir is used for every episode as it is (not folded): it must not
+    have been trained or calibrated on an evaluated task. Its ``split.json`` (written by ``intent train
+    predictor`` and by ``intent train report --encoder``) names the tasks of its training and dev splits.
+    (Was: a predictor trained on this run's own tasks was used, and results.json said "built from other
+    tasks".)"""
+    directory = config.options.get("predictor_dir")
+    if not directory or not _uses_oracle_models(specs):
+        return
+    split = Path(directory) / "split.json"
+    if not split.is_file():
+        return  # nothing says what it was trained on (results.json says "trained elsewhere, not folded")
+    from eval.oracle_methods import _inner_task_id
+
+    try:
+        tasks = json.loads(split.read_text()).get("tasks") or {}
+        seen = {_inner_task_id(str(t)) for name in ("train", "dev") for t in tasks.get(name) or ()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise UsageError(f"--predictor-dir {directory}: {split} is not the split an `intent train predictor` "
+                         f"writes ({exc}); retrain the predictor or restore the file") from exc
+    leaked = sorted(seen & {market.task_id(t) for t in market.tasks()})
+    if leaked:
+        raise UsageError(f"--predictor-dir {directory} was trained on {len(leaked)} of the evaluated tasks (e.g. "
+                         f"{leaked[0]}, seed {config.seed}; its split.json): the oracle's predictor must never have "
+                         "seen the task it guards; train it on logs of other tasks (another --seed, or the run's "
+                         "oracle_data/logs.jsonl), or leave --predictor-dir out")
+
+
 def _oracle_models_label(config: BenchConfig, cross_fit: bool) -> str:
     label = "cross-fitted (2 folds)" if cross_fit else "built from other tasks"
     if config.options.get("predictor_dir"):
@@ -460,6 +488,7 @@ def run_benchmark(config: BenchConfig, *, agent_factory: AgentFactory | None = N
             agent_factory = sim_agent_factory(config.options.get("sim_agent"))
     market = build_market(config)
     _check_oracle_logs(config, market, specs)
+    _check_predictor_dir(config, market, specs)
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a directory for the run's results")

@@ -223,11 +223,13 @@ def test_interrupted_predictor_training_resumes_from_its_checkpoint(logs, tmp_pa
     tri = triples(load_records(logs))
     first = train_predictor(tri, tmp_path / "p", epochs=2, max_steps=1, batch_size=8, max_length=64, progress=False)
     state = json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())
-    assert first["steps"] == 1 and state["epoch"] == 0  # "interrupted" after epoch 1 of 2
+    assert first["steps"] == 1 and state["epoch"] == 0  # --max-steps reached in epoch 1 of 2: the run is done
     resumed = train_predictor(tri, tmp_path / "p", epochs=2, max_steps=1, batch_size=8, max_length=64,
                               progress=False)
-    assert resumed["steps"] == 1  # only the remaining epoch ran, starting from the checkpoint
-    assert json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())["epoch"] == 1
+    # Found again in its checkpoint, the finished run trains nothing more (was: one more step per re-run, so the
+    # same command run twice gave another model). A real interruption's resume: tests/test_training_artifacts.py.
+    assert resumed["steps"] == 1
+    assert json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())["epoch"] == 0
 
 
 def test_synthetic_checker_accepts_real_answers_and_rejects_others(logs):
@@ -412,8 +414,8 @@ def test_a_checkpoint_of_another_predictor_run_is_refused_not_resumed(logs, tiny
         train_predictor(tri, tmp_path / "p", **{**kw, "lr": 1e-3})
     with pytest.raises(UsageError, match=r"\(--seed differs\)"):
         train_predictor(tri, tmp_path / "p", **{**kw, "seed": 1})
-    resumed = train_predictor(tri, tmp_path / "p", **kw)  # the same run: resumed
-    assert resumed["steps"] == 1 and json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())["epoch"] == 1
+    resumed = train_predictor(tri, tmp_path / "p", **kw)  # the same run: resumed (finished: --max-steps 1 reached)
+    assert resumed["steps"] == 1 and json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())["epoch"] == 0
     fresh = train_predictor(other, tmp_path / "p", resume=False, **kw)  # resume=False starts over
     assert fresh["steps"] == 1
     state = tmp_path / "p" / "checkpoint" / "state.json"

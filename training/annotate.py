@@ -29,11 +29,13 @@ class LLMJudge:
                  temperature: float = 0.7) -> None:
         import httpx
 
-        from worldmodel.endpoints import check_endpoint
+        from worldmodel.endpoints import check_model
 
         if votes < 1 or votes % 2 == 0:
-            raise UsageError(f"votes must be an odd number >= 1 (a majority), got {votes}")
-        check_endpoint(base_url, api_key=api_key, url_flag="--judge-url")
+            raise UsageError(f"--votes must be an odd number >= 1 (a majority), got {votes}")
+        # The model too, not only the server: was a 404 traceback from httpx at the first call to label.
+        check_model(base_url, model, api_key=api_key, flag="--judge-model ", url_flag="--judge-url")
+        self.base_url = base_url
         self.model, self.votes, self.temperature = model, votes, temperature
         self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
                                     headers={"Authorization": f"Bearer {api_key}"})
@@ -45,6 +47,10 @@ class LLMJudge:
             r = self._client.post("/chat/completions", json={
                 "model": self.model, "temperature": self.temperature, "max_tokens": 64,
                 "messages": [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}]})
+            if 400 <= r.status_code < 500 and r.status_code != 429:
+                # The request itself is refused (model, path, key): every other call would be too.
+                raise UsageError(f"the judge at --judge-url {self.base_url} refused the request for --judge-model "
+                                 f"{self.model}: HTTP {r.status_code} {r.text[:200]}; check both flags")
             r.raise_for_status()
             vote = parse_judge(r.json()["choices"][0]["message"]["content"])
             if vote is not None:

@@ -13,7 +13,8 @@ from typing import Any
 from intent.errors import UsageError
 from worldmodel.plots import reliability_png  # one implementation, shared with worldmodel
 
-__all__ = ["check_base_model", "check_resume", "memory_warning", "reliability_png", "run_fingerprint"]
+__all__ = ["check_base_model", "check_resume", "memory_warning", "reliability_png", "restore_training_state",
+           "run_fingerprint", "save_training_state"]
 
 _ENCODERS = {"bert", "roberta", "distilbert", "xlm-roberta", "mpnet", "deberta", "deberta-v2", "electra",
              "albert", "modernbert", "qwen3", "qwen2"}
@@ -96,3 +97,35 @@ def check_resume(out: Path, state: dict[str, Any], fingerprint: dict[str, Any]) 
     raise UsageError(f"--out {out} holds a checkpoint of another training run ({why}); use a new --out or delete "
                      f"{ckpt} (an interrupted run resumes only with the same logs, labels, base model, seed and "
                      "hyper-parameters)")
+
+
+_TRAINING_STATE = "training_state.pt"
+
+
+def save_training_state(ckpt: Path, optimizer: Any, schedule: Any = None) -> None:
+    """What a resumed run needs beside the weights to continue as if never interrupted (as the HF
+    Trainer's optimizer.pt / scheduler.pt / rng_state.pth): the optimizer's moments, the learning-rate
+    schedule's position and torch's random state (dropout)."""
+    import torch
+
+    torch.save({"optimizer": optimizer.state_dict(), "schedule": schedule.state_dict() if schedule else None,
+                "torch_rng": torch.get_rng_state()}, Path(ckpt) / _TRAINING_STATE)
+
+
+def restore_training_state(ckpt: Path, optimizer: Any, schedule: Any = None) -> None:
+    """Load :func:`save_training_state`'s file into a fresh optimizer (and schedule). A checkpoint written
+    before it was saved resumes with fresh ones, as it used to (with a warning: not the same run then).
+    (Was: always fresh; a resumed run's Adam moments, warm-up and dropout draws restarted, so its weights
+    differed from the uninterrupted run's with the same seed.)"""
+    import torch
+
+    path = Path(ckpt) / _TRAINING_STATE
+    if not path.is_file():
+        warnings.warn(f"{ckpt} holds no {_TRAINING_STATE} (written by an older version): resuming with a fresh "
+                      "optimizer and schedule; the result will differ from an uninterrupted run", stacklevel=2)
+        return
+    saved = torch.load(path, weights_only=True)
+    optimizer.load_state_dict(saved["optimizer"])
+    if schedule is not None and saved.get("schedule") is not None:
+        schedule.load_state_dict(saved["schedule"])
+    torch.set_rng_state(saved["torch_rng"])

@@ -53,6 +53,9 @@ def serve(model_dir: str | Path, *, print_only: bool = False, python: str | None
     if any("SequenceClassification" in a for a in architectures):
         raise UsageError(f"{model_dir} is a classifier ({architectures[0]}: the intention predictor), not a generator; "
                          "vLLM serves the world model: `intent serve worldmodel DIR/worldmodel`")
+    from worldmodel.formats import check_format_version
+
+    check_format_version(model_dir)  # trained on other prompts than the OpenAI-compatible client sends
     python = python or _vllm_python()
     if python is None and not print_only:
         raise FileNotFoundError("no vLLM environment: build it with scripts/vllm_venv.sh (it makes .venv-vllm), or "

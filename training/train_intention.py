@@ -21,11 +21,14 @@ from typing import Any
 from baselines.embeddings import minilm_weights
 from intent.errors import UsageError
 from intent.progress import progress as progress_reporter
-from training.common import check_base_model, check_resume, memory_warning, reliability_png, run_fingerprint
+from training.common import (check_base_model, check_resume, memory_warning, reliability_png, restore_training_state,
+                             run_fingerprint, save_training_state)
 from training.data import Triple, save_manifest, split_by_task, subsample
 from worldmodel.formats import FORMAT_VERSION, predictor_text
 
-__all__ = ["default_encoder", "train_predictor"]
+__all__ = ["MIN_CALIBRATION_EXAMPLES", "default_encoder", "train_predictor"]
+
+MIN_CALIBRATION_EXAMPLES = 200  # dev calls a temperature is fitted on before it is used (as the hashed predictor's)
 
 
 def default_encoder() -> str:
@@ -93,10 +96,14 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
     n_params = sum(p.numel() for p in model.parameters())
     memory_warning(n_params, batch_size, max_length, int(cfg.get("hidden_size", 384)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    if state:
+        restore_training_state(ckpt, optimizer)
     train = splits["train"]
     start_epoch = state["epoch"] + 1 if state else 0
-    steps = 0
+    steps = int(state.get("steps", 0)) if state else 0  # --max-steps counts the whole run, not from the resume
     for epoch in range(start_epoch, epochs):
+        if max_steps is not None and steps >= max_steps:
+            break  # a finished run found again in its own checkpoint: nothing left to train (as the world model's)
         model.train()
         order = list(range(len(train)))
         random.Random(seed + epoch).shuffle(order)
@@ -117,7 +124,8 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         ckpt.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(ckpt)
         tokenizer.save_pretrained(ckpt)
-        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "run": run}))
+        save_training_state(ckpt, optimizer)
+        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "run": run}))
         if max_steps is not None and steps >= max_steps:
             break
 
@@ -133,17 +141,34 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         return out_vals
 
     dev_d, test_d = logit_diff(splits["dev"]), logit_diff(splits["test"])
-    temperature = fit_temperature(dev_d, [t.z for t in splits["dev"]])
+    y_dev = [t.z for t in splits["dev"]]
+    fitted = fit_temperature(dev_d, y_dev)
+    # Kept on the hashed predictor's terms (worldmodel.predictors.HashedLogisticPredictor.fit): only when the
+    # dev split holds MIN_CALIBRATION_EXAMPLES calls and the temperature lowers its NLL without raising its
+    # ECE. Was: always applied; fitted on 75 dev calls it reached the search bound (T = 20, every p about
+    # 0.5) and raised the test NLL and ECE, and the oracle used it.
+    np = __import__("numpy")
+    from worldmodel.calibration import ece, nll
+
+    dev_before, dev_after = sigmoid(np.asarray(dev_d)), sigmoid(np.asarray(dev_d) / fitted)
+    keep = (len(y_dev) >= MIN_CALIBRATION_EXAMPLES and nll(dev_after, y_dev) < nll(dev_before, y_dev)
+            and ece(dev_after, y_dev, 15) <= ece(dev_before, y_dev, 15))
+    temperature = fitted if keep else 1.0
     y_test = [t.z for t in splits["test"]]
     before = [float(p) for p in sigmoid(__import__("numpy").asarray(test_d))]
     after = [float(p) for p in sigmoid(__import__("numpy").asarray(test_d) / temperature)]
     report = {"base_model": base, "examples": manifest["sizes"], "steps": steps, "temperature": temperature,
+              "temperature_fitted": fitted, "temperature_kept": keep,
               "test_uncalibrated": _metrics(before, y_test), "test_calibrated": _metrics(after, y_test),
               "fraction": fraction, "format_version": FORMAT_VERSION}
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    # max_length: the truncation the weights were trained and the temperature fitted under; the loader
+    # applies the same one (was: 256 at inference after 128 in training, so long inputs were scored on
+    # tokens the model never saw, with a temperature fitted on other logits).
     (out / "calibration.json").write_text(json.dumps({"temperature": temperature, "format_version": FORMAT_VERSION,
+                                                      "max_length": max_length,
                                                       "metrics": report["test_calibrated"]}, indent=2))
     (out / "report.json").write_text(json.dumps(report, indent=2))
     save_manifest(manifest, out)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from intent.errors import UsageError
-from training.common import check_base_model, check_resume, memory_warning, run_fingerprint
+from training.common import (check_base_model, check_resume, memory_warning, restore_training_state, run_fingerprint,
+                             save_training_state)
 from training.data import Pair, save_manifest, split_by_task, subsample
 
 __all__ = ["convert_smollm2", "train_world_model"]
@@ -50,6 +51,16 @@ def convert_smollm2(out_dir: str | Path) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """``owner/model`` that is not a local path: no such file, exactly one '/', and ``owner`` is not a
+    local directory (``runs/smollm`` mistyped is a missing directory, not a model on the hub)."""
+    import re
+
+    path = Path(name)
+    return (not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
+            and not name.startswith(".") and not path.parent.is_dir())
 
 
 def _examples(tokenizer: Any, rows: list[Pair], satisfied: bool | None, max_length: int,
@@ -119,9 +130,13 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     ``flag_prefix``: what the caller's flags put before ``max-length`` / ``batch-size`` (``intent loop``'s
     are ``--wm-max-length``), so an error names the flag the user typed."""
     length_flag = f"--{flag_prefix}max-length"
+    base_model_flag = base_model is not None  # given by the caller, not by --config
     if config is not None:
         try:
             cfg_file = json.loads(Path(config).read_text())
+        except OSError as exc:
+            raise UsageError(f"--config {config}: cannot read it ({exc.strerror or exc}); give a recipe file, e.g. "
+                             "training/configs/paper_gpu.json, or leave --config out") from exc
         except json.JSONDecodeError as exc:
             raise UsageError(f"--config {config} is not valid JSON ({exc}); fix the file or leave --config out") from exc
         base_model = base_model or cfg_file.get("base_model")
@@ -141,7 +156,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     splits, manifest = split_by_task(rows, seed=seed)
     out = Path(out_dir)
     base = base_model or str(convert_smollm2(out.parent / "smollm2-135m-hf"))
-    if not Path(base).exists() and "/" in base:
+    if _looks_like_hub_id(base):
         pass  # a hub id (GPU recipe): transformers resolves it where a hub is reachable
     else:
         check_base_model(base, "causal")
@@ -158,10 +173,21 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     if state is not None:
         check_resume(out, state, run)
     source = str(ckpt) if state else base
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if bf16 else torch.float32)
+    except OSError as exc:
+        if Path(source).exists():
+            raise
+        # Not a local directory: transformers took it for a hub id (a mistyped path, or the GPU recipe's
+        # model on a machine without the hub). Was: a traceback from transformers' hub client.
+        base_flag = f"--{flag_prefix}base" if flag_prefix else "--base-model"
+        origin = base_flag if base_model_flag else f"--config {config} (its base_model)"
+        raise UsageError(f"base model {source} (from {origin}) is neither a local model directory nor available from "
+                         f"the Hugging Face hub here ({str(exc).splitlines()[0]}); pass {base_flag} DIR (an HF "
+                         "directory with config.json), or leave it out for SmolLM2-135M") from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if bf16 else torch.float32)
     if lora:
         try:
             from peft import LoraConfig, get_peft_model
@@ -195,6 +221,8 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         total = min(total, max_steps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     schedule = get_cosine_schedule_with_warmup(optimizer, int(warmup * total), total)
+    if state:
+        restore_training_state(ckpt, optimizer, schedule)
     from intent.progress import progress as progress_reporter
 
     every = eval_every or max(1, total // 10)
@@ -208,9 +236,15 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
 
     steps, start_epoch = (state.get("steps", 0) if state else 0), (state["epoch"] + 1 if state else 0)
     best: tuple[float, int, Any] = (float("inf"), steps, None)
-    if not curve and dev:
-        curve.append({"step": 0, "train_loss": None, "dev_loss": dev_loss()})
+    if state and keep_best and (ckpt / "best.pt").is_file():
+        # The best validation step so far and its weights: a resumed run exports what the uninterrupted one would.
+        saved = torch.load(ckpt / "best.pt", weights_only=True)
+        best = (float(saved["loss"]), int(saved["step"]), saved["weights"])
     with progress_reporter(total, "world model steps", enabled=progress) as bar:
+        # Inside the bar: the step-0 validation loss takes as long as several steps (was: minutes of silence
+        # on a busy CPU before the first progress line).
+        if not curve and dev:
+            curve.append({"step": 0, "train_loss": None, "dev_loss": dev_loss()})
         bar.update(min(steps, total))
         for epoch in range(start_epoch, epochs):
             if steps >= total:
@@ -239,6 +273,9 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
             ckpt.mkdir(parents=True, exist_ok=True)
             model.save_pretrained(ckpt)
             tokenizer.save_pretrained(ckpt)
+            save_training_state(ckpt, optimizer, schedule)
+            if keep_best and best[2] is not None:
+                torch.save({"loss": best[0], "step": best[1], "weights": best[2]}, ckpt / "best.pt")
             (ckpt / "state.json").write_text(json.dumps({"epoch": epoch, "steps": steps, "curve": curve, "run": run}))
             if steps >= total:
                 break
@@ -246,23 +283,20 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     if keep_best and best[2] is not None and best[1] != steps:
         model.load_state_dict(best[2])
         best_step = best[1]
-    held_out = _mean_loss(model, test, batch_size, pad, seed)
-    from worldmodel.transformers_lm import render_prompt
-
-    generations = []
-    for p in (splits["test"] or splits["dev"])[:samples]:
-        enc = tokenizer(render_prompt(tokenizer, p.tool, p.args, satisfied), return_tensors="pt",
-                        return_token_type_ids=False)
-        with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=pad)
-        generations.append({"tool": p.tool, "args": p.args, "truth": p.observation[:300],
-                            "generated": tokenizer.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)})
+    with progress_reporter(1, "world model held-out loss and samples", enabled=progress) as bar:
+        held_out = _mean_loss(model, test, batch_size, pad, seed)
+        generations = _samples(model, tokenizer, (splits["test"] or splits["dev"])[:samples], satisfied, pad)
+        bar.update(1)
     out.mkdir(parents=True, exist_ok=True)
     if lora:
         model = model.merge_and_unload()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    report = {"base_model": base, "conditional": conditional, "examples": manifest["sizes"], "steps": steps,
+    from worldmodel.formats import FORMAT_VERSION
+
+    # format_version: the prompts it was trained on; TransformersWorldModel and `intent serve worldmodel` check it.
+    report = {"base_model": base, "format_version": FORMAT_VERSION, "conditional": conditional,
+              "examples": manifest["sizes"], "steps": steps,
               "held_out_loss": held_out, "perplexity": math.exp(min(held_out, 50)), "samples": generations}
     report["loss_curve"] = curve
     report["exported_step"] = best_step  # the step whose weights were exported (best validation loss)
@@ -273,6 +307,23 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         _loss_png(out / "loss_curve.png", curve, f"{Path(base).name}: {'conditional generator' if conditional else 'world model'}")
     save_manifest(manifest, out)
     return report
+
+
+def _samples(model: Any, tokenizer: Any, rows: list[Pair], satisfied: bool | None, pad: int) -> list[dict[str, Any]]:
+    """Greedy generations for a few held-out pairs, next to the truth (report.json's ``samples``)."""
+    import torch
+
+    from worldmodel.transformers_lm import render_prompt
+
+    generations = []
+    for p in rows:
+        enc = tokenizer(render_prompt(tokenizer, p.tool, p.args, satisfied), return_tensors="pt",
+                        return_token_type_ids=False)
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=pad)
+        generations.append({"tool": p.tool, "args": p.args, "truth": p.observation[:300],
+                            "generated": tokenizer.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)})
+    return generations
 
 
 def _loss_png(path: Path, curve: list[dict[str, Any]], title: str) -> None:

@@ -48,6 +48,27 @@ def predictor_text(reasoning: str, tool: str, args: Mapping[str, Any] | str, *, 
     return f"Intention: {reasoning}\nCall: {tool}({canonical_args(args)})"
 
 
+def check_format_version(model_dir: Any, *, record: str = "report.json") -> None:
+    """Refuse a trained world-model directory whose ``record`` (written by ``intent train worldmodel``)
+    names another :data:`FORMAT_VERSION`: it was trained on other prompts than this code sends. A
+    directory without the record (a base model, an export from before it was recorded) is accepted."""
+    import json
+    from pathlib import Path
+
+    from intent.errors import UsageError
+
+    path = Path(model_dir) / record
+    if not path.is_file():
+        return
+    try:
+        version = json.loads(path.read_text()).get("format_version", FORMAT_VERSION)
+    except (ValueError, AttributeError):
+        return  # not our record; the model itself is checked by whoever loads it
+    if version != FORMAT_VERSION:
+        raise UsageError(f"{path}: format_version {version} != {FORMAT_VERSION}: this world model was trained on the "
+                         "prompts of another version of worldmodel/formats.py; retrain it (intent train worldmodel)")
+
+
 JUDGE_SYSTEM = (
     "You judge whether a tool call satisfied the intention the agent stated before making it. "
     "Answer with one word, YES or NO, then a short reason."

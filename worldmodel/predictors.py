@@ -66,12 +66,14 @@ class EncoderIntentionPredictor:
 
     ``calibrated=False`` is the "Uncalibrated" ablation (temperature 1). The directory is what
     ``intent train predictor`` saves: ``config.json``, weights, tokenizer, ``calibration.json``.
+    ``max_length`` (tokens per input) defaults to the one the model was trained with (recorded in
+    ``calibration.json``; 256 for a file written before it was recorded).
     """
 
     name = "encoder"
 
     def __init__(self, model_dir: str | Path, *, calibrated: bool = True, device: str = "cpu",
-                 batch_size: int = 32, max_length: int = 256) -> None:
+                 batch_size: int = 32, max_length: int | None = None) -> None:
         try:
             import torch
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -92,6 +94,8 @@ class EncoderIntentionPredictor:
             raise UsageError(f"{calibration_file}: format_version {calibration.get('format_version')} != "
                              f"{FORMAT_VERSION}; retrain with this version of worldmodel/formats.py")
         self.temperature = float(calibration.get("temperature", 1.0)) if calibrated else 1.0
+        if max_length is None:
+            max_length = int(calibration.get("max_length", 256))
         self._torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path).to(device).eval()

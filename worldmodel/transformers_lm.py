@@ -13,7 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from worldmodel.formats import world_model_messages, world_model_prompt
+from worldmodel.formats import (
+    check_format_version,
+    world_model_messages,
+    world_model_prompt,
+)
 from worldmodel.protocols import ModelError
 
 __all__ = ["TransformersWorldModel", "render_prompt"]
@@ -40,6 +44,7 @@ class TransformersWorldModel:
         path = Path(model_dir)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        check_format_version(path)
         self._torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()

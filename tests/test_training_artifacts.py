@@ -1,0 +1,334 @@
+"""Trained artefacts as a user loads them back: the saved predictor scores as the trainer measured it,
+the world model's directory says which prompt format it was trained on, bad base models and recipes
+are one-line errors, and a predictor trained on the evaluated tasks is refused by the benchmark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from training.data import load_records, triples
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> Path:
+    """Real guard logs: the Prompt agent on 40 synthetic tasks (simulated), with ground-truth z."""
+    from eval.runner import BenchConfig, run_benchmark
+
+    out = tmp_path_factory.mktemp("logs")
+    run_benchmark(BenchConfig(tasks=40, methods=["prompt"], reference="prompt", out=str(out)), progress=False)
+    return out / "logs.jsonl"
+
+
+@pytest.fixture
+def tiny_lm(tmp_path) -> Path:
+    """A tiny random Llama with the MiniLM tokenizer (as tests/test_training.py's)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from training.train_intention import default_encoder
+
+    tok = AutoTokenizer.from_pretrained(default_encoder())
+    cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                      pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    return tmp_path / "tiny"
+
+
+@pytest.fixture
+def tiny_encoder(tmp_path) -> Path:
+    """A tiny random BERT classifier with the MiniLM tokenizer (as tests/test_training.py's)."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from training.train_intention import default_encoder
+
+    tok = AutoTokenizer.from_pretrained(default_encoder())
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, max_position_embeddings=128, num_labels=2)
+    BertForSequenceClassification(cfg).save_pretrained(tmp_path / "tiny-encoder")
+    tok.save_pretrained(tmp_path / "tiny-encoder")
+    return tmp_path / "tiny-encoder"
+
+
+@pytest.mark.slow
+@pytest.mark.ml
+def test_the_saved_predictor_scores_the_test_split_as_the_trainer_reported(logs, tmp_path):
+    # Was: trained (and its temperature fitted) on inputs cut to --max-length (default 128), but loaded by
+    # EncoderIntentionPredictor with max_length=256: long inputs were scored on tokens the model never saw,
+    # so the oracle's p differed from what report.json / calibration.json measured.
+    from training.train_intention import train_predictor
+    from worldmodel.calibration import nll
+    from worldmodel.predictors import EncoderIntentionPredictor
+
+    tri = triples(load_records(logs))
+    out = tmp_path / "pred"
+    report = train_predictor(tri, out, max_steps=2, batch_size=8, max_length=16,
+                             progress=False)
+    test_tasks = set(json.loads((out / "split.json").read_text())["tasks"]["test"])
+    test = [t for t in tri if t.task_id in test_tasks]
+    for calibrated, key in ((True, "test_calibrated"), (False, "test_uncalibrated")):
+        model = EncoderIntentionPredictor(out, calibrated=calibrated)
+        probs = model.predict_batch([(t.reasoning, t.tool, t.args) for t in test])
+        assert nll(probs, [t.z for t in test]) == pytest.approx(report[key]["nll"], rel=1e-5)
+        assert model.max_length == 16
+    assert json.loads((out / "calibration.json").read_text())["max_length"] == 16
+
+
+@pytest.mark.ml
+def test_a_mistyped_world_model_base_or_recipe_is_a_one_line_error(logs, tmp_path, capsys, monkeypatch):
+    # Was: `--base-model runs/smollm` (a typo: any missing path with a '/') was taken for a hub id, and
+    # transformers' hub client ended in a traceback after retrying the network; a missing --config file
+    # was "[Errno 2] No such file or directory" without the flag.
+    from intent.cli import main
+
+    (tmp_path / "runs").mkdir()
+    base = ["train", "worldmodel", "--logs", str(logs), "--out", str(tmp_path / "wm")]
+    assert main([*base, "--base-model", str(tmp_path / "runs" / "smollm")]) == 2
+    err = capsys.readouterr().err
+    assert "smollm is not a Hugging Face model directory" in err and "Traceback" not in err
+    assert main([*base, "--config", str(tmp_path / "nope.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--config" in err and "nope.json" in err and "Traceback" not in err
+
+    # A hub id where the hub cannot be reached (the GPU recipe's base here): named, with the flag to use.
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    assert main([*base, "--base-model", "someone/some-model"]) == 2
+    err = capsys.readouterr().err
+    assert "someone/some-model" in err and "--base-model DIR" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_predictor_trained_on_the_evaluated_tasks_is_refused_by_the_bench(tmp_path):
+    # Was: `intent bench --seed 1 --predictor-dir P` with P trained on `intent bench --seed 1`'s own logs ran,
+    # and results.json said the oracle models were "built from other tasks".
+    from eval.runner import BenchConfig, build_market, run_benchmark
+    from intent.errors import UsageError
+
+    def never(*args, **kwargs):
+        raise AssertionError("no episode may run")
+
+    config = BenchConfig(tasks=3, methods=["intent"], seed=1, out=str(tmp_path / "run"), reference="intent")
+    evaluated = [build_market(config).task_id(t) for t in build_market(config).tasks()]
+    pred = tmp_path / "pred"
+    pred.mkdir()
+    (pred / "config.json").write_text("{}")
+    (pred / "calibration.json").write_text("{}")
+
+    def bench_with(split_tasks: dict) -> None:
+        (pred / "split.json").write_text(json.dumps({"seed": 0, "tasks": split_tasks}))
+        from dataclasses import replace
+
+        run_benchmark(replace(config, options={"predictor_dir": str(pred)}), agent_factory=never, progress=False)
+
+    # The evaluated task in the predictor's dev split (its temperature was fitted on it): refused, named.
+    with pytest.raises(UsageError, match=f"trained on 1 of the evaluated tasks.*{evaluated[1]}"):
+        bench_with({"train": ["prompt:syn-10008-0001:10008"], "dev": [f"prompt:{evaluated[1]}:1"], "test": []})
+    # Only in its test split (never trained or calibrated on): the check passes, the run goes on to its episodes.
+    with pytest.raises(AssertionError, match="no episode may run"):
+        bench_with({"train": ["prompt:syn-10008-0001:10008"], "dev": [], "test": [f"prompt:{evaluated[0]}:1"]})
+
+
+@pytest.mark.ml
+def test_a_world_model_records_its_prompt_format_and_another_version_is_refused(logs, tiny_lm, tmp_path):
+    # Was: worldmodel/formats.py said FORMAT_VERSION "is saved with every trained model so that a mismatch is
+    # detected at load time", but only the predictor saved it; a world model trained on other prompts loaded
+    # (in process, or served by vLLM) and was sent prompts it was not trained on, without a word.
+    from intent.errors import UsageError
+    from training.data import pairs
+    from training.serve import serve
+    from training.train_worldmodel import train_world_model
+    from worldmodel.formats import FORMAT_VERSION
+    from worldmodel.transformers_lm import TransformersWorldModel
+
+    out = tmp_path / "wm"
+    train_world_model(pairs(load_records(logs)), out, base_model=str(tiny_lm), conditional=True, max_steps=1,
+                      batch_size=2, max_length=96, progress=False, samples=0)
+    report = json.loads((out / "report.json").read_text())
+    assert report["format_version"] == FORMAT_VERSION
+    TransformersWorldModel(out, max_new_tokens=4)  # loads
+    assert serve(out, print_only=True) == 0
+    (out / "report.json").write_text(json.dumps({**report, "format_version": FORMAT_VERSION + 1}))
+    with pytest.raises(UsageError, match=f"format_version {FORMAT_VERSION + 1} != {FORMAT_VERSION}.*retrain"):
+        TransformersWorldModel(out, max_new_tokens=4)
+    with pytest.raises(UsageError, match="format_version"):
+        serve(out, print_only=True)
+
+
+@pytest.mark.ml
+def test_a_temperature_fitted_on_a_few_dev_calls_is_not_applied(logs, tiny_encoder, tmp_path):
+    # Was: always applied. On `intent train predictor`'s 75 dev calls (300 tasks' logs) it reached the
+    # search bound, T = 20 (every p about 0.5), and raised the test NLL 0.657 -> 0.691 and ECE 0.076 -> 0.129.
+    from training.train_intention import MIN_CALIBRATION_EXAMPLES, train_predictor
+    from worldmodel.predictors import EncoderIntentionPredictor
+
+    out = tmp_path / "pred"
+    report = train_predictor(triples(load_records(logs)), out, base_model=str(tiny_encoder), max_steps=2,
+                             batch_size=8, progress=False)
+    assert report["examples"]["dev"] < MIN_CALIBRATION_EXAMPLES
+    assert report["temperature_fitted"] != pytest.approx(1.0)  # something was fitted, and reported...
+    assert report["temperature"] == 1.0 and report["temperature_kept"] is False  # ... but not used
+    assert report["test_calibrated"] == report["test_uncalibrated"]
+    assert EncoderIntentionPredictor(out).temperature == 1.0
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return wa.keys() == wb.keys() and all(bool((wa[k] == wb[k]).all()) for k in wa)
+
+
+@pytest.mark.ml
+def test_an_interrupted_predictor_run_resumes_to_the_uninterrupted_runs_weights(logs, tiny_encoder, tmp_path,
+                                                                                monkeypatch):
+    # Was: the checkpoint held the weights only; a resumed run restarted AdamW's moments, torch's random
+    # state (dropout) and its --max-steps count, so its model differed from the same seed's uninterrupted run.
+    import training.train_intention as ti
+
+    tri = triples(load_records(logs))
+    # --max-steps ends the run inside its second epoch: a resume must count the steps done before it.
+    from training.data import split_by_task
+
+    n_train = len(split_by_task(tri, seed=0)[0]["train"])
+    n_batches = -(-n_train // 16)
+    kw = {"base_model": str(tiny_encoder), "epochs": 3, "batch_size": 16, "progress": False,
+          "max_steps": n_batches + 3}
+    whole = ti.train_predictor(tri, tmp_path / "whole", **kw)
+    assert whole["steps"] == n_batches + 3
+    calls, real = [0], ti.predictor_text
+
+    def interrupted(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] > n_train + 20:  # inside the second epoch
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ti, "predictor_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ti.train_predictor(tri, tmp_path / "resumed", **kw)
+    assert json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())["epoch"] == 0
+    monkeypatch.setattr(ti, "predictor_text", real)
+    resumed = ti.train_predictor(tri, tmp_path / "resumed", **kw)
+    assert resumed["steps"] == whole["steps"]
+    assert _same_weights(tmp_path / "whole", tmp_path / "resumed")
+
+
+@pytest.mark.ml
+def test_an_interrupted_world_model_run_resumes_to_the_uninterrupted_runs_weights(logs, tiny_lm, tmp_path,
+                                                                                  monkeypatch):
+    # Was: a resumed run restarted AdamW's moments and the cosine schedule (warm-up again), and forgot the best
+    # validation step's weights taken before the interruption: held-out loss 8.71 resumed vs 9.25 uninterrupted
+    # (tiny Llama, 3 epochs).
+    from training.data import pairs
+    from training.train_worldmodel import train_world_model
+
+    prs = pairs(load_records(logs))
+    kw = {"base_model": str(tiny_lm), "epochs": 3, "batch_size": 8, "max_length": 96, "lr": 1e-3, "progress": False,
+          "samples": 0}
+    whole = train_world_model(prs, tmp_path / "whole", **kw)
+    per_epoch = whole["steps"] // 3
+    real, calls = torch.optim.AdamW.step, [0]
+
+    def step(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == per_epoch + 2:  # inside the second epoch
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    with pytest.raises(KeyboardInterrupt):
+        train_world_model(prs, tmp_path / "resumed", **kw)
+    assert json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())["steps"] == per_epoch
+    monkeypatch.setattr(torch.optim.AdamW, "step", real)
+    resumed = train_world_model(prs, tmp_path / "resumed", **kw)
+    assert resumed["held_out_loss"] == whole["held_out_loss"] and resumed["exported_step"] == whole["exported_step"]
+    assert _same_weights(tmp_path / "whole", tmp_path / "resumed")
+
+
+@pytest.mark.ml
+def test_every_slow_phase_of_world_model_training_runs_under_a_progress_reporter(logs, tiny_lm, tmp_path, monkeypatch):
+    # Was: the step-0 validation loss (64 dev pairs) ran before the progress bar started, and the held-out loss
+    # and sample generations after it ended: minutes without a line on a busy CPU (10 steps of SmolLM2 here).
+    import intent.progress
+    import training.train_worldmodel as tw
+    from training.data import pairs
+
+    active, outside, real_progress, real_loss = [0], [], intent.progress.progress, tw._mean_loss
+
+    class Tracked:
+        def __init__(self, *args, **kwargs):
+            self.inner = real_progress(*args, **kwargs)
+
+        def __enter__(self):
+            active[0] += 1
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            active[0] -= 1
+            return self.inner.__exit__(*exc)
+
+    def loss(*args, **kwargs):
+        if not active[0]:
+            outside.append("loss")
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(intent.progress, "progress", Tracked)
+    monkeypatch.setattr(tw, "_mean_loss", loss)
+    report = tw.train_world_model(pairs(load_records(logs)), tmp_path / "wm", base_model=str(tiny_lm), max_steps=2,
+                                  batch_size=4, max_length=96, progress=False, samples=1)
+    assert report["loss_curve"][0]["step"] == 0 and report["samples"]
+    assert outside == []
+
+
+def test_a_judge_model_the_server_does_not_serve_is_a_one_line_error(logs, tmp_path, capsys):
+    # Was: the endpoint was checked, not the model: `--judge-model wrong` read the logs, then ended in an httpx
+    # HTTPStatusError traceback (404) at the first call to label.
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from intent.cli import main
+    from intent.errors import UsageError
+    from training.annotate import LLMJudge
+
+    class Server(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code: int, obj: dict) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200, {"data": [{"id": "judge"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._send(404, {"error": {"message": "The model does not exist."}})  # e.g. a proxy's stale list
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    try:
+        rc = main(["train", "annotate", "--logs", str(logs), "--out", str(tmp_path / "z.jsonl"), "--method", "llm",
+                   "--judge-url", url, "--judge-model", "wrong"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "'wrong' is not served" in err and "--judge-model" in err and "Traceback" not in err
+        judge = LLMJudge(url, "judge", votes=1)  # listed, yet refused when asked
+        record = next(r for r in load_records(logs) if r.decision == "accept")
+        with pytest.raises(UsageError, match="refused the request for --judge-model judge: HTTP 404"):
+            judge.label(record)
+    finally:
+        srv.shutdown()
