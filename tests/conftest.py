@@ -31,3 +31,13 @@ def postgres_dsn(tmp_path_factory):
 def budget_key():
     """A fresh shared-budget key (tests share one server)."""
     return f"test-{uuid.uuid4().hex[:12]}/2026-11-25"
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    """(tests/test_training*.py) Real guard logs: the Prompt agent on 40 synthetic tasks (simulated), with ground-truth z."""
+    from eval.runner import BenchConfig, run_benchmark
+
+    out = tmp_path_factory.mktemp("logs")
+    run_benchmark(BenchConfig(tasks=40, methods=["prompt"], reference="prompt", out=str(out)), progress=False)
+    return out / "logs.jsonl"

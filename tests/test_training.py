@@ -17,16 +17,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory) -> Path:
-    """Real guard logs: the Prompt agent on 40 synthetic tasks (simulated), with ground-truth z."""
-    from eval.runner import BenchConfig, run_benchmark
-
-    out = tmp_path_factory.mktemp("logs")
-    run_benchmark(BenchConfig(tasks=40, methods=["prompt"], reference="prompt", out=str(out)), progress=False)
-    return out / "logs.jsonl"
-
-
 def test_datasets_and_task_disjoint_split(logs):
     records = load_records(logs)
     tri, prs = triples(records), pairs(records)

@@ -16,16 +16,6 @@ transformers = pytest.importorskip("transformers")
 
 
 
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory) -> Path:
-    """Real guard logs: the Prompt agent on 40 synthetic tasks (simulated), with ground-truth z."""
-    from eval.runner import BenchConfig, run_benchmark
-
-    out = tmp_path_factory.mktemp("logs")
-    run_benchmark(BenchConfig(tasks=40, methods=["prompt"], reference="prompt", out=str(out)), progress=False)
-    return out / "logs.jsonl"
-
-
 @pytest.fixture
 def tiny_lm(tmp_path) -> Path:
     """A tiny random Llama with the MiniLM tokenizer (as tests/test_training.py's)."""
