@@ -4,13 +4,17 @@ Per method, over its episodes:
 
 * **PR** pass rate: mean of ``passed * 1[cost <= B]`` x 100 (a solution must be feasible; a
   judge's Unsure counts 0.5). Missing answers count as failures.
-* **OR** budget-optimal pass rate (the INTENT paper's definition): tasks solved (as in PR)
-  *among the tasks that are solvable under the same budget*, divided by the number of solvable
-  tasks, x 100. Synthetic market: an episode is solvable when a policy that knows every call's
-  realised outcome can solve it within budget (exact, :func:`eval.synthetic.clairvoyant_plan`),
-  so a clairvoyant agent scores 100. StableToolBench: the paper's exhaustive search (see
-  ``eval.stabletoolbench``). ``None`` where solvability is unknown. Counting only solved tasks
-  that are solvable keeps OR <= 100.
+* **OR** budget-optimal pass rate: tasks solved (as in PR) *among the tasks that are solvable
+  under the same budget*, divided by the number of solvable tasks, x 100. Synthetic market: an
+  episode is solvable when a policy that knows every call's realised outcome can solve it within
+  budget (exact, :func:`eval.synthetic.clairvoyant_plan`), so a clairvoyant agent scores 100.
+  StableToolBench: the paper's exhaustive search (see ``eval.stabletoolbench``). ``None`` where
+  solvability is unknown. Counting only solved tasks that are solvable keeps OR <= 100; the
+  paper's wording ("the number of tasks solved by the agent and the total number of tasks that
+  are solvable") and its Table 1 (OR / PR = 0.82 on every row) count *every* solved task. The two
+  agree unless a task is solved that the solvability search missed: impossible on the synthetic
+  markets (a solved episode is solvable by construction), possible on StableToolBench, where
+  ``solved_not_solvable`` counts such episodes (their scores summed), so a reader sees when they differ.
 * **decision_regret** (synthetic market, enforcing methods): per gate decision, the optimal
   success probability ``V*(needs left, budget left)`` minus the value of the decision taken
   (exact DP, :mod:`eval.optimal`), averaged per episode, then over episodes. 0 for ``optimal``.
@@ -105,6 +109,8 @@ def compute_metrics(
             "PR": _pct(sum(r.score for r in rs) / n) if n else None,
             "PR_std_over_judge_runs": _run_std(rs),
             "OR": _pct(sum(r.score for r in solvable) / len(solvable)) if known and solvable else None,
+            # Solved on tasks counted unsolvable: left out of OR's numerator, counted in the paper's.
+            "solved_not_solvable": round(sum(r.score for r in rs if r.solvable is False), 3) if known else None,
             "WR": _pct(wins / compared) if compared and method != reference else None,
             "FR": _pct(sum(r.feasible for r in rs) / n) if n else None,
             "AC": round(sum(r.cost for r in rs) / n, 3) if n else None,

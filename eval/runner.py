@@ -92,7 +92,10 @@ class _MarketEvents(AgentMiddleware):
 
 def _count_records(result: EpisodeResult, records: list[Any]) -> None:
     """The episode's calls, refusals and decision times from its log records (also for a crash)."""
-    executed = [r for r in records if r.charged > 0 or (r.decision == "accept" and r.status in ("ok", "error"))]
+    # Tool runs only: a charge for the oracle's own tokens (--charge-oracle, kind "oracle") is money the episode
+    # spent (in ``cost``, so in AC) but no call of a tool, so it is neither in the calls nor in AP's prices.
+    executed = [r for r in records if r.kind == "tool"
+                and (r.charged > 0 or (r.decision == "accept" and r.status in ("ok", "error")))]
     result.n_calls = len(executed)
     result.price_sum = sum(r.charged for r in executed)
     result.n_rejected = sum(r.decision == "reject" for r in records)
@@ -201,8 +204,9 @@ def run_episode(
             # The decisions it made before the crash were audited: their regret counts (an oracle that
             # crashes on hard tasks must not look better for it). One that crashed before any decision
             # has none; the table says over how many episodes Regret is computed then.
+            # The pooled split by kind and reason too, so that it covers the same decisions as Regret.
             result.extra = {"decision_regret": sum(audit.regrets) / len(audit.regrets),
-                            "decisions_audited": len(audit.regrets), "regret_up_to_crash": True}
+                            "decisions_audited": len(audit.regrets), "regret_up_to_crash": True, **audit.split()}
         if attempt is not None:
             result.extra[ATTEMPT_FIELD] = attempt
         return result
