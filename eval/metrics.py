@@ -179,12 +179,14 @@ def _oracle_stats(rs: Sequence[EpisodeResult], decisions: int) -> dict[str, Any]
 
 
 def _run_std(rs: Sequence[EpisodeResult]) -> float | None:
-    """SoPR's spread: the standard deviation over judge runs of each run's pass rate (x 100)."""
-    runs = [r.extra.get("judge_runs") for r in rs]
-    if not rs or any(not x for x in runs):
+    """SoPR's spread: the standard deviation over judge runs of each run's pass rate (x 100). A crashed
+    episode was never judged and scores 0 in every run (as in PR); without it a single crash dropped the spread."""
+    judged = [r for r in rs if not r.crashed]
+    runs = [r.extra.get("judge_runs") for r in judged]
+    if not judged or any(not x for x in runs):
         return None
     k = min(len(x) for x in runs)
-    per_run = [sum((x[i] if r.feasible else 0.0) for x, r in zip(runs, rs)) / len(rs) for i in range(k)]
+    per_run = [sum((x[i] if r.feasible else 0.0) for x, r in zip(runs, judged)) / len(rs) for i in range(k)]
     mean = sum(per_run) / k
     return round(100 * (sum((p - mean) ** 2 for p in per_run) / k) ** 0.5, 2)
 

@@ -134,3 +134,16 @@ def test_or_counts_solved_tasks_among_the_solvable_and_says_how_many_solved_ones
     assert row["solved_not_solvable"] == 1.5
     unknown = compute_metrics([_episode("m", "a", passed=1.0, cost=1.0, solvable=None)], reference=None)["m"]
     assert unknown["OR"] is None and unknown["solved_not_solvable"] is None
+
+
+def test_the_sopr_spread_over_judge_runs_counts_a_crashed_episode_as_unsolved_in_every_run():
+    # StableToolBench: per judge run, the pass rate over the queries; the spread is over runs. A crashed
+    # episode was never judged: Unsolved (0) in each run, as in PR, not a reason to drop the spread.
+    judged = [_episode("m", "a", passed=2 / 3, cost=10.0), _episode("m", "b", passed=1.0, cost=10.0)]
+    judged[0].extra["judge_runs"] = [1.0, 0.0, 1.0]
+    judged[1].extra["judge_runs"] = [1.0, 1.0, 1.0]
+    crashed = _episode("m", "c", passed=0.0, cost=3.0, error="RuntimeError: the agent crashed")
+    row = compute_metrics([*judged, crashed], reference=None)["m"]
+    # Runs: (1 + 1 + 0) / 3, (0 + 1 + 0) / 3, (1 + 1 + 0) / 3 -> population std 15.71 points.
+    assert row["PR_std_over_judge_runs"] == pytest.approx(15.71, abs=0.01)
+    assert row["PR"] == pytest.approx(55.56, abs=0.01)
