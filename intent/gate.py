@@ -275,7 +275,16 @@ def gate_batch(
                 )
                 started = guard._clock()
                 oracle_hold = hold_oracle(guard, episode, step) if guard.charge_oracle else None
-                if oracle_hold == "":
+                if (oracle_hold is None and guard.charge_oracle and guard.enforce
+                        and not ledger.fits(held + item.price)):
+                    # A paid oracle with no bound is charged after it decides, so asking it about a call the
+                    # guard's check below refuses whatever it answers would only overrun the budget, once per
+                    # such call; refused here, the overrun is at most the one decision that found money left.
+                    answer = Decision.rejected(
+                        fb.overrun_stop(item.proposal.tool, ledger.blocking_overrun) if ledger.halted
+                        else fb.over_budget(item.proposal.tool, item.price, left, ledger.budget), reason=OVER_BUDGET)
+                    oracle_hold = ""  # not asked: nothing to charge
+                elif oracle_hold == "":
                     # The budget cannot pay for the oracle's next decision: the guard decides
                     # alone (its hard check below), as when the oracle is unavailable.
                     answer = OracleUnavailableError("the budget left does not cover the oracle's next "

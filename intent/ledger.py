@@ -435,15 +435,22 @@ class BudgetLedger:
                 return existing
             if not self._allow_overspend and not self._fits_here(amount, kind):
                 raise BudgetExceededError(self._no_fit(call_id, tool, amount, kind))
-            if self._shared is not None:  # atomic in the store: raises if another run took the money
-                store, key, run_id = self._shared
-                store.reserve(key, f"{run_id}/{call_id}", amount, run_id=run_id, tool=tool, kind=kind)
-            entry = _entry(call_id, tool, amount, "reserved", len(self._entries), market_version,
-                           tool_call_id, execution, kind=kind)
-            self._put(entry)
-            if self.owner is not None:
-                self._owners[call_id] = self.owner()
-            return entry
+            return self._hold(call_id, tool, amount, amount, market_version=market_version,
+                              tool_call_id=tool_call_id, execution=execution, kind=kind)
+
+    def _hold(self, call_id: str, tool: str, amount: float, store_amount: float, *, market_version: int = 0,
+              tool_call_id: str = "", execution: int = 0, kind: EntryKind = "tool") -> LedgerEntry:
+        """Record the reservation (the caller checked that it may be made), holding ``store_amount`` in
+        the shared store: atomic there, which raises if another run took the money."""
+        if self._shared is not None:
+            store, key, run_id = self._shared
+            store.reserve(key, f"{run_id}/{call_id}", store_amount, run_id=run_id, tool=tool, kind=kind)
+        entry = _entry(call_id, tool, amount, "reserved", len(self._entries), market_version,
+                       tool_call_id, execution, kind=kind)
+        self._put(entry)
+        if self.owner is not None:
+            self._owners[call_id] = self.owner()
+        return entry
 
     def owner_of(self, call_id: str) -> str | None:
         """Who made the reservation ``call_id`` (see :attr:`owner`); ``None`` when not known (a charge
@@ -465,8 +472,15 @@ class BudgetLedger:
     def charge_now(self, call_id: str, tool: str, cost: float, *, kind: EntryKind) -> LedgerEntry:
         """Charge money already spent (a model response nobody metered, an oracle's decision):
         reserve what still fits, then commit the bill; any excess is recorded as an overrun."""
+        cost = check_amount(cost, f"cost of call {call_id!r}")
         with self._lock:
-            self.reserve(call_id, tool, min(cost, self.remaining_for(kind)), kind=kind, execution=1)
+            if call_id in self._entries:  # idempotent, as reserve + commit are
+                return self.commit(call_id, cost)
+            # No fit check: the money is spent, and refusing to record it (a halted ledger, a budget an
+            # earlier overrun took, another run's hold in the shared store) would crash the run and forget
+            # the charge. What still fitted is the reservation, the rest an overrun; the store holds 0 and
+            # is then billed the whole cost (its left may have moved since remaining_for read it).
+            self._hold(call_id, tool, min(cost, self.remaining_for(kind)), 0.0, kind=kind, execution=1)
             return self.commit(call_id, cost)
 
     def bill_late(self, call_id: str, billed: float) -> LedgerEntry | None:

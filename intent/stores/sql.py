@@ -205,7 +205,9 @@ class _SqlBudgetStore:
             if old is not None and old.status == "reserved":
                 self._unhold(cur, old)
             budget, spent, reserved = self._row(cur, key)
-            if spent + reserved + n > budget:
+            # A hold of 0 takes no money, so it always fits: it is how money already spent (a model answer
+            # nobody metered, an oracle's decision, a late bill) is charged, even on a budget an overrun took.
+            if n > 0 and spent + reserved + n > budget:
                 raise _no_fit(key, charge_id, n, budget, spent, reserved)
             return self._hold(cur, key, charge_id, n, run_id, tool, kind)
 
