@@ -9,13 +9,10 @@ from intent.cli import positive_int
 from intent.errors import UsageError
 
 
-def _bench(args: argparse.Namespace) -> int:
-    if args.what == "study":
-        return _study(args)
-    from rich.console import Console
-
-    from eval.report import markdown_table, paired_lines, paired_regret_lines
-    from eval.runner import BenchConfig, run_benchmark
+def bench_config(args: argparse.Namespace) -> Any:
+    """The :class:`~eval.runner.BenchConfig` that ``intent bench`` runs (``eval.bench_command`` writes it back
+    as a command line)."""
+    from eval.runner import BenchConfig
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     _refuse_flags_that_do_not_apply(args, methods)
@@ -48,10 +45,20 @@ def _bench(args: argparse.Namespace) -> int:
                 "judge_url", "judge_model", "world_model"):
         if getattr(args, key, None):
             options[key] = getattr(args, key)
-    config = BenchConfig(market=args.market, methods=methods, agent=args.agent, tasks=args.tasks,
-                         workers=args.workers, seed=args.seed, out=args.out, reference=args.reference,
-                         event_rate=args.event_rate, budget=args.budget, options=options)
-    summary = run_benchmark(config, progress=not args.no_progress)
+    return BenchConfig(market=args.market, methods=methods, agent=args.agent, tasks=args.tasks,
+                       workers=args.workers, seed=args.seed, out=args.out, reference=args.reference,
+                       event_rate=args.event_rate, budget=args.budget, options=options)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.what == "study":
+        return _study(args)
+    from rich.console import Console
+
+    from eval.report import markdown_table, paired_lines, paired_regret_lines
+    from eval.runner import run_benchmark
+
+    summary = run_benchmark(bench_config(args), progress=not args.no_progress)
     console = Console(width=140)
     cfg = summary["config"]
     console.print(f"[bold]{cfg['market']}[/bold]: {cfg['market_label']}; agent: {cfg['agent_label']}; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from eval.bench_command import bench_command
 from eval.method_spec import DEFAULT_MAX_DEPTH
 
 COLUMNS = (
@@ -43,6 +44,9 @@ def write_reports(summary: dict[str, Any], out: Path) -> str:
     text = "\n".join([
         f"# Benchmark: {cfg['market']} ({cfg['tasks']} tasks, seed {cfg['seed']}, {cfg['workers']} workers)",
         "",
+        f"- command: `{command}`" if (command := bench_command(cfg)) else
+        "- command: none; configured in Python (`eval.runner.BenchConfig`, as `intent bench study` does) with "
+        "settings no `intent bench` flag gives",
         f"- market: {cfg['market_label']}",
         f"- agent: {cfg['agent_label']}",
         f"- judge: {cfg['judge']}",
