@@ -125,7 +125,11 @@ class SoPRJudge:
         return "Unsure"
 
     def judge_once(self, query: str, answer: str | None, details: Sequence[dict[str, Any]]) -> str:
-        if answer is None or not answer.strip() or "give up" in answer.lower() or "give_up_and_restart" in answer:
+        # StableToolBench's rule: an empty answer or Finish(give_up_and_restart) is Unsolved without a model
+        # call. Our simulated agents give up with an answer that starts "I give up" (their give_up_and_restart);
+        # an answer that only mentions giving up ("I did not give up: ...") goes to the judge model.
+        if (answer is None or not answer.strip() or answer.lstrip().lower().startswith("i give up")
+                or "give_up_and_restart" in answer):
             return "Unsolved"
         status = self._ask(_CHECK.format(query=query, answer=answer), "check_answer_status")
         if status == "Unsure":

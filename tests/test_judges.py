@@ -67,8 +67,15 @@ def test_sopr_rules(url):
     judge = SoPRJudge(url, "judge", runs=3)
     assert judge.judge("q", None, []) == ["Unsolved"] * 3 and _Judge.asked == []  # no answer: no LLM call
     assert judge.judge("q", "I give up and restart", []) == ["Unsolved"] * 3 and _Judge.asked == []
+    assert judge.judge("q", '{"return_type": "give_up_and_restart"}', []) == ["Unsolved"] * 3
+    assert _Judge.asked == []
     assert judge.judge("q", "Paris", []) == ["Solved"] * 3
     assert _Judge.asked == ["check_answer_status"] * 3
+    _Judge.asked = []
+    # Only a give-up is Unsolved unasked (StableToolBench: empty or give_up_and_restart); an answer that
+    # mentions giving up is the judge model's to read.
+    assert judge.judge_once("q", "We did not give up: Paris.", []) == "Solved"
+    assert _Judge.asked == ["check_answer_status"]
     _Judge.asked = []
     assert judge.judge_once("q", "UNSURE answer", [{"name": "t", "response": "{}"}]) == "Solved"
     assert _Judge.asked == ["check_answer_status", "parse_answer_status"]  # Unsure -> second look
