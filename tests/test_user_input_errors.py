@@ -87,6 +87,43 @@ def test_guard_ledger_reads_a_snapshot_a_thread_id_and_refuses_what_is_not_a_sta
         guard.ledger({}, 7)
 
 
+@pytest.mark.parametrize("over", ["tool", "model"])
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_asking_a_human_without_a_checkpointer_is_a_config_error_naming_the_fix(over, use_async):
+    # The run paused at an interrupt nobody could answer: the caller got `__interrupt__` back, and the
+    # Command(resume=...) it then sent failed in LangGraph ("Cannot use Command(resume=...) without checkpointer").
+    import asyncio
+
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from intent import ModelPrice
+    from intent.testing import RunCounter, ai, call, scripted
+
+    runs = RunCounter()
+    tools = [StructuredTool.from_function(lambda: runs.update(["a"]) or "a", name="a", description="a")]
+    prices = {"scripted-model": ModelPrice(input_per_mtok=1e6, output_per_mtok=0.0)} if over == "model" else None
+
+    def agent(**kwargs):
+        guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 5.0 if over == "tool" else 0.0)]), 2.0,
+                            on_over_budget="ask", model_prices=prices)
+        model = scripted([ai(call("a"), usage=(1, 1)), AIMessage("done", usage_metadata={
+            "input_tokens": 1, "output_tokens": 1, "total_tokens": 2})])
+        return create_agent(model, tools, middleware=[guard.middleware()], **kwargs)
+
+    inp, config = {"messages": [("user", "go")]}, {"configurable": {"thread_id": "t"}}
+
+    def run(graph):
+        return asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
+
+    with pytest.raises(GuardConfigError, match=r"on_over_budget='ask'.*needs a checkpointer.*checkpointer=InMemorySaver"):
+        run(agent())
+    assert runs["a"] == 0
+    assert run(agent(checkpointer=InMemorySaver()))["__interrupt__"]  # with one, the human is asked
+
+
 def test_a_top_up_that_would_make_the_budget_infinite_is_refused():
     from intent.ledger import BudgetLedger
 
