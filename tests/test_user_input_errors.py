@@ -124,6 +124,24 @@ def test_asking_a_human_without_a_checkpointer_is_a_config_error_naming_the_fix(
     assert run(agent(checkpointer=InMemorySaver()))["__interrupt__"]  # with one, the human is asked
 
 
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_top_up_written_to_a_graph_without_a_checkpointer_names_the_fix(use_async):
+    # It was LangGraph's bare ValueError "No checkpointer set" out of get_state.
+    import asyncio
+
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+
+    from intent.testing import scripted
+
+    guard = _guard()
+    agent = create_agent(scripted([AIMessage("done")]), [], middleware=[guard.middleware()])
+    config = {"configurable": {"thread_id": "t"}}
+    agent.invoke({"messages": [("user", "go")]}, config)
+    with pytest.raises(GuardConfigError, match=r"top_up graph= has no checkpointer.*checkpointer=InMemorySaver"):
+        asyncio.run(guard.atop_up(config, 1.0, graph=agent)) if use_async else guard.top_up(config, 1.0, graph=agent)
+
+
 def test_a_top_up_that_would_make_the_budget_infinite_is_refused():
     from intent.ledger import BudgetLedger
 
