@@ -142,6 +142,17 @@ def test_a_top_up_written_to_a_graph_without_a_checkpointer_names_the_fix(use_as
         asyncio.run(guard.atop_up(config, 1.0, graph=agent)) if use_async else guard.top_up(config, 1.0, graph=agent)
 
 
+@pytest.mark.parametrize("content", ['{"gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}}', "[]"])
+def test_a_price_file_in_another_shape_is_refused_with_the_shape_spelled_out(tmp_path, content):
+    # It said "expected {'currency': 'USD', 'models': {name: price}}", leaving what a price is to guess.
+    from intent import ModelPrices
+
+    path = tmp_path / "prices.json"
+    path.write_text(content)
+    with pytest.raises(GuardConfigError, match=r'prices.json: expected .*"models": \{"gpt-4o-mini": \{"input_per_mtok"'):
+        ModelPrices.from_file(path)
+
+
 def test_a_top_up_that_would_make_the_budget_infinite_is_refused():
     from intent.ledger import BudgetLedger
 
