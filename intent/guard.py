@@ -249,8 +249,11 @@ class BudgetGuard:
         if store is not None:
             for method in ("reserve", "commit", "release", "spent", "reserved", "budget", "left"):
                 if not callable(getattr(store, method, None)):
-                    raise GuardConfigError(f"store must be an intent.stores.BudgetStore (it has no {method}()); use "
-                                           "MemoryBudgetStore(), SqliteBudgetStore(path) or PostgresBudgetStore(dsn)")
+                    got = f"got {type(store).__name__} {store!r:.60}, which has no {method}()"
+                    raise GuardConfigError(
+                        f"store must be an intent.stores.BudgetStore, {got}; use MemoryBudgetStore(), "
+                        "SqliteBudgetStore(path) or PostgresBudgetStore(dsn), or open_store(url) for a URL "
+                        "(from intent.stores import open_store)")
             store.budget(budget_key)  # the shared budget must exist: StoreError names the fix
         self.store, self.budget_key = store, budget_key
         # The agent's model calls are charged when a price table is given, unless the table is only

@@ -153,6 +153,23 @@ def test_a_price_file_in_another_shape_is_refused_with_the_shape_spelled_out(tmp
         ModelPrices.from_file(path)
 
 
+@pytest.mark.parametrize("make,says", [
+    (lambda: __import__("intent.stores").stores.open_store("team.db"), r"unknown store URL 'team.db'; use memory://"),
+    (lambda: __import__("intent.stores").stores.open_store(5), r"store URL must be a str.*sqlite:///PATH"),
+    (lambda: __import__("intent.stores").stores.period_key("c", "week"), "period must be 'day' or 'month'"),
+    (lambda: __import__("intent.stores").stores.period_key("a/b"), "scope 'a/b' must be a non-empty string"),
+    (lambda: _guard(store="sqlite:///budgets.db", budget_key="k"), r"got str 'sqlite:///budgets.db'.*open_store\("),
+])
+def test_a_wrong_store_argument_is_a_usage_error_naming_it(make, says):
+    # They were StoreError alone (a RuntimeError: `except ValueError` missed them), open_store(5) a bare
+    # AttributeError, and a store URL given as store= was not told to go through open_store.
+    from intent.stores import StoreError
+
+    with pytest.raises((UsageError, GuardConfigError), match=says) as raised:
+        make()
+    assert isinstance(raised.value, (StoreError, GuardConfigError)) and isinstance(raised.value, ValueError)
+
+
 def test_a_top_up_that_would_make_the_budget_infinite_is_refused():
     from intent.ledger import BudgetLedger
 
