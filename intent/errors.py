@@ -11,6 +11,7 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     │       └── ModelCallRefused          a model execution the budget does not cover (raised in its invoke)
     │           └── MeteredModelRefused (langchain ModelError)  one of guard.metered_model's, not retried
     ├── StoreError (RuntimeError)         a shared-budget store cannot do an operation (intent.stores)
+    │   ├── StoreArgumentError (UsageError)  a wrong store URL, period or key scope
     │   ├── StoreUnavailableError         it could not be reached past its retries (a commit is kept and resent)
     │   └── KeptCommitRefusedError        a kept commit it refused when resent (dropped from the outbox, raised once)
     ├── InvalidDecisionError (TypeError)  an oracle returned something that is not a Decision

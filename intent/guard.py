@@ -30,6 +30,7 @@ and end: ``prepare`` / ``finish``), :mod:`intent.top_ups` (``top_up`` / ``atop_u
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 import warnings
@@ -248,8 +249,11 @@ class BudgetGuard:
         if store is not None:
             for method in ("reserve", "commit", "release", "spent", "reserved", "budget", "left"):
                 if not callable(getattr(store, method, None)):
-                    raise GuardConfigError(f"store must be an intent.stores.BudgetStore (it has no {method}()); use "
-                                           "MemoryBudgetStore(), SqliteBudgetStore(path) or PostgresBudgetStore(dsn)")
+                    got = f"got {type(store).__name__} {store!r:.60}, which has no {method}()"
+                    raise GuardConfigError(
+                        f"store must be an intent.stores.BudgetStore, {got}; use MemoryBudgetStore(), "
+                        "SqliteBudgetStore(path) or PostgresBudgetStore(dsn), or open_store(url) for a URL "
+                        "(from intent.stores import open_store)")
             store.budget(budget_key)  # the shared budget must exist: StoreError names the fix
         self.store, self.budget_key = store, budget_key
         # The agent's model calls are charged when a price table is given, unless the table is only
@@ -604,6 +608,15 @@ class BudgetGuard:
                 "intent.Decision; "
                 "return Decision.accepted() or Decision.rejected(feedback, reason=...)"
             )
+        if answer.accept is not True and answer.accept is not False:
+            kind = type(answer.accept)
+            if (kind.__module__, kind.__name__) not in (("numpy", "bool"), ("numpy", "bool_")):
+                # Decision(accept="no") would read as truthy: the oracle's rejection would run and pay the call.
+                raise InvalidDecisionError(
+                    f"{type(self.oracle).__name__}: Decision.accept must be True or False, got "
+                    f"{type(answer.accept).__name__} {answer.accept!r:.40}; return Decision.accepted() or "
+                    "Decision.rejected(feedback, reason=...)")
+            answer = dataclasses.replace(answer, accept=bool(answer.accept))  # a vectorised test's np.bool_
         return answer
 
     def decide(self, ctx: DecisionContext) -> Decision | OracleUnavailableError:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from intent.errors import GuardConfigError
+from intent.lineage import _CHECKPOINTER
 from intent.market import InvalidPriceError, check_amount
 from intent.oracle import OVER_BUDGET, Decision, DecisionContext
 
@@ -53,6 +54,7 @@ class HumanTopUps:
         """
         from langgraph.types import interrupt
 
+        _needs_a_checkpointer()
         ledger = self.episode.ledger
         plan = [s.to_dict() for s in decision.trace] if decision is not None else []
         payload = {
@@ -96,6 +98,21 @@ class HumanTopUps:
             self.guard.records.top_up(self.episode.ledger, episode_id=self.episode.episode_id, top_up_id=top_up_id,
                                       amount=amount, reason=reason, approved_by=approved_by)
         self.new.clear()
+
+
+def _needs_a_checkpointer() -> None:
+    """Refuse to ask when the graph has no checkpointer: its interrupt could never be answered."""
+    from langgraph.config import get_config
+
+    try:
+        configurable = get_config().get("configurable") or {}
+    except RuntimeError:  # not inside a graph: interrupt() raises LangGraph's own error
+        return
+    if configurable.get(_CHECKPOINTER) is None:
+        raise GuardConfigError(
+            "on_over_budget='ask' pauses the run until a human answers, which needs a checkpointer: compile the "
+            "agent with one (create_agent(..., checkpointer=InMemorySaver()), or graph.compile(checkpointer=...)), "
+            "or use on_over_budget='refuse'")
 
 
 def read_resume(answer: Any, shortfall: float) -> tuple[str, float, str]:

@@ -196,7 +196,10 @@ class ModelPrices:
         except (OSError, json.JSONDecodeError) as exc:
             raise GuardConfigError(f"cannot read model prices from {path}: {exc}") from exc
         if not isinstance(data, Mapping) or not isinstance(data.get("models"), Mapping):
-            raise GuardConfigError(f"{path}: expected {{'currency': 'USD', 'models': {{name: price}}}}")
+            raise GuardConfigError(
+                f'{path}: expected {{"currency": "USD", "models": {{"gpt-4o-mini": {{"input_per_mtok": 0.15, '
+                '"output_per_mtok": 0.6, "cached_input_per_mtok": 0.075}}}} (prices per million tokens; '
+                "ModelPrices(...).to_dict() writes this shape)")
         return cls(data["models"], currency=data.get("currency"))
 
     @classmethod

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from intent.errors import GuardConfigError
 from intent.market import check_amount
+from intent.lineage import _CHECKPOINTER
 from intent.nesting import CarvedLedger, close_carves, spending_scope
 from intent.state import LEDGER_KEY, branch_stamp, channel_of, read_ledger_channel, write_ledger_update
 
@@ -87,6 +88,12 @@ def top_up_steps(guard: BudgetGuard, config: Mapping[str, Any] | str, amount: fl
     cfg = {"configurable": {"thread_id": thread_id}} if isinstance(config, str) else config
     channel = None
     if graph is not None:
+        configurable = cfg.get("configurable") or {}
+        if not configurable.get(_CHECKPOINTER, getattr(graph, "checkpointer", True)):  # as get_state looks it up
+            raise GuardConfigError(
+                "top_up graph= has no checkpointer, so the thread's budget is not saved anywhere to top up: compile "
+                "the agent with one (create_agent(..., checkpointer=InMemorySaver())), or leave graph= out for a "
+                "run going on in this process")
         channel = channel_of((yield ("get", (cfg,))).values)
     episode_id = guard.episode_of(channel, cfg) or str(thread_id)
     if graph is None and guard.episodes.peek(episode_id) is None:

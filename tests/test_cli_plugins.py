@@ -78,3 +78,21 @@ def test_python_m_intent_cli_from_a_checkout(tmp_path):
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith(f"usage: intent {' '.join(argv[:-1])}")
+
+
+def test_every_option_of_every_command_says_what_it_is_in_its_help():
+    # `intent train annotate --help` listed --method, --votes, --judge-url... with no word on what they are
+    # or their defaults; so did bench's --workers, --seed, --out and serve's dir, --host, --port.
+    import argparse
+
+    def parsers(parser, path):
+        yield path, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    yield from parsers(child, f"{path} {name}")
+
+    bare = [f"{path} {action.option_strings[-1] if action.option_strings else action.dest}"
+            for path, parser in parsers(cli.build_parser(), "intent") for action in parser._actions
+            if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) and not action.help]
+    assert bare == []

@@ -2,10 +2,12 @@
 
 import asyncio
 
+import numpy as np
 import pytest
 from fakes import ai, call, flaky, get_quote, scripted, search_news
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 
@@ -81,6 +83,43 @@ def test_oracle_returning_garbage_raises_with_a_fix():
     guard = BudgetGuard(Bad(), market(), 50)
     with pytest.raises(InvalidDecisionError, match="returned bool, not an intent.Decision; return Decision"):
         run_agent(guard, [ai(call("get_quote", symbol="A")), AIMessage("x")])
+
+
+@pytest.mark.parametrize("accept", ["no", 1, None], ids=["str-no", "int", "none"])
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_decision_whose_accept_is_not_a_bool_raises_naming_the_field(accept, use_async):
+    # Decision(accept="no") read as truthy: the oracle's rejection ran the call and paid it.
+    runs = []
+
+    @tool
+    def priced(q: str) -> str:
+        """A priced tool that records its runs."""
+        runs.append(q)
+        return q
+
+    class Sloppy(Oracle):
+        def decide(self, ctx):
+            return Decision(accept=accept, feedback="not now")
+
+    guard = BudgetGuard(Sloppy(), Market([PricedTool("priced", 2.0)]), 50)
+    agent = create_agent(scripted([ai(call("priced", q="x")), AIMessage("x")]), [priced], middleware=[guard.middleware()])
+    inp = {"messages": [("user", "go")]}
+    with pytest.raises(InvalidDecisionError, match=r"Decision\.accept must be True or False, got "):
+        asyncio.run(agent.ainvoke(inp)) if use_async else agent.invoke(inp)
+    assert runs == []
+
+
+def test_a_numpy_bool_decision_is_read_as_the_bool_it_is():
+    class Vectorised(Oracle):
+        def decide(self, ctx):
+            return Decision(accept=np.float64(ctx.price) <= 10.0, feedback="too dear")
+
+    sink = MemoryLogSink()
+    guard = BudgetGuard(Vectorised(), market(), 50, log_sink=sink)
+    q, n = call("get_quote", symbol="A"), call("search_news", topic="t")
+    _, out = run_agent(guard, [ai(q, n), AIMessage("x")])
+    assert tool_messages(out)[q["id"]].content == "too dear" and guard.ledger(out).spent == 5
+    assert sorted(r.decision for r in sink.records) == ["accept", "reject"]
 
 
 def test_oracle_failure_falls_back_but_never_overspends():

@@ -87,6 +87,89 @@ def test_guard_ledger_reads_a_snapshot_a_thread_id_and_refuses_what_is_not_a_sta
         guard.ledger({}, 7)
 
 
+@pytest.mark.parametrize("over", ["tool", "model"])
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_asking_a_human_without_a_checkpointer_is_a_config_error_naming_the_fix(over, use_async):
+    # The run paused at an interrupt nobody could answer: the caller got `__interrupt__` back, and the
+    # Command(resume=...) it then sent failed in LangGraph ("Cannot use Command(resume=...) without checkpointer").
+    import asyncio
+
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import StructuredTool
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from intent import ModelPrice
+    from intent.testing import RunCounter, ai, call, scripted
+
+    runs = RunCounter()
+    tools = [StructuredTool.from_function(lambda: runs.update(["a"]) or "a", name="a", description="a")]
+    prices = {"scripted-model": ModelPrice(input_per_mtok=1e6, output_per_mtok=0.0)} if over == "model" else None
+
+    def agent(**kwargs):
+        guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 5.0 if over == "tool" else 0.0)]), 2.0,
+                            on_over_budget="ask", model_prices=prices)
+        model = scripted([ai(call("a"), usage=(1, 1)), AIMessage("done", usage_metadata={
+            "input_tokens": 1, "output_tokens": 1, "total_tokens": 2})])
+        return create_agent(model, tools, middleware=[guard.middleware()], **kwargs)
+
+    inp, config = {"messages": [("user", "go")]}, {"configurable": {"thread_id": "t"}}
+
+    def run(graph):
+        return asyncio.run(graph.ainvoke(inp, config)) if use_async else graph.invoke(inp, config)
+
+    with pytest.raises(GuardConfigError, match=r"on_over_budget='ask'.*needs a checkpointer.*checkpointer=InMemorySaver"):
+        run(agent())
+    assert runs["a"] == 0
+    assert run(agent(checkpointer=InMemorySaver()))["__interrupt__"]  # with one, the human is asked
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_top_up_written_to_a_graph_without_a_checkpointer_names_the_fix(use_async):
+    # It was LangGraph's bare ValueError "No checkpointer set" out of get_state.
+    import asyncio
+
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+
+    from intent.testing import scripted
+
+    guard = _guard()
+    agent = create_agent(scripted([AIMessage("done")]), [], middleware=[guard.middleware()])
+    config = {"configurable": {"thread_id": "t"}}
+    agent.invoke({"messages": [("user", "go")]}, config)
+    with pytest.raises(GuardConfigError, match=r"top_up graph= has no checkpointer.*checkpointer=InMemorySaver"):
+        asyncio.run(guard.atop_up(config, 1.0, graph=agent)) if use_async else guard.top_up(config, 1.0, graph=agent)
+
+
+@pytest.mark.parametrize("content", ['{"gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.6}}', "[]"])
+def test_a_price_file_in_another_shape_is_refused_with_the_shape_spelled_out(tmp_path, content):
+    # It said "expected {'currency': 'USD', 'models': {name: price}}", leaving what a price is to guess.
+    from intent import ModelPrices
+
+    path = tmp_path / "prices.json"
+    path.write_text(content)
+    with pytest.raises(GuardConfigError, match=r'prices.json: expected .*"models": \{"gpt-4o-mini": \{"input_per_mtok"'):
+        ModelPrices.from_file(path)
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda: __import__("intent.stores").stores.open_store("team.db"), r"unknown store URL 'team.db'; use memory://"),
+    (lambda: __import__("intent.stores").stores.open_store(5), r"store URL must be a str.*sqlite:///PATH"),
+    (lambda: __import__("intent.stores").stores.period_key("c", "week"), "period must be 'day' or 'month'"),
+    (lambda: __import__("intent.stores").stores.period_key("a/b"), "scope 'a/b' must be a non-empty string"),
+    (lambda: _guard(store="sqlite:///budgets.db", budget_key="k"), r"got str 'sqlite:///budgets.db'.*open_store\("),
+])
+def test_a_wrong_store_argument_is_a_usage_error_naming_it(make, says):
+    # They were StoreError alone (a RuntimeError: `except ValueError` missed them), open_store(5) a bare
+    # AttributeError, and a store URL given as store= was not told to go through open_store.
+    from intent.stores import StoreError
+
+    with pytest.raises((UsageError, GuardConfigError), match=says) as raised:
+        make()
+    assert isinstance(raised.value, (StoreError, GuardConfigError)) and isinstance(raised.value, ValueError)
+
+
 def test_a_top_up_that_would_make_the_budget_infinite_is_refused():
     from intent.ledger import BudgetLedger
 

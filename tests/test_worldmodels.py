@@ -16,6 +16,7 @@ from worldmodel.formats import canonical_args, parse_judge, predictor_text, worl
 from worldmodel.openai_compat import OpenAICompatibleWorldModel
 from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, OptimisticPredictor
 from worldmodel.protocols import ModelError
+from intent.errors import UsageError
 from worldmodel.replay import ReplayWorldModel, label_of
 
 RECORDS = [
@@ -386,3 +387,11 @@ def test_a_half_typed_value_completes_only_as_a_prefix_and_a_known_value_stays_i
     assert wm.as_answered("city", "yorks") == "Yorkshire"
     assert wm.as_answered("city", "yo") == "York"  # the alias a success taught
     assert json.loads(wm.simulate("weather", {"city": "York"}, satisfied=True))["city"] == "York"
+
+
+@pytest.mark.parametrize("check,cls", [(check_world_model, ReplayWorldModel), (check_predictor, OptimisticPredictor)])
+def test_a_conformance_check_given_the_class_names_the_fix(check, cls):
+    # check_oracle takes a factory (the class): the same habit here gave a bare TypeError from inside
+    # ("simulate() missing 1 required positional argument: 'args'").
+    with pytest.raises(UsageError, match=rf"takes the .* itself, got the class {cls.__name__}; pass {cls.__name__}\("):
+        check(cls)

@@ -46,7 +46,13 @@ import os
 import weakref
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from intent.stores.base import KeptCommitRefusedError, StoreCharge, StoreError, StoreUnavailableError
+from intent.stores.base import (
+    KeptCommitRefusedError,
+    StoreArgumentError,
+    StoreCharge,
+    StoreError,
+    StoreUnavailableError,
+)
 
 __all__ = [
     "BudgetStore",
@@ -57,6 +63,7 @@ __all__ = [
     "PostgresBudgetStore",
     "SqliteBudgetStore",
     "StoreCharge",
+    "StoreArgumentError",
     "StoreError",
     "StoreUnavailableError",
     "open_store",
@@ -67,13 +74,13 @@ __all__ = [
 def period_key(scope: str, period: Literal["day", "month"] = "day", *, now: _dt.datetime | None = None) -> str:
     """``<scope>/<YYYY-MM-DD>`` or ``<scope>/<YYYY-MM>`` (UTC): a new period is a new key."""
     if not scope or "/" in scope:
-        raise StoreError(f"scope {scope!r} must be a non-empty string without '/'")
+        raise StoreArgumentError(f"scope {scope!r} must be a non-empty string without '/'")
     now = now or _dt.datetime.now(_dt.timezone.utc)
     if period == "day":
         return f"{scope}/{now:%Y-%m-%d}"
     if period == "month":
         return f"{scope}/{now:%Y-%m}"
-    raise StoreError(f"period must be 'day' or 'month', got {period!r}")
+    raise StoreArgumentError(f"period must be 'day' or 'month', got {period!r}")
 
 
 @runtime_checkable
@@ -272,13 +279,16 @@ def _warn_lost(outbox: CommitOutbox) -> None:
 
 def open_store(url: str, **kwargs: Any) -> BudgetStore:
     """A store from a URL: ``memory://``, ``sqlite:///path/to/budgets.db``, ``postgresql://...``."""
+    if not isinstance(url, str):
+        raise StoreArgumentError(f"store URL must be a str, got {type(url).__name__} {url!r:.60}; use memory://, "
+                                 "sqlite:///PATH or postgresql://...")
     if url.startswith("memory://"):
         return MemoryBudgetStore(**kwargs)
     if url.startswith("sqlite:///"):
         return SqliteBudgetStore(url[len("sqlite:///"):], **kwargs)
     if url.startswith(("postgresql://", "postgres://")):
         return PostgresBudgetStore(url, **kwargs)
-    raise StoreError(f"unknown store URL {url!r}; use memory://, sqlite:///PATH or postgresql://...")
+    raise StoreArgumentError(f"unknown store URL {url!r}; use memory://, sqlite:///PATH or postgresql://...")
 
 
 from intent.stores.sql import MemoryBudgetStore, PostgresBudgetStore, SqliteBudgetStore  # noqa: E402

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from intent.errors import IntentError
+from intent.errors import IntentError, UsageError
 from intent.ledger import BudgetExceededError
 from intent.market import check_amount
 
@@ -19,6 +19,11 @@ ChargeStatus = Literal["reserved", "committed", "released", "expired"]
 
 class StoreError(IntentError, RuntimeError):
     """A shared-budget operation the store cannot do (unknown key, released charge committed...)."""
+
+
+class StoreArgumentError(StoreError, UsageError):
+    """A wrong argument of :mod:`intent.stores` (a store URL, a period, a key's scope): also a
+    :class:`~intent.errors.UsageError`, so a ``ValueError`` too."""
 
 
 class StoreUnavailableError(StoreError):
