@@ -440,5 +440,5 @@ def test_a_short_world_model_run_is_validated_a_few_times_not_every_step(logs, t
           "eval_examples": 4}
     ten = train_world_model(prs, tmp_path / "ten", max_steps=10, **kw)
     assert [c["step"] for c in ten["loss_curve"]] == [0, 5, 10]
-    three = train_world_model(prs, tmp_path / "three", max_steps=3, **kw)
-    assert [c["step"] for c in three["loss_curve"]] == [0, 3]  # always one after the last step
+    six = train_world_model(prs, tmp_path / "six", max_steps=6, **kw)
+    assert [c["step"] for c in six["loss_curve"]] == [0, 6]  # always one after the last step, none just before it

@@ -35,8 +35,15 @@ MIN_STEPS_BETWEEN_VALIDATIONS = 5
 def validation_interval(total_steps: int) -> int:
     """Optimizer steps between two validations when ``eval_every`` is not given: a tenth of the run, at
     least :data:`MIN_STEPS_BETWEEN_VALIDATIONS`. With the one before the first step and the one after the
-    last (always made), a run is validated at most 12 times, and a run of 5 steps or fewer twice."""
+    last (always made; none within half an interval before it), a run is validated at most 12 times, and a
+    run of 7 steps or fewer twice."""
     return max(MIN_STEPS_BETWEEN_VALIDATIONS, math.ceil(total_steps / 10))
+
+
+def _validates_at(step: int, total_steps: int, every: int) -> bool:
+    """After the last step always; otherwise every ``every`` steps, but not within half an interval of the
+    last one (was: after steps 5 and 6 of a 6-step run)."""
+    return step >= total_steps or (step % every == 0 and total_steps - step >= every / 2)
 
 
 def convert_smollm2(out_dir: str | Path) -> Path:
@@ -276,7 +283,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                     optimizer.zero_grad()
                     steps += 1
                     bar.update(1)
-                    if dev and (steps % every == 0 or steps >= total):
+                    if dev and _validates_at(steps, total, every):
                         curve.append({"step": steps, "train_loss": sum(window) / len(window), "dev_loss": dev_loss()})
                         window = []
                         if keep_best and curve[-1]["dev_loss"] < best[0]:
