@@ -366,7 +366,7 @@ def test_the_exported_world_model_holds_no_training_state(logs, tiny_lm, tmp_pat
 def test_the_checkpoint_of_an_out_without_a_name_is_beside_it_too(tmp_path, monkeypatch):
     from training.common import checkpoint_dir
 
-    monkeypatch.chdir(tmp_path / ".")
+    monkeypatch.chdir(tmp_path)
     assert checkpoint_dir("runs/pred/") == Path("runs/pred.checkpoint")
     assert checkpoint_dir(".") == tmp_path.with_name(tmp_path.name + ".checkpoint")
 

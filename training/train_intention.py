@@ -87,7 +87,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
     torch.manual_seed(seed)
     move_old_checkpoint(out)
     ckpt = checkpoint_dir(out)
-    # What shapes this run; a checkpoint in --out is resumed only when it was written by the same run.
+    # What shapes this run; the checkpoint beside --out is resumed only when it was written by the same run.
     run = run_fingerprint(items, base_model=base, seed=seed, epochs=epochs, batch_size=batch_size, lr=lr,
                           max_length=max_length, fraction=fraction, max_steps=max_steps,
                           test_tasks=None if test_tasks is None else sorted(test_tasks))

@@ -188,7 +188,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     torch.manual_seed(seed)
     move_old_checkpoint(out)
     ckpt = checkpoint_dir(out)  # beside the export: OUT is what vLLM serves and a user uploads
-    # What shapes this run; a checkpoint in --out is resumed only when it was written by the same run.
+    # What shapes this run; the checkpoint beside --out is resumed only when it was written by the same run.
     run = run_fingerprint(rows, base_model=base, conditional=conditional, seed=seed, epochs=epochs,
                           batch_size=batch_size, grad_accumulation=grad_accumulation, lr=lr, warmup=warmup,
                           max_length=max_length, max_steps=max_steps, fraction=fraction, lora=lora, bf16=bf16)
