@@ -212,14 +212,14 @@ def test_interrupted_predictor_training_resumes_from_its_checkpoint(logs, tmp_pa
 
     tri = triples(load_records(logs))
     first = train_predictor(tri, tmp_path / "p", epochs=2, max_steps=1, batch_size=8, max_length=64, progress=False)
-    state = json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())
+    state = json.loads((tmp_path / "p.checkpoint" / "state.json").read_text())
     assert first["steps"] == 1 and state["epoch"] == 0  # --max-steps reached in epoch 1 of 2: the run is done
     resumed = train_predictor(tri, tmp_path / "p", epochs=2, max_steps=1, batch_size=8, max_length=64,
                               progress=False)
     # Found again in its checkpoint, the finished run trains nothing more (was: one more step per re-run, so the
     # same command run twice gave another model). A real interruption's resume: tests/test_training_artifacts.py.
     assert resumed["steps"] == 1
-    assert json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())["epoch"] == 0
+    assert json.loads((tmp_path / "p.checkpoint" / "state.json").read_text())["epoch"] == 0
 
 
 def test_synthetic_checker_accepts_real_answers_and_rejects_others(logs):
@@ -398,17 +398,17 @@ def test_a_checkpoint_of_another_predictor_run_is_refused_not_resumed(logs, tiny
     kw = dict(base_model=str(tiny_encoder), epochs=2, max_steps=1, batch_size=8, max_length=32, progress=False)
     first = train_predictor(tri, tmp_path / "p", **kw)  # "interrupted" after epoch 1 of 2
     assert first["steps"] == 1
-    with pytest.raises(UsageError, match=r"holds a checkpoint of another training run \(logs differ\).*delete .*checkpoint"):
+    with pytest.raises(UsageError, match=r"has a checkpoint of another training run \(logs differ\).*delete .*p\.checkpoint"):
         train_predictor(other, tmp_path / "p", **kw)
     with pytest.raises(UsageError, match=r"\(--lr differs\)"):
         train_predictor(tri, tmp_path / "p", **{**kw, "lr": 1e-3})
     with pytest.raises(UsageError, match=r"\(--seed differs\)"):
         train_predictor(tri, tmp_path / "p", **{**kw, "seed": 1})
     resumed = train_predictor(tri, tmp_path / "p", **kw)  # the same run: resumed (finished: --max-steps 1 reached)
-    assert resumed["steps"] == 1 and json.loads((tmp_path / "p" / "checkpoint" / "state.json").read_text())["epoch"] == 0
+    assert resumed["steps"] == 1 and json.loads((tmp_path / "p.checkpoint" / "state.json").read_text())["epoch"] == 0
     fresh = train_predictor(other, tmp_path / "p", resume=False, **kw)  # resume=False starts over
     assert fresh["steps"] == 1
-    state = tmp_path / "p" / "checkpoint" / "state.json"
+    state = tmp_path / "p.checkpoint" / "state.json"
     state.write_text(json.dumps({"epoch": 0}))  # a checkpoint that records no run (older version)
     with pytest.raises(UsageError, match="records no fingerprint of its run"):
         train_predictor(other, tmp_path / "p", **kw)
@@ -427,7 +427,7 @@ def test_train_report_encoder_into_an_out_of_other_logs_is_refused(logs, tiny_en
     # Other logs with the same tasks (the same split): one call's reasoning differs.
     i = next(i for i, r in enumerate(records) if r.decision == "accept" and r.status == "ok")
     edited = records[:i] + [records[i].model_copy(update={"reasoning": "something else"})] + records[i + 1:]
-    with pytest.raises(UsageError, match=r"encoder holds a checkpoint of another training run \(logs differ\)"):
+    with pytest.raises(UsageError, match=r"encoder has a checkpoint of another training run \(logs differ\)"):
         predictor_report(edited, out=tmp_path / "rep", encoder=encoder, min_test_examples=10)
 
 
@@ -442,7 +442,7 @@ def test_a_checkpoint_of_another_world_model_run_is_refused_not_resumed(logs, ti
     kw = dict(base_model=str(tiny_lm), conditional=True, epochs=2, max_steps=1, batch_size=2, max_length=96,
               progress=False, samples=0)
     assert train_world_model(prs, tmp_path / "wm", **kw)["steps"] == 1
-    with pytest.raises(UsageError, match=r"holds a checkpoint of another training run \(logs differ\)"):
+    with pytest.raises(UsageError, match=r"has a checkpoint of another training run \(logs differ\)"):
         train_world_model(other, tmp_path / "wm", **kw)
     with pytest.raises(UsageError, match=r"\(--max-length differs\)"):
         train_world_model(prs, tmp_path / "wm", **{**kw, "max_length": 128})

@@ -206,7 +206,7 @@ def test_an_interrupted_predictor_run_resumes_to_the_uninterrupted_runs_weights(
     monkeypatch.setattr(ti, "predictor_text", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ti.train_predictor(tri, tmp_path / "resumed", **kw)
-    assert json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())["epoch"] == 0
+    assert json.loads((tmp_path / "resumed.checkpoint" / "state.json").read_text())["epoch"] == 0
     monkeypatch.setattr(ti, "predictor_text", real)
     resumed = ti.train_predictor(tri, tmp_path / "resumed", **kw)
     assert resumed["steps"] == whole["steps"]
@@ -238,7 +238,7 @@ def test_an_interrupted_world_model_run_resumes_to_the_uninterrupted_runs_weight
     monkeypatch.setattr(torch.optim.AdamW, "step", step)
     with pytest.raises(KeyboardInterrupt):
         train_world_model(prs, tmp_path / "resumed", **kw)
-    assert json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())["steps"] == per_epoch
+    assert json.loads((tmp_path / "resumed.checkpoint" / "state.json").read_text())["steps"] == per_epoch
     monkeypatch.setattr(torch.optim.AdamW, "step", real)
     resumed = train_world_model(prs, tmp_path / "resumed", **kw)
     assert resumed["held_out_loss"] == whole["held_out_loss"] and resumed["exported_step"] == whole["exported_step"]
@@ -322,3 +322,123 @@ def test_a_judge_model_the_server_does_not_serve_is_a_one_line_error(logs, tmp_p
             judge.label(record)
     finally:
         srv.shutdown()
+
+
+@pytest.mark.ml
+def test_the_exported_predictor_holds_no_training_state_and_resumes_from_beside_it(logs, tiny_encoder, tmp_path):
+    # Was: the checkpoint (weights again, AdamW's moments: 3-4x the model) was OUT/checkpoint, inside the exported
+    # model, so `huggingface-cli upload OUT` or a copy of OUT for serving carried it along.
+    from intent.errors import UsageError
+    from training.train_intention import train_predictor
+
+    tri = triples(load_records(logs))
+    kw = {"base_model": str(tiny_encoder), "epochs": 2, "max_steps": 1, "batch_size": 8, "max_length": 32,
+          "progress": False}
+    out = tmp_path / "pred"
+    train_predictor(tri, out, **kw)
+    assert not (out / "checkpoint").exists() and not list(out.rglob("*.pt"))
+    assert (tmp_path / "pred.checkpoint" / "training_state.pt").is_file()
+    assert train_predictor(tri, out, **kw)["steps"] == 1  # resumed from beside it: finished, nothing more to train
+    # A directory of the old layout: its checkpoint is moved beside it once, and resumed.
+    (tmp_path / "pred.checkpoint").rename(out / "checkpoint")
+    with pytest.warns(UserWarning, match=r"moved the checkpoint .*pred/checkpoint .* to .*pred\.checkpoint"):
+        assert train_predictor(tri, out, **kw)["steps"] == 1
+    assert not (out / "checkpoint").exists() and (tmp_path / "pred.checkpoint" / "state.json").is_file()
+    # Both places: which one to resume is the user's call.
+    (out / "checkpoint").mkdir()
+    (out / "checkpoint" / "state.json").write_text("{}")
+    with pytest.raises(UsageError, match=r"old place .*pred/checkpoint.* and .*pred\.checkpoint exists too"):
+        train_predictor(tri, out, **kw)
+
+
+@pytest.mark.ml
+def test_the_exported_world_model_holds_no_training_state(logs, tiny_lm, tmp_path):
+    from training.data import pairs
+    from training.train_worldmodel import train_world_model
+
+    out = tmp_path / "wm"
+    train_world_model(pairs(load_records(logs)), out, base_model=str(tiny_lm), max_steps=2, batch_size=4,
+                      max_length=96, progress=False, samples=0)
+    assert not (out / "checkpoint").exists() and not list(out.rglob("*.pt"))
+    assert (tmp_path / "wm.checkpoint" / "best.pt").is_file() and (tmp_path / "wm.checkpoint" / "state.json").is_file()
+
+
+def test_the_checkpoint_of_an_out_without_a_name_is_beside_it_too(tmp_path, monkeypatch):
+    from training.common import checkpoint_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert checkpoint_dir("runs/pred/") == Path("runs/pred.checkpoint")
+    assert checkpoint_dir(".") == tmp_path.with_name(tmp_path.name + ".checkpoint")
+
+
+@pytest.mark.ml
+def test_the_exported_predictor_names_its_classes(logs, tiny_encoder, tmp_path):
+    # Was: LABEL_0 / LABEL_1 in config.json, so a text-classification pipeline (and the Hub's widget) answered
+    # "LABEL_1: 0.71".
+    from transformers import AutoConfig, pipeline
+
+    from training.train_intention import train_predictor
+    from worldmodel.formats import predictor_text
+    from worldmodel.predictors import EncoderIntentionPredictor
+
+    tri = triples(load_records(logs))
+    out = tmp_path / "pred"
+    train_predictor(tri, out, base_model=str(tiny_encoder), max_steps=1, batch_size=8, max_length=32, progress=False)
+    cfg = AutoConfig.from_pretrained(out)
+    assert cfg.id2label == {0: "not_satisfied", 1: "satisfied"}
+    assert cfg.label2id == {"not_satisfied": 0, "satisfied": 1}
+    text = predictor_text("find a hotel", "search", {"city": "Oslo"})
+    scores = pipeline("text-classification", model=str(out), top_k=None)([text])[0]
+    by_label = {s["label"]: s["score"] for s in scores}
+    assert set(by_label) == {"not_satisfied", "satisfied"}
+    # The oracle's p is the pipeline's "satisfied" score (temperature 1 here: too few dev calls to keep one).
+    p = EncoderIntentionPredictor(out).predict("find a hotel", "search", {"city": "Oslo"})
+    assert p == pytest.approx(by_label["satisfied"], abs=1e-5)
+
+
+class _Stream:
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.ml
+def test_transformers_progress_bars_are_off_in_a_log_and_the_projects_lines_stay(logs, tiny_encoder, tmp_path,
+                                                                                  capfd):
+    # Was: "Loading weights: 100%|...|" and "Writing model shards" bars, carriage returns and all, between the
+    # project's progress lines in a log file (stderr not a TTY).
+    from transformers.utils import logging as transformers_logging
+
+    from training.train_intention import train_predictor
+    from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.enable_progress_bar()  # as in a fresh process (another test may have turned them off)
+    try:
+        assert hide_hf_progress_bars_off_a_tty(_Stream(tty=True)) is False  # a terminal keeps them
+        assert transformers_logging.is_progress_bar_enabled()
+        train_predictor(triples(load_records(logs)), tmp_path / "pred", base_model=str(tiny_encoder), max_steps=1,
+                        batch_size=8, max_length=32, progress=True)
+        err = capfd.readouterr().err
+    finally:
+        (transformers_logging.enable_progress_bar if was_enabled else transformers_logging.disable_progress_bar)()
+    assert "predictor epoch 1/1 1/" in err  # the project's own progress line
+    assert "Loading weights" not in err and "Writing model shards" not in err and "\r" not in err
+
+
+@pytest.mark.ml
+def test_a_short_world_model_run_is_validated_a_few_times_not_every_step(logs, tiny_lm, tmp_path):
+    # Was: a validation every tenth of the run, i.e. after every step of a run of up to 10 steps (64 dev pairs each:
+    # most of a short run's time).
+    from training.data import pairs
+    from training.train_worldmodel import train_world_model
+
+    prs = pairs(load_records(logs))
+    kw = {"base_model": str(tiny_lm), "batch_size": 2, "max_length": 96, "progress": False, "samples": 0,
+          "eval_examples": 4}
+    ten = train_world_model(prs, tmp_path / "ten", max_steps=10, **kw)
+    assert [c["step"] for c in ten["loss_curve"]] == [0, 5, 10]
+    six = train_world_model(prs, tmp_path / "six", max_steps=6, **kw)
+    assert [c["step"] for c in six["loss_curve"]] == [0, 6]  # always one after the last step, none just before it

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import shutil
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,8 +15,8 @@ from typing import Any
 from intent.errors import UsageError
 from worldmodel.plots import reliability_png  # one implementation, shared with worldmodel
 
-__all__ = ["check_base_model", "check_resume", "memory_warning", "reliability_png", "restore_training_state",
-           "run_fingerprint", "save_training_state"]
+__all__ = ["check_base_model", "check_resume", "checkpoint_dir", "memory_warning", "move_old_checkpoint",
+           "reliability_png", "restore_training_state", "run_fingerprint", "save_training_state"]
 
 _ENCODERS = {"bert", "roberta", "distilbert", "xlm-roberta", "mpnet", "deberta", "deberta-v2", "electra",
              "albert", "modernbert", "qwen3", "qwen2"}
@@ -81,10 +83,35 @@ def _field(key: str) -> str:
     return _FIELD_NAMES.get(key) or "--" + key.replace("_", "-")
 
 
+def checkpoint_dir(out: str | Path) -> Path:
+    """Where a run exporting to ``out`` keeps its resumable state: the sibling ``OUT.checkpoint/``
+    (weights, ``state.json``, ``training_state.pt``, the world model's ``best.pt``). ``out`` itself holds
+    only what a user of the model wants (an HF directory plus its reports), so ``huggingface-cli upload
+    OUT`` or a copy of it does not carry the optimizer's state, 3-4x the model's size. (Was:
+    ``OUT/checkpoint``, inside the exported directory.)"""
+    path = Path(out)
+    if path.name in ("", ".."):  # "." or "..": no name to put a suffix on
+        path = Path(os.path.abspath(path))
+    return path.with_name(path.name + ".checkpoint")
+
+
+def move_old_checkpoint(out: str | Path) -> None:
+    """A checkpoint written inside ``out`` (``OUT/checkpoint``, before :func:`checkpoint_dir`) is moved
+    beside it once, so that the run resumes from it and the exported directory holds the model only."""
+    old, new = Path(out) / "checkpoint", checkpoint_dir(out)
+    if not (old / "state.json").is_file():
+        return
+    if new.exists():
+        raise UsageError(f"--out {out} holds a checkpoint in the old place ({old}) and {new} exists too; delete the "
+                         f"one you do not mean to resume ({old} was written by an older version)")
+    shutil.move(str(old), str(new))
+    warnings.warn(f"moved the checkpoint {old} (the old place, inside the exported model) to {new}", stacklevel=2)
+
+
 def check_resume(out: Path, state: dict[str, Any], fingerprint: dict[str, Any]) -> None:
-    """Refuse to resume ``out/checkpoint`` unless it was written by the same training run: same
-    examples (logs and labels), same base model, seed and hyper-parameters. (Was: any checkpoint
-    in ``--out`` was resumed, so training on other logs ran zero steps and exported the old model.)"""
+    """Refuse to resume ``out``'s checkpoint (:func:`checkpoint_dir`) unless it was written by the same
+    training run: same examples (logs and labels), same base model, seed and hyper-parameters. (Was: any
+    checkpoint in ``--out`` was resumed, so training on other logs ran zero steps and exported the old model.)"""
     old = state.get("run")
     if old == fingerprint:
         return
@@ -93,10 +120,10 @@ def check_resume(out: Path, state: dict[str, Any], fingerprint: dict[str, Any]) 
     else:
         differ = sorted({_field(k) for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k)})
         why = ", ".join(differ) + (" differ" if len(differ) > 1 or differ[0] == "logs" else " differs")
-    ckpt = Path(out) / "checkpoint"
-    raise UsageError(f"--out {out} holds a checkpoint of another training run ({why}); use a new --out or delete "
-                     f"{ckpt} (an interrupted run resumes only with the same logs, labels, base model, seed and "
-                     "hyper-parameters)")
+    ckpt = checkpoint_dir(out)
+    raise UsageError(f"--out {out} has a checkpoint of another training run ({why}) in {ckpt}; use a new --out or "
+                     f"delete {ckpt} (an interrupted run resumes only with the same logs, labels, base model, seed "
+                     "and hyper-parameters)")
 
 
 _TRAINING_STATE = "training_state.pt"

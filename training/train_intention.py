@@ -6,9 +6,10 @@ fits the temperature on the dev split (on the logit difference l1 - l0, so that
 ``softmax(logits / T)[1]`` — what :class:`worldmodel.predictors.EncoderIntentionPredictor`
 computes — is the calibrated probability), reports accuracy, AUROC, NLL, Brier and ECE on the
 test split before and after calibration, and saves an HF directory plus ``calibration.json`` and
-``reliability.png``. Each epoch is checkpointed; an interrupted run resumes from the last one
-(only the same run: a checkpoint of other logs, labels, base model, seed or hyper-parameters is
-refused, see :func:`training.common.check_resume`).
+``reliability.png``; its classes are named (:data:`worldmodel.formats.PREDICTOR_LABELS`). Each epoch
+is checkpointed beside the export (``OUT.checkpoint/``, :func:`training.common.checkpoint_dir`); an
+interrupted run resumes from the last one (only the same run: a checkpoint of other logs, labels,
+base model, seed or hyper-parameters is refused, see :func:`training.common.check_resume`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from typing import Any
 from baselines.embeddings import minilm_weights
 from intent.errors import UsageError
 from intent.progress import progress as progress_reporter
-from training.common import (check_base_model, check_resume, memory_warning, reliability_png, restore_training_state,
-                             run_fingerprint, save_training_state)
+from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
+                             reliability_png, restore_training_state, run_fingerprint, save_training_state)
 from training.data import Triple, save_manifest, split_by_task, subsample
-from worldmodel.formats import FORMAT_VERSION, predictor_text
+from worldmodel.formats import FORMAT_VERSION, PREDICTOR_LABELS, predictor_text
+from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
 
 __all__ = ["MIN_CALIBRATION_EXAMPLES", "default_encoder", "train_predictor"]
 
@@ -81,9 +83,11 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
 
     from worldmodel.calibration import fit_temperature, sigmoid
 
+    hide_hf_progress_bars_off_a_tty()
     torch.manual_seed(seed)
-    ckpt = out / "checkpoint"
-    # What shapes this run; a checkpoint in --out is resumed only when it was written by the same run.
+    move_old_checkpoint(out)
+    ckpt = checkpoint_dir(out)
+    # What shapes this run; the checkpoint beside --out is resumed only when it was written by the same run.
     run = run_fingerprint(items, base_model=base, seed=seed, epochs=epochs, batch_size=batch_size, lr=lr,
                           max_length=max_length, fraction=fraction, max_steps=max_steps,
                           test_tasks=None if test_tasks is None else sorted(test_tasks))
@@ -92,7 +96,9 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         check_resume(out, state, run)
     source = str(ckpt) if state else base
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=2)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        source, num_labels=2, id2label=dict(enumerate(PREDICTOR_LABELS)),
+        label2id={name: i for i, name in enumerate(PREDICTOR_LABELS)})
     n_params = sum(p.numel() for p in model.parameters())
     memory_warning(n_params, batch_size, max_length, int(cfg.get("hidden_size", 384)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)

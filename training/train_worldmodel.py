@@ -20,11 +20,30 @@ from pathlib import Path
 from typing import Any
 
 from intent.errors import UsageError
-from training.common import (check_base_model, check_resume, memory_warning, restore_training_state, run_fingerprint,
-                             save_training_state)
+from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
+                             restore_training_state, run_fingerprint, save_training_state)
 from training.data import Pair, save_manifest, split_by_task, subsample
+from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
 
-__all__ = ["convert_smollm2", "train_world_model"]
+__all__ = ["MIN_STEPS_BETWEEN_VALIDATIONS", "convert_smollm2", "train_world_model", "validation_interval"]
+
+# A validation (up to 64 dev pairs) costs about as much as a few training steps; validating every step
+# of a short run spent most of its time there (was: a tenth of the run, i.e. every step up to 10 steps).
+MIN_STEPS_BETWEEN_VALIDATIONS = 5
+
+
+def validation_interval(total_steps: int) -> int:
+    """Optimizer steps between two validations when ``eval_every`` is not given: a tenth of the run, at
+    least :data:`MIN_STEPS_BETWEEN_VALIDATIONS`. With the one before the first step and the one after the
+    last (always made; none within half an interval before it), a run is validated at most 12 times, and a
+    run of 7 steps or fewer twice."""
+    return max(MIN_STEPS_BETWEEN_VALIDATIONS, math.ceil(total_steps / 10))
+
+
+def _validates_at(step: int, total_steps: int, every: int) -> bool:
+    """After the last step always; otherwise every ``every`` steps, but not within half an interval of the
+    last one (was: after steps 5 and 6 of a 6-step run)."""
+    return step >= total_steps or (step % every == 0 and total_steps - step >= every / 2)
 
 
 def convert_smollm2(out_dir: str | Path) -> Path:
@@ -42,6 +61,7 @@ def convert_smollm2(out_dir: str | Path) -> Path:
         raise FileNotFoundError(f"no .gguf file in {folder}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    hide_hf_progress_bars_off_a_tty()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name)
     model.hf_quantizer = None  # the weights are already dequantized
@@ -124,8 +144,9 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                       resume: bool = True, progress: bool = True, config: str | Path | None = None,
                       samples: int = 3, eval_every: int | None = None, eval_examples: int = 64,
                       keep_best: bool = True, flag_prefix: str = "") -> dict[str, Any]:
-    """Fine-tune; every ``eval_every`` optimizer steps (default: a tenth of the run) the loss on up
-    to ``eval_examples`` dev examples is recorded: ``loss_curve.json`` and ``loss_curve.png``. With
+    """Fine-tune; before the first step, every ``eval_every`` optimizer steps (default:
+    :func:`validation_interval`, a tenth of the run but at least 5 steps) and after the last one, the loss
+    on up to ``eval_examples`` dev examples is recorded: ``loss_curve.json`` and ``loss_curve.png``. With
     ``keep_best`` the weights exported are those of the lowest validation loss (``exported_step``).
     ``flag_prefix``: what the caller's flags put before ``max-length`` / ``batch-size`` (``intent loop``'s
     are ``--wm-max-length``), so an error names the flag the user typed."""
@@ -163,9 +184,11 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
+    hide_hf_progress_bars_off_a_tty()
     torch.manual_seed(seed)
-    ckpt = out / "checkpoint"
-    # What shapes this run; a checkpoint in --out is resumed only when it was written by the same run.
+    move_old_checkpoint(out)
+    ckpt = checkpoint_dir(out)  # beside the export: OUT is what vLLM serves and a user uploads
+    # What shapes this run; the checkpoint beside --out is resumed only when it was written by the same run.
     run = run_fingerprint(rows, base_model=base, conditional=conditional, seed=seed, epochs=epochs,
                           batch_size=batch_size, grad_accumulation=grad_accumulation, lr=lr, warmup=warmup,
                           max_length=max_length, max_steps=max_steps, fraction=fraction, lora=lora, bf16=bf16)
@@ -225,7 +248,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         restore_training_state(ckpt, optimizer, schedule)
     from intent.progress import progress as progress_reporter
 
-    every = eval_every or max(1, total // 10)
+    every = eval_every or validation_interval(total)
     curve: list[dict[str, Any]] = list(state.get("curve", [])) if state else []
     window: list[float] = []
 
@@ -260,7 +283,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                     optimizer.zero_grad()
                     steps += 1
                     bar.update(1)
-                    if dev and (steps % every == 0 or steps >= total):
+                    if dev and _validates_at(steps, total, every):
                         curve.append({"step": steps, "train_loss": sum(window) / len(window), "dev_loss": dev_loss()})
                         window = []
                         if keep_best and curve[-1]["dev_loss"] < best[0]:

@@ -48,6 +48,12 @@ def predictor_text(reasoning: str, tool: str, args: Mapping[str, Any] | str, *, 
     return f"Intention: {reasoning}\nCall: {tool}({canonical_args(args)})"
 
 
+# The intention predictor's classes, by index: its head's logit 1 is the call satisfying the intention
+# (z = 1), which EncoderIntentionPredictor reads. Saved as the exported config's id2label/label2id so that a
+# text-classification pipeline and the Hub's widget name them (was: LABEL_0 / LABEL_1).
+PREDICTOR_LABELS = ("not_satisfied", "satisfied")
+
+
 def check_format_version(model_dir: Any, *, record: str = "report.json") -> None:
     """Refuse a trained world-model directory whose ``record`` (written by ``intent train worldmodel``)
     names another :data:`FORMAT_VERSION`: it was trained on other prompts than this code sends. A

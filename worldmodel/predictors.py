@@ -97,6 +97,9 @@ class EncoderIntentionPredictor:
         if max_length is None:
             max_length = int(calibration.get("max_length", 256))
         self._torch = torch
+        from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
+
+        hide_hf_progress_bars_off_a_tty()  # transformers' "Loading weights" bar, in a benchmark's log
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path).to(device).eval()
         self.device, self.batch_size, self.max_length = device, batch_size, max_length

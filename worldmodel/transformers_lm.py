@@ -45,6 +45,9 @@ class TransformersWorldModel:
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
         check_format_version(path)
+        from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
+
+        hide_hf_progress_bars_off_a_tty()  # transformers' "Loading weights" bar, in a benchmark's log
         self._torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
