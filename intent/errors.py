@@ -3,9 +3,12 @@
 Catch :class:`IntentError` to catch everything the library raises on purpose::
 
     IntentError
-    ├── MarketError (ValueError)          a market or a price is wrong
-    │   ├── InvalidPriceError             negative, NaN or infinite price / budget
-    │   └── UnpricedToolError (KeyError)  a tool with no price and no default
+    ├── UsageError (ValueError)           the user's input is wrong: a flag, a file, a config field
+    │   ├── MarketError                   a market or a price is wrong
+    │   │   ├── InvalidPriceError         negative, NaN or infinite price / budget
+    │   │   └── UnpricedToolError (KeyError)  a tool with no price and no default
+    │   ├── GuardConfigError (TypeError)  a BudgetGuard built with a bad argument
+    │   └── LogFormatError                a log line is not a valid step record
     ├── LedgerError (RuntimeError)        a money operation the ledger cannot do
     │   └── BudgetExceededError           a reservation that does not fit
     │       └── ModelCallRefused          a model execution the budget does not cover (raised in its invoke)
@@ -15,10 +18,7 @@ Catch :class:`IntentError` to catch everything the library raises on purpose::
     │   ├── StoreUnavailableError         it could not be reached past its retries (a commit is kept and resent)
     │   └── KeptCommitRefusedError        a kept commit it refused when resent (dropped from the outbox, raised once)
     ├── InvalidDecisionError (TypeError)  an oracle returned something that is not a Decision
-    ├── UsageError (ValueError)           the user's input is wrong: a flag, a file, a config field
-    ├── GuardConfigError (ValueError, TypeError)  a BudgetGuard built with a bad argument
     ├── InvalidBillError (ValueError, TypeError)  a tool reported a bill that is not a number >= 0
-    ├── LogFormatError (ValueError)       a log line is not a valid step record
     ├── OracleUnavailableError (RuntimeError)     the model behind an oracle could not answer
     │   ├── OracleTimeoutError (TimeoutError)           it did not answer in time
     │   ├── ModelUnreachableError (ConnectionError)     its server is down or overloaded
@@ -107,7 +107,7 @@ class UnpricedToolWarning(UserWarning):
     """The model was offered a tool the market does not price; the guard refuses its calls."""
 
 
-class GuardConfigError(IntentError, ValueError, TypeError):
+class GuardConfigError(UsageError, TypeError):
     """A :class:`~intent.BudgetGuard` argument is invalid; the message names it and the fix."""
 
 
@@ -117,7 +117,7 @@ class InvalidBillError(IntentError, ValueError, TypeError):
     charged at its quote and the error propagates."""
 
 
-class LogFormatError(IntentError, ValueError):
+class LogFormatError(UsageError):
     """A log file line is not a valid :class:`~intent.logs.StepRecord`."""
 
 

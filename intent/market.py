@@ -10,7 +10,7 @@ price it was accepted at).
 from __future__ import annotations
 
 from intent.arguments import is_list_arg
-from intent.errors import IntentError
+from intent.errors import UsageError
 
 import math
 import numbers
@@ -23,8 +23,8 @@ __all__ = ["InvalidPriceError", "Market", "MarketError", "PricedTool", "Unpriced
            "declared_price", "payment_required"]
 
 
-class MarketError(IntentError, ValueError):
-    """A market was built or updated with bad input."""
+class MarketError(UsageError):
+    """A market was built or updated with bad input (the user's: a UsageError, so also a ValueError)."""
 
 
 class InvalidPriceError(MarketError):

@@ -404,3 +404,22 @@ def test_a_name_far_from_every_method_gets_no_guess(tmp_path, capsys):
     assert main(["bench", "--tasks", "1", "--methods", "zzz", "--no-progress", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "unknown method 'zzz'" in err and "did you mean" not in err and "Choose from" in err
+
+
+def test_the_librarys_input_errors_are_usage_errors_so_the_cli_prints_one_line(tmp_path, capsys):
+    # The README: "a wrong input ... is a UsageError". A bad market, guard argument or log line was an
+    # IntentError and a ValueError but no UsageError, so `except UsageError` missed them.
+    from intent import GuardConfigError, Market, MarketError, PricedTool
+    from intent.errors import LogFormatError
+    from intent.market import InvalidPriceError, UnpricedToolError
+
+    for cls in (MarketError, InvalidPriceError, UnpricedToolError, GuardConfigError, LogFormatError):
+        assert issubclass(cls, UsageError) and issubclass(cls, ValueError), cls
+    assert issubclass(UnpricedToolError, KeyError) and issubclass(GuardConfigError, TypeError)  # as before
+    with pytest.raises(UsageError, match="price"):
+        Market([PricedTool("t", -1.0)])
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"not": "a step record"}\n')
+    assert main(["report", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("intent report: error: ") and err.count("\n") == 1
