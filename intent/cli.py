@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="intent", description="Budget planning for LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="a scripted agent with priced tools under the guard (simulated)")
-    demo.add_argument("--budget", type=float, default=50.0, help="the money budget (default 50)")
+    demo.add_argument("--budget", type=positive_float, default=50.0, help="the money budget (default 50)")
     demo.set_defaults(func=_demo)
     report = sub.add_parser("report", help="where the money went: spend by tool and model, refusals, top-ups")
     report.add_argument("source", nargs="?", help="a guard log (.jsonl) or a run directory (searched for *.jsonl)")

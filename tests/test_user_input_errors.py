@@ -423,3 +423,10 @@ def test_the_librarys_input_errors_are_usage_errors_so_the_cli_prints_one_line(t
     assert main(["report", str(log)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("intent report: error: ") and err.count("\n") == 1
+
+
+def test_a_demo_budget_that_is_not_a_positive_number_names_the_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--budget", "-5"])
+    assert exc.value.code == 2
+    assert "argument --budget: must be a number > 0, got -5.0" in capsys.readouterr().err
