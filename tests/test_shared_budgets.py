@@ -767,3 +767,38 @@ def test_postgres_past_its_retries_is_unavailable_not_a_bug(request, budget_key,
         admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
     with pytest.raises(StoreUnavailableError, match="failed commit 1 times"):
         store.commit(budget_key, "a")
+
+
+# ================================================= PostgreSQL as operations meet it
+def test_workers_creating_the_same_postgres_budget_at_once_all_succeed(request, budget_key):
+    # Was: create_budget read the key, found nothing, and inserted; a second worker doing the same at the same
+    # moment (40 workers each calling the idempotent create_budget at start-up) failed with a raw psycopg
+    # UniqueViolation. Made deterministic: another client has inserted the key and not yet committed.
+    import threading
+
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    store = PostgresBudgetStore(dsn)
+    errors: list[BaseException] = []
+
+    def create(amount: float) -> None:
+        try:
+            store.create_budget(budget_key, amount)
+        except BaseException as exc:  # (collected, asserted below)
+            errors.append(exc)
+
+    other = psycopg.connect(dsn)
+    with other.transaction():
+        other.execute("INSERT INTO intent_budgets (key, amount, spent, reserved, created_at) VALUES (%s, %s, 0, 0, 0)",
+                      (budget_key, 5 * 10**9))
+        creating = threading.Thread(target=create, args=(5.0,))
+        creating.start()
+        time.sleep(0.3)  # its insert waits on the other client's uncommitted row
+    creating.join(10)
+    assert errors == [] and store.budget(budget_key) == 5.0
+    with pytest.raises(StoreError, match="never changed in place"):  # another amount is still refused
+        store.create_budget(budget_key, 6.0)
+    other.close()

@@ -137,15 +137,15 @@ class _SqlBudgetStore:
     def create_budget(self, key: str, amount: float) -> None:
         n = to_nano(amount)
         with self._tx(None) as cur:
-            cur.execute(self._q("SELECT amount FROM intent_budgets WHERE key = ?"), (key,))
-            row = cur.fetchone()
-            if row is not None:
-                if int(row[0]) != n:
-                    raise StoreError(f"budget {key!r} exists with amount {from_nano(int(row[0])):g}; a period's "
-                                     "budget is never changed in place: use a new key")
-                return
+            # Insert unless the key exists, then read what is there: workers creating the same key at once (each
+            # at start-up) all succeed; a read-then-insert let two see no row and the second insert fail.
             cur.execute(self._q("INSERT INTO intent_budgets (key, amount, spent, reserved, created_at) "
-                                "VALUES (?, ?, 0, 0, ?)"), (key, n, self._now(cur)))
+                                "VALUES (?, ?, 0, 0, ?) ON CONFLICT (key) DO NOTHING"), (key, n, self._now(cur)))
+            cur.execute(self._q("SELECT amount FROM intent_budgets WHERE key = ?"), (key,))
+            existing = int(cur.fetchone()[0])
+            if existing != n:
+                raise StoreError(f"budget {key!r} exists with amount {from_nano(existing):g}; a period's "
+                                 "budget is never changed in place: use a new key")
 
     def budget(self, key: str) -> float:
         with self._tx(None) as cur:
