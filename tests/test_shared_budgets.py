@@ -802,3 +802,67 @@ def test_workers_creating_the_same_postgres_budget_at_once_all_succeed(request, 
     with pytest.raises(StoreError, match="never changed in place"):  # another amount is still refused
         store.create_budget(budget_key, 6.0)
     other.close()
+
+
+def _conninfo(dsn: str, **changes: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    return make_conninfo(**{**conninfo_to_dict(dsn), **changes})
+
+
+def test_a_postgres_store_that_cannot_be_opened_says_why_in_one_line_without_the_password(request):
+    # Was: a malformed connection string raised a raw psycopg.ProgrammingError, and a refused connection's
+    # StoreError printed the whole URL, password included, into the logs of every worker.
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    for bad in ("postgresql://app:hunter2@/budgets?bogus=1",  # a parameter libpq does not know
+                "postgresql://app:hunter2@127.0.0.1:1/budgets?connect_timeout=2",  # nothing listens there
+                _conninfo(dsn, password="hunter2", dbname="no_such_database")):
+        with pytest.raises(StoreError, match="cannot connect to the budget store") as caught:
+            PostgresBudgetStore(bad)
+        assert "hunter2" not in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_a_postgres_role_without_create_uses_tables_an_owner_made_and_is_told_what_is_missing(request, budget_key):
+    # Was: every open ran CREATE TABLE IF NOT EXISTS, which PostgreSQL refuses to a role without CREATE on the
+    # schema even when the tables exist (the default on the public schema since PostgreSQL 15): a least-privilege
+    # application role could not open the store at all, with a raw multi-line psycopg error.
+    import uuid
+
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    tag = uuid.uuid4().hex[:8]
+    role, ready, empty, alien = f"app_{tag}", f"ready_{tag}", f"empty_{tag}", f"alien_{tag}"
+    admin = psycopg.connect(dsn, autocommit=True)
+    admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    for schema in (ready, empty, alien):
+        admin.execute(f"CREATE SCHEMA {schema}")
+        admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    try:
+        PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={ready}")).create_budget(budget_key, 1.0)
+        as_role = {"user": role, "password": "pw"}
+        with pytest.raises(StoreError, match=rf"may not SELECT {ready}.intent_budgets; .*GRANT SELECT, INSERT, UPDATE ON "
+                                             rf"{ready}.intent_budgets, {ready}.intent_charges TO {role}"):
+            PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={ready}", **as_role))
+        admin.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {ready} TO {role}")
+        store = PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={ready}", **as_role))
+        store.reserve(budget_key, "a", 0.25)
+        assert store.commit(budget_key, "a").status == "committed" and store.spent(budget_key) == 0.25
+        with pytest.raises(StoreError, match=rf"no tables intent_budgets, intent_charges in schema {empty} and its "
+                                             rf"role may not create them.*GRANT CREATE ON SCHEMA {empty} TO {role}"
+                           ) as caught:
+            PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={empty}", **as_role))
+        assert "\n" not in str(caught.value)
+        admin.execute(f"CREATE TABLE {alien}.intent_budgets (key TEXT PRIMARY KEY, amount BIGINT)")  # another shape
+        admin.execute(f"CREATE TABLE {alien}.intent_charges (key TEXT, charge_id TEXT)")
+        with pytest.raises(StoreError, match=r"intent_budgets.*not the columns this version of intent uses"):
+            PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={alien}"))
+    finally:
+        for schema in (ready, empty, alien):
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()

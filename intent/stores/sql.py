@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sqlite3
 import threading
 import time
@@ -54,6 +55,18 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS intent_charges_held ON intent_charges (key, status, lease_until)",
 ]
 _COLS = "key, charge_id, amount, status, late, run_id, tool, kind, lease_until, updated_at"
+_BUDGET_COLS = "key, amount, spent, reserved, created_at"
+
+
+def _without_password(dsn: str) -> str:
+    """``dsn`` with its password replaced by ``***`` (URL ``user:pw@`` and ``password=`` forms), for messages."""
+    dsn = re.sub(r"(://[^:/@?]*:)[^@/?]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", r"\1***", dsn)
+
+
+def _one_line(exc: BaseException) -> str:
+    """A driver's message on one line (PostgreSQL's carry DETAIL / LINE / caret lines after the first)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _charge(row: Any) -> StoreCharge:
@@ -331,14 +344,58 @@ class PostgresBudgetStore(_SqlBudgetStore):
         except ImportError as exc:
             raise StoreError("PostgresBudgetStore needs psycopg: pip install 'intent[postgres]'") from exc
         self.dsn = dsn
+        self.shown_dsn = _without_password(dsn)  # what errors and logs print: never the password
         try:
             self._conn = psycopg.connect(dsn, autocommit=True)
-        except psycopg.OperationalError as exc:
-            raise StoreError(f"cannot connect to the budget store {dsn!r}: {str(exc).strip()}") from exc
+        except psycopg.Error as exc:  # (a malformed string is a ProgrammingError, a refused connection Operational)
+            raise StoreError(f"cannot connect to the budget store {self.shown_dsn!r}: {_one_line(exc)}") from exc
+        try:
+            self._open_schema(psycopg)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _open_schema(self, psycopg: Any) -> None:
+        """Create the tables when they are missing, and check they are this version's and usable by this role.
+
+        Tables that exist are not created again: ``CREATE TABLE IF NOT EXISTS`` needs CREATE on the schema even
+        then, which a least-privilege application role lacks (PostgreSQL 15 and later grant none on ``public``)."""
+        tables = ("intent_budgets", "intent_charges")
         with self._tx(None) as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(727274)")  # two processes creating the schema at once
-            for stmt in _SCHEMA:
-                cur.execute(stmt)
+            cur.execute("SELECT current_schema(), current_user, to_regclass('intent_budgets') IS NOT NULL, "
+                        "to_regclass('intent_charges') IS NOT NULL")
+            schema, role, *present = cur.fetchone()
+            if not all(present):
+                try:
+                    with self._conn.transaction():  # (a savepoint: a refusal leaves the outer transaction usable)
+                        cur.execute("SELECT pg_advisory_xact_lock(727274)")  # two processes creating the schema
+                        for stmt in _SCHEMA:
+                            cur.execute(stmt)
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise StoreError(
+                        f"the budget store {self.shown_dsn!r} has no tables {', '.join(tables)} in schema {schema} "
+                        f"and its role may not create them ({_one_line(exc)}): open it once as the schema's owner "
+                        f"(that creates them), or GRANT CREATE ON SCHEMA {schema} TO {role}") from None
+            qualified = []  # schema.table, as a GRANT names it
+            for table, cols in zip(tables, (_BUDGET_COLS, _COLS)):
+                cur.execute("SELECT format('%%I.%%I', n.nspname, c.relname), array(SELECT attname FROM pg_attribute "
+                            "WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped) FROM pg_class c JOIN "
+                            "pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)", (table,))
+                name, columns = cur.fetchone()
+                qualified.append(name)
+                missing = [c for c in cols.split(", ") if c not in columns]
+                if missing:
+                    raise StoreError(
+                        f"the budget store {self.shown_dsn!r} has a table {name} without the columns {missing}: "
+                        "not the columns this version of intent uses (another application's table of that name, or "
+                        "an older schema); use another database or schema (options=-c search_path=...)")
+            for table in qualified:
+                for privilege in ("SELECT", "INSERT", "UPDATE"):
+                    cur.execute("SELECT has_table_privilege(%s, %s)", (table, privilege))
+                    if not cur.fetchone()[0]:
+                        raise StoreError(
+                            f"the budget store {self.shown_dsn!r}: role {role} may not {privilege} {table}; "
+                            f"GRANT SELECT, INSERT, UPDATE ON {', '.join(qualified)} TO {role}")
 
     @contextmanager
     def _tx(self, key: str | None) -> Iterator[Any]:
@@ -388,8 +445,8 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
             except psycopg.OperationalError as exc:  # (serialization failures, deadlocks, lost connections)
                 if attempt == PG_ATTEMPTS - 1:
                     raise StoreUnavailableError(
-                        f"the budget store {self.dsn!r} failed {op.__name__} {PG_ATTEMPTS} times: "
-                        f"{type(exc).__name__}: {str(exc).strip()}") from exc
+                        f"the budget store {self.shown_dsn!r} failed {op.__name__} {PG_ATTEMPTS} times: "
+                        f"{type(exc).__name__}: {_one_line(exc)}") from exc
                 time.sleep(0.05 * 2 ** attempt)
                 if self._conn.broken or self._conn.closed:
                     try:
