@@ -866,3 +866,66 @@ def test_a_postgres_role_without_create_uses_tables_an_owner_made_and_is_told_wh
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
         admin.execute(f"DROP ROLE {role}")
         admin.close()
+
+
+def test_a_shared_budget_keeps_its_currency_and_a_guard_in_another_is_refused(store_url, budget_key):
+    # Was: the store had no currency, so a guard pricing in EUR drew on a budget created for USD (and a worker
+    # creating the key "in EUR" was told nothing): two currencies summed as one number.
+    store = _store(store_url)
+    store.create_budget(budget_key, 20.0, currency="usd")
+    store.create_budget(budget_key, 20.0, currency="USD")  # the same budget again (codes are case-blind)
+    store.create_budget(budget_key, 20.0)  # not saying which currency: fine
+    assert store.currency(budget_key) == "USD"
+    with pytest.raises(StoreError, match=rf"{budget_key}.*in USD.*not EUR.*new key"):
+        store.create_budget(budget_key, 20.0, currency="EUR")
+    with pytest.raises(StoreError, match="currency must be a currency code"):
+        store.create_budget(budget_key + "-x", 1.0, currency=" ")
+    euro = Market([PricedTool("fetch", 0.25)], currency="EUR")
+    with pytest.raises(GuardConfigError, match=rf"{budget_key}.*USD.*this guard's money is in EUR"):
+        BudgetGuard(AcceptAll(), euro, 5.0, store=store, budget_key=budget_key)
+    BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)], currency="USD"), 5.0, store=store,
+                budget_key=budget_key)
+    BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 5.0, store=store, budget_key=budget_key)
+    other = budget_key + "-eur"  # another key is another budget: its own currency, its own money
+    store.create_budget(other, 1.0, currency="EUR")
+    store.reserve(other, "a", 1.0)
+    store.reserve(budget_key, "a", 20.0)  # the same charge id on another key: not the same charge
+    assert store.reserved(other) == 1.0 and store.reserved(budget_key) == 20.0
+    assert store.currency(other) == "EUR"
+
+
+def test_a_budget_store_made_before_currencies_is_upgraded_when_opened(request, tmp_path, budget_key):
+    # The tables as the first shared-budget version made them (no currency column): opening adds it, and the
+    # budgets already there keep their money and have no currency.
+    import sqlite3
+    import uuid
+
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore, SqliteBudgetStore
+
+    old_budgets = ("CREATE TABLE intent_budgets (key TEXT PRIMARY KEY, amount BIGINT NOT NULL, spent BIGINT NOT NULL "
+                   "DEFAULT 0, reserved BIGINT NOT NULL DEFAULT 0, created_at DOUBLE PRECISION NOT NULL)")
+    old_row = "INSERT INTO intent_budgets VALUES ('old/2026-11-01', 3000000000, 1000000000, 0, 0)"
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.execute(old_budgets)
+    db.execute(old_row)
+    db.commit()
+    db.close()
+    dsn = request.getfixturevalue("postgres_dsn")
+    schema = f"old_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        admin.execute(f"SET search_path = {schema}")
+        admin.execute(old_budgets)
+        admin.execute(old_row)
+    try:
+        for store in (SqliteBudgetStore(tmp_path / "old.db"),
+                      PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={schema}"))):
+            assert store.spent("old/2026-11-01") == 1.0 and store.currency("old/2026-11-01") is None
+            store.create_budget(budget_key, 2.0, currency="USD")
+            assert store.currency(budget_key) == "USD"
+            store.close()
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -39,7 +39,8 @@ _SCHEMA = [
         amount BIGINT NOT NULL,
         spent BIGINT NOT NULL DEFAULT 0,
         reserved BIGINT NOT NULL DEFAULT 0,
-        created_at DOUBLE PRECISION NOT NULL)""",
+        created_at DOUBLE PRECISION NOT NULL,
+        currency TEXT)""",
     """CREATE TABLE IF NOT EXISTS intent_charges (
         key TEXT NOT NULL REFERENCES intent_budgets(key),
         charge_id TEXT NOT NULL,
@@ -55,7 +56,8 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS intent_charges_held ON intent_charges (key, status, lease_until)",
 ]
 _COLS = "key, charge_id, amount, status, late, run_id, tool, kind, lease_until, updated_at"
-_BUDGET_COLS = "key, amount, spent, reserved, created_at"
+_BUDGET_COLS = "key, amount, spent, reserved, created_at"  # (and currency, added to tables made before it)
+_ADD_CURRENCY = "ALTER TABLE intent_budgets ADD COLUMN currency TEXT"
 
 
 def _without_password(dsn: str) -> str:
@@ -147,18 +149,36 @@ class _SqlBudgetStore:
         return _charge(row) if row else None
 
     # -- the protocol ----------------------------------------------------------
-    def create_budget(self, key: str, amount: float) -> None:
+    def create_budget(self, key: str, amount: float, currency: str | None = None) -> None:
+        """Create ``key`` with ``amount`` (idempotent). ``currency``: its code (``"USD"``), kept with the budget, so
+        that a guard whose money is in another currency is refused; ``None`` says nothing about it."""
         n = to_nano(amount)
+        if currency is not None:
+            if not isinstance(currency, str) or not currency.strip():
+                raise StoreError(f"currency must be a currency code like 'USD' or None, got {currency!r}")
+            currency = currency.strip().upper()
         with self._tx(None) as cur:
             # Insert unless the key exists, then read what is there: workers creating the same key at once (each
             # at start-up) all succeed; a read-then-insert let two see no row and the second insert fail.
-            cur.execute(self._q("INSERT INTO intent_budgets (key, amount, spent, reserved, created_at) "
-                                "VALUES (?, ?, 0, 0, ?) ON CONFLICT (key) DO NOTHING"), (key, n, self._now(cur)))
-            cur.execute(self._q("SELECT amount FROM intent_budgets WHERE key = ?"), (key,))
-            existing = int(cur.fetchone()[0])
-            if existing != n:
-                raise StoreError(f"budget {key!r} exists with amount {from_nano(existing):g}; a period's "
+            cur.execute(self._q("INSERT INTO intent_budgets (key, amount, spent, reserved, created_at, currency) "
+                                "VALUES (?, ?, 0, 0, ?, ?) ON CONFLICT (key) DO NOTHING"),
+                        (key, n, self._now(cur), currency))
+            cur.execute(self._q("SELECT amount, currency FROM intent_budgets WHERE key = ?"), (key,))
+            existing, existing_currency = cur.fetchone()
+            if int(existing) != n:
+                raise StoreError(f"budget {key!r} exists with amount {from_nano(int(existing)):g}; a period's "
                                  "budget is never changed in place: use a new key")
+            if currency is not None and existing_currency != currency:
+                raise StoreError(f"budget {key!r} exists " + (f"in {existing_currency}" if existing_currency else
+                                                              "without a currency") +
+                                 f", not {currency}; a budget has one currency, never changed in place: use a new key")
+
+    def currency(self, key: str) -> str | None:
+        """The currency ``key`` was created in, or None when it was created without one."""
+        with self._tx(None) as cur:
+            self._row(cur, key)  # (an unknown key: the error that names the fix)
+            cur.execute(self._q("SELECT currency FROM intent_budgets WHERE key = ?"), (key,))
+            return cur.fetchone()[0]
 
     def budget(self, key: str) -> float:
         with self._tx(None) as cur:
@@ -295,6 +315,9 @@ class SqliteBudgetStore(_SqlBudgetStore):
         with self._tx(None) as cur:
             for stmt in _SCHEMA:
                 cur.execute(stmt)
+            cur.execute("SELECT name FROM pragma_table_info('intent_budgets')")
+            if "currency" not in {r[0] for r in cur.fetchall()}:  # a file made before budgets had a currency
+                cur.execute(_ADD_CURRENCY)
 
     @contextmanager
     def _tx(self, key: str | None) -> Iterator[Any]:
@@ -389,6 +412,18 @@ class PostgresBudgetStore(_SqlBudgetStore):
                         f"the budget store {self.shown_dsn!r} has a table {name} without the columns {missing}: "
                         "not the columns this version of intent uses (another application's table of that name, or "
                         "an older schema); use another database or schema (options=-c search_path=...)")
+            cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('intent_budgets') AND "
+                        "attname = 'currency' AND NOT attisdropped")
+            if cur.fetchone() is None:  # tables made before budgets had a currency
+                try:
+                    with self._conn.transaction():
+                        cur.execute("SELECT pg_advisory_xact_lock(727274)")
+                        cur.execute(_ADD_CURRENCY.replace("ADD COLUMN", "ADD COLUMN IF NOT EXISTS"))
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise StoreError(
+                        f"the budget store {self.shown_dsn!r} was made by an earlier version of intent and its role "
+                        f"may not upgrade it ({_one_line(exc)}): open it once as the owner of {qualified[0]}, or run "
+                        f"{_ADD_CURRENCY.replace('intent_budgets', qualified[0])} as that owner") from None
             for table in qualified:
                 for privilege in ("SELECT", "INSERT", "UPDATE"):
                     cur.execute("SELECT has_table_privilege(%s, %s)", (table, privilege))
@@ -457,6 +492,6 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
 
 
 PG_ATTEMPTS = 5
-for _name in ("create_budget", "budget", "spent", "reserved", "renew", "left", "reserve", "rekey", "commit",
+for _name in ("create_budget", "currency", "budget", "spent", "reserved", "renew", "left", "reserve", "rekey", "commit",
               "release", "expire_leases", "charges", "keys"):
     setattr(PostgresBudgetStore, _name, _retried(getattr(_SqlBudgetStore, _name)))
