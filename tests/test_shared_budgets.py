@@ -929,3 +929,37 @@ def test_a_budget_store_made_before_currencies_is_upgraded_when_opened(request, 
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_an_operator_sees_a_killed_workers_hold_and_gives_it_back_before_its_lease_ends(kind, tmp_path, budget_key,
+                                                                                     request, capsys):
+    # A worker killed with SIGKILL while it holds money: the hold stays until its lease ends (600 s by default),
+    # refusing other workers meanwhile. The report now lists each hold (run, tool, charge id, lease end), so an
+    # operator who knows the worker is dead can release it by its charge id at once.
+    from intent.cli import main
+    from store_workers import reserve_and_hang
+
+    url = f"sqlite:///{tmp_path / 'held.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_dsn")
+    store = _store(url)
+    store.create_budget(budget_key, 1.0)
+    ready = tmp_path / "ready"
+    worker = SPAWN.Process(target=reserve_and_hang, args=(url, budget_key, "doomed/call-7", 0.75, str(ready)))
+    worker.start()
+    for _ in range(600):
+        if ready.exists() or not worker.is_alive():
+            break
+        time.sleep(0.1)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(30)
+    assert ready.read_text() == "held" and worker.exitcode == -signal.SIGKILL
+    with pytest.raises(BudgetExceededError):  # the dead worker's hold still counts
+        store.reserve(budget_key, "alive/call-1", 0.5)
+    assert main(["report", "--store", url, "--key", budget_key]) == 0
+    out = capsys.readouterr().out
+    assert "## Held" in out and "| doomed | fetch | 0.75 | doomed/call-7 |" in out, out
+    assert store.release(budget_key, "doomed/call-7").status == "released"  # the operator gives it back
+    store.reserve(budget_key, "alive/call-1", 0.5)
+    assert store.reserved(budget_key) == 0.5
+    assert main(["report", "--store", url, "--key", budget_key]) == 0
+    assert "| doomed |" not in capsys.readouterr().out
