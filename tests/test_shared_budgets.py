@@ -963,3 +963,30 @@ def test_an_operator_sees_a_killed_workers_hold_and_gives_it_back_before_its_lea
     assert store.reserved(budget_key) == 0.5
     assert main(["report", "--store", url, "--key", budget_key]) == 0
     assert "| doomed |" not in capsys.readouterr().out
+
+
+def test_a_postgres_connection_dropped_while_the_store_opens_is_reconnected(request, budget_key, monkeypatch):
+    # Was: operations were retried on a dropped connection but opening was not: a worker starting during a
+    # failover (its session killed between connecting and checking the tables) died with a raw AdminShutdown.
+    # The drop is real: the server terminates the new session right after it connects.
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    PostgresBudgetStore(dsn).create_budget(budget_key, 1.0)
+    admin = psycopg.connect(dsn, autocommit=True)
+    real_connect, killed = psycopg.connect, []
+
+    def connect_then_drop(*args, **kwargs):
+        conn = real_connect(*args, **kwargs)
+        if not killed:
+            killed.append(conn.info.backend_pid)
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        return conn
+
+    monkeypatch.setattr(psycopg, "connect", connect_then_drop)
+    store = PostgresBudgetStore(dsn)
+    assert killed and store._conn.info.backend_pid != killed[0]
+    assert store.budget(budget_key) == 1.0
+    admin.close()

@@ -480,7 +480,8 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
             except psycopg.OperationalError as exc:  # (serialization failures, deadlocks, lost connections)
                 if attempt == PG_ATTEMPTS - 1:
                     raise StoreUnavailableError(
-                        f"the budget store {self.shown_dsn!r} failed {op.__name__} {PG_ATTEMPTS} times: "
+                        f"the budget store {self.shown_dsn!r} failed {op.__name__.lstrip('_').replace('_', ' ')} "
+                        f"{PG_ATTEMPTS} times: "
                         f"{type(exc).__name__}: {_one_line(exc)}") from exc
                 time.sleep(0.05 * 2 ** attempt)
                 if self._conn.broken or self._conn.closed:
@@ -495,3 +496,5 @@ PG_ATTEMPTS = 5
 for _name in ("create_budget", "currency", "budget", "spent", "reserved", "renew", "left", "reserve", "rekey", "commit",
               "release", "expire_leases", "charges", "keys"):
     setattr(PostgresBudgetStore, _name, _retried(getattr(_SqlBudgetStore, _name)))
+# Opening too: a worker starting during a failover may lose its new session before the tables are checked.
+PostgresBudgetStore._open_schema = _retried(PostgresBudgetStore._open_schema)  # type: ignore[method-assign]
