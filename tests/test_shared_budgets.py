@@ -990,3 +990,40 @@ def test_a_postgres_connection_dropped_while_the_store_opens_is_reconnected(requ
     assert killed and store._conn.info.backend_pid != killed[0]
     assert store.budget(budget_key) == 1.0
     admin.close()
+
+
+def test_a_lease_keeper_keeps_renewing_after_the_store_was_away_for_a_while(request, budget_key):
+    # Was: a renewal that failed past the store's retries (StoreUnavailableError: the database away for two
+    # seconds) ended the renewing thread with a traceback, so a long call lost its hold when its lease ran out, and
+    # another run could take the money while it ran. The outage is real: the store's role may not log in for a
+    # while, and its session is terminated.
+    import uuid
+
+    import psycopg
+
+    from intent.stores import LeaseKeeper, PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    PostgresBudgetStore(dsn).create_budget(budget_key, 1.0)  # (the tables exist, made by the owner)
+    role = f"renewer_{uuid.uuid4().hex[:8]}"
+    admin = psycopg.connect(dsn, autocommit=True)
+    admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    admin.execute(f"GRANT SELECT, INSERT, UPDATE ON intent_budgets, intent_charges TO {role}")
+    try:
+        store = PostgresBudgetStore(_conninfo(dsn, user=role, password="pw"), lease_seconds=4.0)
+        store.reserve(budget_key, "long", 0.5)
+        with LeaseKeeper(store, budget_key, "long"):  # renews at once, then every second
+            time.sleep(0.3)
+            admin.execute(f"ALTER ROLE {role} NOLOGIN")
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+            time.sleep(1.9)  # the renewal due at 1 s fails all its attempts (they span about 0.8 s)
+            admin.execute(f"ALTER ROLE {role} LOGIN")  # back at 2.2 s, before the next renewal (about 2.8 s)
+            time.sleep(3.0)  # past the lease of the last renewal before the outage (4 s after about 0 s)
+            assert store.reserved(budget_key) == 0.5  # still held: renewed once the store came back
+        assert [c.status for c in store.charges(budget_key)] == ["reserved"]
+        store.close()
+    finally:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        admin.execute(f"REVOKE ALL ON intent_budgets, intent_charges FROM {role}")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()
