@@ -1027,3 +1027,26 @@ def test_a_lease_keeper_keeps_renewing_after_the_store_was_away_for_a_while(requ
         admin.execute(f"REVOKE ALL ON intent_budgets, intent_charges FROM {role}")
         admin.execute(f"DROP ROLE {role}")
         admin.close()
+
+
+def test_a_sqlite_store_locked_past_its_timeout_is_unavailable_and_the_guard_keeps_the_commit(tmp_path, budget_key):
+    # Was: SQLite's "database is locked" (another process holding the write lock past the store's timeout: a
+    # long transaction, a backup, an operator's sqlite3 shell) escaped as a raw sqlite3.OperationalError, which the
+    # guard's outbox does not keep: the tool step failed after its call ran, so LangGraph ran it again on resume.
+    import sqlite3
+
+    from intent.stores import CommitOutbox, SqliteBudgetStore, StoreUnavailableError
+
+    path = tmp_path / "locked.db"
+    store = SqliteBudgetStore(path, timeout=0.2)
+    store.create_budget(budget_key, 1.0)
+    outbox = CommitOutbox(store)
+    outbox.reserve(budget_key, "a", 0.5)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    with pytest.raises(StoreUnavailableError, match=r"budget store .*locked.db.* is locked.*timeout="):
+        store.reserve(budget_key, "b", 0.25)
+    assert outbox.commit(budget_key, "a") is None and list(outbox.pending) == [(budget_key, "a")]  # kept
+    other.execute("ROLLBACK")
+    assert outbox.spent(budget_key) == 0.5 and not outbox.pending  # sent once the lock was gone
+    other.close()

@@ -303,6 +303,7 @@ class SqliteBudgetStore(_SqlBudgetStore):
                  timeout: float = 30.0) -> None:
         super().__init__(lease_seconds=lease_seconds, clock=clock)
         self.path = str(path)
+        self.timeout = float(timeout)
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, one per operation.
         try:
             self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
@@ -323,19 +324,40 @@ class SqliteBudgetStore(_SqlBudgetStore):
     def _tx(self, key: str | None) -> Iterator[Any]:
         with self._lock:
             cur = self._conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")  # the write lock first: no other process interleaves
             try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            else:
-                cur.execute("COMMIT")
+                try:
+                    cur.execute("BEGIN IMMEDIATE")  # the write lock first: no other process interleaves
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc):
+                        raise
+                    raise self._unavailable(exc) from exc
+                try:
+                    yield cur
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                try:
+                    cur.execute("COMMIT")
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc):
+                        raise
+                    cur.execute("ROLLBACK")
+                    raise self._unavailable(exc) from exc
             finally:
                 cur.close()
 
+    def _unavailable(self, exc: sqlite3.OperationalError) -> StoreUnavailableError:
+        """Another process held the write lock past ``timeout`` (a long transaction, a backup, a sqlite3 shell):
+        a :class:`StoreUnavailableError`, so the guard keeps a commit and sends it later."""
+        return StoreUnavailableError(f"the budget store {self.path!r} is locked by another connection past the "
+                                     f"store's timeout={self.timeout:g}s ({exc}); try again later, or raise timeout=")
+
     def close(self) -> None:
         self._conn.close()
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 class MemoryBudgetStore(SqliteBudgetStore):
