@@ -1050,3 +1050,38 @@ def test_a_sqlite_store_locked_past_its_timeout_is_unavailable_and_the_guard_kee
     other.execute("ROLLBACK")
     assert outbox.spent(budget_key) == 0.5 and not outbox.pending  # sent once the lock was gone
     other.close()
+
+
+def test_a_postgres_store_whose_tables_or_grants_went_away_says_so_in_one_store_error(request, budget_key):
+    # Was: a grant revoked or a table dropped by a DBA while workers ran surfaced as a raw multi-line psycopg
+    # error (InsufficientPrivilege, UndefinedTable) out of the agent, not a StoreError naming the store.
+    import uuid
+
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    schema, role = f"gone_{uuid.uuid4().hex[:8]}", f"worker_{uuid.uuid4().hex[:8]}"
+    admin = psycopg.connect(dsn, autocommit=True)
+    admin.execute(f"CREATE SCHEMA {schema}")
+    admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    try:
+        PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={schema}")).create_budget(budget_key, 1.0)
+        admin.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+        store = PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={schema}", user=role, password="pw"))
+        store.reserve(budget_key, "a", 0.25)
+        admin.execute(f"REVOKE UPDATE ON {schema}.intent_charges FROM {role}")
+        with pytest.raises(StoreError, match=r"refused commit: permission denied for table intent_charges") as caught:
+            store.commit(budget_key, "a")
+        assert "\n" not in str(caught.value) and "pw" not in str(caught.value).replace("password=***", "")
+        admin.execute(f"DROP TABLE {schema}.intent_charges")
+        with pytest.raises(StoreError, match=r"refused reserve: relation \"intent_charges\" does not exist"):
+            store.reserve(budget_key, "b", 0.25)
+        store.close()
+    finally:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()

@@ -499,6 +499,11 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
         for attempt in range(PG_ATTEMPTS):
             try:
                 return op(self, *args, **kwargs)
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable,
+                    psycopg.errors.UndefinedColumn) as exc:  # (a grant revoked, a table dropped while workers ran)
+                raise StoreError(f"the budget store {self.shown_dsn!r} refused {op.__name__}: {_one_line(exc)}; "
+                                 "check its tables and the role's grants (SELECT, INSERT, UPDATE on intent_budgets "
+                                 "and intent_charges)") from exc
             except psycopg.OperationalError as exc:  # (serialization failures, deadlocks, lost connections)
                 if attempt == PG_ATTEMPTS - 1:
                     raise StoreUnavailableError(
