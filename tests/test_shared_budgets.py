@@ -914,12 +914,25 @@ def test_a_budget_store_made_before_currencies_is_upgraded_when_opened(request, 
     db.close()
     dsn = request.getfixturevalue("postgres_dsn")
     schema = f"old_{uuid.uuid4().hex[:8]}"
+    role = f"user_{schema}"
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f"CREATE SCHEMA {schema}")
         admin.execute(f"SET search_path = {schema}")
         admin.execute(old_budgets)
         admin.execute(old_row)
+        admin.execute("CREATE TABLE intent_charges (key TEXT NOT NULL REFERENCES intent_budgets(key), charge_id TEXT "
+                      "NOT NULL, amount BIGINT NOT NULL, status TEXT NOT NULL, late BOOLEAN NOT NULL DEFAULT FALSE, "
+                      "run_id TEXT NOT NULL DEFAULT '', tool TEXT NOT NULL DEFAULT '', kind TEXT NOT NULL DEFAULT "
+                      "'tool', lease_until DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL, "
+                      "PRIMARY KEY (key, charge_id))")
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        admin.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role}")
     try:
+        # An application role may use the tables but not alter them: told what the owner must run, in one line.
+        with pytest.raises(StoreError, match=rf"earlier version of intent.*may not upgrade it.*run ALTER TABLE "
+                                             rf"{schema}.intent_budgets ADD COLUMN currency TEXT as that owner"):
+            PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={schema}", user=role, password="pw"))
         for store in (SqliteBudgetStore(tmp_path / "old.db"),
                       PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={schema}"))):
             assert store.spent("old/2026-11-01") == 1.0 and store.currency("old/2026-11-01") is None
@@ -929,6 +942,7 @@ def test_a_budget_store_made_before_currencies_is_upgraded_when_opened(request, 
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
+            admin.execute(f"DROP ROLE {role}")
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
