@@ -300,6 +300,13 @@ class BudgetGuard:
         self.max_output_tokens = max_output_tokens
         self.on_over_budget = on_over_budget
         self.currency = _check_currencies(self.budget_spec, market, self.model_prices)
+        if store is not None and callable(getattr(store, "currency", None)):
+            in_store = store.currency(budget_key)
+            if in_store and self.currency and in_store.upper() != self.currency.upper():
+                raise GuardConfigError(
+                    f"the shared budget {budget_key!r} is kept in {in_store} but this guard's money is in "
+                    f"{self.currency}; a budget has one currency: price in {in_store}, or use a key created in "
+                    f"{self.currency}")
         self.enforce = bool(enforce)
         self.log_sink = log_sink
         self.on_oracle_error = on_oracle_error

@@ -29,6 +29,7 @@ The currency is not in the logs, so amounts carry no symbol.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -452,4 +453,13 @@ def shared_budget_report(store: Any, key: str) -> str:
     lines += ["", "## By tool and model", "", "| kind | name | spent | charges |", "|---|---|---:|---:|"]
     for (kind, name), (amount, n) in sorted(by_item.items(), key=lambda kv: -kv[1][0]):
         lines.append(f"| {kind} | {_cell(name)} | {_money(amount)} | {n} |")
+    held_now = sorted((c for c in charges if c.status == "reserved"), key=lambda c: c.lease_until)
+    if held_now:
+        # Whose money is held, and until when: a worker killed mid-call holds its money until its lease ends; an
+        # operator who knows it is dead gives it back at once with store.release(key, charge_id).
+        lines += ["", "## Held", "", "| run | tool | held | charge id | lease ends (UTC) |", "|---|---|---:|---|---|"]
+        for c in held_now:
+            ends = _dt.datetime.fromtimestamp(c.lease_until, _dt.timezone.utc).isoformat(timespec="seconds")
+            lines.append(f"| {_cell(c.run_id or '-')} | {_cell(c.tool or '-')} | {_money(c.amount)} | "
+                         f"{_cell(c.charge_id)} | {ends} |")
     return "\n".join(lines) + "\n"

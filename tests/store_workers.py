@@ -185,3 +185,11 @@ def run_then_die_with_commits_kept(url: str, key: str, journal: str | None, call
                          [StructuredTool.from_function(fetch, name="fetch", description="fetch")],
                          middleware=[guard.middleware()])
     agent.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "dies"}})
+
+
+def reserve_and_hang(url: str, key: str, charge_id: str, amount: float, ready: str) -> None:
+    """Hold ``amount`` under ``charge_id`` (run ``doomed``), say so in ``ready``, and wait to be killed."""
+    store = open_store(url)
+    store.reserve(key, charge_id, amount, run_id="doomed", tool="fetch")
+    Path(ready).write_text("held")
+    time.sleep(600)

@@ -767,3 +767,335 @@ def test_postgres_past_its_retries_is_unavailable_not_a_bug(request, budget_key,
         admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
     with pytest.raises(StoreUnavailableError, match="failed commit 1 times"):
         store.commit(budget_key, "a")
+
+
+# ================================================= PostgreSQL as operations meet it
+def test_workers_creating_the_same_postgres_budget_at_once_all_succeed(request, budget_key):
+    # Was: create_budget read the key, found nothing, and inserted; a second worker doing the same at the same
+    # moment (40 workers each calling the idempotent create_budget at start-up) failed with a raw psycopg
+    # UniqueViolation. Made deterministic: another client has inserted the key and not yet committed.
+    import threading
+
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    store = PostgresBudgetStore(dsn)
+    errors: list[BaseException] = []
+
+    def create(amount: float) -> None:
+        try:
+            store.create_budget(budget_key, amount)
+        except BaseException as exc:  # (collected, asserted below)
+            errors.append(exc)
+
+    other = psycopg.connect(dsn)
+    with other.transaction():
+        other.execute("INSERT INTO intent_budgets (key, amount, spent, reserved, created_at) VALUES (%s, %s, 0, 0, 0)",
+                      (budget_key, 5 * 10**9))
+        creating = threading.Thread(target=create, args=(5.0,))
+        creating.start()
+        time.sleep(0.3)  # its insert waits on the other client's uncommitted row
+    creating.join(10)
+    assert errors == [] and store.budget(budget_key) == 5.0
+    with pytest.raises(StoreError, match="never changed in place"):  # another amount is still refused
+        store.create_budget(budget_key, 6.0)
+    other.close()
+
+
+def _conninfo(dsn: str, **changes: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    return make_conninfo(**{**conninfo_to_dict(dsn), **changes})
+
+
+def test_a_postgres_store_that_cannot_be_opened_says_why_in_one_line_without_the_password(request):
+    # Was: a malformed connection string raised a raw psycopg.ProgrammingError, and a refused connection's
+    # StoreError printed the whole URL, password included, into the logs of every worker.
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    for bad in ("postgresql://app:hunter2@/budgets?bogus=1",  # a parameter libpq does not know
+                "postgresql://app:hunter2@127.0.0.1:1/budgets?connect_timeout=2",  # nothing listens there
+                _conninfo(dsn, password="hunter2", dbname="no_such_database")):
+        with pytest.raises(StoreError, match="cannot connect to the budget store") as caught:
+            PostgresBudgetStore(bad)
+        assert "hunter2" not in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_a_postgres_role_without_create_uses_tables_an_owner_made_and_is_told_what_is_missing(request, budget_key):
+    # Was: every open ran CREATE TABLE IF NOT EXISTS, which PostgreSQL refuses to a role without CREATE on the
+    # schema even when the tables exist (the default on the public schema since PostgreSQL 15): a least-privilege
+    # application role could not open the store at all, with a raw multi-line psycopg error.
+    import uuid
+
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    tag = uuid.uuid4().hex[:8]
+    role, ready, empty, alien = f"app_{tag}", f"ready_{tag}", f"empty_{tag}", f"alien_{tag}"
+    admin = psycopg.connect(dsn, autocommit=True)
+    admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    for schema in (ready, empty, alien):
+        admin.execute(f"CREATE SCHEMA {schema}")
+        admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    try:
+        PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={ready}")).create_budget(budget_key, 1.0)
+        as_role = {"user": role, "password": "pw"}
+        with pytest.raises(StoreError, match=rf"may not SELECT {ready}.intent_budgets; .*GRANT SELECT, INSERT, UPDATE ON "
+                                             rf"{ready}.intent_budgets, {ready}.intent_charges TO {role}"):
+            PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={ready}", **as_role))
+        admin.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {ready} TO {role}")
+        store = PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={ready}", **as_role))
+        store.reserve(budget_key, "a", 0.25)
+        assert store.commit(budget_key, "a").status == "committed" and store.spent(budget_key) == 0.25
+        with pytest.raises(StoreError, match=rf"no tables intent_budgets, intent_charges in schema {empty} and its "
+                                             rf"role may not create them.*GRANT CREATE ON SCHEMA {empty} TO {role}"
+                           ) as caught:
+            PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={empty}", **as_role))
+        assert "\n" not in str(caught.value)
+        admin.execute(f"CREATE TABLE {alien}.intent_budgets (key TEXT PRIMARY KEY, amount BIGINT)")  # another shape
+        admin.execute(f"CREATE TABLE {alien}.intent_charges (key TEXT, charge_id TEXT)")
+        with pytest.raises(StoreError, match=r"intent_budgets.*not the columns this version of intent uses"):
+            PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={alien}"))
+    finally:
+        for schema in (ready, empty, alien):
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()
+
+
+def test_a_shared_budget_keeps_its_currency_and_a_guard_in_another_is_refused(store_url, budget_key):
+    # Was: the store had no currency, so a guard pricing in EUR drew on a budget created for USD (and a worker
+    # creating the key "in EUR" was told nothing): two currencies summed as one number.
+    store = _store(store_url)
+    store.create_budget(budget_key, 20.0, currency="usd")
+    store.create_budget(budget_key, 20.0, currency="USD")  # the same budget again (codes are case-blind)
+    store.create_budget(budget_key, 20.0)  # not saying which currency: fine
+    assert store.currency(budget_key) == "USD"
+    with pytest.raises(StoreError, match=rf"{budget_key}.*in USD.*not EUR.*new key"):
+        store.create_budget(budget_key, 20.0, currency="EUR")
+    with pytest.raises(StoreError, match="currency must be a currency code"):
+        store.create_budget(budget_key + "-x", 1.0, currency=" ")
+    euro = Market([PricedTool("fetch", 0.25)], currency="EUR")
+    with pytest.raises(GuardConfigError, match=rf"{budget_key}.*USD.*this guard's money is in EUR"):
+        BudgetGuard(AcceptAll(), euro, 5.0, store=store, budget_key=budget_key)
+    BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)], currency="USD"), 5.0, store=store,
+                budget_key=budget_key)
+    BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 5.0, store=store, budget_key=budget_key)
+    other = budget_key + "-eur"  # another key is another budget: its own currency, its own money
+    store.create_budget(other, 1.0, currency="EUR")
+    store.reserve(other, "a", 1.0)
+    store.reserve(budget_key, "a", 20.0)  # the same charge id on another key: not the same charge
+    assert store.reserved(other) == 1.0 and store.reserved(budget_key) == 20.0
+    assert store.currency(other) == "EUR"
+
+
+def test_a_budget_store_made_before_currencies_is_upgraded_when_opened(request, tmp_path, budget_key):
+    # The tables as the first shared-budget version made them (no currency column): opening adds it, and the
+    # budgets already there keep their money and have no currency.
+    import sqlite3
+    import uuid
+
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore, SqliteBudgetStore
+
+    old_budgets = ("CREATE TABLE intent_budgets (key TEXT PRIMARY KEY, amount BIGINT NOT NULL, spent BIGINT NOT NULL "
+                   "DEFAULT 0, reserved BIGINT NOT NULL DEFAULT 0, created_at DOUBLE PRECISION NOT NULL)")
+    old_row = "INSERT INTO intent_budgets VALUES ('old/2026-11-01', 3000000000, 1000000000, 0, 0)"
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.execute(old_budgets)
+    db.execute(old_row)
+    db.commit()
+    db.close()
+    dsn = request.getfixturevalue("postgres_dsn")
+    schema = f"old_{uuid.uuid4().hex[:8]}"
+    role = f"user_{schema}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        admin.execute(f"SET search_path = {schema}")
+        admin.execute(old_budgets)
+        admin.execute(old_row)
+        admin.execute("CREATE TABLE intent_charges (key TEXT NOT NULL REFERENCES intent_budgets(key), charge_id TEXT "
+                      "NOT NULL, amount BIGINT NOT NULL, status TEXT NOT NULL, late BOOLEAN NOT NULL DEFAULT FALSE, "
+                      "run_id TEXT NOT NULL DEFAULT '', tool TEXT NOT NULL DEFAULT '', kind TEXT NOT NULL DEFAULT "
+                      "'tool', lease_until DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL, "
+                      "PRIMARY KEY (key, charge_id))")
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        admin.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+    try:
+        # An application role may use the tables but not alter them: told what the owner must run, in one line.
+        with pytest.raises(StoreError, match=rf"earlier version of intent.*may not upgrade it.*run ALTER TABLE "
+                                             rf"{schema}.intent_budgets ADD COLUMN currency TEXT as that owner"):
+            PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={schema}", user=role, password="pw"))
+        for store in (SqliteBudgetStore(tmp_path / "old.db"),
+                      PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={schema}"))):
+            assert store.spent("old/2026-11-01") == 1.0 and store.currency("old/2026-11-01") is None
+            store.create_budget(budget_key, 2.0, currency="USD")
+            assert store.currency(budget_key) == "USD"
+            store.close()
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+            admin.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_an_operator_sees_a_killed_workers_hold_and_gives_it_back_before_its_lease_ends(kind, tmp_path, budget_key,
+                                                                                     request, capsys):
+    # A worker killed with SIGKILL while it holds money: the hold stays until its lease ends (600 s by default),
+    # refusing other workers meanwhile. The report now lists each hold (run, tool, charge id, lease end), so an
+    # operator who knows the worker is dead can release it by its charge id at once.
+    from intent.cli import main
+    from store_workers import reserve_and_hang
+
+    url = f"sqlite:///{tmp_path / 'held.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_dsn")
+    store = _store(url)
+    store.create_budget(budget_key, 1.0)
+    ready = tmp_path / "ready"
+    worker = SPAWN.Process(target=reserve_and_hang, args=(url, budget_key, "doomed/call-7", 0.75, str(ready)))
+    worker.start()
+    for _ in range(600):
+        if ready.exists() or not worker.is_alive():
+            break
+        time.sleep(0.1)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(30)
+    assert ready.read_text() == "held" and worker.exitcode == -signal.SIGKILL
+    with pytest.raises(BudgetExceededError):  # the dead worker's hold still counts
+        store.reserve(budget_key, "alive/call-1", 0.5)
+    assert main(["report", "--store", url, "--key", budget_key]) == 0
+    out = capsys.readouterr().out
+    assert "## Held" in out and "| doomed | fetch | 0.75 | doomed/call-7 |" in out, out
+    assert store.release(budget_key, "doomed/call-7").status == "released"  # the operator gives it back
+    store.reserve(budget_key, "alive/call-1", 0.5)
+    assert store.reserved(budget_key) == 0.5
+    assert main(["report", "--store", url, "--key", budget_key]) == 0
+    assert "| doomed |" not in capsys.readouterr().out
+
+
+def test_a_postgres_connection_dropped_while_the_store_opens_is_reconnected(request, budget_key, monkeypatch):
+    # Was: operations were retried on a dropped connection but opening was not: a worker starting during a
+    # failover (its session killed between connecting and checking the tables) died with a raw AdminShutdown.
+    # The drop is real: the server terminates the new session right after it connects.
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    PostgresBudgetStore(dsn).create_budget(budget_key, 1.0)
+    admin = psycopg.connect(dsn, autocommit=True)
+    real_connect, killed = psycopg.connect, []
+
+    def connect_then_drop(*args, **kwargs):
+        conn = real_connect(*args, **kwargs)
+        if not killed:
+            killed.append(conn.info.backend_pid)
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        return conn
+
+    monkeypatch.setattr(psycopg, "connect", connect_then_drop)
+    store = PostgresBudgetStore(dsn)
+    assert killed and store._conn.info.backend_pid != killed[0]
+    assert store.budget(budget_key) == 1.0
+    admin.close()
+
+
+def test_a_lease_keeper_keeps_renewing_after_the_store_was_away_for_a_while(request, budget_key):
+    # Was: a renewal that failed past the store's retries (StoreUnavailableError: the database away for two
+    # seconds) ended the renewing thread with a traceback, so a long call lost its hold when its lease ran out, and
+    # another run could take the money while it ran. The outage is real: the store's role may not log in for a
+    # while, and its session is terminated.
+    import uuid
+
+    import psycopg
+
+    from intent.stores import LeaseKeeper, PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    PostgresBudgetStore(dsn).create_budget(budget_key, 1.0)  # (the tables exist, made by the owner)
+    role = f"renewer_{uuid.uuid4().hex[:8]}"
+    admin = psycopg.connect(dsn, autocommit=True)
+    admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    admin.execute(f"GRANT SELECT, INSERT, UPDATE ON intent_budgets, intent_charges TO {role}")
+    try:
+        store = PostgresBudgetStore(_conninfo(dsn, user=role, password="pw"), lease_seconds=4.0)
+        store.reserve(budget_key, "long", 0.5)
+        with LeaseKeeper(store, budget_key, "long"):  # renews at once, then every second
+            time.sleep(0.3)
+            admin.execute(f"ALTER ROLE {role} NOLOGIN")
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+            time.sleep(1.9)  # the renewal due at 1 s fails all its attempts (they span about 0.8 s)
+            admin.execute(f"ALTER ROLE {role} LOGIN")  # back at 2.2 s, before the next renewal (about 2.8 s)
+            time.sleep(3.0)  # past the lease of the last renewal before the outage (4 s after about 0 s)
+            assert store.reserved(budget_key) == 0.5  # still held: renewed once the store came back
+        assert [c.status for c in store.charges(budget_key)] == ["reserved"]
+        store.close()
+    finally:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        admin.execute(f"REVOKE ALL ON intent_budgets, intent_charges FROM {role}")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()
+
+
+def test_a_sqlite_store_locked_past_its_timeout_is_unavailable_and_the_guard_keeps_the_commit(tmp_path, budget_key):
+    # Was: SQLite's "database is locked" (another process holding the write lock past the store's timeout: a
+    # long transaction, a backup, an operator's sqlite3 shell) escaped as a raw sqlite3.OperationalError, which the
+    # guard's outbox does not keep: the tool step failed after its call ran, so LangGraph ran it again on resume.
+    import sqlite3
+
+    from intent.stores import CommitOutbox, SqliteBudgetStore, StoreUnavailableError
+
+    path = tmp_path / "locked.db"
+    store = SqliteBudgetStore(path, timeout=0.2)
+    store.create_budget(budget_key, 1.0)
+    outbox = CommitOutbox(store)
+    outbox.reserve(budget_key, "a", 0.5)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    with pytest.raises(StoreUnavailableError, match=r"budget store .*locked.db.* is locked.*timeout="):
+        store.reserve(budget_key, "b", 0.25)
+    assert outbox.commit(budget_key, "a") is None and list(outbox.pending) == [(budget_key, "a")]  # kept
+    other.execute("ROLLBACK")
+    assert outbox.spent(budget_key) == 0.5 and not outbox.pending  # sent once the lock was gone
+    other.close()
+
+
+def test_a_postgres_store_whose_tables_or_grants_went_away_says_so_in_one_store_error(request, budget_key):
+    # Was: a grant revoked or a table dropped by a DBA while workers ran surfaced as a raw multi-line psycopg
+    # error (InsufficientPrivilege, UndefinedTable) out of the agent, not a StoreError naming the store.
+    import uuid
+
+    import psycopg
+
+    from intent.stores import PostgresBudgetStore
+
+    dsn = request.getfixturevalue("postgres_dsn")
+    schema, role = f"gone_{uuid.uuid4().hex[:8]}", f"worker_{uuid.uuid4().hex[:8]}"
+    admin = psycopg.connect(dsn, autocommit=True)
+    admin.execute(f"CREATE SCHEMA {schema}")
+    admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+    admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    try:
+        PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={schema}")).create_budget(budget_key, 1.0)
+        admin.execute(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+        store = PostgresBudgetStore(_conninfo(dsn, options=f"-c search_path={schema}", user=role, password="pw"))
+        store.reserve(budget_key, "a", 0.25)
+        admin.execute(f"REVOKE UPDATE ON {schema}.intent_charges FROM {role}")
+        with pytest.raises(StoreError, match=r"refused commit: permission denied for table intent_charges") as caught:
+            store.commit(budget_key, "a")
+        assert "\n" not in str(caught.value) and "pw" not in str(caught.value).replace("password=***", "")
+        admin.execute(f"DROP TABLE {schema}.intent_charges")
+        with pytest.raises(StoreError, match=r"refused reserve: relation \"intent_charges\" does not exist"):
+            store.reserve(budget_key, "b", 0.25)
+        store.close()
+    finally:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()

@@ -89,7 +89,7 @@ class BudgetStore(Protocol):
 
     lease_seconds: float
 
-    def create_budget(self, key: str, amount: float) -> None: ...
+    def create_budget(self, key: str, amount: float) -> None: ...  # (the shipped stores: currency=None too)
     def budget(self, key: str) -> float: ...
     def spent(self, key: str) -> float: ...
     def reserved(self, key: str) -> float: ...
@@ -101,6 +101,7 @@ class BudgetStore(Protocol):
     def commit(self, key: str, charge_id: str, amount: float | None = None) -> StoreCharge: ...
     def release(self, key: str, charge_id: str) -> StoreCharge | None: ...
     # Optional: rekey(key, old_id, new_id, amount, *, run_id="", tool="", kind="tool") -> StoreCharge
+    # Optional: currency(key) -> str | None (the guard refuses a budget kept in another currency than its own)
     def expire_leases(self, key: str | None = None) -> list[StoreCharge]: ...
     def charges(self, key: str) -> list[StoreCharge]: ...
 
@@ -121,11 +122,19 @@ class LeaseKeeper:
         # Renew at once (the gate reserved a while ago) and then every quarter of the lease, so a
         # renewal delayed by a busy machine still lands before the lease runs out.
         period = max(0.01, float(self.store.lease_seconds) / 4)
+        log = logging.getLogger("intent.stores")
         while True:
-            if not self.store.renew(self.key, self.charge_id):
-                logging.getLogger("intent.stores").warning(
-                    "the lease of charge %s on %r ran out before it was renewed: another run may take "
-                    "its money while the call runs; raise the store's lease_seconds", self.charge_id, self.key)
+            try:
+                renewed = self.store.renew(self.key, self.charge_id)
+            except StoreUnavailableError as exc:
+                # The store is away past its own retries: the hold is still ours until its lease ends, so keep
+                # trying (ending the thread here would let the lease run out once the store is back).
+                log.warning("could not renew the lease of charge %s on %r (%s): trying again in %gs",
+                            self.charge_id, self.key, exc, period)
+                renewed = True
+            if not renewed:
+                log.warning("the lease of charge %s on %r ran out before it was renewed: another run may take "
+                            "its money while the call runs; raise the store's lease_seconds", self.charge_id, self.key)
                 return
             if self._stop.wait(period):
                 return

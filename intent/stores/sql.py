@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sqlite3
 import threading
 import time
@@ -38,7 +39,8 @@ _SCHEMA = [
         amount BIGINT NOT NULL,
         spent BIGINT NOT NULL DEFAULT 0,
         reserved BIGINT NOT NULL DEFAULT 0,
-        created_at DOUBLE PRECISION NOT NULL)""",
+        created_at DOUBLE PRECISION NOT NULL,
+        currency TEXT)""",
     """CREATE TABLE IF NOT EXISTS intent_charges (
         key TEXT NOT NULL REFERENCES intent_budgets(key),
         charge_id TEXT NOT NULL,
@@ -54,6 +56,19 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS intent_charges_held ON intent_charges (key, status, lease_until)",
 ]
 _COLS = "key, charge_id, amount, status, late, run_id, tool, kind, lease_until, updated_at"
+_BUDGET_COLS = "key, amount, spent, reserved, created_at"  # (and currency, added to tables made before it)
+_ADD_CURRENCY = "ALTER TABLE intent_budgets ADD COLUMN currency TEXT"
+
+
+def _without_password(dsn: str) -> str:
+    """``dsn`` with its password replaced by ``***`` (URL ``user:pw@`` and ``password=`` forms), for messages."""
+    dsn = re.sub(r"(://[^:/@?]*:)[^@/?]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", r"\1***", dsn)
+
+
+def _one_line(exc: BaseException) -> str:
+    """A driver's message on one line (PostgreSQL's carry DETAIL / LINE / caret lines after the first)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _charge(row: Any) -> StoreCharge:
@@ -134,18 +149,36 @@ class _SqlBudgetStore:
         return _charge(row) if row else None
 
     # -- the protocol ----------------------------------------------------------
-    def create_budget(self, key: str, amount: float) -> None:
+    def create_budget(self, key: str, amount: float, currency: str | None = None) -> None:
+        """Create ``key`` with ``amount`` (idempotent). ``currency``: its code (``"USD"``), kept with the budget, so
+        that a guard whose money is in another currency is refused; ``None`` says nothing about it."""
         n = to_nano(amount)
+        if currency is not None:
+            if not isinstance(currency, str) or not currency.strip():
+                raise StoreError(f"currency must be a currency code like 'USD' or None, got {currency!r}")
+            currency = currency.strip().upper()
         with self._tx(None) as cur:
-            cur.execute(self._q("SELECT amount FROM intent_budgets WHERE key = ?"), (key,))
-            row = cur.fetchone()
-            if row is not None:
-                if int(row[0]) != n:
-                    raise StoreError(f"budget {key!r} exists with amount {from_nano(int(row[0])):g}; a period's "
-                                     "budget is never changed in place: use a new key")
-                return
-            cur.execute(self._q("INSERT INTO intent_budgets (key, amount, spent, reserved, created_at) "
-                                "VALUES (?, ?, 0, 0, ?)"), (key, n, self._now(cur)))
+            # Insert unless the key exists, then read what is there: workers creating the same key at once (each
+            # at start-up) all succeed; a read-then-insert let two see no row and the second insert fail.
+            cur.execute(self._q("INSERT INTO intent_budgets (key, amount, spent, reserved, created_at, currency) "
+                                "VALUES (?, ?, 0, 0, ?, ?) ON CONFLICT (key) DO NOTHING"),
+                        (key, n, self._now(cur), currency))
+            cur.execute(self._q("SELECT amount, currency FROM intent_budgets WHERE key = ?"), (key,))
+            existing, existing_currency = cur.fetchone()
+            if int(existing) != n:
+                raise StoreError(f"budget {key!r} exists with amount {from_nano(int(existing)):g}; a period's "
+                                 "budget is never changed in place: use a new key")
+            if currency is not None and existing_currency != currency:
+                raise StoreError(f"budget {key!r} exists " + (f"in {existing_currency}" if existing_currency else
+                                                              "without a currency") +
+                                 f", not {currency}; a budget has one currency, never changed in place: use a new key")
+
+    def currency(self, key: str) -> str | None:
+        """The currency ``key`` was created in, or None when it was created without one."""
+        with self._tx(None) as cur:
+            self._row(cur, key)  # (an unknown key: the error that names the fix)
+            cur.execute(self._q("SELECT currency FROM intent_budgets WHERE key = ?"), (key,))
+            return cur.fetchone()[0]
 
     def budget(self, key: str) -> float:
         with self._tx(None) as cur:
@@ -272,6 +305,7 @@ class SqliteBudgetStore(_SqlBudgetStore):
                  timeout: float = 30.0) -> None:
         super().__init__(lease_seconds=lease_seconds, clock=clock)
         self.path = str(path)
+        self.timeout = float(timeout)
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, one per operation.
         try:
             self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
@@ -284,24 +318,48 @@ class SqliteBudgetStore(_SqlBudgetStore):
         with self._tx(None) as cur:
             for stmt in _SCHEMA:
                 cur.execute(stmt)
+            cur.execute("SELECT name FROM pragma_table_info('intent_budgets')")
+            if "currency" not in {r[0] for r in cur.fetchall()}:  # a file made before budgets had a currency
+                cur.execute(_ADD_CURRENCY)
 
     @contextmanager
     def _tx(self, key: str | None) -> Iterator[Any]:
         with self._lock:
             cur = self._conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")  # the write lock first: no other process interleaves
             try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            else:
-                cur.execute("COMMIT")
+                try:
+                    cur.execute("BEGIN IMMEDIATE")  # the write lock first: no other process interleaves
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc):
+                        raise
+                    raise self._unavailable(exc) from exc
+                try:
+                    yield cur
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                try:
+                    cur.execute("COMMIT")
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc):
+                        raise
+                    cur.execute("ROLLBACK")
+                    raise self._unavailable(exc) from exc
             finally:
                 cur.close()
 
+    def _unavailable(self, exc: sqlite3.OperationalError) -> StoreUnavailableError:
+        """Another process held the write lock past ``timeout`` (a long transaction, a backup, a sqlite3 shell):
+        a :class:`StoreUnavailableError`, so the guard keeps a commit and sends it later."""
+        return StoreUnavailableError(f"the budget store {self.path!r} is locked by another connection past the "
+                                     f"store's timeout={self.timeout:g}s ({exc}); try again later, or raise timeout=")
+
     def close(self) -> None:
         self._conn.close()
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 class MemoryBudgetStore(SqliteBudgetStore):
@@ -333,14 +391,70 @@ class PostgresBudgetStore(_SqlBudgetStore):
         except ImportError as exc:
             raise StoreError("PostgresBudgetStore needs psycopg: pip install 'intent[postgres]'") from exc
         self.dsn = dsn
+        self.shown_dsn = _without_password(dsn)  # what errors and logs print: never the password
         try:
             self._conn = psycopg.connect(dsn, autocommit=True)
-        except psycopg.OperationalError as exc:
-            raise StoreError(f"cannot connect to the budget store {dsn!r}: {str(exc).strip()}") from exc
+        except psycopg.Error as exc:  # (a malformed string is a ProgrammingError, a refused connection Operational)
+            raise StoreError(f"cannot connect to the budget store {self.shown_dsn!r}: {_one_line(exc)}") from exc
+        try:
+            self._open_schema(psycopg)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _open_schema(self, psycopg: Any) -> None:
+        """Create the tables when they are missing, and check they are this version's and usable by this role.
+
+        Tables that exist are not created again: ``CREATE TABLE IF NOT EXISTS`` needs CREATE on the schema even
+        then, which a least-privilege application role lacks (PostgreSQL 15 and later grant none on ``public``)."""
+        tables = ("intent_budgets", "intent_charges")
         with self._tx(None) as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(727274)")  # two processes creating the schema at once
-            for stmt in _SCHEMA:
-                cur.execute(stmt)
+            cur.execute("SELECT current_schema(), current_user, to_regclass('intent_budgets') IS NOT NULL, "
+                        "to_regclass('intent_charges') IS NOT NULL")
+            schema, role, *present = cur.fetchone()
+            if not all(present):
+                try:
+                    with self._conn.transaction():  # (a savepoint: a refusal leaves the outer transaction usable)
+                        cur.execute("SELECT pg_advisory_xact_lock(727274)")  # two processes creating the schema
+                        for stmt in _SCHEMA:
+                            cur.execute(stmt)
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise StoreError(
+                        f"the budget store {self.shown_dsn!r} has no tables {', '.join(tables)} in schema {schema} "
+                        f"and its role may not create them ({_one_line(exc)}): open it once as the schema's owner "
+                        f"(that creates them), or GRANT CREATE ON SCHEMA {schema} TO {role}") from None
+            qualified = []  # schema.table, as a GRANT names it
+            for table, cols in zip(tables, (_BUDGET_COLS, _COLS)):
+                cur.execute("SELECT format('%%I.%%I', n.nspname, c.relname), array(SELECT attname FROM pg_attribute "
+                            "WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped) FROM pg_class c JOIN "
+                            "pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)", (table,))
+                name, columns = cur.fetchone()
+                qualified.append(name)
+                missing = [c for c in cols.split(", ") if c not in columns]
+                if missing:
+                    raise StoreError(
+                        f"the budget store {self.shown_dsn!r} has a table {name} without the columns {missing}: "
+                        "not the columns this version of intent uses (another application's table of that name, or "
+                        "an older schema); use another database or schema (options=-c search_path=...)")
+            cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('intent_budgets') AND "
+                        "attname = 'currency' AND NOT attisdropped")
+            if cur.fetchone() is None:  # tables made before budgets had a currency
+                try:
+                    with self._conn.transaction():
+                        cur.execute("SELECT pg_advisory_xact_lock(727274)")
+                        cur.execute(_ADD_CURRENCY.replace("ADD COLUMN", "ADD COLUMN IF NOT EXISTS"))
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise StoreError(
+                        f"the budget store {self.shown_dsn!r} was made by an earlier version of intent and its role "
+                        f"may not upgrade it ({_one_line(exc)}): open it once as the owner of {qualified[0]}, or run "
+                        f"{_ADD_CURRENCY.replace('intent_budgets', qualified[0])} as that owner") from None
+            for table in qualified:
+                for privilege in ("SELECT", "INSERT", "UPDATE"):
+                    cur.execute("SELECT has_table_privilege(%s, %s)", (table, privilege))
+                    if not cur.fetchone()[0]:
+                        raise StoreError(
+                            f"the budget store {self.shown_dsn!r}: role {role} may not {privilege} {table}; "
+                            f"GRANT SELECT, INSERT, UPDATE ON {', '.join(qualified)} TO {role}")
 
     @contextmanager
     def _tx(self, key: str | None) -> Iterator[Any]:
@@ -387,11 +501,17 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
         for attempt in range(PG_ATTEMPTS):
             try:
                 return op(self, *args, **kwargs)
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable,
+                    psycopg.errors.UndefinedColumn) as exc:  # (a grant revoked, a table dropped while workers ran)
+                raise StoreError(f"the budget store {self.shown_dsn!r} refused {op.__name__}: {_one_line(exc)}; "
+                                 "check its tables and the role's grants (SELECT, INSERT, UPDATE on intent_budgets "
+                                 "and intent_charges)") from exc
             except psycopg.OperationalError as exc:  # (serialization failures, deadlocks, lost connections)
                 if attempt == PG_ATTEMPTS - 1:
                     raise StoreUnavailableError(
-                        f"the budget store {self.dsn!r} failed {op.__name__} {PG_ATTEMPTS} times: "
-                        f"{type(exc).__name__}: {str(exc).strip()}") from exc
+                        f"the budget store {self.shown_dsn!r} failed {op.__name__.lstrip('_').replace('_', ' ')} "
+                        f"{PG_ATTEMPTS} times: "
+                        f"{type(exc).__name__}: {_one_line(exc)}") from exc
                 time.sleep(0.05 * 2 ** attempt)
                 if self._conn.broken or self._conn.closed:
                     try:
@@ -402,6 +522,8 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
 
 
 PG_ATTEMPTS = 5
-for _name in ("create_budget", "budget", "spent", "reserved", "renew", "left", "reserve", "rekey", "commit",
+for _name in ("create_budget", "currency", "budget", "spent", "reserved", "renew", "left", "reserve", "rekey", "commit",
               "release", "expire_leases", "charges", "keys"):
     setattr(PostgresBudgetStore, _name, _retried(getattr(_SqlBudgetStore, _name)))
+# Opening too: a worker starting during a failover may lose its new session before the tables are checked.
+PostgresBudgetStore._open_schema = _retried(PostgresBudgetStore._open_schema)  # type: ignore[method-assign]
