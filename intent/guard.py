@@ -71,6 +71,7 @@ from intent.metering import ORACLE_BUG_MARK, is_oracle_bug, open_call
 from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
 from intent.nesting import FromParent
+from intent.off_loop import off_loop
 from intent.pricing import ModelPrice, ModelPrices
 from intent.state import LEDGER_KEY, GuardState, channel_of
 from intent.top_ups import thread_id_of
@@ -676,8 +677,16 @@ class BudgetGuard:
         io: list[Any] = [None]
         gen = gate_batch(self, state, config, settle, episode, io)
         try:
-            for ctx in gen:
-                io[0] = await self.adecide(ctx)
+            if self.store_outbox is None:
+                for ctx in gen:
+                    io[0] = await self.adecide(ctx)
+            else:
+                # The gate's steps between decisions reach the shared store (what is left, the batch's
+                # reservations): run in a thread, not on the event loop (intent.off_loop).
+                ctx = await off_loop(next, gen, None)
+                while ctx is not None:
+                    io[0] = await self.adecide(ctx)
+                    ctx = await off_loop(next, gen, None)
         finally:
             gen.close()
         return io[0]
@@ -707,6 +716,8 @@ class BudgetGuard:
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]]
     ) -> ToolMessage | Command:
         """Async twin of :meth:`wrap_tool_call`."""
+        if self.store_outbox is not None:
+            return await self._awrap_tool_call_on_store(request, handler)
         run = lean_path.open_call(self, request) or open_call(self, request)
         if not hasattr(run, "metered_request"):
             return run  # type: ignore[return-value]
@@ -720,6 +731,26 @@ class BudgetGuard:
                 raise
             result = run.failed(exc)
         return run.finish(result)
+
+    async def _awrap_tool_call_on_store(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]]
+    ) -> ToolMessage | Command:
+        """:meth:`awrap_tool_call` for a guard with a shared budget store: opening the call and closing it
+        (its commits, its unused reservation released) reach the store, so they run in a thread
+        (intent.off_loop); the tool runs on the loop. (No lean path: it takes no guard with a store.)"""
+        run = await off_loop(open_call, self, request)
+        if not hasattr(run, "metered_request"):
+            return run  # type: ignore[return-value]
+        try:
+            result = await handler(run.metered_request())
+        except ParentCommand as handoff:
+            raise await off_loop(run.handed_off, handoff) from None
+        except Exception as exc:
+            if is_oracle_bug(exc) or isinstance(exc, InvalidBillError):
+                await off_loop(run.finish, None)
+                raise
+            result = run.failed(exc)
+        return await off_loop(run.finish, result)
 
     # ================================================= what the model is shown
     def _visible_names(self, state: Any, config: Mapping[str, Any] | None, market: Market,

@@ -35,6 +35,7 @@ from intent.ledger import BudgetExceededError, BudgetLedger
 from intent.lifecycle import episode_of, follow
 from intent.market import UnpricedToolError, payment_required
 from intent.nesting import _CURRENT, close_carves, enter_spending, spending_scope
+from intent.off_loop import off_loop
 from intent.messages import (
     argument_problem,
     billed_amount,
@@ -694,6 +695,8 @@ class CallRun:
             raise
 
     async def aexecute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
+        if self.episode.ledger.shared is not None:
+            return await self._aexecute_on_store(tool, tool_input, config, kwargs)
         args = _args_of(tool, tool_input)
         charge_id = self._admit(tool, args)
         if type(charge_id) is _Regate:
@@ -731,6 +734,52 @@ class CallRun:
             self._charge(charge_id, args, exc, started)
             raise
         self._charge(charge_id, args, out, started, handled=_handled(body))
+        return out
+
+    async def _aexecute_on_store(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
+        """:meth:`aexecute` on a shared budget store: what reaches the store (the run's reservation, its charge,
+        the lease's last renewal) runs in a thread, not on the event loop (intent.off_loop); the tool and the
+        oracle run on the loop. The same steps in the same order as :meth:`aexecute`."""
+        args = _args_of(tool, tool_input)
+        charge_id = await off_loop(self._admit, tool, args)
+        if type(charge_id) is _Regate:
+            try:
+                charge_id = await off_loop(self._admit_decided, tool, args, charge_id,
+                                           await self.guard.adecide(charge_id.ctx))
+            except Exception as exc:
+                charge_id = self._oracle_bug(exc, charge_id.ctx)
+        if isinstance(charge_id, ToolMessage):
+            return charge_id
+        started = self.guard._clock()
+        watch = watched(tool)
+        body = None
+        if watch is not None:
+            tool, body = watch
+        try:
+            with spending_scope(self.guard, self.episode, self.key, config):
+                lease = _lease(self.episode.ledger, charge_id).__enter__()
+                try:
+                    out = await tool.ainvoke(tool_input, config, **kwargs)
+                finally:
+                    await off_loop(lease.__exit__, None, None, None)  # joins a renewal that may wait on the store
+        except ParentCommand as handoff:
+            await off_loop(self._charge, charge_id, args, handoff.args[0], started)
+            raise
+        except GraphBubbleUp:
+            await off_loop(self._abort, charge_id)
+            raise
+        except asyncio.CancelledError as exc:
+            self.raised.append(exc)
+            if body is None:
+                await off_loop(self._charge, charge_id, args, exc, started)
+            else:
+                await off_loop(self._cancelled, body, tool, charge_id, args, exc, started)
+            raise
+        except BaseException as exc:
+            self.raised.append(exc)
+            await off_loop(self._charge, charge_id, args, exc, started)
+            raise
+        await off_loop(functools.partial(self._charge, charge_id, args, out, started, handled=_handled(body)))
         return out
 
     def _cancelled(self, body: WatchedBody, tool: Any, charge_id: str, args: Any, exc: BaseException,

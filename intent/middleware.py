@@ -40,6 +40,7 @@ from intent import lean_path, lifecycle
 from intent.episodes import RUNNING_EPISODE
 from intent.ledger import merge_ledger_states
 from intent.messages import provider_run, tool_name, turns_before
+from intent.off_loop import off_loop
 from intent.state import LEDGER_KEY, LedgerAggregate, LedgerChannel, current_config
 
 if TYPE_CHECKING:
@@ -258,6 +259,8 @@ class BudgetGuardMiddleware(AgentMiddleware):
         return self.guard.finish(state, current_config())
 
     async def aafter_agent(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
+        if self.guard.store_outbox is not None:  # releasing what is left held reaches the store: off the loop
+            return await off_loop(self.guard.finish, state, current_config())
         return self.guard.finish(state, current_config())
 
     # ---------------------------------------------------------- model call
@@ -397,7 +400,10 @@ class BudgetGuardMiddleware(AgentMiddleware):
             running: Any = _NOT_RUNNING
         else:
             run = self._model_step(request, config, io)
-            following = next(run)
+            # With a shared store, the step's own work between the model and the gate (settling what the last
+            # step left held, first of all) reaches the store: run in a thread, not on the event loop
+            # (intent.off_loop). (No lean path takes a guard with a store.)
+            following = next(run) if guard.store_outbox is None else await off_loop(next, run)
             running = _RunningEpisode(guard, following[1].state, config) if guard.made_metered_models else _NOT_RUNNING
         with running:
             while following is not None:
@@ -406,7 +412,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
                     io[0] = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
                 else:
                     io[0] = await guard.agate(arg[0], config, settle=False, episode=arg[1])
-                following = next(run, None)
+                following = next(run, None) if guard.store_outbox is None else await off_loop(next, run, None)
             return io[0]
 
     # ---------------------------------------------------------- tool calls

@@ -18,6 +18,7 @@ from langgraph.types import Command
 from intent import feedback as fb
 from intent.human import HumanTopUps
 from intent.messages import turns_before
+from intent.off_loop import off_loop
 from intent.model_meter import MODEL_OVER_BUDGET, MODEL_UNPRICED, ModelCallMeter, ModelCallRefused
 from intent.pricing import UnpricedModelError
 from intent.state import LEDGER_KEY, channel_of, current_config
@@ -143,8 +144,10 @@ class ModelGate:
         return self.close(meter, response)
 
     async def awrap(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
-        """Async twin of :meth:`wrap_model_call`."""
-        opened = self.open(request)
+        """Async twin of :meth:`wrap_model_call`. With a shared budget store, pricing the request (what is left
+        there) and closing the step (its charges) run in a thread, not on the event loop (intent.off_loop)."""
+        on_store = self.guard.store_outbox is not None
+        opened = await off_loop(self.open, request) if on_store else self.open(request)
         if not isinstance(opened, tuple):
             return opened
         meter, metered = opened
@@ -152,12 +155,18 @@ class ModelGate:
             with meter.metering() as step:  # every chat-model execution inside, whatever the model
                 response = await handler(metered.override(model=meter.instrument(metered.model, step)))
         except ModelCallRefused as exc:
+            if on_store:
+                await off_loop(meter.abandon)
+                return await off_loop(self.stopped, meter, fb.model_refused(str(exc)))
             meter.abandon()
             return self.stopped(meter, fb.model_refused(str(exc)))
         except BaseException:
-            meter.abandon()
+            if on_store:
+                await off_loop(meter.abandon)
+            else:
+                meter.abandon()
             raise
-        return self.close(meter, response)
+        return await off_loop(self.close, meter, response) if on_store else self.close(meter, response)
 
 
 def _tool_schemas(tools: Sequence[Any]) -> list[Any]:

@@ -25,6 +25,7 @@ from intent.graph import route_after_guard
 from intent.guard import BudgetGuard
 from intent.ledger import merge_ledger_states
 from intent.market import Market
+from intent.off_loop import off_loop
 from intent.oracle import AcceptAll, Oracle
 from intent.state import LEDGER_KEY, GuardState
 
@@ -115,7 +116,10 @@ def guard_react_agent(
         return _merge(settled, {"messages": [bound.invoke(messages, config)]})
 
     async def aagent(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
-        settled = guard.prepare(state, config)
+        # (Settling reaches a shared store: then in a thread, not on the event loop; budget_end, a sync
+        # RunnableLambda, runs in the executor already.)
+        settled = (guard.prepare(state, config) if guard.store_outbox is None
+                   else await off_loop(guard.prepare, state, config))
         bound, messages = _prepare(state, config)
         return _merge(settled, {"messages": [await bound.ainvoke(messages, config)]})
 
