@@ -1,4 +1,4 @@
-"""The ``intent`` command line: ``intent demo`` and ``intent report``, and the subcommands other packages add
+"""The ``intent`` command line: ``intent demo``, ``intent report`` and ``intent store prune``, and the subcommands other packages add
 through the entry-point group ``intent.commands`` (:func:`_extensions`)."""
 
 from __future__ import annotations
@@ -36,6 +36,43 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str, flag: str) -> float:
+    """``90d``, ``12h``, ``30m``, ``45s`` in seconds (a unit is required: a bare ``90`` is days to some, seconds to
+    others, and pruning with the wrong one deletes history)."""
+    import re
+
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if match is None:
+        raise UsageError(f"{flag} {text!r}: give a unit: 90d, 12h, 30m or 45s")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def _store_prune(args: argparse.Namespace) -> int:
+    import datetime as dt
+    import time
+
+    from intent.report import open_existing_store
+    from intent.stores import StoreArgumentError
+    from intent.stores.sql import _without_password
+
+    older = _duration(args.older_than, "--older-than")
+    store = open_existing_store(args.store)
+    try:
+        deleted = store.prune(older, key=args.key)
+    except StoreArgumentError as exc:  # (too short a cutoff: named by the flag the user typed)
+        raise UsageError(f"--older-than {args.older_than}: {exc}") from None
+    finally:
+        store.close()
+    before = dt.datetime.fromtimestamp(time.time() - older, dt.timezone.utc).isoformat(timespec="seconds")
+    print(f"pruned {deleted} settled charges (committed, released or expired before {before}) from "
+          f"{_without_password(args.store)}, " + (f"key {args.key}" if args.key else "every key")
+          + "; the budgets' totals are unchanged")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="intent", description="Budget planning for LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,6 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--key", default=None, help="the shared budget's key, e.g. customer-42/2026-11-23")
     report.add_argument("--out", default=None, help="also write budget_report.{md,json,png} to this directory")
     report.set_defaults(func=_report)
+    store = sub.add_parser("store", help="look after a shared budget store (prune its settled history)")
+    store_sub = store.add_subparsers(dest="store_command", required=True)
+    prune = store_sub.add_parser(
+        "prune", help="delete settled charges (committed, released, expired) older than --older-than; never a hold",
+        description="Delete the settled charges (committed, released, expired) last changed before --older-than ago. "
+                    "Held reservations are kept, and each budget's spent and reserved totals are unchanged; a late "
+                    "commit of a pruned charge is refused, so keep far longer than any worker may stay away.")
+    prune.add_argument("--store", required=True, help="sqlite:///PATH or postgresql://... (its role needs DELETE)")
+    prune.add_argument("--older-than", required=True, help="how old a settled charge must be: 90d, 12h, 30m, 45s")
+    prune.add_argument("--key", default=None, help="only this budget key (default: every key)")
+    prune.set_defaults(func=_store_prune)
     registrars = _extensions()
     for register in registrars:
         register(sub)
@@ -57,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS_GROUP = "intent.commands"
-_BUILT_IN = ("demo", "report")
+_BUILT_IN = ("demo", "report", "store")
 
 
 def _extensions() -> list[Callable[[Any], None]]:
@@ -118,7 +166,7 @@ def _no_plugins_error(argv: Sequence[str]) -> str | None:
     command = next((a for a in argv if not a.startswith("-")), None)
     if command is None or command in _BUILT_IN:
         return None
-    return (f"intent: error: no command {command!r}: only {' and '.join(_BUILT_IN)} are built in, and no other "
+    return (f"intent: error: no command {command!r}: only {', '.join(_BUILT_IN)} are built in, and no other "
             f"command is registered (entry-point group {COMMANDS_GROUP!r}; bench, train, serve, ... are this "
             "project's). The installed metadata of intent predates that group: re-run `make install` (or pip "
             "install -e . in the source tree)")

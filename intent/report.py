@@ -416,18 +416,25 @@ def budget_report(source: str | Path | Iterable[StepRecord], *, out: str | Path 
     return report
 
 
+def open_existing_store(url: str) -> Any:
+    """The store at ``url`` (``--store``) for a command that reads or prunes it: a SQLite URL must name an existing
+    file (opening a store at a mistyped path would create an empty database there)."""
+    from intent.stores import open_store
+
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        raise UsageError(f"--store {url}: no SQLite database at {url[len('sqlite:///'):]!r}; check the path "
+                         "(sqlite:///relative/path.db, or sqlite:////absolute/path.db)")
+    return open_store(url)
+
+
 def shared_budget_report(store: Any, key: str) -> str:
     """A shared budget's money (``intent report --store URL --key K``): its budget, spent, held
     and left, and its committed charges by run, by tool / model, with expired leases and late
     commits. ``store`` is a :class:`~intent.stores.BudgetStore` or its URL."""
     if isinstance(store, str):
-        from intent.stores import open_store
+        store = open_existing_store(store)
+    from intent.stores.base import from_nano, to_nano
 
-        if store.startswith("sqlite:///") and not Path(store[len("sqlite:///"):]).is_file():
-            # A report only reads: opening a store at a mistyped path would create an empty database there.
-            raise UsageError(f"--store {store}: no SQLite database at {store[len('sqlite:///'):]!r}; check the path "
-                             "(sqlite:///relative/path.db, or sqlite:////absolute/path.db)")
-        store = open_store(store)
     store.expire_leases(key)  # a lease that ran out is released before it is reported
     charges = store.charges(key)
     budget, spent, held = store.budget(key), store.spent(key), store.reserved(key)
@@ -446,8 +453,12 @@ def shared_budget_report(store: Any, key: str) -> str:
              "|---:|---:|---:|---:|---:|---:|---:|",
              f"| {_money(budget)} | {_money(spent)} | {_money(held)} | {_money(max(0.0, budget - spent - held))} | "
              f"{len(committed)} | {sum(1 for c in charges if c.status == 'expired')} | "
-             f"{sum(1 for c in committed if c.late)} |", "",
-             "## By run", "", "| run | spent | charges |", "|---|---:|---:|"]
+             f"{sum(1 for c in committed if c.late)} |", ""]
+    pruned = to_nano(spent) - sum(to_nano(c.amount) for c in committed)  # (exact: money is integer nano-units)
+    if pruned > 0:
+        lines += [f"{_money(from_nano(pruned))} of spent was charged by charges pruned from the store's history "
+                  "(store.prune): the charges counted above and the tables below cover the rest.", ""]
+    lines += ["## By run", "", "| run | spent | charges |", "|---|---:|---:|"]
     for run, (amount, n) in sorted(by_run.items(), key=lambda kv: -kv[1][0]):
         lines.append(f"| {_cell(run)} | {_money(amount)} | {n} |")
     lines += ["", "## By tool and model", "", "| kind | name | spent | charges |", "|---|---|---:|---:|"]

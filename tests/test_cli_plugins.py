@@ -1,4 +1,4 @@
-"""`intent`'s subcommands beyond demo and report come from the entry-point group ``intent.commands``.
+"""`intent`'s subcommands beyond demo, report and store come from the entry-point group ``intent.commands``.
 
 intent.cli names no package above it; the commands of eval (bench, compare, seeds, loop, probe) and training
 (train, serve) register themselves through ``[project.entry-points."intent.commands"]`` in pyproject.toml.
@@ -18,6 +18,7 @@ import pytest
 import intent.cli as cli
 
 REPO = Path(__file__).resolve().parents[1]
+BUILT_IN = {"demo", "report", "store"}
 PROJECT_COMMANDS = {"bench", "compare", "seeds", "loop", "probe", "train", "serve"}
 
 
@@ -37,7 +38,7 @@ def test_the_project_declares_its_commands_as_entry_points():
 
 def test_a_source_checkout_has_every_command():
     # This tree's pyproject.toml is read even when the installed metadata predates the group.
-    assert _commands(cli.build_parser()) == {"demo", "report"} | PROJECT_COMMANDS
+    assert _commands(cli.build_parser()) == BUILT_IN | PROJECT_COMMANDS
 
 
 def test_installed_metadata_alone_gives_the_same_commands(monkeypatch):
@@ -45,7 +46,7 @@ def test_installed_metadata_alone_gives_the_same_commands(monkeypatch):
     eps = md.EntryPoints(md.EntryPoint(name, value, cli.COMMANDS_GROUP) for name, value in _declared().items())
     monkeypatch.setattr(cli, "_source_tree_commands", lambda: None)
     monkeypatch.setattr(md, "entry_points", lambda **kw: eps.select(**kw))
-    assert _commands(cli.build_parser()) == {"demo", "report"} | PROJECT_COMMANDS
+    assert _commands(cli.build_parser()) == BUILT_IN | PROJECT_COMMANDS
 
 
 def test_metadata_without_the_group_says_to_reinstall(monkeypatch, capsys):
@@ -56,7 +57,7 @@ def test_metadata_without_the_group_says_to_reinstall(monkeypatch, capsys):
     assert cli.main(["bench", "--tasks", "2"]) == 2
     err = capsys.readouterr().err
     assert "no command 'bench'" in err and "re-run `make install`" in err and "intent.commands" in err
-    assert _commands(cli.build_parser()) == {"demo", "report"}  # the built-in commands still work
+    assert _commands(cli.build_parser()) == BUILT_IN  # the built-in commands still work
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
     assert "--budget" in capsys.readouterr().out

@@ -751,18 +751,16 @@ def test_a_kept_commit_refused_before_another_operation_fails_that_operation_onc
     assert store.reserved(budget_key) == pytest.approx(0.25)
 
 
-def test_postgres_past_its_retries_is_unavailable_not_a_bug(request, budget_key, monkeypatch):
+def test_postgres_past_its_retries_is_unavailable_not_a_bug(request, budget_key):
     # The guard keeps a commit only on StoreUnavailableError; the retry wrapper raised a plain StoreError.
     import psycopg
 
-    import intent.stores.sql as sql
     from intent.stores import PostgresBudgetStore, StoreUnavailableError
 
     dsn = request.getfixturevalue("postgres_dsn")
-    store = PostgresBudgetStore(dsn, lease_seconds=60)
+    store = PostgresBudgetStore(dsn, lease_seconds=60, retry_seconds=0)  # (one attempt: no retry)
     store.create_budget(budget_key, 1.0)
     store.reserve(budget_key, "a", 0.25)
-    monkeypatch.setattr(sql, "PG_ATTEMPTS", 1)
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
     with pytest.raises(StoreUnavailableError, match="failed commit 1 times"):
@@ -1030,7 +1028,7 @@ def test_a_lease_keeper_keeps_renewing_after_the_store_was_away_for_a_while(requ
             time.sleep(0.3)
             admin.execute(f"ALTER ROLE {role} NOLOGIN")
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
-            time.sleep(1.9)  # the renewal due at 1 s fails all its attempts (they span about 0.8 s)
+            time.sleep(1.9)  # the renewal due at 1 s fails all its attempts (retry_seconds=1 by default)
             admin.execute(f"ALTER ROLE {role} LOGIN")  # back at 2.2 s, before the next renewal (about 2.8 s)
             time.sleep(3.0)  # past the lease of the last renewal before the outage (4 s after about 0 s)
             assert store.reserved(budget_key) == 0.5  # still held: renewed once the store came back

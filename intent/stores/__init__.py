@@ -102,6 +102,7 @@ class BudgetStore(Protocol):
     def release(self, key: str, charge_id: str) -> StoreCharge | None: ...
     # Optional: rekey(key, old_id, new_id, amount, *, run_id="", tool="", kind="tool") -> StoreCharge
     # Optional: currency(key) -> str | None (the guard refuses a budget kept in another currency than its own)
+    # Optional: prune(older_than_seconds, key=None) -> int (settled history deleted: `intent store prune`)
     def expire_leases(self, key: str | None = None) -> list[StoreCharge]: ...
     def charges(self, key: str) -> list[StoreCharge]: ...
 
@@ -287,10 +288,14 @@ def _warn_lost(outbox: CommitOutbox) -> None:
 
 
 def open_store(url: str, **kwargs: Any) -> BudgetStore:
-    """A store from a URL: ``memory://``, ``sqlite:///path/to/budgets.db``, ``postgresql://...``."""
+    """A store from a URL: ``memory://``, ``sqlite:///path/to/budgets.db``, ``postgresql://...``; ``kwargs`` go to its
+    class (``lease_seconds=``; ``retry_seconds=`` for PostgreSQL, ``timeout=`` for SQLite)."""
     if not isinstance(url, str):
         raise StoreArgumentError(f"store URL must be a str, got {type(url).__name__} {url!r:.60}; use memory://, "
                                  "sqlite:///PATH or postgresql://...")
+    if "retry_seconds" in kwargs and not url.startswith(("postgresql://", "postgres://")):
+        raise StoreArgumentError(f"retry_seconds= is for postgresql:// stores, not {url.split('://')[0]}://; a SQLite "
+                                 "store waits for another connection's lock up to its timeout= (seconds)")
     if url.startswith("memory://"):
         return MemoryBudgetStore(**kwargs)
     if url.startswith("sqlite:///"):

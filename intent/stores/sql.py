@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import random
 import re
 import sqlite3
 import threading
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from intent.stores.base import (
+    StoreArgumentError,
     StoreCharge,
     StoreError,
     StoreUnavailableError,
@@ -33,6 +36,8 @@ __all__ = ["MemoryBudgetStore", "PostgresBudgetStore", "SqliteBudgetStore"]
 
 log = logging.getLogger("intent.stores")
 
+# A key's charges in time order: what the report reads and prune deletes, without reading the whole table.
+_BY_TIME = "CREATE INDEX IF NOT EXISTS intent_charges_by_time ON intent_charges (key, updated_at)"
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS intent_budgets (
         key TEXT PRIMARY KEY,
@@ -54,10 +59,12 @@ _SCHEMA = [
         updated_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (key, charge_id))""",
     "CREATE INDEX IF NOT EXISTS intent_charges_held ON intent_charges (key, status, lease_until)",
+    _BY_TIME,
 ]
 _COLS = "key, charge_id, amount, status, late, run_id, tool, kind, lease_until, updated_at"
 _BUDGET_COLS = "key, amount, spent, reserved, created_at"  # (and currency, added to tables made before it)
 _ADD_CURRENCY = "ALTER TABLE intent_budgets ADD COLUMN currency TEXT"
+PRUNE_BATCH = 10_000  # settled charges deleted per transaction (each holds its key's row lock while it runs)
 
 
 def _without_password(dsn: str) -> str:
@@ -249,7 +256,11 @@ class _SqlBudgetStore:
             self._expire(cur, key)
             charge = self._get(cur, key, charge_id)
             if charge is None:
-                raise StoreError(f"cannot commit {charge_id!r} on {key!r}: it was never reserved")
+                raise StoreError(
+                    f"cannot commit {charge_id!r} on {key!r}: no such charge: it was never reserved, or it settled "
+                    "(expired, released) long ago and was pruned from the store's history (store.prune); a late "
+                    "commit of a pruned charge is not charged by itself: if its call ran, charge its money with "
+                    f"store.reserve({key!r}, NEW_ID, 0) then store.commit({key!r}, NEW_ID, amount)")
             if charge.status == "committed":
                 return charge
             if charge.status == "released":
@@ -291,6 +302,45 @@ class _SqlBudgetStore:
         with self._tx(None) as cur:
             cur.execute(self._q(f"SELECT {_COLS} FROM intent_charges WHERE key = ? ORDER BY updated_at"), (key,))
             return [_charge(r) for r in cur.fetchall()]
+
+    def prune(self, older_than_seconds: float, key: str | None = None) -> int:
+        """Delete the settled charges (committed, released, expired) of ``key`` (every key when None) last changed
+        more than ``older_than_seconds`` ago; a held reservation is never deleted. Returns how many were deleted.
+
+        The budget's totals do not change: ``spent`` and ``reserved`` are kept in the budget's row, so the report
+        still shows all the money and itemizes what is left. ``older_than_seconds`` must span at least two leases
+        (a live hold is renewed within one), and should be far longer than any worker may stay away: a commit that
+        arrives after its charge was pruned (a worker revived after days, an outbox journal sent late) finds no
+        charge and is refused with a :class:`StoreError` naming pruning, not charged. Deleted in batches of
+        ``PRUNE_BATCH``, each its own short transaction, so workers on the key wait for one batch at most. On
+        PostgreSQL the role needs ``DELETE`` on ``intent_charges`` (the workers' roles do not)."""
+        if isinstance(older_than_seconds, bool) or not isinstance(older_than_seconds, (int, float)) \
+                or not math.isfinite(older_than_seconds):
+            raise StoreArgumentError(f"older_than_seconds must be a number of seconds, got {older_than_seconds!r}; "
+                                     "e.g. 90 days = 7776000")
+        if older_than_seconds < 2 * self.lease_seconds:
+            raise StoreArgumentError(
+                f"older_than_seconds={older_than_seconds:g} keeps less than two leases (lease_seconds="
+                f"{self.lease_seconds:g}) of settled history: a commit of a charge pruned that soon would be "
+                "refused; keep far more, e.g. 90 days = 7776000")
+        deleted = 0
+        for k in ([key] if key is not None else self.keys()):
+            while True:
+                n = self._prune_batch(k, float(older_than_seconds))
+                deleted += n
+                if n < PRUNE_BATCH:
+                    break
+        return deleted
+
+    def _prune_batch(self, key: str, older_than_seconds: float) -> int:
+        with self._tx(key) as cur:
+            self._row(cur, key)  # (an unknown key: the error that names the fix)
+            cutoff = self._now(cur) - older_than_seconds
+            # (a subquery with LIMIT: neither SQLite, as usually built, nor PostgreSQL has DELETE ... LIMIT)
+            cur.execute(self._q("DELETE FROM intent_charges WHERE key = ? AND charge_id IN (SELECT charge_id FROM "
+                                "intent_charges WHERE key = ? AND status <> 'reserved' AND updated_at < ? LIMIT ?)"),
+                        (key, key, cutoff, PRUNE_BATCH))
+            return int(cur.rowcount)
 
     def keys(self) -> list[str]:
         with self._tx(None) as cur:
@@ -375,15 +425,28 @@ class PostgresBudgetStore(_SqlBudgetStore):
 
     ``dsn`` is a libpq connection string or URL (``postgresql://user@host/db``). Needs
     ``psycopg`` (``pip install 'intent[postgres]'``).
+
+    ``retry_seconds`` (default 1): how long an operation that fails transiently (a connection lost or refused, a
+    failover, a serialization failure, a deadlock, a lock timeout) is tried again after its first failure, with
+    pauses of 0.05 s doubling up to 2 s, each jittered (so workers that lost the server together do not come back
+    in lockstep); then :class:`StoreUnavailableError`. Opening the store is retried the same way. Set it to cover
+    your failover (``retry_seconds=60``); an attempt itself is bounded by the DSN's ``connect_timeout`` and
+    ``lock_timeout`` / ``statement_timeout``, so one operation can take ``retry_seconds`` plus one attempt.
     """
 
     placeholder = "%s"
 
-    def __init__(self, dsn: str, *, lease_seconds: float = 600.0, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, dsn: str, *, lease_seconds: float = 600.0, clock: Callable[[], float] | None = None,
+                 retry_seconds: float = 1.0) -> None:
         # clock=None (the default): leases in the database server's time, one clock for every machine, so a
         # machine whose clock runs ahead cannot expire another machine's live hold. A callable: that clock
         # (tests that move time).
         super().__init__(lease_seconds=lease_seconds, clock=clock or time.time)
+        if isinstance(retry_seconds, bool) or not isinstance(retry_seconds, (int, float)) \
+                or not math.isfinite(retry_seconds) or retry_seconds < 0:
+            raise StoreArgumentError(f"retry_seconds must be a finite number of seconds >= 0, got {retry_seconds!r}; "
+                                     "e.g. retry_seconds=60 to ride out a failover, 0 to never retry")
+        self.retry_seconds = float(retry_seconds)
         self._server_clock = clock is None
         self._tx_time: float | None = None
         try:
@@ -392,10 +455,21 @@ class PostgresBudgetStore(_SqlBudgetStore):
             raise StoreError("PostgresBudgetStore needs psycopg: pip install 'intent[postgres]'") from exc
         self.dsn = dsn
         self.shown_dsn = _without_password(dsn)  # what errors and logs print: never the password
-        try:
-            self._conn = psycopg.connect(dsn, autocommit=True)
-        except psycopg.Error as exc:  # (a malformed string is a ProgrammingError, a refused connection Operational)
-            raise StoreError(f"cannot connect to the budget store {self.shown_dsn!r}: {_one_line(exc)}") from exc
+        pauses = None
+        while True:
+            try:
+                self._conn = psycopg.connect(dsn, autocommit=True)
+                break
+            except psycopg.OperationalError as exc:  # (refused, unreachable, the server starting or shutting down)
+                if pauses is None:
+                    pauses = _retry_pauses(self.retry_seconds)
+                pause = None if _misconfigured(exc) else next(pauses, None)
+                if pause is None:
+                    raise StoreError(f"cannot connect to the budget store {self.shown_dsn!r}: "
+                                     f"{_one_line(exc)}") from exc
+                time.sleep(pause)
+            except psycopg.Error as exc:  # (a malformed string is a ProgrammingError)
+                raise StoreError(f"cannot connect to the budget store {self.shown_dsn!r}: {_one_line(exc)}") from exc
         try:
             self._open_schema(psycopg)
         except BaseException:
@@ -436,6 +510,7 @@ class PostgresBudgetStore(_SqlBudgetStore):
                         f"the budget store {self.shown_dsn!r} has a table {name} without the columns {missing}: "
                         "not the columns this version of intent uses (another application's table of that name, or "
                         "an older schema); use another database or schema (options=-c search_path=...)")
+            self._charges_table = qualified[1]
             cur.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('intent_budgets') AND "
                         "attname = 'currency' AND NOT attisdropped")
             if cur.fetchone() is None:  # tables made before budgets had a currency
@@ -448,6 +523,20 @@ class PostgresBudgetStore(_SqlBudgetStore):
                         f"the budget store {self.shown_dsn!r} was made by an earlier version of intent and its role "
                         f"may not upgrade it ({_one_line(exc)}): open it once as the owner of {qualified[0]}, or run "
                         f"{_ADD_CURRENCY.replace('intent_budgets', qualified[0])} as that owner") from None
+            cur.execute("SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = "
+                        "to_regclass('intent_charges') AND c.relname = 'intent_charges_by_time'")
+            if cur.fetchone() is None:  # tables made before the index
+                try:
+                    with self._conn.transaction():
+                        cur.execute("SELECT pg_advisory_xact_lock(727274)")
+                        cur.execute(_BY_TIME)
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    # Not needed to move money: the store works without it, the report and prune read more.
+                    log.warning("the budget store %s has no index intent_charges_by_time and its role may not create "
+                                "it (%s): the report and prune read a key's whole history until the owner of %s "
+                                "runs %s", self.shown_dsn, _one_line(exc), qualified[1],
+                                _BY_TIME.replace("INDEX", "INDEX CONCURRENTLY").replace(
+                                    "ON intent_charges", f"ON {qualified[1]}"))
             for table in qualified:
                 for privilege in ("SELECT", "INSERT", "UPDATE"):
                     cur.execute("SELECT has_table_privilege(%s, %s)", (table, privilege))
@@ -489,41 +578,70 @@ class PostgresBudgetStore(_SqlBudgetStore):
         self._conn.close()
 
 
+RETRY_PAUSE_FIRST = 0.05  # seconds before the first retry; doubled after each
+RETRY_PAUSE_CAP = 2.0  # the longest pause: a long outage is tried every second or two
+
+
+def _retry_pauses(retry_seconds: float, rand: Callable[[], float] = random.random) -> Iterator[float]:
+    """The pauses before each retry, until ``retry_seconds`` from now: exponential, each jittered to 50-100 % of its
+    step (workers that lost the server at once spread out), the last one ending at the deadline."""
+    deadline = time.monotonic() + retry_seconds
+    step = RETRY_PAUSE_FIRST
+    while (left := deadline - time.monotonic()) > 0:
+        yield min(left, step * (0.5 + rand() / 2))
+        step = min(step * 2, RETRY_PAUSE_CAP)
+
+
+def _misconfigured(exc: BaseException) -> bool:
+    """A refusal no retry cures: a database that does not exist, a wrong password (a role that may not log in is
+    retried: that is how a server in the middle of a failover or a maintenance window may answer)."""
+    return getattr(exc, "sqlstate", None) in ("3D000", "28P01")
+
+
 def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
     """``op`` run again when PostgreSQL fails it transiently: a connection that dropped (a restart, a
     failover, an idle timeout: reconnected first), a serialization failure or a deadlock, a lock timeout.
     Every operation is idempotent by charge id, so one that committed before its answer was lost changes
-    nothing the second time. Still failing after ``PG_ATTEMPTS``: a :class:`StoreError` naming the store."""
+    nothing the second time. Still failing ``retry_seconds`` after its first failure: a
+    :class:`StoreUnavailableError` naming the store."""
+    name = op.__name__.lstrip("_").replace("_", " ").removesuffix(" batch")  # (what messages call it)
+
     @functools.wraps(op)
     def run(self: PostgresBudgetStore, *args: Any, **kwargs: Any) -> Any:
         import psycopg
 
-        for attempt in range(PG_ATTEMPTS):
+        pauses = None
+        attempts = 0
+        first_failure = 0.0
+        while True:
+            attempts += 1
             try:
+                if self._conn.broken or self._conn.closed:  # (lost in an earlier attempt or operation)
+                    self._reconnect()  # (refused while the server is away: that attempt's failure, retried)
                 return op(self, *args, **kwargs)
             except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable,
                     psycopg.errors.UndefinedColumn) as exc:  # (a grant revoked, a table dropped while workers ran)
-                raise StoreError(f"the budget store {self.shown_dsn!r} refused {op.__name__}: {_one_line(exc)}; "
-                                 "check its tables and the role's grants (SELECT, INSERT, UPDATE on intent_budgets "
-                                 "and intent_charges)") from exc
+                grants = (f"prune deletes: GRANT DELETE ON {self._charges_table} TO the role that prunes (workers "
+                          "need none)" if name == "prune" else
+                          "SELECT, INSERT, UPDATE on intent_budgets and intent_charges")
+                raise StoreError(f"the budget store {self.shown_dsn!r} refused {name}: {_one_line(exc)}; "
+                                 f"check its tables and the role's grants ({grants})") from exc
             except psycopg.OperationalError as exc:  # (serialization failures, deadlocks, lost connections)
-                if attempt == PG_ATTEMPTS - 1:
+                if pauses is None:
+                    pauses = _retry_pauses(self.retry_seconds)
+                    first_failure = time.monotonic()
+                pause = next(pauses, None)
+                if pause is None:
                     raise StoreUnavailableError(
-                        f"the budget store {self.shown_dsn!r} failed {op.__name__.lstrip('_').replace('_', ' ')} "
-                        f"{PG_ATTEMPTS} times: "
-                        f"{type(exc).__name__}: {_one_line(exc)}") from exc
-                time.sleep(0.05 * 2 ** attempt)
-                if self._conn.broken or self._conn.closed:
-                    try:
-                        self._reconnect()
-                    except psycopg.OperationalError:
-                        continue  # the server is still away: the next attempt tries again
+                        f"the budget store {self.shown_dsn!r} failed {name} {attempts} times over "
+                        f"{time.monotonic() - first_failure:.1f} s (retry_seconds={self.retry_seconds:g}; raise it "
+                        f"to ride out a longer outage): {type(exc).__name__}: {_one_line(exc)}") from exc
+                time.sleep(pause)
     return run
 
 
-PG_ATTEMPTS = 5
 for _name in ("create_budget", "currency", "budget", "spent", "reserved", "renew", "left", "reserve", "rekey", "commit",
-              "release", "expire_leases", "charges", "keys"):
+              "release", "expire_leases", "charges", "keys", "_prune_batch"):
     setattr(PostgresBudgetStore, _name, _retried(getattr(_SqlBudgetStore, _name)))
 # Opening too: a worker starting during a failover may lose its new session before the tables are checked.
 PostgresBudgetStore._open_schema = _retried(PostgresBudgetStore._open_schema)  # type: ignore[method-assign]
