@@ -74,6 +74,9 @@ class Episode:
     # The gate's decisions, by call key, as written to state: a gate run again on the same message because its
     # step's update was lost (cancelled or crashed after the gate) writes them again (intent.gate).
     decided: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The calls guard.route last sent to the tool node, by the id of their message: what a tool node not made by
+    # the guard answered is told by them (intent.lifecycle.check_tool_runner, which drops the message's entry).
+    routed: dict[str, frozenset[str]] = field(default_factory=dict)
     # The tools the model was offered at its last call (the request's list, as given): a call to
     # one the market does not price is refused as unpriced, not as a tool that does not exist.
     offered: Any = None

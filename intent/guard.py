@@ -825,10 +825,14 @@ class BudgetGuard:
 
     def route(self, state: Mapping[str, Any], *, tools: str = "tools", agent: str = "agent", end: str = "__end__") -> Any:
         """Conditional edge after :meth:`node`: ``Send`` each accepted pending call to ``tools``; back to
-        ``agent`` when every call was refused; ``end`` when there is no message to gate."""
+        ``agent`` when every call was refused; ``end`` when there is no message to gate. The calls sent are
+        noted: a tool node other than :meth:`tool_node` that answers them is a :class:`GuardConfigError` at
+        the next model step (:func:`intent.lifecycle.check_tool_runner`)."""
         from intent.graph import route_after_guard
 
-        return route_after_guard(state, tools=tools, agent=agent, end=end)
+        routed = route_after_guard(state, tools=tools, agent=agent, end=end)
+        lifecycle.note_routed(self, state, routed)  # what a tool node that is not the guard's answered is told by it
+        return routed
 
     def _call_hook(self, name: str, *args: Any) -> Any:
         if not self._has_hook(name):

@@ -19,11 +19,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 
 from intent.errors import GuardConfigError
 from intent.lineage import Reader, checkpoint_here, forked, new_input
-from intent.messages import answered_after, call_key, messages_of, query_run, text_of, turns_before
+from intent.messages import answered_after, call_key, last_ai, messages_of, query_run, text_of, turns_before
 from intent.nesting import CarvedLedger, current_parent
 from intent.oracle import EpisodeInfo
 from intent.state import LEDGER_KEY, branch_of, branch_stamp, channel_of, run_of, runs_of
@@ -33,13 +33,16 @@ if TYPE_CHECKING:
     from intent.episodes import Episode
     from intent.guard import BudgetGuard
 
-__all__ = ["ANSWERED_ELSEWHERE", "RELEASED_UNUSED", "answered_decision", "episode_id", "episode_of", "finish",
-           "follow", "inherits_parent_ledger", "prepared", "raise_deferred", "settle", "start"]
+__all__ = ["ANSWERED_ELSEWHERE", "RAN_OUTSIDE_GUARD", "RELEASED_UNUSED", "answered_decision", "check_tool_runner",
+           "episode_id", "episode_of", "finish", "follow", "inherits_parent_ledger", "note_routed", "prepared",
+           "raise_deferred", "settle", "start"]
 
 RELEASED_UNUSED = "released_unused"  # reason of a release record: the reservation was never used
 # Reason of an answered record: something else answered the call before the gate saw it (another
 # middleware's after_model, or the model's own response: a structured-output answer).
 ANSWERED_ELSEWHERE = "answered_elsewhere"
+# Reason of the release of a call that a tool node not made by guard.tool_node answered (check_tool_runner).
+RAN_OUTSIDE_GUARD = "ran_outside_guard"
 
 
 def answered_decision(tool: str, args: dict[str, Any], step: int) -> dict[str, Any]:
@@ -47,6 +50,99 @@ def answered_decision(tool: str, args: dict[str, Any], step: int) -> dict[str, A
     decided or reserved, but a later gate or run end sees it there and does not log the call again."""
     return {"accept": False, "tool": tool, "args": args, "price": None, "step": step,
             "reason": ANSWERED_ELSEWHERE, "feedback": "", "kind": "answered"}
+
+
+def note_routed(guard: BudgetGuard, state: Any, routed: Any) -> None:
+    """Keep which calls of the last message ``guard.route`` sent to the tool node (``routed``: its answer, a
+    list of ``Send`` or a node name), for :func:`check_tool_runner`. The latest routing of a message wins:
+    ``graph.update_state`` while paused before the tools routes it again, without the calls it answered."""
+    channel = channel_of(state)
+    named = channel.get("episode_id") if channel else None
+    episode = guard.episodes.peek(str(named)) if named else None
+    if episode is None:
+        return  # no run of it going on here: nothing to check against later
+    _index, ai = last_ai(messages_of(state))
+    if ai is None or not ai.id:
+        return
+    sent = frozenset(call["id"] for send in routed for call in send.arg) if isinstance(routed, list) else None
+    with episode.lock:
+        if sent:
+            episode.routed[ai.id] = sent
+        else:
+            episode.routed.pop(ai.id, None)  # routed again with nothing left to send
+
+
+def check_tool_runner(guard: BudgetGuard, episode: Episode, state: Any, channel: Mapping[str, Any],
+                      decisions: Mapping[str, Any]) -> None:
+    """Raise :class:`GuardConfigError` when the tool node ``guard.route`` sent the last gated message's calls to
+    is not the guard's: a plain ``ToolNode`` wired after ``guard.node()`` instead of ``guard.tool_node(tools)``.
+    It runs every call the route sends, refused ones too, unmetered: without this the ledger read nothing
+    spent (36 run on a budget of 30, the ledger at 0), silently.
+
+    Evidence only a tool runner outside the guard leaves, on calls the route sent (:func:`note_routed`: in a
+    hand-built graph, with no middleware between the route and the tool node; with ``create_agent`` a cache,
+    a human's reject or a call limit answers calls legitimately, and those are released as unused): every
+    one of them answered, and none by the guard's tool step. That step answers an accepted call in the same
+    write that commits or releases its gate reservation (so it is not held after), and a refused or never
+    gated one with its refusal, which carries ``artifact["intent_reason"]``. Calls a human answered with
+    ``graph.update_state`` while paused before the tools were not sent (the update routes the message again),
+    and when any sent call has the guard's answer the tool node is the guard's. Known in the process that
+    routed the message (the record is in memory), checked once per message.
+
+    The runs' cost is unknown, so nothing is charged; the held reservations are released (logged
+    ``ran_outside_guard``) before raising, so that a budget store gets its money back; the thread, run
+    again with the fixed graph, goes on."""
+    if not episode.routed:
+        return  # (create_agent, and a hand-built graph's steps after each message is checked: one dict test)
+    turns = channel.get("turns") or {}
+    last_id = turns.get("last_id")
+    sent = episode.routed.get(last_id) if last_id else None
+    if not sent:
+        return
+    messages = messages_of(state)
+    at = turns.get("at")
+    if not (isinstance(at, int) and 0 <= at < len(messages) and messages[at].id == last_id):
+        at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].id == last_id), None)
+    ai = messages[at] if at is not None else None
+    if not isinstance(ai, AIMessage):
+        return
+    answers = {m.tool_call_id: m for m in messages[at + 1:] if isinstance(m, ToolMessage)}
+    if not sent <= answers.keys():
+        return  # a sent call not answered yet (its tool paused): judged once the tool step has answered all
+    with episode.lock:
+        episode.routed.pop(last_id, None)
+    ledger = episode.ledger
+    held: list[str] = []
+    for call in ai.tool_calls:
+        cid = call.get("id")
+        if cid is None or cid not in sent:
+            continue
+        key = call_key(ai, at, cid)
+        decision = decisions.get(key) or {}
+        if decision.get("accept"):
+            entry = ledger.get(key)
+            if entry is None or entry.status != "reserved":
+                return  # committed or released with its answer: the guard's tool step ran it
+            held.append(key)
+        elif _guard_refusal(answers[cid]):
+            return  # refused (or never gated) by the guard's tool step
+    for key in held:
+        released = ledger.release_held(key)
+        if released is not None:
+            guard.records.release(ledger, released, episode_id=episode.episode_id, meta=decisions.get(key, {}),
+                                  reason=RAN_OUTSIDE_GUARD, query=str(channel.get("query") or ""))
+    count = f"{len(sent)} call{'s' if len(sent) > 1 else ''}"
+    raise GuardConfigError(
+        f"{count} of the last gated message ran in a tool node not made by this guard (a plain ToolNode after "
+        "guard.node()?): it runs every call guard.route sends it, refused ones too, unmetered. Build the tools "
+        "node with guard.tool_node(tools): g.add_node('tools', guard.tool_node(tools)). Those runs are not in "
+        "the ledger (their cost is unknown; their reservations are released)")
+
+
+def _guard_refusal(message: ToolMessage) -> bool:
+    """Whether ``message`` is the guard's own refusal of a call (every one carries its reason as artifact)."""
+    artifact = message.artifact
+    return isinstance(artifact, Mapping) and "intent_reason" in artifact
 
 
 def episode_of(channel: Mapping[str, Any] | None, config: Mapping[str, Any] | None) -> str | None:
@@ -189,6 +285,7 @@ def settle(guard: BudgetGuard, episode: Episode, state: Any, *, reason: str,
     # completes, after this episode was loaded from the resumed task's older state). Taken in before
     # anything held is judged unused.
     ledger.catch_up(channel)
+    check_tool_runner(guard, episode, state, channel, decisions)
     # What is held, read before who is running: a branch or visitor joins before it reserves, so one
     # whose reservation is in `held` is in `others` unless it has finished with that reservation since.
     held = ledger.held()
