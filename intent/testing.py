@@ -15,6 +15,10 @@
   middleware does (before the model, gate, every call's tool step, state merged);
 * :func:`assert_each_call_answered_once`: every proposed call has exactly one ToolMessage;
 * :func:`check_oracle`: the conformance checks every oracle must pass.
+
+A shared-budget store of your own has its suite beside the stores: ``check_budget_store`` and the
+``ManualClock`` it moves leases with (:mod:`intent.stores.conformance`; both re-exported by
+:mod:`intent.conformance`).
 """
 
 from __future__ import annotations

@@ -91,6 +91,23 @@ def test_the_shared_budget_snippet_runs(tmp_path, monkeypatch):
     assert ns["guard"].budget == 5.0 and (tmp_path / "budgets.db").exists()
 
 
+def test_the_writing_your_own_store_snippet_runs_the_conformance_suite():
+    import textwrap
+
+    from intent.stores import MemoryBudgetStore
+
+    made = []
+
+    def stand_in(url, **kwargs):  # (a Redis store's constructor: here the memory store, with what it was given)
+        made.append(kwargs)
+        return MemoryBudgetStore(**kwargs)
+
+    ns: dict[str, Any] = {"RedisBudgetStore": stand_in, "REDIS_URL": "redis://localhost/0"}
+    exec(textwrap.dedent(snippet("from intent.conformance import check_budget_store")), ns)
+    ns["test_my_store_keeps_the_money_guarantees"]()
+    assert made and all(set(kw) == {"lease_seconds", "clock"} for kw in made)
+
+
 def test_the_baselines_snippet_builds_a_tracker_and_btp_from_the_guards_log(tmp_path, monkeypatch):
     from langchain.agents import create_agent
 

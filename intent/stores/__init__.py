@@ -31,6 +31,9 @@ charges. Stores:
 * :class:`PostgresBudgetStore`: several machines (one transaction per operation, the budget
   row locked with ``SELECT ... FOR UPDATE``, charges idempotent by ``(key, charge_id)``).
 
+**A store of your own** (Redis, DynamoDB, a ledger service) implements :class:`BudgetStore`; the conformance suite
+:func:`intent.stores.conformance.check_budget_store` checks it keeps these guarantees.
+
 **Keys and periods.** A key is any string; :func:`period_key` builds the documented scheme
 ``<scope>/<period>``: ``period_key("customer-42", "day")`` is ``customer-42/2026-11-23``,
 ``"month"`` gives ``customer-42/2026-11``. A new period is a new key (create it with its
@@ -85,7 +88,8 @@ def period_key(scope: str, period: Literal["day", "month"] = "day", *, now: _dt.
 
 @runtime_checkable
 class BudgetStore(Protocol):
-    """What the guard needs from a shared budget (every method atomic)."""
+    """What the guard needs from a shared budget (every method atomic). A store of your own: run
+    :func:`intent.conformance.check_budget_store` in its tests (:mod:`intent.stores.conformance`)."""
 
     lease_seconds: float
 
