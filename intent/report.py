@@ -448,7 +448,9 @@ def shared_budget_report(store: Any, key: str) -> str:
         by_item.setdefault((c.kind, c.tool or "-"), [0.0, 0])
         by_item[(c.kind, c.tool or "-")][0] += c.amount
         by_item[(c.kind, c.tool or "-")][1] += 1
-    lines = [f"# Shared budget {_cell(key)}", "",
+    # (A store written before currencies, or a user's own without currency(): none to name.)
+    currency = store.currency(key) if callable(getattr(store, "currency", None)) else None
+    lines = [f"# Shared budget {_cell(key)}" + (f" ({_cell(currency)})" if currency else ""), "",
              "| budget | spent | reserved | left | charges | expired leases | late commits |",
              "|---:|---:|---:|---:|---:|---:|---:|",
              f"| {_money(budget)} | {_money(spent)} | {_money(held)} | {_money(max(0.0, budget - spent - held))} | "

@@ -1097,3 +1097,13 @@ def test_a_postgres_store_whose_tables_or_grants_went_away_says_so_in_one_store_
         admin.execute(f"DROP SCHEMA {schema} CASCADE")
         admin.execute(f"DROP ROLE {role}")
         admin.close()
+
+
+def test_the_report_of_a_shared_budget_names_its_currency(tmp_path, budget_key):
+    from intent.report import shared_budget_report
+
+    store = MemoryBudgetStore()
+    store.create_budget(budget_key, 10.0, currency="EUR")
+    store.create_budget("plain/key", 10.0)
+    assert shared_budget_report(store, budget_key).splitlines()[0] == f"# Shared budget {budget_key} (EUR)"
+    assert shared_budget_report(store, "plain/key").splitlines()[0] == "# Shared budget plain/key"
