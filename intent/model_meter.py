@@ -14,7 +14,9 @@ The guard wraps each model request (``wrap_model_call``) with a :class:`ModelCal
   such a middleware calls. ``on_chat_model_start`` prices that model's own worst case and reserves
   it (or refuses by raising :class:`ModelCallRefused`: the model is not called),
   ``on_llm_end`` commits the cost of the reported usage, ``on_llm_error`` releases (a failed
-  request that returned no usage is not billed by providers; the record says so);
+  request that returned no usage is not billed by providers; the record says so); in an async step on a
+  shared budget store, an async twin of that callback (:class:`_AsyncMeterCallback`) does the reserving and
+  committing in a worker thread (:mod:`intent.off_loop`), so a wait on the store does not stall the loop;
 * :meth:`ModelCallMeter.settle` charges a response that no metered execution produced (a model
   called outside LangChain, or in a thread that did not carry the context) from its usage, after
   the fact.
