@@ -70,7 +70,7 @@ from intent.records import Recorder
 from intent.metering import ORACLE_BUG_MARK, is_oracle_bug, open_call
 from intent.model_gate import ModelGate
 from intent.model_meter import PromptTokens
-from intent.nesting import FromParent
+from intent.nesting import FromParent, carves_from_store, current_parent
 from intent.off_loop import off_loop
 from intent.pricing import ModelPrice, ModelPrices
 from intent.state import LEDGER_KEY, GuardState, channel_of
@@ -333,6 +333,7 @@ class BudgetGuard:
             if self.store_outbox is not None:
                 ledger.share(self.store_outbox, self.budget_key, episode_id)
 
+        self._carves_from_parent = isinstance(spec, FromParent)
         self.episodes = EpisodeRegistry(spec, allow_overspend=not self.enforce, max_episodes=max_episodes,
                                         new_ledger=new_ledger, on_new=share, carves=isinstance(spec, FromParent))
         self._hooks: dict[str, bool] = {}  # which optional oracle hooks are really implemented
@@ -340,6 +341,13 @@ class BudgetGuard:
         self.made_metered_models = False  # metered_model was called: model steps name their episode
         self._model_gate = ModelGate(self)
         self.records = Recorder(log_sink, str(getattr(oracle, "name", None) or type(oracle).__name__), self.enforce)
+
+    def reaches_store(self) -> bool:
+        """Whether this guard's steps here may wait on a shared budget store, so that its async hooks run them
+        in a worker thread (intent.off_loop): its own store, or, for a sub-agent (``FromParent``) without one,
+        the store the budget it carves from is in (its carve, the carve's close and a top-up growing it are
+        reservations and commits there), up the chain of carves."""
+        return self.store_outbox is not None or (self._carves_from_parent and carves_from_store(current_parent()))
 
     # ================================================================== market
     @property
@@ -677,7 +685,7 @@ class BudgetGuard:
         io: list[Any] = [None]
         gen = gate_batch(self, state, config, settle, episode, io)
         try:
-            if self.store_outbox is None:
+            if not self.reaches_store():
                 for ctx in gen:
                     io[0] = await self.adecide(ctx)
             else:
@@ -716,7 +724,7 @@ class BudgetGuard:
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]]
     ) -> ToolMessage | Command:
         """Async twin of :meth:`wrap_tool_call`."""
-        if self.store_outbox is not None:
+        if self.reaches_store():
             return await self._awrap_tool_call_on_store(request, handler)
         run = lean_path.open_call(self, request) or open_call(self, request)
         if not hasattr(run, "metered_request"):
@@ -737,7 +745,7 @@ class BudgetGuard:
     ) -> ToolMessage | Command:
         """:meth:`awrap_tool_call` for a guard with a shared budget store: opening the call and closing it
         (its commits, its unused reservation released) reach the store, so they run in a thread
-        (intent.off_loop); the tool runs on the loop. (No lean path: it takes no guard with a store.)"""
+        (intent.off_loop); the tool runs on the loop. (No lean path: it takes no guard with a store, nor a sub-agent's.)"""
         run = await off_loop(open_call, self, request)
         if not hasattr(run, "metered_request"):
             return run  # type: ignore[return-value]

@@ -34,7 +34,7 @@ PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead 
 from intent.ledger import BudgetExceededError, BudgetLedger
 from intent.lifecycle import episode_of, follow
 from intent.market import UnpricedToolError, payment_required
-from intent.nesting import _CURRENT, close_carves, enter_spending, spending_scope
+from intent.nesting import _CURRENT, CarvedLedger, close_carves, draws_on_store, enter_spending, spending_scope
 from intent.off_loop import off_loop
 from intent.messages import (
     argument_problem,
@@ -695,7 +695,8 @@ class CallRun:
             raise
 
     async def aexecute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
-        if self.episode.ledger.shared is not None:
+        ledger = self.episode.ledger
+        if ledger.shared is not None or (type(ledger) is CarvedLedger and draws_on_store(ledger)):
             return await self._aexecute_on_store(tool, tool_input, config, kwargs)
         args = _args_of(tool, tool_input)
         charge_id = self._admit(tool, args)
@@ -757,7 +758,8 @@ class CallRun:
             tool, body = watch
         try:
             with spending_scope(self.guard, self.episode, self.key, config):
-                lease = _lease(self.episode.ledger, charge_id).__enter__()
+                lease = _lease(self.episode.ledger, charge_id)  # (none for a carve's charge: not in the store)
+                lease.__enter__()
                 try:
                     out = await tool.ainvoke(tool_input, config, **kwargs)
                 finally:

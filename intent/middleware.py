@@ -259,7 +259,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
         return self.guard.finish(state, current_config())
 
     async def aafter_agent(self, state: BudgetState, runtime: Runtime) -> dict[str, Any] | None:
-        if self.guard.store_outbox is not None:  # releasing what is left held reaches the store: off the loop
+        if self.guard.reaches_store():  # releasing what is left held (closing a carve) reaches the store: off the loop
             return await off_loop(self.guard.finish, state, current_config())
         return self.guard.finish(state, current_config())
 
@@ -398,12 +398,15 @@ class BudgetGuardMiddleware(AgentMiddleware):
             run = self._model_step(request, config, io, episode)
             following = next(run, None)
             running: Any = _NOT_RUNNING
+            on_store = False
         else:
             run = self._model_step(request, config, io)
             # With a shared store, the step's own work between the model and the gate (settling what the last
             # step left held, first of all) reaches the store: run in a thread, not on the event loop
             # (intent.off_loop). (No lean path takes a guard with a store.)
-            following = next(run) if guard.store_outbox is None else await off_loop(next, run)
+            # (A sub-agent without a store carving from a parent's guard that has one reaches it too: guard.reaches_store.)
+            on_store = guard.reaches_store()
+            following = next(run) if not on_store else await off_loop(next, run)
             running = _RunningEpisode(guard, following[1].state, config) if guard.made_metered_models else _NOT_RUNNING
         with running:
             while following is not None:
@@ -412,7 +415,7 @@ class BudgetGuardMiddleware(AgentMiddleware):
                     io[0] = await guard.awrap_model_call(arg, handler) if guard.meters_models else await handler(arg)
                 else:
                     io[0] = await guard.agate(arg[0], config, settle=False, episode=arg[1])
-                following = next(run, None) if guard.store_outbox is None else await off_loop(next, run, None)
+                following = next(run, None) if not on_store else await off_loop(next, run, None)
             return io[0]
 
     # ---------------------------------------------------------- tool calls

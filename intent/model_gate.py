@@ -146,13 +146,14 @@ class ModelGate:
     async def awrap(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         """Async twin of :meth:`wrap_model_call`. With a shared budget store, pricing the request (what is left
         there) and closing the step (its charges) run in a thread, not on the event loop (intent.off_loop)."""
-        on_store = self.guard.store_outbox is not None
+        on_store = self.guard.reaches_store()
         opened = await off_loop(self.open, request) if on_store else self.open(request)
         if not isinstance(opened, tuple):
             return opened
         meter, metered = opened
         try:
-            with meter.metering() as step:  # every chat-model execution inside, whatever the model
+            # (On a store, each execution's reservation and commit run in a thread too: model_meter's async twin.)
+            with meter.metering(on_store=on_store) as step:  # every chat-model execution inside, whatever the model
                 response = await handler(metered.override(model=meter.instrument(metered.model, step)))
         except ModelCallRefused as exc:
             if on_store:

@@ -14,7 +14,9 @@ The guard wraps each model request (``wrap_model_call``) with a :class:`ModelCal
   such a middleware calls. ``on_chat_model_start`` prices that model's own worst case and reserves
   it (or refuses by raising :class:`ModelCallRefused`: the model is not called),
   ``on_llm_end`` commits the cost of the reported usage, ``on_llm_error`` releases (a failed
-  request that returned no usage is not billed by providers; the record says so);
+  request that returned no usage is not billed by providers; the record says so); in an async step on a
+  shared budget store, an async twin of that callback (:class:`_AsyncMeterCallback`) does the reserving and
+  committing in a worker thread (:mod:`intent.off_loop`), so a wait on the store does not stall the loop;
 * :meth:`ModelCallMeter.settle` charges a response that no metered execution produced (a model
   called outside LangChain, or in a thread that did not carry the context) from its usage, after
   the fact.
@@ -32,7 +34,9 @@ model's (from its invocation parameters); a model without one gets the guard's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -49,6 +53,7 @@ from langchain_core.rate_limiters import BaseRateLimiter
 from langchain_core.tracers.context import register_configure_hook
 
 from intent.ledger import BudgetExceededError, LedgerEntry
+from intent.off_loop import off_loop
 from intent.pricing import ModelPrice, UnpricedModelError, cost_of_usage, tokens_of
 
 if TYPE_CHECKING:
@@ -264,34 +269,48 @@ class ModelCallMeter:
         only once to a run, so they are not metered twice). A ``guard.metered_model`` copy used as the
         agent's model gives up its own callback here (charged once)."""
         handlers = [h for h in callback_handlers(model) if not getattr(h, "replaced_by_guard_meter", False)]
+        # (An async twin goes first: a callback manager runs its handlers in their order, see _TwinnedMeterCallback.)
+        twin = [handler.twin] if isinstance(handler, _TwinnedMeterCallback) else []
         # Its runs say they are the agent's model's (LangChain passes a model's metadata to its run's
         # callbacks, not to runs started inside it): its attributes give their name and output bound.
-        return model.model_copy(update={"callbacks": [*handlers, handler],
+        return model.model_copy(update={"callbacks": [*handlers, *twin, handler],
                                         "metadata": {**(model.metadata or {}), AGENT_MODEL_RUN: True},
                                         **signalling_limiter(model)})
 
     @contextlib.contextmanager
-    def metering(self) -> Iterator[_MeterCallback]:
+    def metering(self, *, on_store: bool = False) -> Iterator[_MeterCallback]:
         """Meter every chat-model execution started inside the block (see the module's doc); yields
-        the step's callback (for :meth:`instrument`)."""
-        handler = _MeterCallback(self)
-        token = STEP_METER.set(handler)
+        the step's callback (for :meth:`instrument`). ``on_store``: an async step on a shared budget store,
+        whose executions' reservations and commits run in a worker thread (:class:`_AsyncMeterCallback`)."""
+        if not on_store:
+            handler = _MeterCallback(self)
+            token = STEP_METER.set(handler)
+            try:
+                yield handler
+            finally:
+                # A task the step started and left running keeps this context: its model calls after the
+                # step are not the step's (they are unmetered, or metered by a guard.metered_model copy).
+                handler.closed = True
+                STEP_METER.reset(token)
+            return
+        twinned = _TwinnedMeterCallback(self)
+        async_token, token = ASYNC_STEP_METER.set(twinned.twin), STEP_METER.set(twinned)
         try:
-            yield handler
+            yield twinned
         finally:
-            # A task the step started and left running keeps this context: its model calls after the
-            # step are not the step's (they are unmetered, or metered by a guard.metered_model copy).
-            handler.closed = True
+            twinned.closed = True
             STEP_METER.reset(token)
+            ASYNC_STEP_METER.reset(async_token)
 
     # ------------------------------------------------------ one execution
     def start(self, run_id: Any, messages: Sequence[BaseMessage], params: Mapping[str, Any],
               metadata: Mapping[str, Any] | None = None, serialized: Mapping[str, Any] | None = None, *,
-              own: bool | None = None, batch: Any = None, completion: bool = False) -> None:
+              own: bool | None = None, batch: Any = None, completion: bool = False) -> _Execution | None:
         """Reserve one execution's worst case, or raise :class:`ModelCallRefused`. ``own``: the run is
         of this meter's model (default: its metadata says so, see :meth:`instrument`); ``batch``: the
         multi-prompt ``generate`` it belongs to (:func:`_batch_of`), whose other runs are not sent yet
-        when this one is refused."""
+        when this one is refused. Returns the execution now before its model's rate limiter (set in
+        :data:`AWAITING_LIMITER` here too), ``None`` for a batch's."""
         tools = params.get("tools") or ()
         if batch is not None and any(b is batch for b in self._refused_batches):
             # A prompt of this batch was refused: LangChain's async completion models start each prompt's
@@ -316,8 +335,8 @@ class ModelCallMeter:
             tail = self.request_tail
             answers = own or bool(tail is not None and messages and (messages[-1] is tail or (
                 type(messages[-1]) is type(tail) and messages[-1].content == tail.content)))
-            self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, completion, answers,
-                              completions)
+            return self._reserve_run(run_id, messages, tools, max_tokens, model_name, metadata, batch, completion,
+                                     answers, completions)
         except ModelCallRefused:
             if batch is not None:
                 with self._lock:
@@ -327,7 +346,7 @@ class ModelCallMeter:
 
     def _reserve_run(self, run_id: Any, messages: Sequence[BaseMessage], tools: Any, max_tokens: int | None,
                      model_name: str | None, metadata: Mapping[str, Any] | None, batch: Any,
-                     completion: bool, answers: bool, completions: int = 1) -> None:
+                     completion: bool, answers: bool, completions: int = 1) -> _Execution | None:
         ledger = self.episode.ledger
         try:
             name, price, amount = self.worst_case(messages, tools, max_tokens, model_name, completions)
@@ -361,6 +380,16 @@ class ModelCallMeter:
             # a SentSignal there tells this run's cancellation while it waits from one after it was sent.
             # (A batch's prompts acquire in tasks of their own, in no known order: not signalled, charged.)
             AWAITING_LIMITER.set(ex)
+            return ex
+        return None
+
+    def not_sent(self, run_id: Any, exc: BaseException) -> None:
+        """Release an execution whose start was cancelled after its reservation was made: LangChain sends
+        nothing for it (nor reports an error: its start callback raised)."""
+        ex = self._open.get(run_id)
+        if ex is not None:
+            ex.limiter = "waiting"  # (before its limiter, so not sent: what error() releases, not charges)
+            self.error(run_id, exc)
 
     def release_batch(self, batch: Any) -> int:
         """Release the open runs of one multi-prompt ``generate()`` whose requests were not sent (started in
@@ -610,6 +639,99 @@ class _MeterCallback(BaseCallbackHandler):
         self.meter.error(run_id, error, partial_output(kwargs.get("response")))
 
 
+class _TwinnedMeterCallback(_MeterCallback):
+    """The step's callback when the step is async and its budget is in a shared store: an execution's
+    reservation and its commit may wait on the store (a row lock, a failover), so under an async callback
+    manager they run in a worker thread, awaited by its :class:`_AsyncMeterCallback` ``twin``.
+
+    Both are on every run started in the step, the twin first. LangChain's async manager awaits a
+    handler's coroutine methods and calls its other methods, one handler after the other, in their order:
+    the twin's coroutine reserves (or commits), and this callback, called next, finds the run claimed (or
+    no longer open) and does nothing. A sync manager (a model invoked synchronously inside the step) calls
+    this callback's methods inline and runs the twin's coroutines only after every handler, where they find
+    the run taken: the sync work is this callback's, and a refusal propagates from it (LangChain only logs
+    what an async handler raises under a sync manager). Each start is claimed once (:meth:`claim`); an end
+    or an error acts on a run still open, which only the first takes."""
+
+    def __init__(self, meter: ModelCallMeter) -> None:
+        super().__init__(meter)
+        self._claimed: set[Any] = set()
+        self.twin = _AsyncMeterCallback(self)
+
+    def claim(self, run_id: Any) -> bool:
+        """Whether the caller is the first of the two to start ``run_id`` (then it reserves it)."""
+        with self.meter._lock:
+            if run_id in self._claimed:
+                return False
+            self._claimed.add(run_id)
+            return True
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
+                            **kwargs: Any) -> None:
+        if not self.closed and self.claim(run_id):
+            super().on_chat_model_start(serialized, messages, run_id=run_id, **kwargs)
+
+    def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: Any, **kwargs: Any) -> None:
+        if not self.closed and self.claim(run_id):
+            super().on_llm_start(serialized, prompts, run_id=run_id, **kwargs)
+
+
+class _AsyncMeterCallback(BaseCallbackHandler):
+    """The async twin of a :class:`_TwinnedMeterCallback`: reserves and commits an execution in a worker
+    thread (:func:`intent.off_loop.off_loop`), awaited in line (``run_inline``: LangChain awaits it in the
+    model call's own task and context, where the model's rate limiter then reads :data:`AWAITING_LIMITER`;
+    a handler not in line runs in a task of its own). Only the four events that may reach the store are
+    coroutines; a streamed token is the sync twin's (no store, no thread per token)."""
+
+    raise_error = True
+    run_inline = True
+
+    def __init__(self, sync: _TwinnedMeterCallback) -> None:
+        self.sync = sync
+
+    async def _start(self, run_id: Any, start: Callable[[], _Execution | None]) -> None:
+        if self.sync.closed or not self.sync.claim(run_id):
+            return
+        try:
+            waiting = await off_loop(start)
+        except asyncio.CancelledError as exc:
+            # Cancelled while the reservation was made in its thread (off_loop waited for it): LangChain
+            # sends nothing for this run and reports no error for it, so its reservation goes back now.
+            await off_loop(self.sync.meter.not_sent, run_id, exc)
+            raise
+        if waiting is not None:
+            AWAITING_LIMITER.set(waiting)  # (set in the thread's copy of the context: set here, in the caller's)
+
+    async def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *,
+                                  run_id: Any, metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        flat = [m for batch in messages for m in batch]
+        await self._start(run_id, functools.partial(
+            self.sync.meter.start, run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized,
+            batch=_batch_of(kwargs)))
+
+    async def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: Any,
+                           metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        await self._start(run_id, functools.partial(
+            self.sync.meter.start, run_id, [HumanMessage(p) for p in prompts], kwargs.get("invocation_params") or {},
+            metadata, serialized, batch=_batch_of(kwargs), completion=True))
+
+    async def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
+        meter = self.sync.meter
+        if run_id not in meter._open:
+            return  # not metered here (started after the step, or by the sync twin's manager)
+        message = None
+        generations = getattr(response, "generations", None) or []
+        if generations and generations[0]:
+            message = getattr(generations[0][0], "message", None)
+        await off_loop(meter.end, run_id, message)
+
+    async def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
+        meter = self.sync.meter
+        if run_id not in meter._open:
+            return
+        await off_loop(meter.error, run_id, error, partial_output(kwargs.get("response")))
+
+
 # The events of LangChain's v3 stream protocol that carry generated output (a block started or grew).
 _OUTPUT_EVENTS = frozenset({"content-block-start", "content-block-delta", "content-block-finish"})
 
@@ -641,6 +763,9 @@ def partial_output(response: Any) -> BaseMessage | None:
 # is metered, whatever model a middleware inside the guard calls. Not inheritable: each run's own
 # configure adds it (once per run: LangChain skips a handler already there).
 STEP_METER: ContextVar[_MeterCallback | None] = ContextVar("intent_model_step_meter", default=None)
+# The async twin of the step's callback when the step is async on a shared budget store
+# (_TwinnedMeterCallback): added to every run before STEP_METER's handler (its hook is registered first).
+ASYNC_STEP_METER: ContextVar[_AsyncMeterCallback | None] = ContextVar("intent_async_step_meter", default=None)
 # The run this context started last, whose request LangChain sends once the model's rate limiter lets it.
 AWAITING_LIMITER: ContextVar[_Execution | None] = ContextVar("intent_awaiting_limiter", default=None)
 
@@ -691,6 +816,7 @@ def signalling_limiter(model: Any) -> dict[str, Any]:
     if limiter is None or isinstance(limiter, SentSignal):
         return {}
     return {"rate_limiter": SentSignal(limiter)}
+register_configure_hook(ASYNC_STEP_METER, inheritable=False)  # (first: see _TwinnedMeterCallback)
 register_configure_hook(STEP_METER, inheritable=False)
 
 
@@ -709,7 +835,7 @@ class _RefusalLogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         return not (record.msg == "Error in %s.%s callback: %s" and isinstance(args, tuple) and len(args) == 3
-                    and args[0] in ("_MeterCallback", "MeteredModelCallback") and "Refused(" in str(args[2]))
+                    and args[0] in ("_MeterCallback", "_TwinnedMeterCallback", "_AsyncMeterCallback", "MeteredModelCallback") and "Refused(" in str(args[2]))
 
 
 logging.getLogger("langchain_core.callbacks.manager").addFilter(_RefusalLogFilter())

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 _TASK_ID = "__pregel_task_id"  # LangGraph's CONFIG_KEY_TASK_ID: the running task's id
 _INTERRUPT = "__interrupt__"  # the channel of a paused task's pending write (LangGraph's INTERRUPT)
 
-__all__ = ["CarvedLedger", "FromParent", "ParentCall", "close_carves", "current_parent", "spending_scope"]
+__all__ = ["CarvedLedger", "FromParent", "ParentCall", "carves_from_store", "close_carves", "current_parent",
+           "draws_on_store", "spending_scope"]
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,22 @@ def _siblings(parent: ParentCall) -> tuple[dict[str, Any], dict[str, float]]:
                        if e.get("status") in ("reserved", "committed"))
             hidden[child["carved_by"]] = hidden.get(child["carved_by"], 0.0) + held
     return (finished or {}).get("entries") or {}, hidden
+
+
+def draws_on_store(ledger: BudgetLedger) -> bool:
+    """Whether ``ledger``'s money is in a shared budget store: its own (``ledger.shared``), or, for a carve,
+    that of the ledger it is carved from, up the chain of carves (a carve, its close and a top-up that grows
+    it are reservations and commits there)."""
+    while ledger.shared is None:
+        if not isinstance(ledger, CarvedLedger):
+            return False
+        ledger = ledger.parent.episode.ledger
+    return True
+
+
+def carves_from_store(parent: ParentCall | None) -> bool:
+    """Whether a sub-agent carving from ``parent`` (:func:`current_parent`) reaches a shared budget store."""
+    return parent is not None and draws_on_store(parent.episode.ledger)
 
 
 def close_carves(episode: Episode, key_prefix: str) -> list[LedgerEntry]:

@@ -118,7 +118,7 @@ def guard_react_agent(
     async def aagent(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
         # (Settling reaches a shared store: then in a thread, not on the event loop; budget_end, a sync
         # RunnableLambda, runs in the executor already.)
-        settled = (guard.prepare(state, config) if guard.store_outbox is None
+        settled = (guard.prepare(state, config) if not guard.reaches_store()
                    else await off_loop(guard.prepare, state, config))
         bound, messages = _prepare(state, config)
         return _merge(settled, {"messages": [await bound.ainvoke(messages, config)]})

@@ -221,3 +221,273 @@ def test_concurrent_async_agents_on_one_loop_share_a_sqlite_budget_exactly(tmp_p
     assert 0 < len(executed) <= 10  # 24 calls proposed, 10 fit
     assert store.spent(budget_key) == pytest.approx(len(executed) * PRICE)
     assert store.reserved(budget_key) == 0.0
+
+
+# ----------------------------------------------------------------- a model execution's own reservation and commit
+MODEL_PRICES = {"scripted-model": {"input_per_mtok": 1000.0, "output_per_mtok": 2000.0}}
+MODEL_COST = 0.048  # (40 tokens in, 4 out) at 0.001 and 0.002 a token
+
+
+def _locking_model(messages, locker: RowLocker, when: str):
+    """The scripted model, taking the budget row before it answers its first execution (``when="answer"``):
+    that execution's commit (on_llm_end) then waits on the row."""
+    from intent.testing import ScriptedToolModel
+
+    class LockingModel(ScriptedToolModel):
+        async def _agenerate(self, *args, **kwargs):
+            if when == "answer" and not self.executions:
+                await asyncio.to_thread(locker.take)
+            return await super()._agenerate(*args, **kwargs)
+
+    return LockingModel(messages=iter(list(messages)), bound=[], model_name="scripted-model", fail_on=set(),
+                        executions=[])
+
+
+class _TakeTheRowFirst:
+    """A middleware inside the guard's model step: takes the budget row before the model's first execution
+    starts, so that the execution's own reservation (on_chat_model_start) waits on it."""
+
+    def __new__(cls, locker: RowLocker):
+        from langchain.agents.middleware import AgentMiddleware
+
+        class TakeTheRow(AgentMiddleware):
+            taken = False
+
+            async def awrap_model_call(self, request, handler):
+                if not TakeTheRow.taken:
+                    TakeTheRow.taken = True
+                    await asyncio.to_thread(locker.take)
+                return await handler(request)
+
+        return TakeTheRow()
+
+
+@pytest.mark.parametrize("blocked", ["reservation", "commit"])
+def test_a_model_executions_reservation_and_commit_wait_on_the_store_off_the_loop(postgres_dsn, budget_key, blocked):
+    """With model_prices, each model execution is reserved before the provider is called and committed
+    after it, by the step's callback. Another connection holds the budget row while the execution's
+    reservation (or its commit) needs it: a coroutine on the same loop keeps ticking during the wait,
+    and every execution is paid once, at its usage, nothing left held."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import StructuredTool
+
+    from intent.testing import ai, call
+
+    store = open_store(postgres_dsn)
+    store.create_budget(budget_key, 10.0)
+    ticks = [0]
+    locker = RowLocker(postgres_dsn, budget_key, ticks)
+    executed: list[str] = []
+
+    async def fetch(q: str = "") -> str:
+        executed.append(q)
+        return "ok"
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 10.0, store=store, budget_key=budget_key,
+                        model_prices=MODEL_PRICES, max_output_tokens=64)
+    model = _locking_model([ai(call("fetch", q="a"), usage=(40, 4)), ai(text="done", usage=(40, 4))], locker,
+                           "answer" if blocked == "commit" else "")
+    inner = [_TakeTheRowFirst(locker)] if blocked == "reservation" else []
+    agent = create_agent(model, [StructuredTool.from_function(coroutine=fetch, name="fetch", description="fetch")],
+                         middleware=[guard.middleware(), *inner])
+
+    async def main() -> dict:
+        stop = asyncio.Event()
+        ticker = asyncio.create_task(_ticking(ticks, stop))
+        try:
+            return await agent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "m"}})
+        finally:
+            stop.set()
+            await ticker
+
+    result = asyncio.run(main())
+    locker.join()
+    assert result["messages"][-1].content == "done"
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert executed == ["a"] and len(model.executions) == 2
+    assert store.spent(budget_key) == pytest.approx(PRICE + 2 * MODEL_COST)
+    assert store.reserved(budget_key) == 0.0
+    model_charges = [c for c in store.charges(budget_key) if c.charge_id.startswith("model:") or "/model:" in c.charge_id]
+    assert sorted((c.status, round(c.amount, 9)) for c in model_charges) == [("committed", MODEL_COST)] * 2
+    ledger = guard.ledger(result)
+    assert ledger.spent == pytest.approx(PRICE + 2 * MODEL_COST) and ledger.reserved == 0.0
+
+
+# ------------------------------------------------------- a sub-agent without a store, carving from a parent with one
+@pytest.mark.parametrize("blocked", ["carve", "close"])
+def test_a_sub_agent_carving_from_a_parent_on_a_store_waits_off_the_loop(postgres_dsn, budget_key, blocked):
+    """A sub-agent whose guard has no store (budget=FromParent) carves from a parent guard that has one: the
+    carve (a reservation in the parent's shared budget) and its close (the commit at what the child spent)
+    reach the parent's store. Another connection holds the budget row while the carve (or the close) needs
+    it: a coroutine on the same loop keeps ticking, and the money adds up."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import StructuredTool
+
+    from intent import FromParent
+    from intent.testing import ai, call, scripted
+
+    store = open_store(postgres_dsn)
+    store.create_budget(budget_key, 10.0)
+    ticks = [0]
+    locker = RowLocker(postgres_dsn, budget_key, ticks)
+    executed: list[str] = []
+
+    async def fetch(q: str = "") -> str:
+        executed.append(q)
+        if blocked == "close":
+            await asyncio.to_thread(locker.take)  # the child's carve is closed after this: it waits
+        return "ok"
+
+    fetch_tool = StructuredTool.from_function(coroutine=fetch, name="fetch", description="fetch")
+    child_guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), FromParent(limit=2.0))
+
+    async def research(q: str = "") -> str:
+        if blocked == "carve":
+            await asyncio.to_thread(locker.take)  # taken before the child starts: its carve waits
+        child = create_agent(scripted([ai(call("fetch", q=q)), ai(text="child done")]), [fetch_tool],
+                             middleware=[child_guard.middleware()])
+        out = await child.ainvoke({"messages": [HumanMessage(q)]}, {"configurable": {"thread_id": "child"}})
+        return out["messages"][-1].content
+
+    parent_guard = BudgetGuard(AcceptAll(), Market([PricedTool("research", 0.25)]), 10.0, store=store,
+                               budget_key=budget_key)
+    parent = create_agent(scripted([ai(call("research", q="a")), ai(text="done")]),
+                          [StructuredTool.from_function(coroutine=research, name="research", description="delegate")],
+                          middleware=[parent_guard.middleware()])
+
+    async def main() -> dict:
+        stop = asyncio.Event()
+        ticker = asyncio.create_task(_ticking(ticks, stop))
+        try:
+            return await parent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "p"}})
+        finally:
+            stop.set()
+            await ticker
+
+    result = asyncio.run(main())
+    locker.join()
+    assert result["messages"][-1].content == "done"
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert executed == ["a"]
+    assert store.spent(budget_key) == pytest.approx(0.25 + PRICE)
+    assert store.reserved(budget_key) == 0.0
+    ledger = parent_guard.ledger(result)
+    (carve,) = [e for e in ledger if e.kind == "sub_agent"]
+    assert carve.status == "committed" and carve.amount == pytest.approx(PRICE)
+    assert ledger.spent == pytest.approx(0.25 + PRICE) and ledger.reserved == 0.0
+
+
+def test_a_model_execution_cancelled_while_its_reservation_waits_on_the_store_is_released(postgres_dsn, budget_key):
+    """The task is cancelled while the execution's reservation waits on the budget row: the reservation goes
+    on in its thread and the cancellation waits for it; the request is never sent, so the reservation is
+    released (not charged as a cancelled call), and nothing is held once the task is done."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+
+    from intent.testing import ai
+
+    store = open_store(postgres_dsn)
+    store.create_budget(budget_key, 10.0)
+    box: dict[str, object] = {}
+
+    def cancel() -> None:  # (in the locker's thread, once the reservation waits on the row)
+        box["loop"].call_soon_threadsafe(box["task"].cancel)
+
+    locker = RowLocker(postgres_dsn, budget_key, [0], hold=0.5, on_wait=cancel)
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 10.0, store=store, budget_key=budget_key,
+                        model_prices=MODEL_PRICES, max_output_tokens=64)
+    model = _locking_model([ai(text="done", usage=(40, 4))], locker, "")
+    agent = create_agent(model, [], middleware=[guard.middleware(), _TakeTheRowFirst(locker)])
+
+    async def main() -> None:
+        box["loop"] = asyncio.get_running_loop()
+        task = asyncio.create_task(agent.ainvoke({"messages": [HumanMessage("go")]},
+                                                 {"configurable": {"thread_id": "x"}}))
+        box["task"] = task
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        reader = open_store(postgres_dsn)
+        box["reserved"], box["charges"] = reader.reserved(budget_key), reader.charges(budget_key)
+        reader.close()
+
+    asyncio.run(main())
+    locker.join()
+    assert model.executions == []  # never sent
+    assert box["reserved"] == 0.0
+    (charge,) = box["charges"]  # the execution's reservation, made once, released once
+    assert charge.status == "released"
+    assert store.spent(budget_key) == 0.0 and store.reserved(budget_key) == 0.0
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_a_model_invoked_synchronously_inside_an_async_step_on_a_store_is_metered_once(tmp_path, budget_key, fits):
+    """A middleware inside the guard's async model step calls a side model with a blocking ``invoke``: LangChain's
+    sync callback manager runs that execution's callbacks, where the step's sync callback reserves and commits it
+    (once: the async twin finds it taken), and a refusal still stops the call before the provider is called."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import HumanMessage
+
+    from intent.testing import BilledChatModel, ModelRuns, ai, scripted
+
+    store = open_store(f"sqlite:///{tmp_path / 'budgets.db'}")
+    store.create_budget(budget_key, 1.0)
+    runs = ModelRuns()
+    # 10 tokens in, 100 out: 0.21 at 0.001 / 0.002 a token; at 100 times that a side call does not fit the budget.
+    side_price = {"input_per_mtok": 1000.0, "output_per_mtok": 2000.0} if fits else {
+        "input_per_mtok": 100_000.0, "output_per_mtok": 200_000.0}
+    side = BilledChatModel(model_name="side-model", runs=runs, max_tokens=100)
+
+    class AskASideModel(AgentMiddleware):
+        async def awrap_model_call(self, request, handler):
+            side.invoke("a side question")  # (blocking, on the loop: a sync callback manager)
+            return await handler(request)
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 1.0, store=store, budget_key=budget_key,
+                        model_prices={**MODEL_PRICES, "side-model": side_price}, max_output_tokens=64)
+    agent = create_agent(scripted([ai(text="done", usage=(40, 4))]), [],
+                         middleware=[guard.middleware(), AskASideModel()])
+    result = asyncio.run(agent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "s"}}))
+    if fits:
+        assert result["messages"][-1].content == "done" and runs.names() == ["side-model"]
+        assert store.spent(budget_key) == pytest.approx(0.21 + MODEL_COST)
+        assert sorted(round(c.amount, 9) for c in store.charges(budget_key)) == [MODEL_COST, 0.21]
+    else:
+        assert runs.names() == []  # refused before the provider was called
+        assert result["messages"][-1].response_metadata.get("intent_stop")
+        assert store.spent(budget_key) == 0.0
+    assert store.reserved(budget_key) == 0.0
+
+
+def test_an_async_run_on_a_store_cancelled_while_its_model_waits_on_a_rate_limiter_pays_nothing(tmp_path, budget_key):
+    """The execution is reserved in a worker thread, and the model's rate limiter (which LangChain acquires right
+    after the start callbacks, in the model call's context) still learns which run waits on it: cancelled there,
+    the request was never sent, and its reservation is released, not charged as a cancelled call."""
+    from langchain.agents import create_agent
+    from langchain_core.rate_limiters import InMemoryRateLimiter
+
+    from intent.testing import BilledChatModel, ModelRuns
+
+    store = open_store(f"sqlite:///{tmp_path / 'budgets.db'}")
+    store.create_budget(budget_key, 10.0)
+    runs = ModelRuns()
+    empty_bucket = InMemoryRateLimiter(requests_per_second=0.001, check_every_n_seconds=0.01)  # waits ~1000 s
+    model = BilledChatModel(model_name="primary", runs=runs, rate_limiter=empty_bucket)
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 10.0, store=store, budget_key=budget_key,
+                        model_prices={"primary": MODEL_PRICES["scripted-model"]}, max_output_tokens=64)
+    agent = create_agent(model, [], middleware=[guard.middleware()])
+
+    async def main() -> None:
+        with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+            await asyncio.wait_for(agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "t"}}),
+                                   0.5)
+
+    asyncio.run(main())
+    assert runs.names() == []
+    (charge,) = store.charges(budget_key)
+    assert charge.status == "released"
+    assert store.spent(budget_key) == 0.0 and store.reserved(budget_key) == 0.0
+    ledger = guard.episodes.peek("t").ledger
+    assert ledger.spent == 0.0 and ledger.reserved == 0.0
