@@ -27,6 +27,16 @@ def postgres_dsn(tmp_path_factory):
         server.cleanup()
 
 
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def store_url(request, tmp_path):
+    """The URL of each shipped store in turn: in memory, a SQLite file, the real PostgreSQL server."""
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'budgets.db'}"
+    return request.getfixturevalue("postgres_dsn")
+
+
 @pytest.fixture
 def budget_key():
     """A fresh shared-budget key (tests share one server)."""

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from langchain_core.tools import tool
+from langchain_core.tools import StructuredTool, tool
 
-from intent.testing import ScriptedToolModel, ai, call, scripted  # noqa: F401 - re-exported
+from intent.testing import RunCounter, ScriptedToolModel, ai, call, scripted  # noqa: F401 - re-exported
 
 
 @tool
@@ -23,3 +23,19 @@ def search_news(topic: str) -> str:
 def flaky(x: int) -> str:
     """A tool that always raises."""
     raise RuntimeError("upstream 503")
+
+
+def priced_tools(runs: RunCounter, names: tuple[str, ...] = ("search", "fetch")) -> list[StructuredTool]:
+    """Tools (sync and async) that count each run in ``runs`` where it happens and echo ``name:q``."""
+    def make(name: str) -> StructuredTool:
+        def run(q: str = "") -> str:
+            runs.hit(name)
+            return f"{name}:{q}"
+
+        async def arun(q: str = "") -> str:
+            runs.hit(name)
+            return f"{name}:{q}"
+
+        return StructuredTool.from_function(run, coroutine=arun, name=name, description=f"the {name} tool")
+
+    return [make(n) for n in names]

@@ -9,9 +9,9 @@ without ``--oracle-max-tokens``): once one decision overran the budget, the next
 from __future__ import annotations
 
 import pytest
+from fakes import priced_tools
 from langchain.agents import create_agent
 from langchain_core.messages import HumanMessage
-from langchain_core.tools import StructuredTool
 
 from intent import BudgetGuard, Decision, Market, MemoryLogSink, ModelPrice, Oracle, PricedTool
 from intent.ledger import BudgetLedger
@@ -41,15 +41,6 @@ def test_a_model_answer_is_charged_on_a_ledger_a_tools_overrun_halted():
     assert not ledger.fits(0.1)  # still halted for new spending
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store_url(request, tmp_path):
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'budgets.db'}"
-    return request.getfixturevalue("postgres_dsn")
-
-
 def test_money_already_spent_reaches_the_shared_store_after_an_overrun(store_url, budget_key):
     store = open_store(store_url)
     store.create_budget(budget_key, 1.0)
@@ -76,21 +67,6 @@ class _DearThinking(Oracle):
         return Decision.accepted(input_tokens=100_000, output_tokens=0)
 
 
-def _tools(runs: RunCounter) -> list[StructuredTool]:
-    def make(name: str) -> StructuredTool:
-        def run(q: str = "") -> str:
-            runs.hit(name)
-            return f"{name}:{q}"
-
-        async def arun(q: str = "") -> str:
-            runs.hit(name)
-            return f"{name}:{q}"
-
-        return StructuredTool.from_function(run, coroutine=arun, name=name, description=f"the {name} tool")
-
-    return [make("search"), make("fetch")]
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_an_unbounded_paid_oracle_overruns_by_one_decision_at_most(mode):
     """``charge_oracle`` without ``oracle_max_tokens``: the oracle is charged after it decides. It is not
@@ -104,7 +80,7 @@ def test_an_unbounded_paid_oracle_overruns_by_one_decision_at_most(mode):
                         charge_models=False, log_sink=sink)
     msgs = [ai(call("fetch", q="1")), ai(call("search", q="2")), ai(call("fetch", q="3")),
             ai(call("search", q="4")), ai(text="done")]
-    agent = create_agent(scripted(msgs), _tools(runs), middleware=[guard.middleware()])
+    agent = create_agent(scripted(msgs), priced_tools(runs), middleware=[guard.middleware()])
     inp = {"messages": [HumanMessage("go")]}
     out = agent.invoke(inp) if mode == "sync" else asyncio.run(agent.ainvoke(inp))
     ledger = guard.ledger(out)
@@ -120,7 +96,7 @@ def test_an_unbounded_paid_oracle_overruns_by_one_decision_at_most(mode):
     guard2 = BudgetGuard(oracle2, Market([PricedTool("search", 0.02), PricedTool("fetch", 0.05)]), 0.12,
                          model_prices={"judge": ModelPrice(1.0, 2.0)}, charge_oracle=True, oracle_model="judge",
                          charge_models=False)
-    agent2 = create_agent(scripted(msgs), _tools(runs2), middleware=[guard2.middleware()])
+    agent2 = create_agent(scripted(msgs), priced_tools(runs2), middleware=[guard2.middleware()])
     out2 = agent2.invoke(inp) if mode == "sync" else asyncio.run(agent2.ainvoke(inp))
     ledger2 = guard2.ledger(out2)
     # fetch fits the 0.12 when asked; the oracle's 0.1 leaves 0.02 < 0.05: fetch refused. search (0.02)

@@ -23,15 +23,6 @@ from intent.stores import MemoryBudgetStore, StoreError, open_store, period_key
 SPAWN = mp.get_context("spawn")  # fresh interpreters, as separate deployments would be
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store_url(request, tmp_path):
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'budgets.db'}"
-    return request.getfixturevalue("postgres_dsn")
-
-
 def _store(url: str, **kw):
     return open_store(url, **kw)
 

@@ -15,15 +15,6 @@ from intent.stores import CommitOutbox, StoreArgumentError, StoreError, StoreUna
 DAY = 86400.0
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store_url(request, tmp_path):
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'budgets.db'}"
-    return request.getfixturevalue("postgres_dsn")
-
-
 def _conninfo(dsn: str, **changes: str) -> str:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 

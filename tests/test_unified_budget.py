@@ -36,6 +36,8 @@ from intent import (
 )
 from intent.ledger import BudgetLedger
 from intent.market import MarketError, UnpricedToolError
+from fakes import priced_tools
+
 from intent.testing import RunCounter, ScriptedToolModel, ai, assert_each_call_answered_once, call, scripted
 
 PRICE = ModelPrice(input_per_mtok=2.0, output_per_mtok=8.0, cached_input_per_mtok=0.5)
@@ -44,21 +46,6 @@ PRICES = {"scripted-model": PRICE}
 
 def model_cost(inp: int, out: int, cached: int = 0) -> float:
     return ((inp - cached) * 2.0 + cached * 0.5 + out * 8.0) / 1e6
-
-
-def priced_tools(runs: RunCounter) -> list[StructuredTool]:
-    def make(name: str) -> StructuredTool:
-        def run(q: str = "") -> str:
-            runs.hit(name)
-            return f"{name}:{q}"
-
-        async def arun(q: str = "") -> str:
-            runs.hit(name)
-            return f"{name}:{q}"
-
-        return StructuredTool.from_function(run, coroutine=arun, name=name, description=f"the {name} tool")
-
-    return [make("search"), make("fetch")]
 
 
 MARKET = Market([PricedTool("search", 0.02), PricedTool("fetch", 0.05)])
