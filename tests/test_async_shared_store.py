@@ -99,7 +99,6 @@ def test_a_row_lock_wait_in_the_store_does_not_stall_other_coroutines_on_the_loo
                                                                                   blocked):
     """Another connection holds the budget row for 1 s while the agent's gate (or the commit after its tool
     ran) needs it: a coroutine on the same loop keeps ticking during the wait, and the money adds up."""
-    from langchain_core.messages import HumanMessage
 
     store = open_store(postgres_dsn)
     store.create_budget(budget_key, 10.0)
@@ -115,18 +114,7 @@ def test_a_row_lock_wait_in_the_store_does_not_stall_other_coroutines_on_the_loo
 
     guard, agent = _agent(store, budget_key, fetch)
 
-    async def main() -> dict:
-        stop = asyncio.Event()
-        ticker = asyncio.create_task(_ticking(ticks, stop))
-        if blocked == "gate":
-            locker.take()
-        try:
-            return await agent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "t"}})
-        finally:
-            stop.set()
-            await ticker
-
-    result = asyncio.run(main())
+    result = _run_ticking(agent, "t", ticks, before=locker.take if blocked == "gate" else None)
     locker.join()
     assert result["messages"][-1].content == "done"
     # The ticker went on while the guard's store call waited on the row (a blocked loop: 0 ticks).
@@ -138,11 +126,58 @@ def test_a_row_lock_wait_in_the_store_does_not_stall_other_coroutines_on_the_loo
     assert sorted(c.status for c in store.charges(budget_key)) == ["committed", "released"]
 
 
+async def _ticking_while(awaitable, ticks: list[int]):
+    stop = asyncio.Event()
+    ticker = asyncio.create_task(_ticking(ticks, stop))
+    try:
+        return await awaitable
+    finally:
+        stop.set()
+        await ticker
+
+
+def _run_ticking(agent, thread_id: str, ticks: list[int], *, before=None) -> dict:
+    """Run ``agent`` on a loop where a coroutine ticks (counted in ``ticks``) the whole time; ``before``
+    (say, taking the budget row) runs first, in the loop."""
+    from langchain_core.messages import HumanMessage
+
+    async def main() -> dict:
+        if before is not None:
+            before()
+        return await _ticking_while(agent.ainvoke({"messages": [HumanMessage("go")]},
+                                                  {"configurable": {"thread_id": thread_id}}), ticks)
+
+    return asyncio.run(main())
+
+
+def _canceller(box: dict):
+    """The locker's ``on_wait``: cancel the running task (in the locker's thread, once the guard waits on the row)."""
+    return lambda: box["loop"].call_soon_threadsafe(box["task"].cancel)
+
+
+def _run_cancelled(agent, thread_id: str, box: dict, dsn: str, key: str) -> None:
+    """Run ``agent`` until it is cancelled (by :func:`_canceller`), then read the store at once, on a connection
+    of its own (the guard's store object would wait for its own operation to end): ``box["spent"]``,
+    ``box["reserved"]``, ``box["charges"]``."""
+    from langchain_core.messages import HumanMessage
+
+    async def main() -> None:
+        box["loop"] = asyncio.get_running_loop()
+        box["task"] = asyncio.create_task(agent.ainvoke({"messages": [HumanMessage("go")]},
+                                                        {"configurable": {"thread_id": thread_id}}))
+        with pytest.raises(asyncio.CancelledError):
+            await box["task"]
+        reader = open_store(dsn)
+        box["spent"], box["reserved"], box["charges"] = reader.spent(key), reader.reserved(key), reader.charges(key)
+        reader.close()
+
+    asyncio.run(main())
+
+
 def test_a_run_cancelled_while_its_commit_waits_on_the_store_keeps_the_charge_once(postgres_dsn, budget_key):
     """The task is cancelled while the commit of its call (which ran) waits on the budget row: the commit
     goes on in its thread and the cancellation waits for it, so when the task is done the store and the
     guard's ledger both have the one charge, committed, and nothing is held."""
-    from langchain_core.messages import HumanMessage
 
     store = open_store(postgres_dsn)
     store.create_budget(budget_key, 10.0)
@@ -150,10 +185,7 @@ def test_a_run_cancelled_while_its_commit_waits_on_the_store_keeps_the_charge_on
     executed: list[str] = []
     box: dict[str, object] = {}
 
-    def cancel() -> None:  # (in the locker's thread, once the guard's commit waits on the row)
-        box["loop"].call_soon_threadsafe(box["task"].cancel)
-
-    locker = RowLocker(postgres_dsn, budget_key, ticks, hold=0.5, on_wait=cancel)
+    locker = RowLocker(postgres_dsn, budget_key, ticks, hold=0.5, on_wait=_canceller(box))
 
     async def fetch(q: str = "") -> str:
         executed.append(q)
@@ -162,20 +194,7 @@ def test_a_run_cancelled_while_its_commit_waits_on_the_store_keeps_the_charge_on
 
     guard, agent = _agent(store, budget_key, fetch)
 
-    async def main() -> None:
-        box["loop"] = asyncio.get_running_loop()
-        task = asyncio.create_task(agent.ainvoke({"messages": [HumanMessage("go")]},
-                                                 {"configurable": {"thread_id": "c"}}))
-        box["task"] = task
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        # Read as soon as the cancelled task is done, on a connection of its own (the guard's store object would
-        # wait for its own commit to end), with the guard's charge id and status as the store has them.
-        reader = open_store(postgres_dsn)
-        box["spent"], box["charges"] = reader.spent(budget_key), reader.charges(budget_key)
-        reader.close()
-
-    asyncio.run(main())
+    _run_cancelled(agent, "c", box, postgres_dsn, budget_key)
     locker.join()
     assert executed == ["a"]
     assert box["spent"] == pytest.approx(PRICE)
@@ -269,7 +288,6 @@ def test_a_model_executions_reservation_and_commit_wait_on_the_store_off_the_loo
     reservation (or its commit) needs it: a coroutine on the same loop keeps ticking during the wait,
     and every execution is paid once, at its usage, nothing left held."""
     from langchain.agents import create_agent
-    from langchain_core.messages import HumanMessage
     from langchain_core.tools import StructuredTool
 
     from intent.testing import ai, call
@@ -292,16 +310,7 @@ def test_a_model_executions_reservation_and_commit_wait_on_the_store_off_the_loo
     agent = create_agent(model, [StructuredTool.from_function(coroutine=fetch, name="fetch", description="fetch")],
                          middleware=[guard.middleware(), *inner])
 
-    async def main() -> dict:
-        stop = asyncio.Event()
-        ticker = asyncio.create_task(_ticking(ticks, stop))
-        try:
-            return await agent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "m"}})
-        finally:
-            stop.set()
-            await ticker
-
-    result = asyncio.run(main())
+    result = _run_ticking(agent, "m", ticks)
     locker.join()
     assert result["messages"][-1].content == "done"
     assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
@@ -357,16 +366,7 @@ def test_a_sub_agent_carving_from_a_parent_on_a_store_waits_off_the_loop(postgre
                           [StructuredTool.from_function(coroutine=research, name="research", description="delegate")],
                           middleware=[parent_guard.middleware()])
 
-    async def main() -> dict:
-        stop = asyncio.Event()
-        ticker = asyncio.create_task(_ticking(ticks, stop))
-        try:
-            return await parent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "p"}})
-        finally:
-            stop.set()
-            await ticker
-
-    result = asyncio.run(main())
+    result = _run_ticking(parent, "p", ticks)
     locker.join()
     assert result["messages"][-1].content == "done"
     assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
@@ -384,7 +384,6 @@ def test_a_model_execution_cancelled_while_its_reservation_waits_on_the_store_is
     on in its thread and the cancellation waits for it; the request is never sent, so the reservation is
     released (not charged as a cancelled call), and nothing is held once the task is done."""
     from langchain.agents import create_agent
-    from langchain_core.messages import HumanMessage
 
     from intent.testing import ai
 
@@ -392,27 +391,13 @@ def test_a_model_execution_cancelled_while_its_reservation_waits_on_the_store_is
     store.create_budget(budget_key, 10.0)
     box: dict[str, object] = {}
 
-    def cancel() -> None:  # (in the locker's thread, once the reservation waits on the row)
-        box["loop"].call_soon_threadsafe(box["task"].cancel)
-
-    locker = RowLocker(postgres_dsn, budget_key, [0], hold=0.5, on_wait=cancel)
+    locker = RowLocker(postgres_dsn, budget_key, [0], hold=0.5, on_wait=_canceller(box))
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 10.0, store=store, budget_key=budget_key,
                         model_prices=MODEL_PRICES, max_output_tokens=64)
     model = _locking_model([ai(text="done", usage=(40, 4))], locker, "")
     agent = create_agent(model, [], middleware=[guard.middleware(), _TakeTheRowFirst(locker)])
 
-    async def main() -> None:
-        box["loop"] = asyncio.get_running_loop()
-        task = asyncio.create_task(agent.ainvoke({"messages": [HumanMessage("go")]},
-                                                 {"configurable": {"thread_id": "x"}}))
-        box["task"] = task
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        reader = open_store(postgres_dsn)
-        box["reserved"], box["charges"] = reader.reserved(budget_key), reader.charges(budget_key)
-        reader.close()
-
-    asyncio.run(main())
+    _run_cancelled(agent, "x", box, postgres_dsn, budget_key)
     locker.join()
     assert model.executions == []  # never sent
     assert box["reserved"] == 0.0
