@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from test_readme_graph import _readme_graph
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware, ToolCallLimitMiddleware
 from langchain_core.messages import AIMessage, ToolMessage
@@ -41,21 +42,8 @@ def readme_graph(guard: BudgetGuard, model: Any, tools: list[Any], tool_node: An
                  interrupt_before: list[str] | None = None) -> Any:
     """The README's hand-built graph, with ``tool_node`` as its tools node; checkpointed."""
 
-    def agent_node(state, config):
-        settled = guard.prepare(state, config) or {}
-        return {**settled, "messages": [model.bind_tools(tools).invoke(state["messages"], config)]}
-
-    g = StateGraph(GuardState)
-    g.add_node("agent", agent_node)
-    g.add_node("guard", guard.node())
-    g.add_node("tools", tool_node)
-    g.add_node("end", lambda state, config: guard.finish(state, config) or {})
-    g.add_edge(START, "agent")
-    g.add_conditional_edges("agent", lambda s: "guard" if s["messages"][-1].tool_calls else "end", ["guard", "end"])
-    g.add_conditional_edges("guard", lambda s: guard.route(s, end="end"), ["tools", "agent", "end"])
-    g.add_edge("tools", "agent")
-    g.add_edge("end", END)
-    return g.compile(checkpointer=checkpointer or InMemorySaver(), interrupt_before=interrupt_before)
+    return _readme_graph(guard, model, tools, tool_node=tool_node).compile(
+        checkpointer=checkpointer or InMemorySaver(), interrupt_before=interrupt_before)
 
 
 def run(graph: Any, inp: Any, config: dict[str, Any], use_async: bool) -> Any:

@@ -17,8 +17,10 @@ from intent import MeteredModelRefused
 from intent.testing import ReactiveToolModel, TurnInfo, ai, assert_each_call_answered_once, call, scripted
 
 
-def _readme_graph(guard: BudgetGuard, model: Any, tools: list[Any], schema: Any = GuardState) -> StateGraph:
-    """The README's graph (the test below spells it out as written there)."""
+def _readme_graph(guard: BudgetGuard, model: Any, tools: list[Any], schema: Any = GuardState, *,
+                  tool_node: Any = None) -> StateGraph:
+    """The README's graph (the test below spells it out as written there); ``tool_node`` replaces its tools
+    node, ``guard.tool_node(tools)`` (tests/test_plain_tool_node.py wires a plain ToolNode there)."""
 
     def agent_node(state, config):
         settled = guard.prepare(state, config) or {}
@@ -27,7 +29,7 @@ def _readme_graph(guard: BudgetGuard, model: Any, tools: list[Any], schema: Any 
     g = StateGraph(schema)
     g.add_node("agent", agent_node)
     g.add_node("guard", guard.node())
-    g.add_node("tools", guard.tool_node(tools))
+    g.add_node("tools", guard.tool_node(tools) if tool_node is None else tool_node)
     g.add_node("end", lambda state, config: guard.finish(state, config) or {})
     g.add_edge(START, "agent")
     g.add_conditional_edges("agent", lambda s: "guard" if s["messages"][-1].tool_calls else "end", ["guard", "end"])
