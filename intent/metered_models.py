@@ -40,6 +40,12 @@ Inside a guard's model step with a price table the step's meter charges every ch
 callback defers to it (a copy used as the agent's model, another guard's copy, a parent's copy in a
 sub-agent: each charged once, by the step); the step also drops it from the agent's model copy it meters
 (``replaced_by_guard_meter``), for runs in a thread that did not carry the context.
+
+An async call of the copy (``ainvoke``, ``astream``, ``astream_events``) whose guard may wait on a shared budget
+store runs on a copy of it that also carries the callback's async twin (:class:`intent.model_meter._AsyncMeterCallback`,
+the one the guard's model step uses), ahead of it: the twin places and reserves the run, and commits it, in a worker
+thread (:mod:`intent.off_loop`), and the callback, called next, finds it begun. A blocking ``invoke`` (a sync
+callback manager, even inside an async step) gets no twin: the callback meters it inline, as without a store.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from langchain_core.messages import BaseMessage
 from intent.episodes import RUNNING_EPISODE
 from intent.model_meter import (
     MAX_TOKEN_KEYS,
+    _AsyncMeterCallback,
     METERED_MODEL,
     ModelCallMeter,
     ModelCallRefused,
@@ -69,6 +76,7 @@ from intent.model_meter import (
     step_meter,
 )
 from intent.nesting import current_parent
+from intent.off_loop import off_loop
 from intent.state import (branch_of, branch_stamp, current_config, read_ledger_channel, read_state_messages, task_of,
                           write_ledger_update)
 from intent.top_ups import channel_base
@@ -176,6 +184,8 @@ class MeteredModelCallback(BaseCallbackHandler):
         # By run id, for an async call: the asyncio task that made it, and the done-callback put on it.
         self._callers: dict[Any, tuple[asyncio.Task[Any], Any]] = {}
         self._lock = threading.Lock()
+        # Its async twin, on the runs of an async call when the guard's budget may wait on a store (_twinned).
+        self.twin = _AsyncMeterCallback(self)
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
                             metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -184,11 +194,23 @@ class MeteredModelCallback(BaseCallbackHandler):
             # agent's own model, a sub-agent's model): the step's meter charges every execution there,
             # once, to the step's episode (a sub-agent's carve). Another guard's copy is paid there too.
             return
+        if run_id in self._meters:
+            return  # begun by the async twin, in a worker thread (an async call on a store, see _twinned)
+        self.begin(run_id, [m for batch in messages for m in batch], serialized, metadata, kwargs)
+        self.begun(run_id)
+
+    # ----------------------------------------- what the async twin calls (intent.model_meter.TwinnedCallback)
+    def claim(self, run_id: Any) -> bool:
+        return step_meter() is None and run_id not in self._meters
+
+    def begin(self, run_id: Any, flat: list[BaseMessage], serialized: dict[str, Any],
+              metadata: dict[str, Any] | None, kwargs: Mapping[str, Any], completion: bool = False) -> Any:
+        """Place the run and reserve its worst case (raises :class:`MeteredModelRefused`); may wait on the
+        store. Returns the execution now before its rate limiter, if any (``ModelCallMeter.start``)."""
         config = current_config()
         episode, channel, in_state = episode_of_run(self.guard, config)
         source = str((metadata or {}).get("lc_source") or "")  # LangChain's middleware name their calls
         turns = (channel or {}).get("turns") or {}
-        flat = [m for batch in messages for m in batch]
         meter = ModelCallMeter(self.guard, episode, step=int(turns.get("total") or 0),
                                query=episode.task(channel, (read_state_messages(config) if in_state else None) or flat),
                                model=self.model,
@@ -200,8 +222,8 @@ class MeteredModelCallback(BaseCallbackHandler):
             episode.visit(task)
         batch = _batch_of(kwargs)
         try:
-            meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized, own=True,
-                        batch=batch)
+            waiting = meter.start(run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized,
+                                  own=True, batch=batch, completion=completion)
         except BaseException as exc:
             if task:
                 episode.unvisit(task)
@@ -215,6 +237,10 @@ class MeteredModelCallback(BaseCallbackHandler):
         started = _STARTED.get()
         if started is not None:
             started.append(run_id)  # for agenerate's cancellation (_watched_class)
+        return waiting
+
+    def begun(self, run_id: Any) -> None:
+        """Watch the task that made the call (on its loop, if any)."""
         try:
             caller = asyncio.current_task()
         except RuntimeError:  # no event loop in this thread: a sync call, which ends or errs in its callbacks
@@ -227,13 +253,35 @@ class MeteredModelCallback(BaseCallbackHandler):
             with self._lock:
                 self._callers[run_id] = (caller, done)
 
+    def is_open(self, run_id: Any) -> bool:
+        return run_id in self._meters
+
+    def not_sent(self, run_id: Any, exc: BaseException) -> None:
+        meter, _, task = self._take(run_id)
+        if meter is None:
+            return
+        try:
+            meter.not_sent(run_id, exc)  # released: nothing to write into state
+        finally:
+            if task:
+                meter.episode.unvisit(task)
+
     def _forget_caller(self, run_id: Any) -> None:
         """The run is over: its caller's done-callback goes (a long-lived task calling the model many times
         does not collect one per call)."""
         with self._lock:
             caller, done = self._callers.pop(run_id, (None, None))
-        if caller is not None:
+        if caller is None:
+            return
+        loop = caller.get_loop()
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
             caller.remove_done_callback(done)
+        else:  # (ended by the async twin in a worker thread: the task is its loop's to touch)
+            loop.call_soon_threadsafe(caller.remove_done_callback, done)
 
     def _caller_done(self, run_id: Any, _caller: Any) -> None:
         # Charged as a cancelled call is; the task's writes are over: the guard's next settle writes it to state.
@@ -355,6 +403,54 @@ _WATCHED_CLASSES: set[type] = set()
 _WATCHED_LOCK = threading.Lock()
 
 
+def _twinned(model: Any) -> Any:
+    """``model`` for an async call: a copy whose runs also carry the async twin of each of its metered
+    callbacks whose guard may wait on a shared budget store (ahead of it: see
+    :class:`intent.model_meter._TwinnedMeterCallback`), so that their reservations and commits run in a worker
+    thread; ``model`` itself when there is none, or inside a guard's model step (which meters the call)."""
+    if step_meter() is not None:
+        return model
+    handlers = callback_handlers(model)
+    if any(isinstance(h, _AsyncMeterCallback) for h in handlers):
+        return model  # twinned already (astream falling back to ainvoke)
+    twins = [h.twin for h in handlers if isinstance(h, MeteredModelCallback) and h.guard.reaches_store()]
+    return model.model_copy(update={"callbacks": [*twins, *handlers]}) if twins else model
+
+
+async def _cancelled_runs(model: Any, run_ids: list[Any]) -> None:
+    """Charge the runs a cancelled async call started and no callback finished (as a cancelled model call
+    is), each by every guard's handler that metered it (a copy of another guard's copy has two); off the
+    loop when that guard may wait on a store (off_loop: a second cancellation still waits for it)."""
+    for handler in callback_handlers(model):
+        if isinstance(handler, MeteredModelCallback):
+            for run_id in run_ids:
+                if handler.guard.reaches_store():
+                    await off_loop(handler._cancelled, run_id)
+                else:
+                    handler._cancelled(run_id)
+
+
+async def _watched_stream(model: Any, stream: Any) -> Any:
+    """``stream`` (the twinned copy's astream), whose runs a cancellation before LangChain's own handling (while
+    the model's rate limiter holds the request) leaves open: charged (or released, never sent) here."""
+    started: list[Any] = []
+    try:
+        while True:
+            token = _STARTED.set(started)  # (set and reset in one step of the consumer: one context)
+            try:
+                chunk = await anext(stream)
+            except StopAsyncIteration:
+                return
+            finally:
+                _STARTED.reset(token)
+            yield chunk
+    except asyncio.CancelledError:
+        await _cancelled_runs(model, started)
+        raise
+    finally:
+        await stream.aclose()
+
+
 def _watched_class(cls: type) -> type:
     """``cls`` with an ``agenerate`` that the copy's :class:`MeteredModelCallback` watches (made once per class)."""
     with _WATCHED_LOCK:
@@ -365,24 +461,34 @@ def _watched_class(cls: type) -> type:
             async def agenerate(self: Any, *args: Any, **kwargs: Any) -> Any:
                 # A cancelled call (a timeout around ainvoke) gets neither on_llm_end nor on_llm_error from
                 # LangChain: the runs it started and no callback finished are charged here, as a cancelled
-                # model call is, while the caller's graph task can still write it. Every guard's handler (a
-                # copy of another guard's copy has two) sees the runs it metered.
-                token = _STARTED.set([])
+                # model call is, while the caller's graph task can still write it.
+                started: list[Any] = []
+                token = _STARTED.set(started)
                 try:
-                    return await cls.agenerate(self, *args, **kwargs)
+                    return await cls.agenerate(_twinned(self), *args, **kwargs)
                 except asyncio.CancelledError:
-                    for handler in callback_handlers(self):
-                        if isinstance(handler, MeteredModelCallback):
-                            for run_id in _STARTED.get() or ():
-                                handler._cancelled(run_id)
+                    await _cancelled_runs(self, started)
                     raise
                 finally:
                     _STARTED.reset(token)
 
+            def astream(self: Any, *args: Any, **kwargs: Any) -> Any:
+                twinned = _twinned(self)
+                if twinned is self:
+                    return cls.astream(self, *args, **kwargs)  # (a cancellation it leaves: _caller_done)
+                return _watched_stream(self, cls.astream(twinned, *args, **kwargs))
+
+            members: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                       "__doc__": cls.__doc__, "agenerate": agenerate, "astream": astream}
+            if hasattr(cls, "_achat_model_stream_v3"):
+                # astream_events(version="v3") starts its run in a stream of its own, which ends it (and closes
+                # a cancelled one) in its callbacks: only the twin is needed. (A LangChain without it: none.)
+                async def _achat_model_stream_v3(self: Any, *args: Any, **kwargs: Any) -> Any:
+                    return await cls._achat_model_stream_v3(_twinned(self), *args, **kwargs)
+
+                members["_achat_model_stream_v3"] = _achat_model_stream_v3
             try:
-                sub = type(cls)(cls.__name__, (cls,), {
-                    "__module__": cls.__module__, "__qualname__": cls.__qualname__, "agenerate": agenerate,
-                    "__doc__": cls.__doc__})
+                sub = type(cls)(cls.__name__, (cls,), members)
             except TypeError:
                 # A class that cannot be subclassed so (an __init_subclass__ with required keywords): unwatched;
                 # a cancelled call is then charged when the task that made it is done (_caller_done).

@@ -16,7 +16,8 @@ The guard wraps each model request (``wrap_model_call``) with a :class:`ModelCal
   ``on_llm_end`` commits the cost of the reported usage, ``on_llm_error`` releases (a failed
   request that returned no usage is not billed by providers; the record says so); in an async step on a
   shared budget store, an async twin of that callback (:class:`_AsyncMeterCallback`) does the reserving and
-  committing in a worker thread (:mod:`intent.off_loop`), so a wait on the store does not stall the loop;
+  committing in a worker thread (:mod:`intent.off_loop`), so a wait on the store does not stall the loop (the
+  same twin serves a ``guard.metered_model`` copy's callback outside the step: :mod:`intent.metered_models`);
 * :meth:`ModelCallMeter.settle` charges a response that no metered execution produced (a model
   called outside LangChain, or in a thread that did not carry the context) from its usage, after
   the fact.
@@ -44,7 +45,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import ModelError
@@ -639,6 +640,35 @@ class _MeterCallback(BaseCallbackHandler):
         self.meter.error(run_id, error, partial_output(kwargs.get("response")))
 
 
+class TwinnedCallback(Protocol):
+    """What a sync metering callback gives its async twin (:class:`_AsyncMeterCallback`): the step's
+    (:class:`_TwinnedMeterCallback`) and a ``guard.metered_model`` copy's
+    (:class:`intent.metered_models.MeteredModelCallback`). :meth:`begin`, :meth:`not_sent` and the sync
+    ``on_llm_end``/``on_llm_error`` may wait on the store: the twin calls them in a worker thread; the others
+    are called on the loop."""
+
+    def claim(self, run_id: Any) -> bool:
+        """Whether the twin starts ``run_id`` (then the sync callback, called next for the same start, skips it)."""
+
+    def begin(self, run_id: Any, messages: list[BaseMessage], serialized: dict[str, Any],
+              metadata: dict[str, Any] | None, kwargs: Mapping[str, Any], completion: bool) -> _Execution | None:
+        """Reserve the run (what the sync ``on_chat_model_start`` does); the execution now before its rate
+        limiter (:data:`AWAITING_LIMITER`), if any. Raises a refusal."""
+
+    def begun(self, run_id: Any) -> None:
+        """On the loop, after :meth:`begin` returned (what needs the caller's task)."""
+
+    def is_open(self, run_id: Any) -> bool:
+        """Whether ``run_id`` was begun and has not ended."""
+
+    def not_sent(self, run_id: Any, exc: BaseException) -> None:
+        """Release ``run_id``, begun but cancelled before its request was sent."""
+
+    def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None: ...
+
+    def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None: ...
+
+
 class _TwinnedMeterCallback(_MeterCallback):
     """The step's callback when the step is async and its budget is in a shared store: an execution's
     reservation and its commit may wait on the store (a row lock, a failover), so under an async callback
@@ -659,77 +689,83 @@ class _TwinnedMeterCallback(_MeterCallback):
         self.twin = _AsyncMeterCallback(self)
 
     def claim(self, run_id: Any) -> bool:
-        """Whether the caller is the first of the two to start ``run_id`` (then it reserves it)."""
+        """Whether the caller is the first of the two to start ``run_id`` in the step (then it reserves it)."""
+        if self.closed:
+            return False
         with self.meter._lock:
             if run_id in self._claimed:
                 return False
             self._claimed.add(run_id)
             return True
 
+    def begin(self, run_id: Any, messages: list[BaseMessage], serialized: dict[str, Any],
+              metadata: dict[str, Any] | None, kwargs: Mapping[str, Any], completion: bool) -> _Execution | None:
+        return self.meter.start(run_id, messages, kwargs.get("invocation_params") or {}, metadata, serialized,
+                                batch=_batch_of(kwargs), completion=completion)
+
+    def begun(self, run_id: Any) -> None:
+        pass
+
+    def is_open(self, run_id: Any) -> bool:
+        return run_id in self.meter._open
+
+    def not_sent(self, run_id: Any, exc: BaseException) -> None:
+        self.meter.not_sent(run_id, exc)
+
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: Any,
                             **kwargs: Any) -> None:
-        if not self.closed and self.claim(run_id):
+        if self.claim(run_id):
             super().on_chat_model_start(serialized, messages, run_id=run_id, **kwargs)
 
     def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: Any, **kwargs: Any) -> None:
-        if not self.closed and self.claim(run_id):
+        if self.claim(run_id):
             super().on_llm_start(serialized, prompts, run_id=run_id, **kwargs)
 
 
 class _AsyncMeterCallback(BaseCallbackHandler):
-    """The async twin of a :class:`_TwinnedMeterCallback`: reserves and commits an execution in a worker
-    thread (:func:`intent.off_loop.off_loop`), awaited in line (``run_inline``: LangChain awaits it in the
-    model call's own task and context, where the model's rate limiter then reads :data:`AWAITING_LIMITER`;
-    a handler not in line runs in a task of its own). Only the four events that may reach the store are
-    coroutines; a streamed token is the sync twin's (no store, no thread per token)."""
+    """The async twin of a sync metering callback (:class:`TwinnedCallback`: the step's, or a
+    ``guard.metered_model`` copy's): reserves and commits an execution in a worker thread
+    (:func:`intent.off_loop.off_loop`), awaited in line (``run_inline``: LangChain awaits it in the model
+    call's own task and context, where the model's rate limiter then reads :data:`AWAITING_LIMITER`; a
+    handler not in line runs in a task of its own). Only the four events that may reach the store are
+    coroutines; a streamed token is the sync callback's (no store, no thread per token)."""
 
     raise_error = True
     run_inline = True
 
-    def __init__(self, sync: _TwinnedMeterCallback) -> None:
+    def __init__(self, sync: TwinnedCallback) -> None:
         self.sync = sync
 
-    async def _start(self, run_id: Any, start: Callable[[], _Execution | None]) -> None:
-        if self.sync.closed or not self.sync.claim(run_id):
+    async def _start(self, run_id: Any, messages: list[BaseMessage], serialized: dict[str, Any],
+                     metadata: dict[str, Any] | None, kwargs: Mapping[str, Any], completion: bool) -> None:
+        if not self.sync.claim(run_id):
             return
         try:
-            waiting = await off_loop(start)
+            waiting = await off_loop(self.sync.begin, run_id, messages, serialized, metadata, kwargs, completion)
         except asyncio.CancelledError as exc:
             # Cancelled while the reservation was made in its thread (off_loop waited for it): LangChain
             # sends nothing for this run and reports no error for it, so its reservation goes back now.
-            await off_loop(self.sync.meter.not_sent, run_id, exc)
+            await off_loop(self.sync.not_sent, run_id, exc)
             raise
         if waiting is not None:
             AWAITING_LIMITER.set(waiting)  # (set in the thread's copy of the context: set here, in the caller's)
+        self.sync.begun(run_id)
 
     async def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *,
                                   run_id: Any, metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        flat = [m for batch in messages for m in batch]
-        await self._start(run_id, functools.partial(
-            self.sync.meter.start, run_id, flat, kwargs.get("invocation_params") or {}, metadata, serialized,
-            batch=_batch_of(kwargs)))
+        await self._start(run_id, [m for batch in messages for m in batch], serialized, metadata, kwargs, False)
 
     async def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: Any,
                            metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        await self._start(run_id, functools.partial(
-            self.sync.meter.start, run_id, [HumanMessage(p) for p in prompts], kwargs.get("invocation_params") or {},
-            metadata, serialized, batch=_batch_of(kwargs), completion=True))
+        await self._start(run_id, [HumanMessage(p) for p in prompts], serialized, metadata, kwargs, True)
 
     async def on_llm_end(self, response: Any, *, run_id: Any, **kwargs: Any) -> None:
-        meter = self.sync.meter
-        if run_id not in meter._open:
-            return  # not metered here (started after the step, or by the sync twin's manager)
-        message = None
-        generations = getattr(response, "generations", None) or []
-        if generations and generations[0]:
-            message = getattr(generations[0][0], "message", None)
-        await off_loop(meter.end, run_id, message)
+        if self.sync.is_open(run_id):  # (else not metered here: started after the step, or by a sync manager)
+            await off_loop(functools.partial(self.sync.on_llm_end, response, run_id=run_id, **kwargs))
 
     async def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
-        meter = self.sync.meter
-        if run_id not in meter._open:
-            return
-        await off_loop(meter.error, run_id, error, partial_output(kwargs.get("response")))
+        if self.sync.is_open(run_id):
+            await off_loop(functools.partial(self.sync.on_llm_error, error, run_id=run_id, **kwargs))
 
 
 # The events of LangChain's v3 stream protocol that carry generated output (a block started or grew).

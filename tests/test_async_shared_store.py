@@ -247,7 +247,7 @@ MODEL_PRICES = {"scripted-model": {"input_per_mtok": 1000.0, "output_per_mtok": 
 MODEL_COST = 0.048  # (40 tokens in, 4 out) at 0.001 and 0.002 a token
 
 
-def _locking_model(messages, locker: RowLocker, when: str):
+def _locking_model(messages, locker: RowLocker, when: str, model_name: str = "scripted-model"):
     """The scripted model, taking the budget row before it answers its first execution (``when="answer"``):
     that execution's commit (on_llm_end) then waits on the row."""
     from intent.testing import ScriptedToolModel
@@ -258,7 +258,7 @@ def _locking_model(messages, locker: RowLocker, when: str):
                 await asyncio.to_thread(locker.take)
             return await super()._agenerate(*args, **kwargs)
 
-    return LockingModel(messages=iter(list(messages)), bound=[], model_name="scripted-model", fail_on=set(),
+    return LockingModel(messages=iter(list(messages)), bound=[], model_name=model_name, fail_on=set(),
                         executions=[])
 
 
@@ -476,3 +476,255 @@ def test_an_async_run_on_a_store_cancelled_while_its_model_waits_on_a_rate_limit
     assert store.spent(budget_key) == 0.0 and store.reserved(budget_key) == 0.0
     ledger = guard.episodes.peek("t").ledger
     assert ledger.spent == 0.0 and ledger.reserved == 0.0
+
+
+# ------------------------------------------- a guard.metered_model copy called outside the guard's model step
+SUMMARY_PRICES = {**MODEL_PRICES, "summary-model": MODEL_PRICES["scripted-model"]}
+
+
+class _TakeTheRowBeforeTheSummary:
+    """A middleware before SummarizationMiddleware: takes the budget row once the conversation is long
+    enough to be summarised (3 messages: after the first tool call), so that the summariser's own
+    reservation (its on_chat_model_start) waits on it."""
+
+    def __new__(cls, locker: RowLocker):
+        from langchain.agents.middleware import AgentMiddleware
+
+        class TakeTheRow(AgentMiddleware):
+            taken = False
+
+            async def abefore_model(self, state, runtime):
+                if not TakeTheRow.taken and len(state["messages"]) >= 3:
+                    TakeTheRow.taken = True
+                    await asyncio.to_thread(locker.take)
+                return None
+
+        return TakeTheRow()
+
+
+def _summarised_agent(store, key: str, locker: RowLocker, blocked: str, executed: list[str]):
+    """An agent calling ``fetch`` once, then answering; a SummarizationMiddleware with a
+    ``guard.metered_model`` summariser (called before the guard's second model step, outside it) summarises
+    the conversation once it has 3 messages. ``blocked``: what waits on the row the locker takes, the
+    summariser's reservation (taken by a middleware before it) or its commit (taken by the summariser as it
+    answers)."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import SummarizationMiddleware
+    from langchain_core.tools import StructuredTool
+
+    from intent.testing import ai, call, scripted
+
+    async def fetch(q: str = "") -> str:
+        executed.append(q)
+        return "ok"
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 10.0, store=store, budget_key=key,
+                        model_prices=SUMMARY_PRICES, max_output_tokens=64)
+    model = scripted([ai(call("fetch", q="a"), usage=(40, 4)), ai(text="done", usage=(40, 4))])
+    summariser = _locking_model([ai(text="a summary", usage=(40, 4))], locker,
+                                "answer" if blocked == "commit" else "", model_name="summary-model")
+    taker = [_TakeTheRowBeforeTheSummary(locker)] if blocked == "reservation" else []
+    summarise = SummarizationMiddleware(guard.metered_model(summariser), trigger=("messages", 3),
+                                        keep=("messages", 1))
+    agent = create_agent(model, [StructuredTool.from_function(coroutine=fetch, name="fetch", description="fetch")],
+                         middleware=[*taker, summarise, guard.middleware()])
+    return guard, model, summariser, agent
+
+
+@pytest.mark.parametrize("blocked", ["reservation", "commit"])
+def test_a_metered_models_reservation_and_commit_outside_the_model_step_wait_off_the_loop(postgres_dsn, budget_key,
+                                                                                         blocked):
+    """A summariser made with guard.metered_model runs before the guard's model step (SummarizationMiddleware),
+    so the step's callback does not meter it: its own callback reserves each execution before the provider is
+    called and commits it after. Another connection holds the budget row while that reservation (or commit)
+    needs it: a coroutine on the same loop keeps ticking, and every execution is paid once, nothing held."""
+    store = open_store(postgres_dsn)
+    store.create_budget(budget_key, 10.0)
+    ticks = [0]
+    locker = RowLocker(postgres_dsn, budget_key, ticks)
+    executed: list[str] = []
+    guard, model, summariser, agent = _summarised_agent(store, budget_key, locker, blocked, executed)
+
+    result = _run_ticking(agent, "sum", ticks)
+    locker.join()
+    assert result["messages"][-1].content == "done"
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert executed == ["a"] and len(summariser.executions) == 1
+    executions = len(model.executions) + len(summariser.executions)
+    assert store.spent(budget_key) == pytest.approx(len(executed) * PRICE + executions * MODEL_COST)
+    assert store.reserved(budget_key) == 0.0
+    (summary,) = [c for c in store.charges(budget_key) if c.tool == "summary-model"]
+    assert summary.status == "committed" and summary.amount == pytest.approx(MODEL_COST)
+    ledger = guard.ledger(result)  # (the summary's charge reached graph state: the task wrote it)
+    assert ledger.spent == pytest.approx(store.spent(budget_key)) and ledger.reserved == 0.0
+
+
+def test_a_metered_model_cancelled_while_its_reservation_waits_on_the_store_is_released(postgres_dsn, budget_key):
+    """The task is cancelled while the summariser's reservation waits on the budget row: the reservation goes on
+    in its thread and the cancellation waits for it; the summary is never asked for, so its reservation is
+    released (not charged as a cancelled call), and nothing is held once the task is done."""
+    store = open_store(postgres_dsn)
+    store.create_budget(budget_key, 10.0)
+    box: dict[str, object] = {}
+    locker = RowLocker(postgres_dsn, budget_key, [0], hold=0.5, on_wait=_canceller(box))
+    executed: list[str] = []
+    guard, model, summariser, agent = _summarised_agent(store, budget_key, locker, "reservation", executed)
+
+    _run_cancelled(agent, "sx", box, postgres_dsn, budget_key)
+    locker.join()
+    assert summariser.executions == []  # never sent
+    (summary,) = [c for c in box["charges"] if c.tool == "summary-model"]  # reserved once, released once
+    assert summary.status == "released"
+    assert box["reserved"] == 0.0
+    assert box["spent"] == pytest.approx(len(executed) * PRICE + len(model.executions) * MODEL_COST)
+    assert store.reserved(budget_key) == 0.0
+
+
+@pytest.mark.parametrize("fits", [True, False])
+@pytest.mark.parametrize("how", ["invoke", "ainvoke", "astream"])
+def test_a_metered_model_called_outside_the_model_step_of_an_async_run_on_a_store_is_metered_once(tmp_path, budget_key,
+                                                                                               how, fits):
+    """A middleware before the guard calls a guard.metered_model copy: asynchronously (ainvoke, astream: its
+    async twin reserves and commits in a worker thread) or with a blocking invoke (LangChain's sync callback
+    manager: the copy's own callback, inline, as before). Either way the execution is paid once, at its usage,
+    and a refusal stops it before the provider is called (and the run with it: MeteredModelRefused)."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import HumanMessage
+
+    from intent import MeteredModelRefused
+    from intent.testing import BilledChatModel, ModelRuns, ai, scripted
+
+    store = open_store(f"sqlite:///{tmp_path / 'budgets.db'}")
+    store.create_budget(budget_key, 1.0)
+    runs = ModelRuns()
+    # 10 tokens in, 100 out: 0.21 at 0.001 / 0.002 a token; at 100 times that a side call does not fit the budget.
+    side_price = {"input_per_mtok": 1000.0, "output_per_mtok": 2000.0} if fits else {
+        "input_per_mtok": 100_000.0, "output_per_mtok": 200_000.0}
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 1.0, store=store, budget_key=budget_key,
+                        model_prices={**MODEL_PRICES, "side-model": side_price}, max_output_tokens=64)
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs, max_tokens=100))
+
+    class AskASideModel(AgentMiddleware):
+        async def abefore_model(self, state, runtime):
+            if how == "invoke":
+                side.invoke("a side question")  # (blocking, on the loop: a sync callback manager)
+            elif how == "ainvoke":
+                await side.ainvoke("a side question")
+            else:
+                assert [c async for c in side.astream("a side question")]
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=(40, 4))]), [],
+                         middleware=[AskASideModel(), guard.middleware()])
+    run = agent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "s"}})
+    if fits:
+        result = asyncio.run(run)
+        assert result["messages"][-1].content == "done" and runs.names() == ["side-model"]
+        assert store.spent(budget_key) == pytest.approx(0.21 + MODEL_COST)
+        assert sorted(round(c.amount, 9) for c in store.charges(budget_key)) == [MODEL_COST, 0.21]
+        assert guard.ledger(result).spent == pytest.approx(0.21 + MODEL_COST)
+    else:
+        with pytest.raises(MeteredModelRefused):
+            asyncio.run(run)
+        assert runs.names() == []  # refused before the provider was called
+        assert store.spent(budget_key) == 0.0 and store.charges(budget_key) == []
+    assert store.reserved(budget_key) == 0.0
+
+
+@pytest.mark.parametrize("how", ["ainvoke", "astream", "astream_events_v3"])
+def test_each_async_call_of_a_metered_model_reserves_off_the_loop(postgres_dsn, budget_key, how):
+    """A middleware before the guard takes the budget row, then calls a guard.metered_model copy each async way
+    LangChain has (ainvoke, astream, astream_events v3: each configures its run's callbacks itself): the copy's
+    reservation waits on the row while a coroutine on the same loop keeps ticking; the call is paid once."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware
+
+    from intent.testing import BilledChatModel, ModelRuns, ai, scripted
+
+    store = open_store(postgres_dsn)
+    store.create_budget(budget_key, 10.0)
+    ticks = [0]
+    locker = RowLocker(postgres_dsn, budget_key, ticks)
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 10.0, store=store, budget_key=budget_key,
+                        model_prices={**MODEL_PRICES, "side-model": MODEL_PRICES["scripted-model"]},
+                        max_output_tokens=64)
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs, max_tokens=100))
+
+    class AskASideModel(AgentMiddleware):
+        async def abefore_model(self, state, runtime):
+            await asyncio.to_thread(locker.take)
+            if how == "ainvoke":
+                await side.ainvoke("a side question")
+            elif how == "astream":
+                assert [c async for c in side.astream("a side question")]
+            else:
+                assert [e async for e in await side.astream_events("a side question", version="v3")]
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=(40, 4))]), [], middleware=[AskASideModel(),
+                                                                                     guard.middleware()])
+    result = _run_ticking(agent, "side", ticks)
+    locker.join()
+    assert result["messages"][-1].content == "done" and runs.names() == ["side-model"]
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert store.spent(budget_key) == pytest.approx(0.21 + MODEL_COST) and store.reserved(budget_key) == 0.0
+    assert sorted(round(c.amount, 9) for c in store.charges(budget_key)) == [MODEL_COST, 0.21]
+
+
+@pytest.mark.parametrize("how", ["ainvoke", "astream"])
+def test_a_metered_model_cancelled_on_its_rate_limiter_releases_off_the_loop(postgres_dsn, budget_key, how):
+    """A guard.metered_model copy called outside the guard's model step waits on its rate limiter (reserved, not
+    sent) when its task is cancelled, while another connection holds the budget row: LangChain reports no end
+    for that run, the copy's own watch releases its reservation in a worker thread (the loop ticks meanwhile)
+    and the cancellation waits for it, so once the task is done the store has it released, nothing held."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import HumanMessage
+    from langchain_core.rate_limiters import InMemoryRateLimiter
+
+    from intent.testing import BilledChatModel, ModelRuns, ai, scripted
+
+    store = open_store(postgres_dsn)
+    store.create_budget(budget_key, 10.0)
+    ticks = [0]
+    locker = RowLocker(postgres_dsn, budget_key, ticks)
+    runs = ModelRuns()
+    empty_bucket = InMemoryRateLimiter(requests_per_second=0.001, check_every_n_seconds=0.01)  # waits ~1000 s
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 10.0, store=store, budget_key=budget_key,
+                        model_prices={**MODEL_PRICES, "side-model": MODEL_PRICES["scripted-model"]},
+                        max_output_tokens=64)
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs, max_tokens=100,
+                                               rate_limiter=empty_bucket))
+
+    class AskASideModel(AgentMiddleware):
+        async def abefore_model(self, state, runtime):
+            if how == "ainvoke":
+                await side.ainvoke("a side question")
+            else:
+                assert [c async for c in side.astream("a side question")]
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=(40, 4))]), [], middleware=[AskASideModel(),
+                                                                                     guard.middleware()])
+    reader = open_store(postgres_dsn)
+
+    async def main() -> None:
+        task = asyncio.create_task(agent.ainvoke({"messages": [HumanMessage("go")]},
+                                                 {"configurable": {"thread_id": "rl"}}))
+        while not await asyncio.to_thread(reader.charges, budget_key):  # reserved: now on its rate limiter
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(locker.take)
+        task.cancel()  # its release waits on the row
+        with pytest.raises(asyncio.CancelledError):
+            await _ticking_while(task, ticks)
+        (charge,) = await asyncio.to_thread(reader.charges, budget_key)
+        assert charge.status == "released"  # (already when the cancelled task is done)
+
+    asyncio.run(main())
+    locker.join()
+    reader.close()
+    assert runs.names() == []
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert store.spent(budget_key) == 0.0 and store.reserved(budget_key) == 0.0
