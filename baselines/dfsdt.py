@@ -6,8 +6,10 @@ proposed call through the same :class:`~intent.BudgetGuard` (``gate`` then
 the guard. Control flow follows StableToolBench's ``DFS_woFilter``:
 
 * pre-order DFS; expanding a node is one model call; up to ``width`` children per node;
-* a re-expanded node gets a temporary diversity prompt listing the actions its earlier
-  children tried ("Previously tried actions at this point: ...");
+* a re-expanded node gets a temporary diversity prompt listing its earlier children, as
+  StableToolBench's does: each one's tool name, arguments and function output (a refusal
+  included: it is what tells the model why that attempt failed). Its first line is
+  ``Previously tried actions at this point: a, b+c`` (a parallel batch joined by ``+``), names only;
 * a branch whose next call does not fit the remaining budget is **pruned** (the guard refuses
   the call; the search tries a sibling);
 * an answer that gives up ("give up") backtracks; the first real answer stops the search;
@@ -29,6 +31,7 @@ leaves them off:
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +51,19 @@ __all__ = ["DFSDTResult", "DFSDTRunner", "is_give_up"]
 
 # Refusals that mean "this branch cannot afford its next step": prune it.
 _PRUNE_REASONS = frozenset({OVER_BUDGET, PLAN_OVER_BUDGET, QUOTA_EXHAUSTED})
+
+# StableToolBench cuts every observation at 1024 characters; an earlier attempt's output is shown as cut.
+_OUTPUT_CHARS = 1024
+
+
+def _diversity_prompt(tried: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    """The temporary prompt of a re-expanded node (StableToolBench's DIVERSITY_PROMPT, in our words)."""
+    attempts = [call for _, calls in tried for call in calls]
+    return (f"Previously tried actions at this point: {', '.join(names for names, _ in tried)}\n"
+            "This is not the first attempt from this state, and every earlier attempt from here failed. Here they "
+            "are, each with its arguments and what it returned:\n"
+            f"{json.dumps(attempts, indent=2, ensure_ascii=False, default=str)}\n"
+            "Analyse the current state and these attempts, then choose an action different from all of them.")
 
 
 def is_give_up(message: AIMessage) -> bool:
@@ -91,7 +107,8 @@ class DFSDTRunner:
         self.before_model = before_model
 
     # ------------------------------------------------------------ one step
-    def _model_input(self, model: Any, history: list[BaseMessage], tried: list[str]) -> tuple[Any, list[BaseMessage]]:
+    def _model_input(self, model: Any, history: list[BaseMessage],
+                     tried: list[tuple[str, list[dict[str, Any]]]]) -> tuple[Any, list[BaseMessage]]:
         if self.before_model is not None:
             self.before_model()
         state = {"messages": history, LEDGER_KEY: self._channel}
@@ -101,8 +118,7 @@ class DFSDTRunner:
         system = "\n\n".join(x for x in (self.system_prompt, notes) if x)
         messages = ([SystemMessage(system)] if system else []) + list(history)
         if tried:  # temporary: shown to the model for this expansion only
-            messages.append(HumanMessage(f"Previously tried actions at this point: {', '.join(tried)}. "
-                                         "Try a different action."))
+            messages.append(HumanMessage(_diversity_prompt(tried)))
         bound = model.bind_tools(tools) if tools else model
         return bound, messages
 
@@ -197,7 +213,7 @@ class DFSDTRunner:
 
     def _dfs(self, model: Any, history: list[BaseMessage], depth: int, path: str = "0") -> list[BaseMessage] | None:
         res = self._result
-        tried: list[str] = []
+        tried: list[tuple[str, list[dict[str, Any]]]] = []  # per earlier child: its names, its calls and outputs
         for child in range(self.width):
             if res.llm_calls >= self.max_llm_calls:
                 return None
@@ -219,12 +235,15 @@ class DFSDTRunner:
                 res.backtracks += 1
                 res.cut_at_depth += 1
                 return None
-            tried.append("+".join(c["name"] for c in ai.tool_calls))
             saved = self._enter_branch(f"{path}.{child}") if self.per_path_budget else None
             branch = (self._channel, self._config)
             found = None
             try:
                 ai, results, over_budget = self._execute(history, ai)
+                outputs = {m.tool_call_id: str(m.content) for m in results if isinstance(m, ToolMessage)}
+                tried.append(("+".join(c["name"] for c in ai.tool_calls),
+                              [{"name": c["name"], "arguments": c["args"],
+                                "function_output": outputs.get(c["id"], "")[:_OUTPUT_CHARS]} for c in ai.tool_calls]))
                 # The branch's own calls ran: its ledger is final (deeper nodes are branches of their own).
                 branch = (self._channel, self._config)
                 if over_budget and not self.prune_partial_batches and any(

@@ -228,3 +228,43 @@ def test_dfsdt_sees_the_markets_events_as_agents_do(tmp_path):
     versions = {m: max((r.market_version for r in read_log(out / "logs.jsonl") if r.task_id.startswith(f"{m}:")),
                        default=0) for m in ("dfsdt", "bats")}
     assert versions["bats"] > 0 and versions["dfsdt"] > 0, versions
+
+
+def test_dfsdt_diversity_prompt_shows_each_earlier_attempt_and_what_it_returned():
+    # StableToolBench's diversity prompt lists every earlier child of the node with its name, its
+    # arguments and its function output; the budget refusal that pruned a child is that output, the
+    # one thing that tells the model why the attempt failed. Ours listed the names only.
+    seen: list[list] = []
+
+    class Recording(ScriptedToolModel):
+        def _generate(self, messages, stop=None, run_manager=None, **kw):
+            seen.append(list(messages))
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kw)
+
+    big = AIMessage("", tool_calls=[{"name": "big", "args": {"x": 7}, "id": "c1", "type": "tool_call"}])
+    model = Recording(messages=iter([big, AIMessage("the answer")]), bound=[])
+    guard = BudgetGuard(PromptOracle(), Market([PricedTool("big", 80), PricedTool("small", 5)]), 50)
+    res = DFSDTRunner(guard, [_tool("big"), _tool("small")], width=3, max_depth=3).run(model, "q")
+    assert res.pruned == 1 and res.answer == "the answer"
+    diversity = str(seen[1][-1].content)
+    assert diversity.startswith("Previously tried actions at this point: big\n")
+    assert '"x": 7' in diversity  # its arguments
+    assert "80" in diversity and "budget" in diversity.lower()  # the refusal it got: the call did not fit
+
+
+def test_the_simulated_agent_avoids_every_action_dfsdt_says_it_tried():
+    # The simulated agent read "Previously tried actions at this point: a, b. Try a different action." as the
+    # names "a" and "b. Try a different action.", so it did not avoid the last action tried at the node.
+    from eval.agents.simulated import NeedView, SimAgentConfig, SimulatedAgent, TaskView
+
+    need = NeedView("n0", "weather in Oslo", {"city": "Oslo"}, ("w_premium", "w_mid"))
+    view = TaskView("t0", "Weather in Oslo?", (need,), covers={"w_premium": frozenset({"n0"}),
+                                                               "w_mid": frozenset({"n0"})},
+                    tiers={"w_premium": "premium", "w_mid": "mid"})
+    agent = SimulatedAgent(view=view, config=SimAgentConfig(myopic_first=1.0, parallel=0.0, arg_noise=0.0), seed=1)
+    guard = BudgetGuard(PromptOracle(), Market([PricedTool("w_premium", 80), PricedTool("w_mid", 10)]), 50)
+    tools = [StructuredTool.from_function(lambda city="": f'{{"city": "{city}", "forecast": "rain"}}', name=n,
+                                          description=n) for n in ("w_premium", "w_mid")]
+    res = DFSDTRunner(guard, tools, width=4, max_depth=4).run(agent, "Weather in Oslo?")
+    # The myopic first call (premium, over budget) is pruned once; the next expansion tries the other tool.
+    assert res.pruned == 1 and res.answer is not None
