@@ -111,6 +111,10 @@ class DFSDTRunner:
                      tried: list[tuple[str, list[dict[str, Any]]]]) -> tuple[Any, list[BaseMessage]]:
         if self.before_model is not None:
             self.before_model()
+        # Prepared as an agent's model step is (the middleware's before_model): an oracle's episode starts
+        # before the first expansion, so a plan made at its start (BTP's quotas) already shapes what it sees.
+        self._merge(self.guard.prepare({"messages": history, LEDGER_KEY: self._channel}, self._config,
+                                       offered=list(self.tools.values())))
         state = {"messages": history, LEDGER_KEY: self._channel}
         visible = self.guard.visible_tool_names(state, self._config)
         tools = [t for n, t in self.tools.items() if visible is None or n in visible]

@@ -79,6 +79,7 @@ METHODS: tuple[MethodSpec, ...] = (
     MethodSpec("bats", True, _bats, "BATS: budget tracker, tiered guideline, self-verification (K=5), hard gate"),
     MethodSpec("dfsdt", True, _prompt, "DFSDT (width 10) with budget pruning: one shared ledger, prices shown, hard gate",
                episode=_dfsdt_episode),
-    MethodSpec("btp", True, _btp, "BTP: knapsack call quotas from experience, forbidden tools, blacklist",
-               needs_oracle_logs=True),
+    # On DFSDT, as INTENT's Appendix B.2 implements it and BTP's own code runs (StableToolBench's DFS).
+    MethodSpec("btp", True, _btp, "BTP on DFSDT: knapsack call quotas from experience, forbidden tools, blacklist",
+               episode=_dfsdt_episode, needs_oracle_logs=True),
 )

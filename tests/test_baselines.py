@@ -268,3 +268,26 @@ def test_the_simulated_agent_avoids_every_action_dfsdt_says_it_tried():
     res = DFSDTRunner(guard, tools, width=4, max_depth=4).run(agent, "Weather in Oslo?")
     # The myopic first call (premium, over budget) is pruned once; the next expansion tries the other tool.
     assert res.pruned == 1 and res.answer is not None
+
+
+def test_btp_searches_with_dfsdt_as_the_paper_implements_it(tmp_path):
+    # INTENT's Appendix B.2 implements BTP "on top of the DFSDT framework", as BTP's own code runs in
+    # StableToolBench's DFS: its quotas gate every branch of one search. Ours ran BTP in a plain agent loop.
+    from eval.results import ResultStore
+
+    run_benchmark(BenchConfig(tasks=3, methods=["btp"], out=str(tmp_path)), progress=False)
+    episodes = ResultStore(tmp_path / "episodes.jsonl").load()
+    assert episodes and all(e.method == "btp" and e.extra.get("nodes", 0) >= 1 for e in episodes)
+
+
+def test_dfsdt_starts_the_oracles_episode_before_its_first_expansion():
+    # DFSDT gated its calls but never prepared a model step (an agent's before_model does): an oracle's
+    # start hook first ran at the first gate, after the first expansion. BTP's plan was not in force
+    # then, so the first expansion was offered the tools its knapsack gives no call (110 of 150 BTP
+    # episodes opened with a refusal on the synthetic market).
+    from baselines.btp import BTPOracle
+
+    model = ScriptedToolModel(messages=iter([AIMessage("the answer")]), bound=[])
+    guard = BudgetGuard(BTPOracle(), Market([PricedTool("a", 30), PricedTool("b", 30)]), 50)
+    DFSDTRunner(guard, [_tool("a"), _tool("b")], width=2, max_depth=3).run(model, "q")
+    assert model.bound == [["a"]]  # no experience: one call each, and only one fits in 50
