@@ -291,3 +291,51 @@ def test_dfsdt_starts_the_oracles_episode_before_its_first_expansion():
     guard = BudgetGuard(BTPOracle(), Market([PricedTool("a", 30), PricedTool("b", 30)]), 50)
     DFSDTRunner(guard, [_tool("a"), _tool("b")], width=2, max_depth=3).run(model, "q")
     assert model.bound == [["a"]]  # no experience: one call each, and only one fits in 50
+
+
+def test_a_tree_search_is_judged_on_the_branch_it_returns():
+    # Every branch of a DFSDT search runs in the episode's one environment, and the market's judge read
+    # what every call returned: a branch that gave up after its successful calls lent them to a sibling
+    # that answered without any (the proxy judge passed it). Upstream judges the returned chain only.
+    # On StableToolBench (setting b, 120 queries) DFSDT's proxy PR was 5.83 for the tree, 4.17 for the branch.
+    from eval.agents.simulated import TaskView
+    from eval.markets import EpisodeEnv
+    from eval.methods import get_method
+    from eval.runner import run_episode
+    from langchain_core.messages import ToolMessage
+
+    ran: list[str] = []
+
+    def tool_a() -> str:
+        ran.append("a")
+        return "found it"
+
+    def branch_judge(messages):
+        evidence = any(isinstance(m, ToolMessage) and m.content == "found it" for m in messages)
+        return lambda answer: float(bool(answer) and evidence)
+
+    # Branch 1: calls a, then gives up (backtrack to the root); branch 2 answers at once, without evidence.
+    script = [AIMessage("", tool_calls=[{"name": "a", "args": {}, "id": "c1", "type": "tool_call"}]),
+              AIMessage("I give up"), AIMessage("the answer")]
+    env = EpisodeEnv(task_id="t", group="g", query="q", budget=50.0, market=Market([PricedTool("a", 10)]),
+                     tools=[StructuredTool.from_function(tool_a, name="a", description="a")],
+                     view=TaskView("t", "q", (), covers={}, tiers={}), solvable=True,
+                     judge=lambda answer: float(bool(answer) and "a" in ran),  # the whole episode's evidence
+                     environment="test", judge_branch=branch_judge)
+    result = run_episode(get_method("dfsdt"), env, 0,
+                         lambda env, seed: ScriptedToolModel(messages=iter(script), bound=[]))
+    assert ran == ["a"] and result.answered and result.passed == 0.0
+
+
+def test_the_synthetic_branch_judge_reads_only_the_branchs_results():
+    from eval.markets import SyntheticBenchMarket
+    from langchain_core.messages import ToolMessage
+
+    market = SyntheticBenchMarket(20, 0)
+    task = next(t for t in market.tasks() if len(t.needs) >= 2)
+    env = market.episode(task, 0)
+    ids = [n.id for n in task.needs]
+    every = [ToolMessage("ok", tool_call_id=f"c{i}", artifact={"z": 1, "satisfied": [nid]}) for i, nid in enumerate(ids)]
+    assert env.judge_branch(every)("answer") == 1.0
+    assert env.judge_branch(every)("") == 0.0  # no answer
+    assert env.judge_branch(every[1:])("answer") == 0.0  # a need this branch never met
