@@ -15,6 +15,9 @@ the guard. Control flow follows StableToolBench's ``DFS_woFilter``:
 * an answer that gives up ("give up") backtracks; the first real answer stops the search;
 * ``max_depth`` model turns per branch and ``max_llm_calls`` in total bound the search; if no
   answer is found, the last give-up answer is returned.
+* ``summarize=True`` (BTP's code, which ends its search with ``summarize()``): after the search, the
+  model writes the final answer from every call result the tree gathered (its branches'
+  included); when it answers, that answer and a chain of those calls replace the search's own.
 
 Three hooks serve the exhaustive search behind OR's denominator (paper B.3); the baseline
 leaves them off:
@@ -85,6 +88,7 @@ class DFSDTResult:
     proposed_calls: int = 0
     answered_calls: int = 0
     cut_at_depth: int = 0  # expansions whose calls were dropped at max_depth, before the guard saw them
+    summarized: bool = False  # the answer is summarize's (written from every result the search gathered)
 
 
 class DFSDTRunner:
@@ -92,7 +96,7 @@ class DFSDTRunner:
                  max_llm_calls: int = 200, system_prompt: str | None = None, per_path_budget: bool = False,
                  prune_partial_batches: bool = True,
                  on_answer: Callable[[list[BaseMessage], bool], bool] | None = None,
-                 before_model: Callable[[], None] | None = None) -> None:
+                 before_model: Callable[[], None] | None = None, summarize: bool = False) -> None:
         if width < 1 or max_depth < 1 or max_llm_calls < 1:
             raise UsageError(f"width, max_depth and max_llm_calls must be >= 1, got {width}, {max_depth}, "
                              f"{max_llm_calls}")
@@ -105,6 +109,7 @@ class DFSDTRunner:
         # Called before each expansion's model call (an agent's before_model hook): e.g. the benchmark's market
         # events, so the guard prices and hides tools as the market is now.
         self.before_model = before_model
+        self.summarize = summarize
 
     # ------------------------------------------------------------ one step
     def _model_input(self, model: Any, history: list[BaseMessage],
@@ -161,6 +166,9 @@ class DFSDTRunner:
                 results += self._merge(out.update if isinstance(out.update, dict) else None)
             else:
                 results.append(out)
+        ran = {m.tool_call_id: m for m in results if isinstance(m, ToolMessage)
+               and not (isinstance(m.artifact, dict) and "intent_reason" in m.artifact)}
+        self._ran += [(call, ran[call["id"]]) for call in ai.tool_calls if call["id"] in ran]
         ids = {c["id"] for c in ai.tool_calls}
         self._result.answered_calls += sum(isinstance(m, ToolMessage) and m.tool_call_id in ids for m in results)
         over_budget = any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict)
@@ -181,6 +189,7 @@ class DFSDTRunner:
         self._channel = channel
         self._result = DFSDTResult(messages=[], answer=None)
         self._fallback: tuple[list[BaseMessage], str] | None = None
+        self._ran: list[tuple[dict[str, Any], ToolMessage]] = []  # every call that ran, with its result
         self._query = query
         root_channel, root_config = self._channel, self._config
         try:
@@ -195,8 +204,29 @@ class DFSDTRunner:
             res.messages, res.answer = found, str(found[-1].content)
         elif self._fallback is not None:
             res.messages, res.answer = self._fallback
+        if self.summarize and self._ran:
+            self._summarize(model)
         res.channel = self._channel
         return res
+
+    def _summarize(self, model: Any) -> None:
+        """BTP's ``summarize()``: the final answer written from every result the search gathered."""
+        # Fresh call ids: sibling branches may have reused theirs, and each result must answer its own call.
+        calls = [dict(call, id=f"summary-{i}") for i, (call, _) in enumerate(self._ran)]
+        outs = [out.model_copy(update={"tool_call_id": f"summary-{i}"}) for i, (_, out) in enumerate(self._ran)]
+        chain: list[BaseMessage] = [HumanMessage(self._query), AIMessage("", tool_calls=calls, id="dfsdt-summary"),
+                                    *outs]
+        ask = HumanMessage("These are the results of every call made for the query above. Using them, give the "
+                           "final answer to the query now.")
+        # Bound to the tools, as the history's calls are (some providers refuse tool calls of undeclared tools);
+        # a reply that calls a tool instead of answering leaves the search's own answer.
+        reply = model.bind_tools(list(self.tools.values())).invoke(
+            [*([SystemMessage(self.system_prompt)] if self.system_prompt else []), *chain, ask], self._config)
+        res = self._result
+        res.llm_calls += 1
+        res.tokens += int((reply.usage_metadata or {}).get("total_tokens", 0))
+        if not reply.tool_calls and str(reply.content).strip():  # it answered: that answer stands
+            res.messages, res.answer, res.summarized = [*chain, reply], str(reply.content), True
 
     def _end(self, channel: dict[str, Any] | None, config: dict[str, Any]) -> None:
         """End the guard episode of ``config`` (whose ledger is ``channel``); its final ledger is the

@@ -275,9 +275,10 @@ def test_btp_searches_with_dfsdt_as_the_paper_implements_it(tmp_path):
     # StableToolBench's DFS: its quotas gate every branch of one search. Ours ran BTP in a plain agent loop.
     from eval.results import ResultStore
 
-    run_benchmark(BenchConfig(tasks=3, methods=["btp"], out=str(tmp_path)), progress=False)
+    run_benchmark(BenchConfig(tasks=10, methods=["btp"], out=str(tmp_path)), progress=False)
     episodes = ResultStore(tmp_path / "episodes.jsonl").load()
     assert episodes and all(e.method == "btp" and e.extra.get("nodes", 0) >= 1 for e in episodes)
+    assert any(e.extra["summarized"] for e in episodes)  # and it ends with BTP's summarize()
 
 
 def test_dfsdt_starts_the_oracles_episode_before_its_first_expansion():
@@ -339,3 +340,27 @@ def test_the_synthetic_branch_judge_reads_only_the_branchs_results():
     assert env.judge_branch(every)("answer") == 1.0
     assert env.judge_branch(every)("") == 0.0  # no answer
     assert env.judge_branch(every[1:])("answer") == 0.0  # a need this branch never met
+
+
+def test_dfsdt_summarize_answers_from_every_call_the_search_ran():
+    # BTP's code ends its search with summarize(): the model writes the final answer from every call result
+    # the tree gathered, and that answer (with a chain of those calls) replaces the search's own.
+    from langchain_core.messages import ToolMessage
+    from intent.testing import ai, call
+
+    seen: list[list] = []
+
+    class Recording(ScriptedToolModel):
+        def _generate(self, messages, stop=None, run_manager=None, **kw):
+            seen.append(list(messages))
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kw)
+
+    script = [ai(call("a")), AIMessage("I give up"), ai(call("big")), ai(call("b")), AIMessage("I give up"),
+              AIMessage("a and b say 1")]
+    guard = BudgetGuard(PromptOracle(), Market([PricedTool("a", 10), PricedTool("b", 10), PricedTool("big", 90)]), 50)
+    res = DFSDTRunner(guard, [_tool("a"), _tool("b"), _tool("big")], width=3, max_depth=3,
+                      summarize=True).run(Recording(messages=iter(script), bound=[]), "q")
+    assert res.answer == "a and b say 1" and res.pruned == 1 and res.summarized
+    ran = [m.name for m in res.messages if isinstance(m, ToolMessage)]
+    assert ran == ["a", "b"]  # both branches' calls; the refused one never ran
+    assert res.llm_calls == len(seen) == 6
