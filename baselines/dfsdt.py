@@ -6,13 +6,18 @@ proposed call through the same :class:`~intent.BudgetGuard` (``gate`` then
 the guard. Control flow follows StableToolBench's ``DFS_woFilter``:
 
 * pre-order DFS; expanding a node is one model call; up to ``width`` children per node;
-* a re-expanded node gets a temporary diversity prompt listing the actions its earlier
-  children tried ("Previously tried actions at this point: ...");
+* a re-expanded node gets a temporary diversity prompt listing its earlier children, as
+  StableToolBench's does: each one's tool name, arguments and function output (a refusal
+  included: it is what tells the model why that attempt failed). Its first line is
+  ``Previously tried actions at this point: a, b+c`` (a parallel batch joined by ``+``), names only;
 * a branch whose next call does not fit the remaining budget is **pruned** (the guard refuses
   the call; the search tries a sibling);
 * an answer that gives up ("give up") backtracks; the first real answer stops the search;
 * ``max_depth`` model turns per branch and ``max_llm_calls`` in total bound the search; if no
   answer is found, the last give-up answer is returned.
+* ``summarize=True`` (BTP's code, which ends its search with ``summarize()``): after the search, the
+  model writes the final answer from every call result the tree gathered (its branches'
+  included); when it answers, that answer and a chain of those calls replace the search's own.
 
 Three hooks serve the exhaustive search behind OR's denominator (paper B.3); the baseline
 leaves them off:
@@ -29,6 +34,7 @@ leaves them off:
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +54,19 @@ __all__ = ["DFSDTResult", "DFSDTRunner", "is_give_up"]
 
 # Refusals that mean "this branch cannot afford its next step": prune it.
 _PRUNE_REASONS = frozenset({OVER_BUDGET, PLAN_OVER_BUDGET, QUOTA_EXHAUSTED})
+
+# StableToolBench cuts every observation at 1024 characters; an earlier attempt's output is shown as cut.
+_OUTPUT_CHARS = 1024
+
+
+def _diversity_prompt(tried: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    """The temporary prompt of a re-expanded node (StableToolBench's DIVERSITY_PROMPT, in our words)."""
+    attempts = [call for _, calls in tried for call in calls]
+    return (f"Previously tried actions at this point: {', '.join(names for names, _ in tried)}\n"
+            "This is not the first attempt from this state, and every earlier attempt from here failed. Here they "
+            "are, each with its arguments and what it returned:\n"
+            f"{json.dumps(attempts, indent=2, ensure_ascii=False, default=str)}\n"
+            "Analyse the current state and these attempts, then choose an action different from all of them.")
 
 
 def is_give_up(message: AIMessage) -> bool:
@@ -69,6 +88,7 @@ class DFSDTResult:
     proposed_calls: int = 0
     answered_calls: int = 0
     cut_at_depth: int = 0  # expansions whose calls were dropped at max_depth, before the guard saw them
+    summarized: bool = False  # the answer is summarize's (written from every result the search gathered)
 
 
 class DFSDTRunner:
@@ -76,7 +96,7 @@ class DFSDTRunner:
                  max_llm_calls: int = 200, system_prompt: str | None = None, per_path_budget: bool = False,
                  prune_partial_batches: bool = True,
                  on_answer: Callable[[list[BaseMessage], bool], bool] | None = None,
-                 before_model: Callable[[], None] | None = None) -> None:
+                 before_model: Callable[[], None] | None = None, summarize: bool = False) -> None:
         if width < 1 or max_depth < 1 or max_llm_calls < 1:
             raise UsageError(f"width, max_depth and max_llm_calls must be >= 1, got {width}, {max_depth}, "
                              f"{max_llm_calls}")
@@ -89,11 +109,17 @@ class DFSDTRunner:
         # Called before each expansion's model call (an agent's before_model hook): e.g. the benchmark's market
         # events, so the guard prices and hides tools as the market is now.
         self.before_model = before_model
+        self.summarize = summarize
 
     # ------------------------------------------------------------ one step
-    def _model_input(self, model: Any, history: list[BaseMessage], tried: list[str]) -> tuple[Any, list[BaseMessage]]:
+    def _model_input(self, model: Any, history: list[BaseMessage],
+                     tried: list[tuple[str, list[dict[str, Any]]]]) -> tuple[Any, list[BaseMessage]]:
         if self.before_model is not None:
             self.before_model()
+        # Prepared as an agent's model step is (the middleware's before_model): an oracle's episode starts
+        # before the first expansion, so a plan made at its start (BTP's quotas) already shapes what it sees.
+        self._merge(self.guard.prepare({"messages": history, LEDGER_KEY: self._channel}, self._config,
+                                       offered=list(self.tools.values())))
         state = {"messages": history, LEDGER_KEY: self._channel}
         visible = self.guard.visible_tool_names(state, self._config)
         tools = [t for n, t in self.tools.items() if visible is None or n in visible]
@@ -101,8 +127,7 @@ class DFSDTRunner:
         system = "\n\n".join(x for x in (self.system_prompt, notes) if x)
         messages = ([SystemMessage(system)] if system else []) + list(history)
         if tried:  # temporary: shown to the model for this expansion only
-            messages.append(HumanMessage(f"Previously tried actions at this point: {', '.join(tried)}. "
-                                         "Try a different action."))
+            messages.append(HumanMessage(_diversity_prompt(tried)))
         bound = model.bind_tools(tools) if tools else model
         return bound, messages
 
@@ -141,6 +166,9 @@ class DFSDTRunner:
                 results += self._merge(out.update if isinstance(out.update, dict) else None)
             else:
                 results.append(out)
+        ran = {m.tool_call_id: m for m in results if isinstance(m, ToolMessage)
+               and not (isinstance(m.artifact, dict) and "intent_reason" in m.artifact)}
+        self._ran += [(call, ran[call["id"]]) for call in ai.tool_calls if call["id"] in ran]
         ids = {c["id"] for c in ai.tool_calls}
         self._result.answered_calls += sum(isinstance(m, ToolMessage) and m.tool_call_id in ids for m in results)
         over_budget = any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict)
@@ -161,6 +189,7 @@ class DFSDTRunner:
         self._channel = channel
         self._result = DFSDTResult(messages=[], answer=None)
         self._fallback: tuple[list[BaseMessage], str] | None = None
+        self._ran: list[tuple[dict[str, Any], ToolMessage]] = []  # every call that ran, with its result
         self._query = query
         root_channel, root_config = self._channel, self._config
         try:
@@ -175,8 +204,29 @@ class DFSDTRunner:
             res.messages, res.answer = found, str(found[-1].content)
         elif self._fallback is not None:
             res.messages, res.answer = self._fallback
+        if self.summarize and self._ran:
+            self._summarize(model)
         res.channel = self._channel
         return res
+
+    def _summarize(self, model: Any) -> None:
+        """BTP's ``summarize()``: the final answer written from every result the search gathered."""
+        # Fresh call ids: sibling branches may have reused theirs, and each result must answer its own call.
+        calls = [dict(call, id=f"summary-{i}") for i, (call, _) in enumerate(self._ran)]
+        outs = [out.model_copy(update={"tool_call_id": f"summary-{i}"}) for i, (_, out) in enumerate(self._ran)]
+        chain: list[BaseMessage] = [HumanMessage(self._query), AIMessage("", tool_calls=calls, id="dfsdt-summary"),
+                                    *outs]
+        ask = HumanMessage("These are the results of every call made for the query above. Using them, give the "
+                           "final answer to the query now.")
+        # Bound to the tools, as the history's calls are (some providers refuse tool calls of undeclared tools);
+        # a reply that calls a tool instead of answering leaves the search's own answer.
+        reply = model.bind_tools(list(self.tools.values())).invoke(
+            [*([SystemMessage(self.system_prompt)] if self.system_prompt else []), *chain, ask], self._config)
+        res = self._result
+        res.llm_calls += 1
+        res.tokens += int((reply.usage_metadata or {}).get("total_tokens", 0))
+        if not reply.tool_calls and str(reply.content).strip():  # it answered: that answer stands
+            res.messages, res.answer, res.summarized = [*chain, reply], str(reply.content), True
 
     def _end(self, channel: dict[str, Any] | None, config: dict[str, Any]) -> None:
         """End the guard episode of ``config`` (whose ledger is ``channel``); its final ledger is the
@@ -197,7 +247,7 @@ class DFSDTRunner:
 
     def _dfs(self, model: Any, history: list[BaseMessage], depth: int, path: str = "0") -> list[BaseMessage] | None:
         res = self._result
-        tried: list[str] = []
+        tried: list[tuple[str, list[dict[str, Any]]]] = []  # per earlier child: its names, its calls and outputs
         for child in range(self.width):
             if res.llm_calls >= self.max_llm_calls:
                 return None
@@ -219,12 +269,15 @@ class DFSDTRunner:
                 res.backtracks += 1
                 res.cut_at_depth += 1
                 return None
-            tried.append("+".join(c["name"] for c in ai.tool_calls))
             saved = self._enter_branch(f"{path}.{child}") if self.per_path_budget else None
             branch = (self._channel, self._config)
             found = None
             try:
                 ai, results, over_budget = self._execute(history, ai)
+                outputs = {m.tool_call_id: str(m.content) for m in results if isinstance(m, ToolMessage)}
+                tried.append(("+".join(c["name"] for c in ai.tool_calls),
+                              [{"name": c["name"], "arguments": c["args"],
+                                "function_output": outputs.get(c["id"], "")[:_OUTPUT_CHARS]} for c in ai.tool_calls]))
                 # The branch's own calls ran: its ledger is final (deeper nodes are branches of their own).
                 branch = (self._channel, self._config)
                 if over_budget and not self.prune_partial_batches and any(

@@ -40,7 +40,8 @@ def _bats(ctx: MethodContext) -> Oracle:
     return BATSOracle(verifier=verifier, planning=True, max_verifications=int(ctx.options.get("bats_k", 5)))
 
 
-def _dfsdt_episode(env: Any, model: Any, guard: Any, episode_id: str) -> tuple[list[Any], str | None, dict[str, Any]]:
+def _dfsdt_episode(env: Any, model: Any, guard: Any, episode_id: str, *, summarize: bool = False
+                   ) -> tuple[list[Any], str | None, dict[str, Any]]:
     from baselines.dfsdt import DFSDTRunner
 
     from eval.markets import follow_market_events
@@ -48,13 +49,18 @@ def _dfsdt_episode(env: Any, model: Any, guard: Any, episode_id: str) -> tuple[l
     # The market's events reach the guard before each expansion, as they do before each of an agent's model steps.
     events = (None if env.market_now is None else lambda: follow_market_events(guard, episode_id, env.market_now))
     runner = DFSDTRunner(guard, env.tools, width=10, max_depth=12, max_llm_calls=60, system_prompt=SYSTEM_PROMPT,
-                         before_model=events)
+                         before_model=events, summarize=summarize)
     res = runner.run(model, env.query, episode_id=episode_id)
     return res.messages, res.answer, {
         "ledger_channel": res.channel, "agent_tokens": res.tokens, "llm_calls": res.llm_calls,
         "nodes": res.nodes, "pruned": res.pruned, "backtracks": res.backtracks,
-        "proposed_calls": res.proposed_calls, "answered_calls": res.answered_calls,
+        "proposed_calls": res.proposed_calls, "answered_calls": res.answered_calls, "summarized": res.summarized,
     }
+
+
+def _btp_episode(env: Any, model: Any, guard: Any, episode_id: str) -> tuple[list[Any], str | None, dict[str, Any]]:
+    # BTP's code ends its DFS with summarize(): the answer written from every result the search gathered.
+    return _dfsdt_episode(env, model, guard, episode_id, summarize=True)
 
 
 def _btp(ctx: MethodContext) -> Oracle:
@@ -79,6 +85,7 @@ METHODS: tuple[MethodSpec, ...] = (
     MethodSpec("bats", True, _bats, "BATS: budget tracker, tiered guideline, self-verification (K=5), hard gate"),
     MethodSpec("dfsdt", True, _prompt, "DFSDT (width 10) with budget pruning: one shared ledger, prices shown, hard gate",
                episode=_dfsdt_episode),
-    MethodSpec("btp", True, _btp, "BTP: knapsack call quotas from experience, forbidden tools, blacklist",
-               needs_oracle_logs=True),
+    # On DFSDT, as INTENT's Appendix B.2 implements it and BTP's own code runs (StableToolBench's DFS).
+    MethodSpec("btp", True, _btp, "BTP on DFSDT: knapsack call quotas from experience, forbidden tools, blacklist, "
+               "summarized answer", episode=_btp_episode, needs_oracle_logs=True),
 )

@@ -59,6 +59,10 @@ class EpisodeEnv:
     # runner records an episode with any as crashed (failed, infeasible, listed, re-run on resume):
     # its observations were not the environment's, so its row must not count it.
     environment_failures: list[str] = field(default_factory=list)
+    # The judge of one search branch (``judge_branch(messages)`` is a judge like ``judge``), for a tree
+    # search whose branches all run in this one environment: a branch is judged on what its own calls
+    # returned, as StableToolBench judges the chain a DFS returns, never on what an abandoned sibling found.
+    judge_branch: Callable[[Sequence[Any]], Callable[[str | None], float]] | None = None
 
 
 class BenchMarket(Protocol):
@@ -179,10 +183,22 @@ class SyntheticBenchMarket:
             view=view,
             solvable=self.solvable(task, seed),
             judge=lambda answer: float(judge(env.truth, bool(answer))),
+            judge_branch=lambda messages: _branch_judge(task, messages),
             environment=ENVIRONMENT_LABEL,
             market_now=market_now if task.events else None,
             ground_truth=SyntheticTruth(task, env, lock),
         )
+
+
+def _branch_judge(task: Any, messages: Sequence[Any]) -> Callable[[str | None], float]:
+    """The synthetic judge (an answer, and every need satisfied) on one branch's own tool results."""
+    from langchain_core.messages import ToolMessage
+
+    satisfied: set[str] = set()
+    for m in messages:
+        if isinstance(m, ToolMessage) and isinstance(m.artifact, dict):
+            satisfied.update(m.artifact.get("satisfied", ()))
+    return lambda answer: float(bool(answer) and all(n.id in satisfied for n in task.needs))
 
 
 class SyntheticV2BenchMarket(SyntheticBenchMarket):

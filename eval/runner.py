@@ -220,8 +220,10 @@ def run_episode(
                            "ids, or a middleware dropping answers?)")
     result.wall_s = time.perf_counter() - started
     result.answered = bool(answer)
-    result.passed = env.judge(answer)
-    judge_runs = list(getattr(env.judge, "runs", None) or [])
+    # A tree search is judged on the branch it returned (its siblings ran in the same environment).
+    judge = env.judge_branch(messages) if spec.episode is not None and env.judge_branch is not None else env.judge
+    result.passed = judge(answer)
+    judge_runs = list(getattr(judge, "runs", None) or [])
     result.cost = ledger.spent
     _count_records(result, records.records)
     decisions = [r.decision for r in records.records if r.is_gate_decision]

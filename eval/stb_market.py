@@ -216,6 +216,7 @@ class StableToolBenchMarket:
             judge=self._judge(task.query, relevant, successes, details),
             environment=getattr(env, "environment", self.environment_kind),
             schema_world_model=self._schema_world_model(apis), environment_failures=failures,
+            judge_branch=lambda messages: self.branch_judge(task, messages),
         )
 
     def view(self, task: Any, market: Market) -> TaskView:
@@ -236,6 +237,10 @@ class StableToolBenchMarket:
 
         For OR's exhaustive search, where branches share an episode but not their evidence.
         """
+        return self.branch_judge(task, messages)(answer)
+
+    def branch_judge(self, task: Any, messages: Sequence[Any]) -> Any:
+        """The judge of one search branch (:attr:`EpisodeEnv.judge_branch`): its own calls' evidence only."""
         from langchain_core.messages import AIMessage, ToolMessage
 
         names: dict[str, tuple[str, Any]] = {}
@@ -252,7 +257,7 @@ class StableToolBenchMarket:
                 details.append({"name": name, "arguments": args, "response": str(m.content)})
                 if label_of({"artifact": artifact}, ground_truth_only=True) == 1:
                     successes.add(name)
-        return self._judge(task.query, set(task.relevant_function_names), successes, details)(answer)
+        return self._judge(task.query, set(task.relevant_function_names), successes, details)
 
     def _judge(self, query: str, relevant: set[str], successes: set[str], details: list[dict[str, Any]]) -> Any:
         from eval.stabletoolbench import proxy_pass

@@ -228,3 +228,139 @@ def test_dfsdt_sees_the_markets_events_as_agents_do(tmp_path):
     versions = {m: max((r.market_version for r in read_log(out / "logs.jsonl") if r.task_id.startswith(f"{m}:")),
                        default=0) for m in ("dfsdt", "bats")}
     assert versions["bats"] > 0 and versions["dfsdt"] > 0, versions
+
+
+def test_dfsdt_diversity_prompt_shows_each_earlier_attempt_and_what_it_returned():
+    # StableToolBench's diversity prompt lists every earlier child of the node with its name, its
+    # arguments and its function output; the budget refusal that pruned a child is that output, the
+    # one thing that tells the model why the attempt failed. Ours listed the names only.
+    seen: list[list] = []
+
+    class Recording(ScriptedToolModel):
+        def _generate(self, messages, stop=None, run_manager=None, **kw):
+            seen.append(list(messages))
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kw)
+
+    big = AIMessage("", tool_calls=[{"name": "big", "args": {"x": 7}, "id": "c1", "type": "tool_call"}])
+    model = Recording(messages=iter([big, AIMessage("the answer")]), bound=[])
+    guard = BudgetGuard(PromptOracle(), Market([PricedTool("big", 80), PricedTool("small", 5)]), 50)
+    res = DFSDTRunner(guard, [_tool("big"), _tool("small")], width=3, max_depth=3).run(model, "q")
+    assert res.pruned == 1 and res.answer == "the answer"
+    diversity = str(seen[1][-1].content)
+    assert diversity.startswith("Previously tried actions at this point: big\n")
+    assert '"x": 7' in diversity  # its arguments
+    assert "80" in diversity and "budget" in diversity.lower()  # the refusal it got: the call did not fit
+
+
+def test_the_simulated_agent_avoids_every_action_dfsdt_says_it_tried():
+    # The simulated agent read "Previously tried actions at this point: a, b. Try a different action." as the
+    # names "a" and "b. Try a different action.", so it did not avoid the last action tried at the node.
+    from eval.agents.simulated import NeedView, SimAgentConfig, SimulatedAgent, TaskView
+
+    need = NeedView("n0", "weather in Oslo", {"city": "Oslo"}, ("w_premium", "w_mid"))
+    view = TaskView("t0", "Weather in Oslo?", (need,), covers={"w_premium": frozenset({"n0"}),
+                                                               "w_mid": frozenset({"n0"})},
+                    tiers={"w_premium": "premium", "w_mid": "mid"})
+    agent = SimulatedAgent(view=view, config=SimAgentConfig(myopic_first=1.0, parallel=0.0, arg_noise=0.0), seed=1)
+    guard = BudgetGuard(PromptOracle(), Market([PricedTool("w_premium", 80), PricedTool("w_mid", 10)]), 50)
+    tools = [StructuredTool.from_function(lambda city="": f'{{"city": "{city}", "forecast": "rain"}}', name=n,
+                                          description=n) for n in ("w_premium", "w_mid")]
+    res = DFSDTRunner(guard, tools, width=4, max_depth=4).run(agent, "Weather in Oslo?")
+    # The myopic first call (premium, over budget) is pruned once; the next expansion tries the other tool.
+    assert res.pruned == 1 and res.answer is not None
+
+
+def test_btp_searches_with_dfsdt_as_the_paper_implements_it(tmp_path):
+    # INTENT's Appendix B.2 implements BTP "on top of the DFSDT framework", as BTP's own code runs in
+    # StableToolBench's DFS: its quotas gate every branch of one search. Ours ran BTP in a plain agent loop.
+    from eval.results import ResultStore
+
+    run_benchmark(BenchConfig(tasks=10, methods=["btp"], out=str(tmp_path)), progress=False)
+    episodes = ResultStore(tmp_path / "episodes.jsonl").load()
+    assert episodes and all(e.method == "btp" and e.extra.get("nodes", 0) >= 1 for e in episodes)
+    assert any(e.extra["summarized"] for e in episodes)  # and it ends with BTP's summarize()
+
+
+def test_dfsdt_starts_the_oracles_episode_before_its_first_expansion():
+    # DFSDT gated its calls but never prepared a model step (an agent's before_model does): an oracle's
+    # start hook first ran at the first gate, after the first expansion. BTP's plan was not in force
+    # then, so the first expansion was offered the tools its knapsack gives no call (110 of 150 BTP
+    # episodes opened with a refusal on the synthetic market).
+    from baselines.btp import BTPOracle
+
+    model = ScriptedToolModel(messages=iter([AIMessage("the answer")]), bound=[])
+    guard = BudgetGuard(BTPOracle(), Market([PricedTool("a", 30), PricedTool("b", 30)]), 50)
+    DFSDTRunner(guard, [_tool("a"), _tool("b")], width=2, max_depth=3).run(model, "q")
+    assert model.bound == [["a"]]  # no experience: one call each, and only one fits in 50
+
+
+def test_a_tree_search_is_judged_on_the_branch_it_returns():
+    # Every branch of a DFSDT search runs in the episode's one environment, and the market's judge read
+    # what every call returned: a branch that gave up after its successful calls lent them to a sibling
+    # that answered without any (the proxy judge passed it). Upstream judges the returned chain only.
+    # On StableToolBench (setting b, 120 queries) DFSDT's proxy PR was 5.83 for the tree, 4.17 for the branch.
+    from eval.agents.simulated import TaskView
+    from eval.markets import EpisodeEnv
+    from eval.methods import get_method
+    from eval.runner import run_episode
+    from langchain_core.messages import ToolMessage
+
+    ran: list[str] = []
+
+    def tool_a() -> str:
+        ran.append("a")
+        return "found it"
+
+    def branch_judge(messages):
+        evidence = any(isinstance(m, ToolMessage) and m.content == "found it" for m in messages)
+        return lambda answer: float(bool(answer) and evidence)
+
+    # Branch 1: calls a, then gives up (backtrack to the root); branch 2 answers at once, without evidence.
+    script = [AIMessage("", tool_calls=[{"name": "a", "args": {}, "id": "c1", "type": "tool_call"}]),
+              AIMessage("I give up"), AIMessage("the answer")]
+    env = EpisodeEnv(task_id="t", group="g", query="q", budget=50.0, market=Market([PricedTool("a", 10)]),
+                     tools=[StructuredTool.from_function(tool_a, name="a", description="a")],
+                     view=TaskView("t", "q", (), covers={}, tiers={}), solvable=True,
+                     judge=lambda answer: float(bool(answer) and "a" in ran),  # the whole episode's evidence
+                     environment="test", judge_branch=branch_judge)
+    result = run_episode(get_method("dfsdt"), env, 0,
+                         lambda env, seed: ScriptedToolModel(messages=iter(script), bound=[]))
+    assert ran == ["a"] and result.answered and result.passed == 0.0
+
+
+def test_the_synthetic_branch_judge_reads_only_the_branchs_results():
+    from eval.markets import SyntheticBenchMarket
+    from langchain_core.messages import ToolMessage
+
+    market = SyntheticBenchMarket(20, 0)
+    task = next(t for t in market.tasks() if len(t.needs) >= 2)
+    env = market.episode(task, 0)
+    ids = [n.id for n in task.needs]
+    every = [ToolMessage("ok", tool_call_id=f"c{i}", artifact={"z": 1, "satisfied": [nid]}) for i, nid in enumerate(ids)]
+    assert env.judge_branch(every)("answer") == 1.0
+    assert env.judge_branch(every)("") == 0.0  # no answer
+    assert env.judge_branch(every[1:])("answer") == 0.0  # a need this branch never met
+
+
+def test_dfsdt_summarize_answers_from_every_call_the_search_ran():
+    # BTP's code ends its search with summarize(): the model writes the final answer from every call result
+    # the tree gathered, and that answer (with a chain of those calls) replaces the search's own.
+    from langchain_core.messages import ToolMessage
+    from intent.testing import ai, call
+
+    seen: list[list] = []
+
+    class Recording(ScriptedToolModel):
+        def _generate(self, messages, stop=None, run_manager=None, **kw):
+            seen.append(list(messages))
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kw)
+
+    script = [ai(call("a")), AIMessage("I give up"), ai(call("big")), ai(call("b")), AIMessage("I give up"),
+              AIMessage("a and b say 1")]
+    guard = BudgetGuard(PromptOracle(), Market([PricedTool("a", 10), PricedTool("b", 10), PricedTool("big", 90)]), 50)
+    res = DFSDTRunner(guard, [_tool("a"), _tool("b"), _tool("big")], width=3, max_depth=3,
+                      summarize=True).run(Recording(messages=iter(script), bound=[]), "q")
+    assert res.answer == "a and b say 1" and res.pruned == 1 and res.summarized
+    ran = [m.name for m in res.messages if isinstance(m, ToolMessage)]
+    assert ran == ["a", "b"]  # both branches' calls; the refused one never ran
+    assert res.llm_calls == len(seen) == 6

@@ -157,5 +157,6 @@ def test_per_path_branches_are_ended_episodes():
     res = DFSDTRunner(guard, [a, b, c], width=2, per_path_budget=True).run(scripted(SCRIPT), "q", episode_id="s")
     assert res.answer == "the answer"
     assert len(guard.episodes) == 0
-    # the abandoned branch 0.0, the found path 0.1 and its child 0.1.0 (the root gated no call: no episode)
-    assert sorted(oracle.ended) == ["s/0.0", "s/0.1", "s/0.1.0"]
+    # the root (its expansions are model steps: prepared, so started), the abandoned branch 0.0, the found
+    # path 0.1 and its child 0.1.0
+    assert sorted(oracle.ended) == ["s", "s/0.0", "s/0.1", "s/0.1.0"]
