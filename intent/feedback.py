@@ -91,6 +91,13 @@ def overrun_stop(tool: str, overrun: float) -> str:
     )
 
 
+def no_room(tool: str, price: float, remaining: float, ledger: Any) -> str:
+    """Why a call the budget cannot pay is refused: the overrun that halted all spending, else the money left."""
+    if ledger.halted:
+        return overrun_stop(tool, ledger.blocking_overrun)
+    return over_budget(tool, price, remaining, ledger.budget)
+
+
 def cancelled(tool: str) -> str:
     return f"Error: {tool} was cancelled while running. The call was charged."
 

@@ -280,9 +280,8 @@ def gate_batch(
                     # A paid oracle with no bound is charged after it decides, so asking it about a call the
                     # guard's check below refuses whatever it answers would only overrun the budget, once per
                     # such call; refused here, the overrun is at most the one decision that found money left.
-                    answer = Decision.rejected(
-                        fb.overrun_stop(item.proposal.tool, ledger.blocking_overrun) if ledger.halted
-                        else fb.over_budget(item.proposal.tool, item.price, left, ledger.budget), reason=OVER_BUDGET)
+                    answer = Decision.rejected(fb.no_room(item.proposal.tool, item.price, left, ledger),
+                                               reason=OVER_BUDGET)
                     oracle_hold = ""  # not asked: nothing to charge
                 elif oracle_hold == "":
                     # The budget cannot pay for the oracle's next decision: the guard decides
@@ -302,8 +301,7 @@ def gate_batch(
                     # The guard's own check: no oracle can overspend the budget.
                     # Halted by an overrun, the money left does not matter: say why nothing runs.
                     decision = Decision.rejected(
-                        fb.overrun_stop(item.proposal.tool, ledger.blocking_overrun) if ledger.halted
-                        else fb.over_budget(item.proposal.tool, item.price, left, ledger.budget),
+                        fb.no_room(item.proposal.tool, item.price, left, ledger),
                         reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
                     )
                 if (decision.accept or guard.on_over_budget != "ask" or not guard.enforce or ledger.halted

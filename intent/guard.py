@@ -335,7 +335,7 @@ class BudgetGuard:
 
         self._carves_from_parent = isinstance(spec, FromParent)
         self.episodes = EpisodeRegistry(spec, allow_overspend=not self.enforce, max_episodes=max_episodes,
-                                        new_ledger=new_ledger, on_new=share, carves=isinstance(spec, FromParent))
+                                        new_ledger=new_ledger, on_new=share, carves=self._carves_from_parent)
         self._hooks: dict[str, bool] = {}  # which optional oracle hooks are really implemented
         self._warned_unpriced: set[str] = set()  # tools offered to the model without a price, warned once
         self.made_metered_models = False  # metered_model was called: model steps name their episode

@@ -232,8 +232,7 @@ def decided(guard: BudgetGuard, episode: Episode, gate: LeanGate, answer: Any) -
     if decision.accept and guard.enforce and not (ledger._fits_here(price, "tool") if ledger._shared is None
                                                   else ledger.fits(price)):
         decision = Decision.rejected(
-            fb.overrun_stop(name, ledger.blocking_overrun) if ledger.halted
-            else fb.over_budget(name, price, ctx.remaining, ledger.budget),
+            fb.no_room(name, price, ctx.remaining, ledger),
             reason=OVER_BUDGET, trace=decision.trace, **decision.usage,
         )
     key, cid, args = gate.key, gate.call_id, ctx.proposal.args

@@ -34,7 +34,7 @@ PAYMENT_REQUIRED = "payment_required"  # a tool answered with its price instead 
 from intent.ledger import BudgetExceededError, BudgetLedger
 from intent.lifecycle import episode_of, follow
 from intent.market import UnpricedToolError, payment_required
-from intent.nesting import _CURRENT, CarvedLedger, close_carves, draws_on_store, enter_spending, spending_scope
+from intent.nesting import _CURRENT, close_carves, draws_on_store, enter_spending, spending_scope
 from intent.off_loop import off_loop
 from intent.messages import (
     argument_problem,
@@ -696,7 +696,7 @@ class CallRun:
 
     async def aexecute(self, tool: Any, tool_input: Any, config: Any, kwargs: dict[str, Any]) -> Any:
         ledger = self.episode.ledger
-        if ledger.shared is not None or (type(ledger) is CarvedLedger and draws_on_store(ledger)):
+        if draws_on_store(ledger):
             return await self._aexecute_on_store(tool, tool_input, config, kwargs)
         args = _args_of(tool, tool_input)
         charge_id = self._admit(tool, args)
