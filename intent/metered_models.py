@@ -94,6 +94,18 @@ __all__ = ["METERED_MODEL", "MeteredModelCallback", "MeteredModelRefused", "Plac
 _STARTED: ContextVar[list[Any] | None] = ContextVar("intent_metered_runs_started", default=None)
 
 
+class _StreamStart(list[tuple[Any, Any]]):
+    """The runs a v3 stream's start began; ``over`` once the start is: the producer task, which inherits this
+    context, may start runs of its own (a model calling another), watched as any other."""
+
+    over = False
+
+
+# The (callback, run id) pairs an astream_events(version="v3") stream's start has begun: watched by the
+# stream's producer task, not by the task reading the stream (see _producer_watched).
+_STREAM_STARTING: ContextVar[_StreamStart | None] = ContextVar("intent_v3_stream_starting", default=None)
+
+
 class MeteredModelRefused(ModelCallRefused, ModelError):
     """An execution of a metered model that the budget does not cover, or that no episode can pay
     for; it is not made. Not retryable (``is_retryable``): LangChain's retries give up at once."""
@@ -241,6 +253,12 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def begun(self, run_id: Any) -> None:
         """Watch the task that made the call (on its loop, if any)."""
+        starting = _STREAM_STARTING.get()
+        if starting is not None and not starting.over:
+            # A v3 event stream's run: its producer task, made once this start is over, runs it and reports
+            # its end, possibly after the reader (this task) is done (_producer_watched).
+            starting.append((self, run_id))
+            return
         try:
             caller = asyncio.current_task()
         except RuntimeError:  # no event loop in this thread: a sync call, which ends or errs in its callbacks
@@ -248,10 +266,14 @@ class MeteredModelCallback(BaseCallbackHandler):
         if caller is not None:
             # The fallback for a cancellation agenerate does not see (astream cancelled before LangChain's
             # try, waiting on a rate limiter): a run still open when the task that made it is done.
-            done = functools.partial(self._caller_done, run_id)
-            caller.add_done_callback(done)
-            with self._lock:
-                self._callers[run_id] = (caller, done)
+            self.watch(run_id, caller)
+
+    def watch(self, run_id: Any, task: asyncio.Task[Any]) -> None:
+        """Charge the run as a cancelled one if it is still open when ``task``, which runs it, is done."""
+        done = functools.partial(self._caller_done, run_id)
+        task.add_done_callback(done)
+        with self._lock:
+            self._callers[run_id] = (task, done)
 
     def is_open(self, run_id: Any) -> bool:
         return run_id in self._meters
@@ -451,6 +473,41 @@ async def _watched_stream(model: Any, stream: Any) -> Any:
         await stream.aclose()
 
 
+def _producer_watched(stream: Any) -> Any:
+    """``stream`` (an ``astream_events(version="v3")`` stream) with its runs watched by its producer task.
+
+    The stream starts its run when first read, then generates and reports the run's end in a producer task of
+    its own: the end may come after the reader has seen the last event and its task is done, so the task that
+    started the run says nothing about it. A stream of another shape (a LangChain without ``set_start`` or
+    ``_producer_task``) keeps the reader's task as the watch."""
+    start = getattr(stream, "_ensure_started", None)
+    if start is None or not hasattr(stream, "_producer_task") or not callable(getattr(stream, "set_start", None)):
+        return stream
+
+    async def ensure_started() -> None:
+        begun = _StreamStart()
+        token = _STREAM_STARTING.set(begun)
+        try:
+            await start()
+        except BaseException as exc:
+            # A later start callback failed (or the start was cancelled): no producer, nothing sent.
+            for handler, run_id in begun:
+                if handler.guard.reaches_store():
+                    await off_loop(handler.not_sent, run_id, exc)
+                else:
+                    handler.not_sent(run_id, exc)
+            raise
+        finally:
+            begun.over = True
+            _STREAM_STARTING.reset(token)
+        producer = stream._producer_task
+        for handler, run_id in begun:
+            handler.watch(run_id, producer)
+
+    stream.set_start(ensure_started)
+    return stream
+
+
 def _watched_class(cls: type) -> type:
     """``cls`` with an ``agenerate`` that the copy's :class:`MeteredModelCallback` watches (made once per class)."""
     with _WATCHED_LOCK:
@@ -482,9 +539,10 @@ def _watched_class(cls: type) -> type:
                                        "__doc__": cls.__doc__, "agenerate": agenerate, "astream": astream}
             if hasattr(cls, "_achat_model_stream_v3"):
                 # astream_events(version="v3") starts its run in a stream of its own, which ends it (and closes
-                # a cancelled one) in its callbacks: only the twin is needed. (A LangChain without it: none.)
+                # a cancelled one) in its callbacks: the twin, and a watch on its producer task, are needed.
+                # (A LangChain without it: none.)
                 async def _achat_model_stream_v3(self: Any, *args: Any, **kwargs: Any) -> Any:
-                    return await cls._achat_model_stream_v3(_twinned(self), *args, **kwargs)
+                    return _producer_watched(await cls._achat_model_stream_v3(_twinned(self), *args, **kwargs))
 
                 members["_achat_model_stream_v3"] = _achat_model_stream_v3
             try:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, SummarizationMiddleware
+from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -454,3 +455,56 @@ def test_a_model_class_that_cannot_be_subclassed_plainly_is_still_metered():
     plain = guard.metered_model(BilledChatModel(model_name="sel", runs=runs, tokens=(0, 100)))
     assert type(plain) is not BilledChatModel and isinstance(plain, BilledChatModel)
     assert type(plain).__name__ == "BilledChatModel" and plain.get_name() == "BilledChatModel"
+
+
+class SlowTracer(AsyncCallbackHandler):
+    """A user's async tracer, in line and ahead of the guard's meter (config callbacks come before a model's own),
+    that takes a while to record each model run's end: LangChain awaits it before the meter hears the end."""
+
+    run_inline = True
+
+    async def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(0.3)
+
+
+@pytest.mark.parametrize("store", ["memory", "postgres"])
+def test_a_v3_event_streams_run_is_charged_what_it_reported_when_its_reader_finishes_first(request, store):
+    """astream_events(version="v3") runs the model in a producer task of its own, which reports the run's end after
+    the reader has seen the last event: the middleware that read the stream (and its graph task) may be done
+    before the meter hears the end. The run is charged its reported usage, once, not the worst case as a
+    cancelled run (what the task that started it being done used to mean)."""
+    from langchain_core.messages import HumanMessage
+
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    kwargs: dict[str, Any] = {}
+    if store == "postgres":
+        import uuid
+
+        from intent.stores import open_store
+
+        shared = open_store(request.getfixturevalue("postgres_dsn"))
+        key = f"v3-{uuid.uuid4().hex[:12]}"
+        shared.create_budget(key, 10.0)
+        kwargs = {"store": shared, "budget_key": key}
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
+                        model_prices={"scripted-model": PRICE, "side-model": PRICE}, **kwargs)
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))  # reports (10, 100)
+
+    class AskASideModel(AgentMiddleware):
+        async def abefore_model(self, state, runtime):
+            events = [e async for e in await side.astream_events("a side question", version="v3")]
+            assert events[-1]["event"] == "message-finish"
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [],
+                         middleware=[AskASideModel(), guard.middleware()])
+    out = asyncio.run(agent.ainvoke({"messages": [HumanMessage("go")]},
+                                    {"configurable": {"thread_id": f"v3-{store}"}, "callbacks": [SlowTracer()]}))
+    assert runs.names() == ["side-model"]
+    side_cost = 110 * 0.001
+    assert sorted(round(e.amount, 9) for e in guard.ledger(out).entries() if e.status == "committed") == [
+        AGENT_COST, side_cost]
+    if store == "postgres":
+        assert shared.spent(key) == pytest.approx(AGENT_COST + side_cost) and shared.reserved(key) == 0.0
