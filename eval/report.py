@@ -120,9 +120,9 @@ def paired_lines(summary: dict[str, Any]) -> list[str]:
         if not rows:
             continue
         lines += [f"PR minus {base}'s PR on the same tasks (percentage points; paired bootstrap 95% interval; "
-                  "tasks better / worse):", "", "| method | ΔPR | 95% interval | better | worse |",
-                  "|---|---:|---:|---:|---:|"]
-        lines += [f"| {m} | {v['diff']:+.2f} | [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}] | {v['better']} | "
-                  f"{v['worse']} |" for m, v in rows.items()]
+                  "tasks both ran; tasks better / worse):", "",
+                  "| method | ΔPR | 95% interval | tasks | better | worse |", "|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {m} | {v['diff']:+.2f} | [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}] | {v['n']} | "
+                  f"{v['better']} | {v['worse']} |" for m, v in rows.items()]
         lines.append("")
     return lines

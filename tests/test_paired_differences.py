@@ -30,7 +30,10 @@ def test_paired_difference_counts_tasks_and_brackets_the_mean():
 
 def test_only_shared_tasks_are_paired():
     results = [_r("tracker", i, 1.0) for i in range(10)] + [_r("intent", i, 0.0) for i in range(5, 15)]
-    assert paired_pr_differences(results, "tracker")["intent"]["n"] == 5
+    out = paired_pr_differences(results, "tracker")
+    assert out["intent"]["n"] == 5
+    # The table says how many tasks the difference rests on.
+    assert "| intent | -100.00 | [-100.00, -100.00] | 5 | 0 | 5 |" in "\n".join(paired_lines({"paired": {"tracker": out}}))
 
 
 def _rr(method, task, regret):
