@@ -19,6 +19,7 @@ from store_workers import checkpointed_run, guarded_agent, hammer, reserve_then_
 from intent import AcceptAll, BudgetGuard, GuardConfigError, Market, PricedTool
 from intent.ledger import BudgetExceededError
 from intent.stores import MemoryBudgetStore, StoreError, open_store, period_key
+from intent.stores.conformance import ManualClock
 
 SPAWN = mp.get_context("spawn")  # fresh interpreters, as separate deployments would be
 
@@ -55,12 +56,15 @@ def test_reserve_commit_release_are_atomic_idempotent_and_exact(store_url, budge
 
 
 def test_an_expired_lease_is_released_and_a_late_commit_is_still_charged(store_url, budget_key):
-    store = _store(store_url, lease_seconds=0.3)
+    # The store's clock is moved by hand: the refusal below is inside the lease however slow the machine is
+    # (PostgreSQL's own server time is checked by the conformance suite, tests/test_budget_store_conformance.py).
+    clock = ManualClock()
+    store = _store(store_url, lease_seconds=0.3, clock=clock)
     store.create_budget(budget_key, 1.0)
     store.reserve(budget_key, "slow", 0.6)
     with pytest.raises(BudgetExceededError):
         store.reserve(budget_key, "other", 0.6)
-    time.sleep(0.4)
+    clock.advance(0.4)
     assert store.reserved(budget_key) == 0.0  # the lease ran out: released
     (expired,) = [c for c in store.charges(budget_key) if c.status == "expired"]
     assert expired.charge_id == "slow"
@@ -213,7 +217,9 @@ def test_report_of_a_shared_budget_by_run_tool_and_model(tmp_path, budget_key, c
     from intent.cli import main
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    store = _store(url, lease_seconds=0.1)
+    # Reserved and committed on a clock that stands still (no commit is late however slow the machine is); the
+    # report reads the real clock, past the fetch's lease after the sleep below.
+    store = _store(url, lease_seconds=0.1, clock=ManualClock())
     store.create_budget(budget_key, 10.0)
     store.reserve(budget_key, "r1/a", 1.0, run_id="r1", tool="search")
     store.commit(budget_key, "r1/a")
@@ -256,7 +262,11 @@ def test_left_is_budget_minus_spent_minus_held(store_url, budget_key):
 
 def test_a_long_call_keeps_its_lease_while_it_runs(tmp_path):
     """The lease is 1 s and the tool runs 2.5 s: the guard renews the lease while the call runs,
-    so another run cannot take the money meanwhile, and the commit is not late."""
+    so another run cannot take the money meanwhile, and the commit is not late. (The stores' clock is moved
+    by hand, half a lease at a time once the last move has been renewed after: a loaded machine that delays
+    the renewal thread makes the test wait, not fail.)"""
+    import threading
+
     from langchain.agents import create_agent
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import StructuredTool
@@ -264,13 +274,30 @@ def test_a_long_call_keeps_its_lease_while_it_runs(tmp_path):
     from intent.testing import ai, call, scripted
 
     url = f"sqlite:///{tmp_path / 'lease.db'}"
-    store = _store(url, lease_seconds=1.0)
+    clock = ManualClock()
+    store = _store(url, lease_seconds=1.0, clock=clock)
     store.create_budget("team/day", 1.0)
-    intruder = _store(url, lease_seconds=1.0)  # another process's view of the same budget
+    intruder = _store(url, lease_seconds=1.0, clock=clock)  # another process's view of the same budget
     seen: dict[str, object] = {}
+    renewals, renewed = [0], threading.Condition()
+    renew = store.renew
+
+    def counted_renew(*args, **kwargs):
+        out = renew(*args, **kwargs)
+        with renewed:
+            renewals[0] += 1
+            renewed.notify_all()
+        return out
+
+    store.renew = counted_renew
 
     def slow(q: str = "") -> str:
-        time.sleep(2.5)
+        for _ in range(5):  # 2.5 s on the stores' clock
+            with renewed:
+                before = renewals[0]
+            clock.advance(0.5)
+            with renewed:  # two renewals: the second one surely read the clock after the move
+                assert renewed.wait_for(lambda: renewals[0] >= before + 2, timeout=30), "the lease was not renewed"
         try:
             intruder.reserve("team/day", "intruder", 0.5)
             seen["intruder"] = "got the money"
