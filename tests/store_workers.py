@@ -117,7 +117,8 @@ def checkpointed_run(url: str, key: str, saver_kind: str, saver_url: str, phase:
     def run(saver: Any) -> dict[str, Any]:
         agent = create_agent(model, tools, checkpointer=saver, middleware=[
             HumanInTheLoopMiddleware(interrupt_on={"fetch": True}), guard.middleware()])
-        cfg = {"configurable": {"thread_id": "paused-thread"}}
+        # (The thread is the test's own: a PostgreSQL saver keeps its checkpoints on the server the tests share.)
+        cfg = {"configurable": {"thread_id": f"paused-{key}"}}
         if phase == "start":
             return agent.invoke({"messages": [HumanMessage("go")]}, cfg)
         return agent.invoke(Command(resume={"decisions": [{"type": "approve"}]}), cfg)

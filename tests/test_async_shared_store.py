@@ -26,12 +26,17 @@ def _waiting_on_a_lock(cur) -> int:
     return cur.fetchone()[0]
 
 
+TICKS_WHILE_WAITING = 20  # the ticker's turns a row lock is held for once the guard's store waits on it
+
+
 class RowLocker:
     """Another worker: holds the budget row (``SELECT ... FOR UPDATE`` in an open transaction) from
-    :meth:`take` until it has seen the guard's store wait on it for ``hold`` seconds, and notes how far a
-    ticker on the agent's loop got while the guard waited."""
+    :meth:`take` until it has seen the guard's store wait on it while a ticker on the agent's loop ticked
+    ``TICKS_WHILE_WAITING`` times (a blocked loop never does: the check fails after 30 s), or, with ``hold``,
+    for ``hold`` seconds; notes how far the ticker got while the guard waited. (Counted, not timed: a loaded
+    machine makes the wait longer, never the check red.)"""
 
-    def __init__(self, dsn: str, key: str, ticks: list[int], hold: float = 1.0,
+    def __init__(self, dsn: str, key: str, ticks: list[int], hold: float | None = None,
                  on_wait: object = None) -> None:
         import psycopg
 
@@ -59,7 +64,13 @@ class RowLocker:
                 if callable(self.on_wait):
                     self.on_wait()
                 at_start = self.ticks[0]
-                time.sleep(self.hold)
+                if self.hold is not None:
+                    time.sleep(self.hold)
+                else:
+                    deadline = time.monotonic() + 30
+                    while self.ticks[0] - at_start < TICKS_WHILE_WAITING:
+                        assert time.monotonic() < deadline, "the loop did not tick while the guard's store waited"
+                        time.sleep(0.01)
                 assert _waiting_on_a_lock(watch) == 1, "the guard's store call stopped waiting before the release"
                 self.ticks_while_waiting = self.ticks[0] - at_start
                 self.conn.commit()
@@ -97,7 +108,7 @@ async def _ticking(ticks: list[int], stop: asyncio.Event) -> None:
 @pytest.mark.parametrize("blocked", ["gate", "commit"])
 def test_a_row_lock_wait_in_the_store_does_not_stall_other_coroutines_on_the_loop(postgres_dsn, budget_key,
                                                                                   blocked):
-    """Another connection holds the budget row for 1 s while the agent's gate (or the commit after its tool
+    """Another connection holds the budget row while the agent's gate (or the commit after its tool
     ran) needs it: a coroutine on the same loop keeps ticking during the wait, and the money adds up."""
 
     store = open_store(postgres_dsn)
@@ -118,7 +129,7 @@ def test_a_row_lock_wait_in_the_store_does_not_stall_other_coroutines_on_the_loo
     locker.join()
     assert result["messages"][-1].content == "done"
     # The ticker went on while the guard's store call waited on the row (a blocked loop: 0 ticks).
-    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= TICKS_WHILE_WAITING, locker.ticks_while_waiting
     assert executed == ["a"]
     assert store.spent(budget_key) == pytest.approx(len(executed) * PRICE)
     assert store.reserved(budget_key) == 0.0
@@ -151,8 +162,20 @@ def _run_ticking(agent, thread_id: str, ticks: list[int], *, before=None) -> dic
 
 
 def _canceller(box: dict):
-    """The locker's ``on_wait``: cancel the running task (in the locker's thread, once the guard waits on the row)."""
-    return lambda: box["loop"].call_soon_threadsafe(box["task"].cancel)
+    """The locker's ``on_wait``: cancel the running task (in the locker's thread, once the guard waits on the row);
+    returns once the loop has cancelled it, so the locker's ``hold`` starts with the cancellation under way."""
+
+    def cancel() -> None:
+        cancelled = threading.Event()
+
+        def on_the_loop() -> None:
+            box["task"].cancel()
+            cancelled.set()
+
+        box["loop"].call_soon_threadsafe(on_the_loop)
+        assert cancelled.wait(30), "the loop never ran the cancellation"
+
+    return cancel
 
 
 def _run_cancelled(agent, thread_id: str, box: dict, dsn: str, key: str) -> None:
@@ -313,7 +336,7 @@ def test_a_model_executions_reservation_and_commit_wait_on_the_store_off_the_loo
     result = _run_ticking(agent, "m", ticks)
     locker.join()
     assert result["messages"][-1].content == "done"
-    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= TICKS_WHILE_WAITING, locker.ticks_while_waiting
     assert executed == ["a"] and len(model.executions) == 2
     assert store.spent(budget_key) == pytest.approx(PRICE + 2 * MODEL_COST)
     assert store.reserved(budget_key) == 0.0
@@ -369,7 +392,7 @@ def test_a_sub_agent_carving_from_a_parent_on_a_store_waits_off_the_loop(postgre
     result = _run_ticking(parent, "p", ticks)
     locker.join()
     assert result["messages"][-1].content == "done"
-    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= TICKS_WHILE_WAITING, locker.ticks_while_waiting
     assert executed == ["a"]
     assert store.spent(budget_key) == pytest.approx(0.25 + PRICE)
     assert store.reserved(budget_key) == 0.0
@@ -458,16 +481,27 @@ def test_an_async_run_on_a_store_cancelled_while_its_model_waits_on_a_rate_limit
     store = open_store(f"sqlite:///{tmp_path / 'budgets.db'}")
     store.create_budget(budget_key, 10.0)
     runs = ModelRuns()
-    empty_bucket = InMemoryRateLimiter(requests_per_second=0.001, check_every_n_seconds=0.01)  # waits ~1000 s
+    waiting = asyncio.Event()
+
+    class EmptyBucket(InMemoryRateLimiter):
+        async def aacquire(self, *, blocking: bool = True) -> bool:
+            waiting.set()
+            return await super().aacquire(blocking=blocking)
+
+    empty_bucket = EmptyBucket(requests_per_second=0.001, check_every_n_seconds=0.01)  # waits ~1000 s
     model = BilledChatModel(model_name="primary", runs=runs, rate_limiter=empty_bucket)
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", PRICE)]), 10.0, store=store, budget_key=budget_key,
                         model_prices={"primary": MODEL_PRICES["scripted-model"]}, max_output_tokens=64)
     agent = create_agent(model, [], middleware=[guard.middleware()])
 
     async def main() -> None:
-        with pytest.raises((asyncio.TimeoutError, TimeoutError)):
-            await asyncio.wait_for(agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "t"}}),
-                                   0.5)
+        # Cancelled once it waits on the limiter (not after a time: on a loaded machine the reservation before it
+        # may not have been made yet).
+        run = asyncio.ensure_future(agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "t"}}))
+        await asyncio.wait_for(waiting.wait(), 30)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
 
     asyncio.run(main())
     assert runs.names() == []
@@ -548,7 +582,7 @@ def test_a_metered_models_reservation_and_commit_outside_the_model_step_wait_off
     result = _run_ticking(agent, "sum", ticks)
     locker.join()
     assert result["messages"][-1].content == "done"
-    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= TICKS_WHILE_WAITING, locker.ticks_while_waiting
     assert executed == ["a"] and len(summariser.executions) == 1
     executions = len(model.executions) + len(summariser.executions)
     assert store.spent(budget_key) == pytest.approx(len(executed) * PRICE + executions * MODEL_COST)
@@ -668,7 +702,7 @@ def test_each_async_call_of_a_metered_model_reserves_off_the_loop(postgres_dsn, 
     result = _run_ticking(agent, "side", ticks)
     locker.join()
     assert result["messages"][-1].content == "done" and runs.names() == ["side-model"]
-    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= TICKS_WHILE_WAITING, locker.ticks_while_waiting
     assert store.spent(budget_key) == pytest.approx(0.21 + MODEL_COST) and store.reserved(budget_key) == 0.0
     assert sorted(round(c.amount, 9) for c in store.charges(budget_key)) == [MODEL_COST, 0.21]
 
@@ -726,5 +760,5 @@ def test_a_metered_model_cancelled_on_its_rate_limiter_releases_off_the_loop(pos
     locker.join()
     reader.close()
     assert runs.names() == []
-    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= 20, locker.ticks_while_waiting
+    assert locker.ticks_while_waiting is not None and locker.ticks_while_waiting >= TICKS_WHILE_WAITING, locker.ticks_while_waiting
     assert store.spent(budget_key) == 0.0 and store.reserved(budget_key) == 0.0

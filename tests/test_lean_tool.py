@@ -95,17 +95,29 @@ class Edit(AgentMiddleware):
 
 
 class Late(AgentMiddleware):
-    """Inside the guard: holds the calls to fetch with q="late" back a while, so that the other call of their
-    message (a tool billed above its quote) has been charged when they reach the guard's run."""
+    """Inside the guard: holds the calls to fetch with q="late" back until the other call of their message (a
+    tool billed above its quote) has been charged (its overrun is in the live ledger), so that it has when they
+    reach the guard's run, however the two threads are scheduled."""
+
+    def __init__(self, guard: BudgetGuard) -> None:
+        super().__init__()
+        self.guard = guard
+
+    def _overrun_charged(self) -> bool:
+        return any((e := self.guard.episodes.peek(i)) is not None and e.ledger.overrun > 0
+                   for i in self.guard.episodes.ids())
 
     def wrap_tool_call(self, request: Any, handler: Any) -> Any:
         if request.tool_call["args"].get("q") == "late":
-            time.sleep(0.3)
+            deadline = time.monotonic() + 30
+            while not self._overrun_charged():
+                assert time.monotonic() < deadline, "the overrun was never charged"
+                time.sleep(0.005)
         return handler(request)
 
 
 def _late_inside(guard: Any) -> list[Any]:
-    return [guard, Late()]
+    return [guard, Late(guard.guard)]
 
 
 def _retry_inside(guard: Any) -> list[Any]:

@@ -124,7 +124,7 @@ def test_fan_out_branches_of_one_step_are_one_run_not_a_new_one_each():
     # Branches of one step, each with one of the thread's own human messages, share the step's checkpoint: the
     # second was taken for the thread's next run (a new message after a lost first step) and the oracle told
     # to start again mid-run.
-    import time
+    import threading
 
     from langchain_core.messages import HumanMessage
     from langgraph.graph import END, START, StateGraph
@@ -134,11 +134,14 @@ def test_fan_out_branches_of_one_step_are_one_run_not_a_new_one_each():
 
     oracle = RecordingOracle()
     guard = BudgetGuard(oracle, MARKET, 10.0)
+    branch_0_prepared = threading.Event()
 
     def agent_node(state, config):  # noqa: ANN001, ANN202 - LangGraph passes config by this signature
         if state["messages"][-1].content == "sub-task 1":
-            time.sleep(0.3)  # branch 0 starts the run
+            assert branch_0_prepared.wait(30)  # branch 0 starts the run
         settled = guard.prepare(state, config)
+        if state["messages"][-1].content == "sub-task 0":
+            branch_0_prepared.set()
         return {**(settled or {}), "messages": [AIMessage(f"done {state['messages'][-1].content}")]}
 
     graph = StateGraph(GuardState)

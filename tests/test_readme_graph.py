@@ -869,6 +869,29 @@ def test_a_metered_model_in_a_plain_node_beside_the_agent_keeps_its_reservation_
     assert ledger.spent == 4.0 and ledger.reserved == 0.0
 
 
+async def _given_up_once(call: Any, reached: Any, give_up: str = "wait_for") -> None:
+    """Give up on ``call`` with ``asyncio.wait_for`` (a task of its own) or ``asyncio.timeout`` (this task), the
+    timeout firing once ``reached()`` says the call got where the test gives up on it (a loaded machine may take
+    longer than any fixed timeout to get there). Raises the timeout's TimeoutError."""
+    if give_up == "wait_for":
+        task = asyncio.ensure_future(call)
+        while not reached() and not task.done():
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(task, 0.05)
+        return
+    async with asyncio.timeout(None) as deadline:
+        async def fire() -> None:
+            while not reached():
+                await asyncio.sleep(0.001)
+            deadline.reschedule(asyncio.get_running_loop().time())
+
+        firing = asyncio.ensure_future(fire())
+        try:
+            await call
+        finally:
+            firing.cancel()
+
+
 @pytest.mark.parametrize("give_up", ["wait_for", "timeout"])
 def test_a_cancelled_async_metered_call_is_charged_and_leaves_no_visitor_or_reservation(give_up):
     # asyncio.wait_for (a task of its own on 3.11) or asyncio.timeout (the node's own task) gives up on a
@@ -881,9 +904,11 @@ def test_a_cancelled_async_metered_call_is_charged_and_leaves_no_visitor_or_rese
     from intent.testing import BilledChatModel
 
     guard, billed = _selector_guard({"a": 3.0}, 12.0)
+    sent: list[bool] = []
 
     class Slow(BilledChatModel):
         async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+            sent.append(True)  # the request is at the provider
             await asyncio.sleep(30)
             raise AssertionError("not reached")
 
@@ -895,11 +920,7 @@ def test_a_cancelled_async_metered_call_is_charged_and_leaves_no_visitor_or_rese
 
     async def classify(state: Any) -> dict[str, Any]:
         with pytest.raises(asyncio.TimeoutError):
-            if give_up == "wait_for":
-                await asyncio.wait_for(selector.ainvoke("classify"), 0.2)
-            else:
-                async with asyncio.timeout(0.2):
-                    await selector.ainvoke("classify")
+            await _given_up_once(selector.ainvoke("classify"), lambda: bool(sent), give_up)
         episode = guard.episodes.peek("cancelled")
         seen.update(visitors=dict(episode.visitors), reserved=episode.ledger.reserved)
         timed_out.set()
@@ -1054,10 +1075,20 @@ def test_every_cancelled_metered_call_is_charged_once_and_leaves_nothing_held(ho
 
     from intent.testing import BilledChatModel
 
+    sent: list[bool] = []
+
     class Slow(BilledChatModel):
         async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+            sent.append(True)  # the request is at the provider
             await asyncio.sleep(30)
             raise AssertionError("not reached")
+
+    class Watched(InMemoryRateLimiter):
+        waiting = False  # a request has reached the limiter
+
+        async def aacquire(self, *, blocking: bool = True) -> bool:
+            self.waiting = True
+            return await super().aacquire(blocking=blocking)
 
     guards = [_selector_guard({"a": 3.0}, 12.0)[0] for _ in range(2)]
     billed = _selector_guard({"a": 3.0}, 12.0)[1]
@@ -1066,7 +1097,7 @@ def test_every_cancelled_metered_call_is_charged_once_and_leaves_nothing_held(ho
                                                                      tokens=(0, 100))))
     else:
         guards = guards[:1]
-        limiter = InMemoryRateLimiter(requests_per_second=0.01, check_every_n_seconds=0.05, max_bucket_size=1)
+        limiter = Watched(requests_per_second=0.01, check_every_n_seconds=0.05, max_bucket_size=1)
         limiter.available_tokens = 0.0  # the first request waits
         model = guards[0].metered_model(Slow(model_name="sel", runs=billed.runs, tokens=(0, 100),
                                              rate_limiter=limiter))
@@ -1074,12 +1105,12 @@ def test_every_cancelled_metered_call_is_charged_once_and_leaves_nothing_held(ho
     async def node(state: Any) -> dict[str, Any]:
         with pytest.raises(asyncio.TimeoutError):
             if how == "copy-of-a-copy":
-                await asyncio.wait_for(model.ainvoke("classify"), 0.2)
+                await _given_up_once(model.ainvoke("classify"), lambda: bool(sent))
             else:
                 async def drain() -> None:
                     async for _ in model.astream("classify"):
                         pass
-                await asyncio.wait_for(drain(), 0.2)
+                await _given_up_once(drain(), lambda: limiter.waiting)
         return {}
 
     compiled = _one_node_subgraph(node)

@@ -19,6 +19,7 @@ from store_workers import checkpointed_run, guarded_agent, hammer, reserve_then_
 from intent import AcceptAll, BudgetGuard, GuardConfigError, Market, PricedTool
 from intent.ledger import BudgetExceededError
 from intent.stores import MemoryBudgetStore, StoreError, open_store, period_key
+from intent.stores.conformance import ManualClock
 
 SPAWN = mp.get_context("spawn")  # fresh interpreters, as separate deployments would be
 
@@ -55,12 +56,15 @@ def test_reserve_commit_release_are_atomic_idempotent_and_exact(store_url, budge
 
 
 def test_an_expired_lease_is_released_and_a_late_commit_is_still_charged(store_url, budget_key):
-    store = _store(store_url, lease_seconds=0.3)
+    # The store's clock is moved by hand: the refusal below is inside the lease however slow the machine is
+    # (PostgreSQL's own server time is checked by the conformance suite, tests/test_budget_store_conformance.py).
+    clock = ManualClock()
+    store = _store(store_url, lease_seconds=0.3, clock=clock)
     store.create_budget(budget_key, 1.0)
     store.reserve(budget_key, "slow", 0.6)
     with pytest.raises(BudgetExceededError):
         store.reserve(budget_key, "other", 0.6)
-    time.sleep(0.4)
+    clock.advance(0.4)
     assert store.reserved(budget_key) == 0.0  # the lease ran out: released
     (expired,) = [c for c in store.charges(budget_key) if c.status == "expired"]
     assert expired.charge_id == "slow"
@@ -213,7 +217,9 @@ def test_report_of_a_shared_budget_by_run_tool_and_model(tmp_path, budget_key, c
     from intent.cli import main
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    store = _store(url, lease_seconds=0.1)
+    # Reserved and committed on a clock that stands still (no commit is late however slow the machine is); the
+    # report reads the real clock, past the fetch's lease after the sleep below.
+    store = _store(url, lease_seconds=0.1, clock=ManualClock())
     store.create_budget(budget_key, 10.0)
     store.reserve(budget_key, "r1/a", 1.0, run_id="r1", tool="search")
     store.commit(budget_key, "r1/a")
@@ -256,7 +262,11 @@ def test_left_is_budget_minus_spent_minus_held(store_url, budget_key):
 
 def test_a_long_call_keeps_its_lease_while_it_runs(tmp_path):
     """The lease is 1 s and the tool runs 2.5 s: the guard renews the lease while the call runs,
-    so another run cannot take the money meanwhile, and the commit is not late."""
+    so another run cannot take the money meanwhile, and the commit is not late. (The stores' clock is moved
+    by hand, half a lease at a time once the last move has been renewed after: a loaded machine that delays
+    the renewal thread makes the test wait, not fail.)"""
+    import threading
+
     from langchain.agents import create_agent
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import StructuredTool
@@ -264,13 +274,30 @@ def test_a_long_call_keeps_its_lease_while_it_runs(tmp_path):
     from intent.testing import ai, call, scripted
 
     url = f"sqlite:///{tmp_path / 'lease.db'}"
-    store = _store(url, lease_seconds=1.0)
+    clock = ManualClock()
+    store = _store(url, lease_seconds=1.0, clock=clock)
     store.create_budget("team/day", 1.0)
-    intruder = _store(url, lease_seconds=1.0)  # another process's view of the same budget
+    intruder = _store(url, lease_seconds=1.0, clock=clock)  # another process's view of the same budget
     seen: dict[str, object] = {}
+    renewals, renewed = [0], threading.Condition()
+    renew = store.renew
+
+    def counted_renew(*args, **kwargs):
+        out = renew(*args, **kwargs)
+        with renewed:
+            renewals[0] += 1
+            renewed.notify_all()
+        return out
+
+    store.renew = counted_renew
 
     def slow(q: str = "") -> str:
-        time.sleep(2.5)
+        for _ in range(5):  # 2.5 s on the stores' clock
+            with renewed:
+                before = renewals[0]
+            clock.advance(0.5)
+            with renewed:  # two renewals: the second one surely read the clock after the move
+                assert renewed.wait_for(lambda: renewals[0] >= before + 2, timeout=30), "the lease was not renewed"
         try:
             intruder.reserve("team/day", "intruder", 0.5)
             seen["intruder"] = "got the money"
@@ -508,6 +535,19 @@ def test_a_dropped_postgres_connection_mid_run_is_reconnected_and_the_run_charge
     assert fresh.spent(budget_key) == pytest.approx(0.25) and fresh.reserved(budget_key) == 0
 
 
+def _until_a_session_waits_on_a_lock(dsn: str) -> None:
+    """Return once a session of the server waits on a lock (the statement a test means to hold back), not after a
+    fixed sleep that a loaded machine may outlast before the statement got there."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as watch:  # (autocommit: a transaction would see one snapshot)
+        deadline = time.monotonic() + 30
+        while watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                            "AND datname = current_database()").fetchone()[0] == 0:
+            assert time.monotonic() < deadline, "no session ever waited on the lock"
+            time.sleep(0.01)
+
+
 def test_a_postgres_server_defaulting_to_serializable_still_charges_a_contended_commit(request, budget_key):
     # Under REPEATABLE READ or SERIALIZABLE (a server's or role's default) a commit that waited behind another
     # client's lock on the key failed with SerializationFailure: the run's money was never charged.
@@ -527,7 +567,7 @@ def test_a_postgres_server_defaulting_to_serializable_still_charges_a_contended_
         other.execute("SELECT 1 FROM intent_budgets WHERE key = %s FOR UPDATE", (budget_key,))
         committing = threading.Thread(target=store.commit, args=(budget_key, "run-1", 0.4))
         committing.start()
-        time.sleep(0.3)  # the commit waits on the row lock
+        _until_a_session_waits_on_a_lock(dsn)  # the commit waits on the row lock
         other.execute("UPDATE intent_budgets SET created_at = created_at WHERE key = %s", (budget_key,))
     committing.join(10)
     assert store.spent(budget_key) == pytest.approx(0.4) and store.reserved(budget_key) == 0
@@ -785,7 +825,7 @@ def test_workers_creating_the_same_postgres_budget_at_once_all_succeed(request, 
                       (budget_key, 5 * 10**9))
         creating = threading.Thread(target=create, args=(5.0,))
         creating.start()
-        time.sleep(0.3)  # its insert waits on the other client's uncommitted row
+        _until_a_session_waits_on_a_lock(dsn)  # its insert waits on the other client's uncommitted row
     creating.join(10)
     assert errors == [] and store.budget(budget_key) == 5.0
     with pytest.raises(StoreError, match="never changed in place"):  # another amount is still refused
@@ -1012,17 +1052,50 @@ def test_a_lease_keeper_keeps_renewing_after_the_store_was_away_for_a_while(requ
     admin = psycopg.connect(dsn, autocommit=True)
     admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
     admin.execute(f"GRANT SELECT, INSERT, UPDATE ON intent_budgets, intent_charges TO {role}")
+    # The leases run on a clock moved by hand, and the test waits for each renewal it needs (not for wall-clock
+    # seconds a loaded machine may stretch): the outage outlasts a renewal, then the clock passes the lease of the
+    # last renewal before it.
+    import threading
+
+    from intent.stores import StoreUnavailableError
+
     try:
-        store = PostgresBudgetStore(_conninfo(dsn, user=role, password="pw"), lease_seconds=4.0)
+        clock = ManualClock()
+        store = PostgresBudgetStore(_conninfo(dsn, user=role, password="pw"), lease_seconds=4.0, clock=clock)
         store.reserve(budget_key, "long", 0.5)
+        renewals, failures, seen = [0], [0], threading.Condition()
+        renew = store.renew
+
+        def counted_renew(*args):
+            try:
+                out = renew(*args)
+            except StoreUnavailableError:
+                with seen:
+                    failures[0] += 1
+                    seen.notify_all()
+                raise
+            with seen:
+                renewals[0] += 1
+                seen.notify_all()
+            return out
+
+        store.renew = counted_renew
+
+        def until(what) -> None:
+            with seen:
+                assert seen.wait_for(what, timeout=60), "the lease keeper stopped renewing"
+
         with LeaseKeeper(store, budget_key, "long"):  # renews at once, then every second
-            time.sleep(0.3)
+            until(lambda: renewals[0] >= 1)
             admin.execute(f"ALTER ROLE {role} NOLOGIN")
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
-            time.sleep(1.9)  # the renewal due at 1 s fails all its attempts (retry_seconds=1 by default)
-            admin.execute(f"ALTER ROLE {role} LOGIN")  # back at 2.2 s, before the next renewal (about 2.8 s)
-            time.sleep(3.0)  # past the lease of the last renewal before the outage (4 s after about 0 s)
-            assert store.reserved(budget_key) == 0.5  # still held: renewed once the store came back
+            until(lambda: failures[0] >= 1)  # a renewal failed all its attempts (retry_seconds=1 by default)
+            clock.advance(2.0)  # (the store away for 2 s: the hold's lease is still 2 s long)
+            before = renewals[0]
+            admin.execute(f"ALTER ROLE {role} LOGIN")
+            until(lambda: renewals[0] > before)  # renewed once the store came back
+            clock.advance(3.0)  # past the lease of the last renewal before the outage (4 s after 0 s)
+            assert store.reserved(budget_key) == 0.5  # still held
         assert [c.status for c in store.charges(budget_key)] == ["reserved"]
         store.close()
     finally:

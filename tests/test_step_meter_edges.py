@@ -37,6 +37,17 @@ class SlowSide(BilledChatModel):
         raise AssertionError("not reached: cancelled by the caller's timeout")
 
 
+async def _timed_out_once(call: Any, reached: Any) -> None:
+    """``asyncio.wait_for(call, ...)`` timing out once ``reached()`` says the call got where the test cancels it
+    (its request at the provider, or waiting on its rate limiter): a loaded machine may take longer than any
+    fixed timeout to get there."""
+    task = asyncio.ensure_future(call)
+    while not reached() and not task.done():
+        await asyncio.sleep(0.001)
+    with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+        await asyncio.wait_for(task, 0.05)
+
+
 class Side(AgentMiddleware):
     """Listed after the guard: calls ``fn`` inside the guard's model step, then the agent's model."""
 
@@ -96,8 +107,7 @@ def test_a_side_call_cancelled_by_a_timeout_is_charged_its_reservation():
     runs, guard = ModelRuns(), _guard()
 
     async def with_timeout(request: Any) -> None:
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(SlowSide(model_name="side", runs=runs).ainvoke("q"), 0.05)
+        await _timed_out_once(SlowSide(model_name="side", runs=runs).ainvoke("q"), runs.names)
 
     out = _run(guard, runs, [Side(afn=with_timeout)], use_async=True)
     ledger = guard.ledger(out)
@@ -151,10 +161,11 @@ def test_another_guards_metered_copy_inside_the_step_is_charged_once():
 def test_a_task_left_running_after_the_step_is_not_the_steps():
     runs, guard = ModelRuns(), _guard()
     tasks: list[asyncio.Task[Any]] = []
+    step_over = asyncio.Event()
 
     async def start_later(request: Any) -> None:
         async def later() -> None:
-            await asyncio.sleep(0.05)
+            await step_over.wait()  # (made in the step, with its context; calls once the run is over)
             await Fake(model_name="side", runs=runs).ainvoke("q")
 
         tasks.append(asyncio.get_running_loop().create_task(later()))
@@ -162,6 +173,7 @@ def test_a_task_left_running_after_the_step_is_not_the_steps():
     async def main() -> Any:
         agent = create_agent(Fake(runs=runs), [], middleware=[guard.middleware(), Side(afn=start_later)])
         out = await agent.ainvoke({"messages": [("user", "q")]})
+        step_over.set()
         await asyncio.gather(*tasks)
         return out
 
@@ -364,9 +376,8 @@ def test_an_agent_run_cancelled_from_outside_pays_for_the_request_it_sent():
     agent = create_agent(Slow(model_name="primary", runs=runs), [], middleware=[guard.middleware()])
 
     async def main() -> None:
-        with pytest.raises((asyncio.TimeoutError, TimeoutError)):
-            await asyncio.wait_for(agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "t"}}),
-                                   0.1)
+        await _timed_out_once(agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "t"}}),
+                              runs.names)
 
     asyncio.run(main())
     ledger = guard.episodes.peek("t").ledger
@@ -429,10 +440,12 @@ def test_side_calls_in_flight_when_the_step_fails_are_paid():
 
     runs, guard = ModelRuns(), _guard()
     side = SlowSide(model_name="side", runs=runs)
+    side_calls: list[asyncio.Task[Any]] = []
 
     class Together(AgentMiddleware):
         async def awrap_model_call(self, request: Any, handler: Any) -> Any:
-            response, _ = await asyncio.gather(handler(request), side.ainvoke("moderate"))
+            side_calls.append(asyncio.ensure_future(side.ainvoke("moderate")))  # (gather left it running on a 503)
+            response, _ = await asyncio.gather(handler(request), side_calls[-1])
             return response
 
     retry = ModelRetryMiddleware(max_retries=3, initial_delay=0.0, jitter=False, backoff_factor=0.0)
@@ -440,7 +453,7 @@ def test_side_calls_in_flight_when_the_step_fails_are_paid():
 
     async def main() -> Any:
         out = await agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "r"}})
-        await asyncio.sleep(0.3)  # the released side calls finish
+        await asyncio.gather(*side_calls)  # the side calls of the failed attempts finish
         return out
 
     out = asyncio.run(main())
@@ -720,15 +733,23 @@ def test_parts_that_are_not_media_are_counted_by_their_bytes_only():
 def _waiting_limiter() -> Any:
     from langchain_core.rate_limiters import InMemoryRateLimiter
 
+    class Watched(InMemoryRateLimiter):
+        waiting = False  # a request has reached the limiter
+
+        async def aacquire(self, *, blocking: bool = True) -> bool:
+            self.waiting = True
+            return await super().aacquire(blocking=blocking)
+
     # An empty bucket that refills once in 1000 s: the first acquire waits (cancelled long before).
-    return InMemoryRateLimiter(requests_per_second=0.001, check_every_n_seconds=0.01)
+    return Watched(requests_per_second=0.001, check_every_n_seconds=0.01)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_metered_model_cancelled_while_waiting_on_its_rate_limiter_is_not_charged(stream: bool) -> None:
     # Its request never left the process: nothing to bill (was: its worst case, 0.585, charged).
     runs, guard = ModelRuns(), _guard()
-    side = guard.metered_model(BilledChatModel(model_name="side", runs=runs, rate_limiter=_waiting_limiter()))
+    limiter = _waiting_limiter()
+    side = guard.metered_model(BilledChatModel(model_name="side", runs=runs, rate_limiter=limiter))
 
     async def call_side() -> None:
         if stream:
@@ -738,8 +759,7 @@ def test_a_metered_model_cancelled_while_waiting_on_its_rate_limiter_is_not_char
             await side.ainvoke("q")
 
     async def with_timeout(request: Any) -> None:
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(call_side(), 0.2)
+        await _timed_out_once(call_side(), lambda: limiter.waiting)
 
     out = _run(guard, runs, [Side(afn=with_timeout)], use_async=True)
     ledger = guard.ledger(out)
@@ -751,13 +771,13 @@ def test_a_metered_model_cancelled_while_waiting_on_its_rate_limiter_is_not_char
 
 def test_an_agent_run_cancelled_while_its_model_waits_on_a_rate_limiter_pays_nothing() -> None:
     runs, guard = ModelRuns(), _guard()
-    model = BilledChatModel(model_name="primary", runs=runs, rate_limiter=_waiting_limiter())
+    limiter = _waiting_limiter()
+    model = BilledChatModel(model_name="primary", runs=runs, rate_limiter=limiter)
     agent = create_agent(model, [], middleware=[guard.middleware()])
 
     async def main() -> None:
-        with pytest.raises((asyncio.TimeoutError, TimeoutError)):
-            await asyncio.wait_for(agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "t"}}),
-                                   0.2)
+        await _timed_out_once(agent.ainvoke({"messages": [("user", "q")]}, {"configurable": {"thread_id": "t"}}),
+                              lambda: limiter.waiting)
 
     asyncio.run(main())
     ledger = guard.episodes.peek("t").ledger
@@ -779,8 +799,7 @@ def test_a_model_that_passed_its_rate_limiter_and_is_then_cancelled_is_still_cha
     side = guard.metered_model(Slow(model_name="side", runs=runs, rate_limiter=open_limiter))
 
     async def with_timeout(request: Any) -> None:
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(side.ainvoke("q"), 0.2)
+        await _timed_out_once(side.ainvoke("q"), runs.names)
 
     out = _run(guard, runs, [Side(afn=with_timeout)], use_async=True)
     ledger = guard.ledger(out)

@@ -265,11 +265,19 @@ def test_sub_agents_started_together_by_one_call_on_the_inherited_thread_are_all
         short = make([ai(text="short done")])
         long = make([*(ai(call("a", x=i)) for i in range(3)), ai(text="long done")])
 
+        short_done = asyncio.Event()
+
+        async def short_first() -> Any:
+            try:
+                return await short.ainvoke({"messages": [HumanMessage(description)]})
+            finally:
+                short_done.set()
+
         async def slow_start() -> Any:
-            await asyncio.sleep(0.05)  # so that the short one ends first
+            await short_done.wait()  # so that the short one ends first
             return await long.ainvoke({"messages": [HumanMessage(description)]})
 
-        await asyncio.gather(short.ainvoke({"messages": [HumanMessage(description)]}), slow_start())
+        await asyncio.gather(short_first(), slow_start())
         return "both done"
 
     tool = StructuredTool.from_function(coroutine=fan_out, name="task", description="Fan out.")

@@ -190,9 +190,9 @@ def test_probability_table_and_min_budget():
 
 def test_generated_tasks_fraction_and_speed():
     tasks = generate_tasks(200, 0)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # this process's CPU time: other processes loading the machine do not count
     plans = [optimal_plan(t) for t in tasks]
-    mean = (time.perf_counter() - t0) / len(tasks)
+    mean = (time.process_time() - t0) / len(tasks)
     frac = sum(p.solvable for p in plans) / len(plans)
     assert 0.65 <= frac <= 0.95  # most but not all tasks are solvable
     assert mean < 0.05  # typically ~3 ms
