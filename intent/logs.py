@@ -39,6 +39,7 @@ extraction of a record's label z.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -51,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from intent.arguments import is_path_arg
 from intent.errors import LogFormatError, UsageError
-from intent.jsonl import parse_jsonl
+from intent.jsonl import iter_jsonl
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -217,29 +218,32 @@ def _rows(path: str | os.PathLike[str], *, skip_torn_tail: bool, require_version
     if p.is_dir():
         raise LogFormatError(f"{p} is a directory; pass its log file (the JSONL written by intent.logs.JsonlLogSink, "
                              f"e.g. {p / 'logs.jsonl'})")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise LogFormatError(f"{p} is not a text log (byte {exc.start} is not UTF-8); pass the JSONL written by "
-                             "intent.logs.JsonlLogSink") from exc
-    parsed = parse_jsonl(text, allow_torn_tail=skip_torn_tail, bad_line=lambda i, exc: LogFormatError(
-        f"{p}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); expected one interaction-log record (a JSON "
-        "object) per line"))
-    for i, data in parsed.rows:
-        if not isinstance(data, dict):
-            raise LogFormatError(f"{p}:{i}: expected a JSON object (an interaction-log record), got "
-                                 f"{type(data).__name__}")
-        version = data.get("schema_version")
-        if (require_version or version is not None) and version not in READABLE_VERSIONS:
-            if version is None:
+
+    def bad_line(i: int, exc: json.JSONDecodeError) -> LogFormatError:
+        return LogFormatError(f"{p}:{i}: not valid JSON ({exc.msg} at column {exc.colno}); expected one "
+                              "interaction-log record (a JSON object) per line")
+
+    def not_utf8(i: int, exc: UnicodeDecodeError) -> LogFormatError:
+        return LogFormatError(f"{p}:{i}: {p} is not a text log (byte {exc.start} of the line is not UTF-8); pass "
+                              "the JSONL written by intent.logs.JsonlLogSink")
+
+    # Lazily, a line at a time: a production log may not fit in memory, and a consumer may stop early.
+    with open(p, "rb") as fh:
+        for i, data in iter_jsonl(fh, allow_torn_tail=skip_torn_tail, bad_line=bad_line, not_utf8=not_utf8):
+            if not isinstance(data, dict):
+                raise LogFormatError(f"{p}:{i}: expected a JSON object (an interaction-log record), got "
+                                     f"{type(data).__name__}")
+            version = data.get("schema_version")
+            if (require_version or version is not None) and version not in READABLE_VERSIONS:
+                if version is None:
+                    raise LogFormatError(
+                        f"{p}:{i}: not a guard log record (no schema_version; keys {sorted(data)[:6]}); pass a log "
+                        "a BudgetGuard wrote (JsonlLogSink), or a run directory holding one")
                 raise LogFormatError(
-                    f"{p}:{i}: not a guard log record (no schema_version; keys {sorted(data)[:6]}); pass a log a "
-                    "BudgetGuard wrote (JsonlLogSink), or a run directory holding one")
-            raise LogFormatError(
-                f"{p}:{i}: schema_version {version!r} is not one of {READABLE_VERSIONS}; "
-                "the log was written by another version of intent"
-            )
-        yield f"{p}:{i}", data
+                    f"{p}:{i}: schema_version {version!r} is not one of {READABLE_VERSIONS}; "
+                    "the log was written by another version of intent"
+                )
+            yield f"{p}:{i}", data
 
 
 # Where a record's label z is read, in order: a hand annotation (``useful``, BTP's name for it;

@@ -150,3 +150,40 @@ def test_a_record_holding_unicode_line_separators_reads_back(tmp_path):
     assert [r.observation for r in read_log(path)] == ["a\u2028b", "c\x1cd\x85e\u2029f", "crlf\r\nin text"]
     path.write_text(path.read_text().replace("\n", "\r\n"))  # a log whose lines end in CRLF still reads
     assert len(list(read_log(path))) == 3
+
+
+def test_a_log_is_read_a_record_at_a_time(tmp_path):
+    # Was: the whole file was read and parsed before the first record came back, so a production log larger
+    # than memory could not be read, and a consumer that stops early paid for all of it. A corrupt line
+    # later in the file now stops the reader only when it gets there.
+    path = tmp_path / "logs.jsonl"
+    sink = JsonlLogSink(path)
+    for i in range(3):
+        sink.write(rec(i))
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write("not json\n")
+    records = read_log(path)
+    assert [next(records).step for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(LogFormatError, match=r"logs\.jsonl:4: not valid JSON"):
+        next(records)
+
+
+def test_a_write_torn_inside_a_utf8_character_is_a_torn_tail(tmp_path):
+    # Was: a crash in the middle of a record holding "é" (JsonlLogSink writes UTF-8) left bytes that are not
+    # UTF-8 at the end, and the whole log was refused as "not a text log" instead of its torn last line skipped.
+    path = tmp_path / "logs.jsonl"
+    JsonlLogSink(path).write(rec(0))
+    whole = (rec(1, reasoning="café").model_dump_json() + "\n").encode("utf-8")
+    cut = whole.index("é".encode()) + 1  # between the two bytes of "é"
+    with path.open("ab") as fh:
+        fh.write(whole[:cut])
+    assert [r.step for r in read_log(path)] == [0]
+    with pytest.raises(LogFormatError, match=r"logs\.jsonl:2: .* is not a text log"):
+        list(read_log(path, skip_torn_tail=False))
+    # Bytes that are not UTF-8 anywhere else are not a torn write: the file is not a log.
+    path.write_bytes(whole[:cut] + b"\n" + whole)
+    with pytest.raises(LogFormatError, match=r"logs\.jsonl:1: .* is not a text log"):
+        list(read_log(path))
+    path.write_bytes(b"\xb9\x00\xff")
+    with pytest.raises(LogFormatError, match=r"is not a text log"):
+        list(read_log(path))
