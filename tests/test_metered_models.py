@@ -467,10 +467,11 @@ class SlowTracer(AsyncCallbackHandler):
         await asyncio.sleep(0.3)
 
 
+@pytest.mark.parametrize("version", ["v2", "v3"])
 @pytest.mark.parametrize("store", ["memory", "postgres"])
-def test_a_v3_event_streams_run_is_charged_what_it_reported_when_its_reader_finishes_first(request, store):
+def test_an_event_streams_run_is_charged_what_it_reported_when_its_reader_finishes_first(request, store, version):
     """astream_events(version="v3") runs the model in a producer task of its own, which reports the run's end after
-    the reader has seen the last event: the middleware that read the stream (and its graph task) may be done
+    the reader has seen the last event (v2 runs it in a task of its own too): the middleware that read the stream (and its graph task) may be done
     before the meter hears the end. The run is charged its reported usage, once, not the worst case as a
     cancelled run (what the task that started it being done used to mean)."""
     from langchain_core.messages import HumanMessage
@@ -494,14 +495,18 @@ def test_a_v3_event_streams_run_is_charged_what_it_reported_when_its_reader_fini
 
     class AskASideModel(AgentMiddleware):
         async def abefore_model(self, state, runtime):
-            events = [e async for e in await side.astream_events("a side question", version="v3")]
-            assert events[-1]["event"] == "message-finish"
+            if version == "v3":
+                events = [e async for e in await side.astream_events("a side question", version="v3")]
+                assert events[-1]["event"] == "message-finish"
+            else:
+                events = [e async for e in side.astream_events("a side question", version="v2")]
+                assert events[-1]["event"] == "on_chat_model_end"
             return None
 
     agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [],
                          middleware=[AskASideModel(), guard.middleware()])
     out = asyncio.run(agent.ainvoke({"messages": [HumanMessage("go")]},
-                                    {"configurable": {"thread_id": f"v3-{store}"}, "callbacks": [SlowTracer()]}))
+                                    {"configurable": {"thread_id": f"{version}-{store}"}, "callbacks": [SlowTracer()]}))
     assert runs.names() == ["side-model"]
     side_cost = 110 * 0.001
     assert sorted(round(e.amount, 9) for e in guard.ledger(out).entries() if e.status == "committed") == [
