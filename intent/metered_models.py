@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import weakref
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -508,6 +509,45 @@ def _producer_watched(stream: Any) -> Any:
     return stream
 
 
+def _settled_when_dropped(stream: Any) -> Any:
+    """``stream`` (a sync ``stream_events(version="v3")`` stream) whose runs, if its reader drops it before they
+    end, are charged as cancelled ones when Python collects it.
+
+    The stream runs its model only as it is read, and reports the run's end with its last event; dropped before
+    that, the run would stay open, its reservation held for good. The stream is in a reference cycle (its pump
+    refers to it), so it is collected by Python's cyclic garbage collector, not at once: the charge lands then,
+    and the guard's next step writes it to state (a reader that reads to the end, or ``stream.output``, is
+    charged at once, what the provider reported)."""
+    start = getattr(stream, "_ensure_started", None)
+    if start is None or not callable(getattr(stream, "set_start", None)):
+        return stream
+    begun = _StreamStart()
+
+    def ensure_started() -> None:
+        if begun.over:
+            start()  # (started: returns at once)
+            return
+        token = _STREAM_STARTING.set(begun)
+        try:
+            start()
+        except BaseException as exc:
+            for handler, run_id in begun:  # a later start callback failed: nothing was sent
+                handler.not_sent(run_id, exc)
+            raise
+        finally:
+            begun.over = True
+            _STREAM_STARTING.reset(token)
+
+    stream.set_start(ensure_started)
+    weakref.finalize(stream, _abandoned, begun)
+    return stream
+
+
+def _abandoned(begun: list[tuple[Any, Any]]) -> None:
+    for handler, run_id in begun:
+        handler._cancelled(run_id, write=False)  # (a run that ended is no longer open: nothing happens)
+
+
 def _watched_class(cls: type) -> type:
     """``cls`` with an ``agenerate`` that the copy's :class:`MeteredModelCallback` watches (made once per class)."""
     with _WATCHED_LOCK:
@@ -545,6 +585,13 @@ def _watched_class(cls: type) -> type:
                     return _producer_watched(await cls._achat_model_stream_v3(_twinned(self), *args, **kwargs))
 
                 members["_achat_model_stream_v3"] = _achat_model_stream_v3
+            if hasattr(cls, "_chat_model_stream_v3"):
+                # stream_events(version="v3"): pulled by its reader, with nothing that ends its run if the reader
+                # drops it before its last event (LangChain's sync stream has no close): see _settled_when_dropped.
+                def _chat_model_stream_v3(self: Any, *args: Any, **kwargs: Any) -> Any:
+                    return _settled_when_dropped(cls._chat_model_stream_v3(self, *args, **kwargs))
+
+                members["_chat_model_stream_v3"] = _chat_model_stream_v3
             try:
                 sub = type(cls)(cls.__name__, (cls,), members)
             except TypeError:

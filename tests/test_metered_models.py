@@ -513,3 +513,35 @@ def test_an_event_streams_run_is_charged_what_it_reported_when_its_reader_finish
         AGENT_COST, side_cost]
     if store == "postgres":
         assert shared.spent(key) == pytest.approx(AGENT_COST + side_cost) and shared.reserved(key) == 0.0
+
+
+def test_a_sync_v3_event_stream_dropped_before_its_end_is_charged_once_collected():
+    """stream_events(version="v3") pulls the model as its reader reads, and reports the run's end with its last
+    event; LangChain's sync stream has no close, so a reader that stops early leaves the run open. Its reservation
+    was held for good (the thread's budget smaller in every later run). Charged as a cancelled run (the reserved
+    worst case: the provider bills what it generated) once Python collects the stream."""
+    import gc
+
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
+                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
+
+    class ReadsOneEvent(AgentMiddleware):
+        def before_model(self, state, runtime):
+            stream = side.stream_events("a side question", version="v3")
+            assert next(iter(stream))["event"] == "message-start"
+            del stream
+            gc.collect()  # (the stream is in a reference cycle: collected by the cyclic collector)
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [],
+                         middleware=[ReadsOneEvent(), guard.middleware()])
+    out = agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "dropped-v3"}})
+    assert runs.names() == ["side-model"]
+    ledger = guard.ledger(out)
+    assert ledger.reserved == 0
+    worst_case = [e.amount for e in ledger.entries() if e.status == "committed" and e.amount != AGENT_COST]
+    assert len(worst_case) == 1 and worst_case[0] >= 64 * 0.001  # at least the output bound: the worst case
