@@ -157,6 +157,42 @@ def test_a_broken_pool_connection_is_replaced_and_its_operation_retried_the_othe
     store.close()
 
 
+def test_overlapping_transactions_each_keep_their_own_server_time(postgres_dsn, keys, monkeypatch):
+    # Leases are in the server's time, read once per transaction: with two transactions open at once on two
+    # connections, one's reading must not become the other's (a shared attribute, reset by B's transaction while
+    # A's was open, gave A's hold B's later time).
+    key_a, key_b = keys
+    store = PostgresBudgetStore(postgres_dsn, pool_size=2, lease_seconds=60)
+    store.create_budget(key_a, 2.0)
+    store.create_budget(key_b, 2.0)
+    read_by_a: list[float] = []
+    a_read, b_done = threading.Event(), threading.Event()
+    server_now = store._now
+
+    def now(cur) -> float:
+        t = server_now(cur)
+        if threading.current_thread().name == "a":
+            read_by_a.append(t)
+            if not a_read.is_set():  # A's transaction is open and has read its time: B's runs now, start to end
+                a_read.set()
+                assert b_done.wait(HANG), "B's transaction did not run while A's was open"
+        return t
+
+    monkeypatch.setattr(store, "_now", now)
+    charges = {}
+    a = threading.Thread(target=lambda: charges.setdefault("a", store.reserve(key_a, "a", 1.0)), name="a")
+    a.start()
+    assert a_read.wait(HANG)
+    charges["b"] = store.reserve(key_b, "b", 1.0)
+    b_done.set()
+    a.join(HANG)
+    assert not a.is_alive()
+    assert len(read_by_a) == 2 and read_by_a[0] == read_by_a[1]  # (expiry, then the hold: one time)
+    assert charges["a"].updated_at == read_by_a[0] and charges["a"].lease_until == read_by_a[0] + 60
+    assert charges["b"].updated_at > read_by_a[0]  # (B's own, later)
+    store.close()
+
+
 def test_close_closes_every_connection_one_in_use_when_its_operation_ends(postgres_dsn, keys):
     key_a, key_b = keys
     store = PostgresBudgetStore(postgres_dsn, pool_size=2)
