@@ -18,13 +18,15 @@ from intent.stores import MemoryBudgetStore, PostgresBudgetStore, SqliteBudgetSt
 from intent.stores.base import _no_fit, to_nano
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "postgres-one-connection"])
 def store_factory(request, tmp_path):
     if request.param == "memory":
         return MemoryBudgetStore
     if request.param == "sqlite":
         return functools.partial(SqliteBudgetStore, tmp_path / "budgets.db")
-    return functools.partial(PostgresBudgetStore, request.getfixturevalue("postgres_dsn"))
+    # (the default pool, whose threads' operations run on connections of their own, and one connection they share)
+    pool_size = 1 if request.param == "postgres-one-connection" else 4
+    return functools.partial(PostgresBudgetStore, request.getfixturevalue("postgres_dsn"), pool_size=pool_size)
 
 
 def test_every_shipped_store_passes(store_factory):

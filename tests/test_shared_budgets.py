@@ -520,7 +520,8 @@ def test_a_dropped_postgres_connection_mid_run_is_reconnected_and_the_run_charge
 
     def fetch(q: str = "") -> str:
         runs.append(q)
-        admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))  # the session dies
+        for conn in store._pool.connections():  # the store's sessions die
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
         return "ok"
 
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("fetch", 0.25)]), 10.0, store=store, budget_key=budget_key)
@@ -793,7 +794,8 @@ def test_postgres_past_its_retries_is_unavailable_not_a_bug(request, budget_key)
     store.create_budget(budget_key, 1.0)
     store.reserve(budget_key, "a", 0.25)
     with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
+        [conn] = store._pool.connections()  # (the operations so far never overlapped: one connection)
+        admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
     with pytest.raises(StoreUnavailableError, match="failed commit 1 times"):
         store.commit(budget_key, "a")
 
@@ -1030,7 +1032,7 @@ def test_a_postgres_connection_dropped_while_the_store_opens_is_reconnected(requ
 
     monkeypatch.setattr(psycopg, "connect", connect_then_drop)
     store = PostgresBudgetStore(dsn)
-    assert killed and store._conn.info.backend_pid != killed[0]
+    assert killed and [c.info.backend_pid != killed[0] for c in store._pool.connections()] == [True]
     assert store.budget(budget_key) == 1.0
     admin.close()
 

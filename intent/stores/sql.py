@@ -92,7 +92,6 @@ class _SqlBudgetStore:
     def __init__(self, *, lease_seconds: float, clock: Callable[[], float]) -> None:
         self.lease_seconds = float(lease_seconds)
         self._clock = clock
-        self._lock = threading.RLock()  # one connection per store object; threads take turns
 
     # -- dialect -------------------------------------------------------------
     @contextmanager
@@ -354,6 +353,9 @@ class SqliteBudgetStore(_SqlBudgetStore):
     def __init__(self, path: str | Path, *, lease_seconds: float = 600.0, clock: Callable[[], float] = time.time,
                  timeout: float = 30.0) -> None:
         super().__init__(lease_seconds=lease_seconds, clock=clock)
+        # One connection per store object; threads take turns (SQLite locks the whole file for a write anyway, so
+        # more connections would only wait on each other).
+        self._lock = threading.RLock()
         self.path = str(path)
         self.timeout = float(timeout)
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, one per operation.
@@ -420,6 +422,97 @@ class MemoryBudgetStore(SqliteBudgetStore):
         super().__init__(":memory:", lease_seconds=lease_seconds, clock=clock)
 
 
+class _ConnectionPool:
+    """Up to ``size`` PostgreSQL connections, opened only when every open one is in use (lazily: operations that
+    never overlap keep one), each lent to one transaction at a time. A connection that comes back broken or closed
+    (the server dropped it) is discarded, and the next checkout that finds none idle opens a new one: only that one
+    is replaced. An operation finding all ``size`` in use waits for one to come back (each is bounded by the DSN's
+    ``lock_timeout`` / ``statement_timeout`` and the store's retries)."""
+
+    def __init__(self, connect: Callable[[], Any], size: int, first: Any) -> None:
+        self._connect = connect
+        self.size = size
+        self._cond = threading.Condition()
+        self._idle: list[Any] = [first]  # a stack: the connection used last is lent first, so the others stay few
+        self._open = 1  # idle + lent out, and being opened
+        self._conns = {first}  # the open ones, idle and lent out (what connections() reports)
+        self._generation = 0  # bumped by close(): a connection lent out before it is closed when it comes back
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        conn, generation = self._checkout()
+        try:
+            yield conn
+        finally:
+            self._checkin(conn, generation)
+
+    def _checkout(self) -> tuple[Any, int]:
+        with self._cond:
+            while True:
+                while self._idle:
+                    conn = self._idle.pop()
+                    if not (conn.broken or conn.closed):  # (lost while idle and already seen so: not lent again)
+                        return conn, self._generation
+                    self._discard(conn)
+                if self._open < self.size:
+                    self._open += 1  # (taken before connecting, outside the lock: no other thread overshoots)
+                    generation = self._generation
+                    break
+                self._cond.wait()
+        try:
+            conn = self._connect()
+        except BaseException:  # (refused: the caller's retry comes back here; a waiter may try meanwhile)
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._conns.add(conn)
+        return conn, generation
+
+    def _checkin(self, conn: Any, generation: int) -> None:
+        from psycopg.pq import TransactionStatus
+
+        with self._cond:
+            # (not idle: a transaction its operation could not end, e.g. interrupted mid-query; never lent again)
+            if conn.broken or conn.closed or generation != self._generation \
+                    or conn.info.transaction_status != TransactionStatus.IDLE:
+                self._discard(conn)
+            else:
+                self._idle.append(conn)
+            self._cond.notify()
+
+    def _discard(self, conn: Any) -> None:  # (under the lock)
+        self._open -= 1
+        self._conns.discard(conn)
+        _close_quietly(conn)
+
+    def connections(self) -> list[Any]:
+        """The connections open now, idle or lent out."""
+        with self._cond:
+            return list(self._conns)
+
+    def close(self) -> None:
+        """Close the idle connections now and those lent out when they come back."""
+        with self._cond:
+            self._generation += 1
+            while self._idle:
+                self._discard(self._idle.pop())
+            self._cond.notify_all()
+
+
+def _close_quietly(conn: Any) -> None:
+    import psycopg
+
+    try:
+        conn.close()
+    except psycopg.Error:  # (a connection already broken may fail to say goodbye)
+        pass
+
+
+DEFAULT_POOL_SIZE = 4
+
+
 class PostgresBudgetStore(_SqlBudgetStore):
     """Shared budgets for several machines: PostgreSQL, one transaction per operation.
 
@@ -432,12 +525,23 @@ class PostgresBudgetStore(_SqlBudgetStore):
     in lockstep); then :class:`StoreUnavailableError`. Opening the store is retried the same way. Set it to cover
     your failover (``retry_seconds=60``); an attempt itself is bounded by the DSN's ``connect_timeout`` and
     ``lock_timeout`` / ``statement_timeout``, so one operation can take ``retry_seconds`` plus one attempt.
+
+    ``pool_size`` (default 4): how many connections the store object may hold, each lent to one operation (one
+    transaction) at a time. A process serving many budgets from one store (a web server's threads, async agents
+    whose store work runs in worker threads) would otherwise queue every operation behind one connection: an
+    operation waiting on budget A's row, which another process holds, would hold back operations on unrelated
+    budgets too. Connections open only when operations overlap, so a process doing one thing at a time keeps one.
+    The default is what ``psycopg_pool`` users expect and bounds what each process may take of the server's
+    ``max_connections`` (100 by default, a few reserved): 20 busy processes take at most 80. With more processes
+    than that, lower it (``pool_size=2``) or raise ``max_connections`` (or put PgBouncer in front, in transaction
+    mode: each operation is one transaction); ``pool_size=1`` is the single connection of earlier versions. An
+    operation finding all ``pool_size`` connections in use waits for one.
     """
 
     placeholder = "%s"
 
     def __init__(self, dsn: str, *, lease_seconds: float = 600.0, clock: Callable[[], float] | None = None,
-                 retry_seconds: float = 1.0) -> None:
+                 retry_seconds: float = 1.0, pool_size: int = DEFAULT_POOL_SIZE) -> None:
         # clock=None (the default): leases in the database server's time, one clock for every machine, so a
         # machine whose clock runs ahead cannot expire another machine's live hold. A callable: that clock
         # (tests that move time).
@@ -447,8 +551,14 @@ class PostgresBudgetStore(_SqlBudgetStore):
             raise StoreArgumentError(f"retry_seconds must be a finite number of seconds >= 0, got {retry_seconds!r}; "
                                      "e.g. retry_seconds=60 to ride out a failover, 0 to never retry")
         self.retry_seconds = float(retry_seconds)
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise StoreArgumentError(f"pool_size must be a whole number of connections >= 1, got {pool_size!r}; e.g. "
+                                     f"pool_size={DEFAULT_POOL_SIZE} (the default), 1 for one connection that operations "
+                                     "take turns on")
+        self.pool_size = pool_size
         self._server_clock = clock is None
-        self._tx_time: float | None = None
+        # The server time read in each open transaction, by its connection (two run at once on two connections).
+        self._tx_time: dict[Any, float] = {}
         try:
             import psycopg
         except ImportError as exc:
@@ -458,7 +568,7 @@ class PostgresBudgetStore(_SqlBudgetStore):
         pauses = None
         while True:
             try:
-                self._conn = psycopg.connect(dsn, autocommit=True)
+                first = self._connect()
                 break
             except psycopg.OperationalError as exc:  # (refused, unreachable, the server starting or shutting down)
                 if pauses is None:
@@ -470,11 +580,17 @@ class PostgresBudgetStore(_SqlBudgetStore):
                 time.sleep(pause)
             except psycopg.Error as exc:  # (a malformed string is a ProgrammingError)
                 raise StoreError(f"cannot connect to the budget store {self.shown_dsn!r}: {_one_line(exc)}") from exc
+        self._pool = _ConnectionPool(self._connect, pool_size, first)
         try:
             self._open_schema(psycopg)
         except BaseException:
-            self._conn.close()
+            self._pool.close()
             raise
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.dsn, autocommit=True)
 
     def _open_schema(self, psycopg: Any) -> None:
         """Create the tables when they are missing, and check they are this version's and usable by this role.
@@ -488,7 +604,7 @@ class PostgresBudgetStore(_SqlBudgetStore):
             schema, role, *present = cur.fetchone()
             if not all(present):
                 try:
-                    with self._conn.transaction():  # (a savepoint: a refusal leaves the outer transaction usable)
+                    with cur.connection.transaction():  # (a savepoint: a refusal leaves the outer transaction usable)
                         cur.execute("SELECT pg_advisory_xact_lock(727274)")  # two processes creating the schema
                         for stmt in _SCHEMA:
                             cur.execute(stmt)
@@ -515,7 +631,7 @@ class PostgresBudgetStore(_SqlBudgetStore):
                         "attname = 'currency' AND NOT attisdropped")
             if cur.fetchone() is None:  # tables made before budgets had a currency
                 try:
-                    with self._conn.transaction():
+                    with cur.connection.transaction():
                         cur.execute("SELECT pg_advisory_xact_lock(727274)")
                         cur.execute(_ADD_CURRENCY.replace("ADD COLUMN", "ADD COLUMN IF NOT EXISTS"))
                 except psycopg.errors.InsufficientPrivilege as exc:
@@ -527,7 +643,7 @@ class PostgresBudgetStore(_SqlBudgetStore):
                         "to_regclass('intent_charges') AND c.relname = 'intent_charges_by_time'")
             if cur.fetchone() is None:  # tables made before the index
                 try:
-                    with self._conn.transaction():
+                    with cur.connection.transaction():
                         cur.execute("SELECT pg_advisory_xact_lock(727274)")
                         cur.execute(_BY_TIME)
                 except psycopg.errors.InsufficientPrivilege as exc:
@@ -547,35 +663,31 @@ class PostgresBudgetStore(_SqlBudgetStore):
 
     @contextmanager
     def _tx(self, key: str | None) -> Iterator[Any]:
-        with self._lock, self._conn.transaction(), self._conn.cursor() as cur:
-            # The money logic locks the key's row; it needs READ COMMITTED whatever the server's or role's
-            # default (REPEATABLE READ or SERIALIZABLE fail a transaction that waited on the lock).
-            cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            if key is not None:
-                cur.execute("SELECT 1 FROM intent_budgets WHERE key = %s FOR UPDATE", (key,))
-            self._tx_time = None  # (the store's lock is held for the whole transaction)
-            yield cur
+        with self._pool.connection() as conn:
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    # The money logic locks the key's row; it needs READ COMMITTED whatever the server's or role's
+                    # default (REPEATABLE READ or SERIALIZABLE fail a transaction that waited on the lock).
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    if key is not None:
+                        cur.execute("SELECT 1 FROM intent_budgets WHERE key = %s FOR UPDATE", (key,))
+                    yield cur
+            finally:
+                self._tx_time.pop(conn, None)  # (the next transaction on it reads its own)
 
     def _now(self, cur: Any) -> float:
         if not self._server_clock:
             return self._clock()
-        if self._tx_time is None:  # read once per transaction (after the row lock), one round trip
+        conn = cur.connection  # (lent to this transaction alone until it ends)
+        now = self._tx_time.get(conn)
+        if now is None:  # read once per transaction (after the row lock), one round trip
             cur.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
-            self._tx_time = float(cur.fetchone()[0])
-        return self._tx_time
-
-    def _reconnect(self) -> None:
-        import psycopg
-
-        with self._lock:
-            try:
-                self._conn.close()
-            except psycopg.Error:
-                pass
-            self._conn = psycopg.connect(self.dsn, autocommit=True)
+            now = self._tx_time[conn] = float(cur.fetchone()[0])
+        return now
 
     def close(self) -> None:
-        self._conn.close()
+        """Close every connection (one in use, when its operation ends); a later operation opens a new one."""
+        self._pool.close()
 
 
 RETRY_PAUSE_FIRST = 0.05  # seconds before the first retry; doubled after each
@@ -616,8 +728,8 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
         while True:
             attempts += 1
             try:
-                if self._conn.broken or self._conn.closed:  # (lost in an earlier attempt or operation)
-                    self._reconnect()  # (refused while the server is away: that attempt's failure, retried)
+                # (a connection lost in an earlier attempt was discarded: the pool lends another or opens a new
+                # one, and a connection refused while the server is away is that attempt's failure, retried)
                 return op(self, *args, **kwargs)
             except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable,
                     psycopg.errors.UndefinedColumn) as exc:  # (a grant revoked, a table dropped while workers ran)
