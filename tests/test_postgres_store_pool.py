@@ -223,3 +223,29 @@ def test_pool_size_is_checked_and_passed_through_open_store(postgres_dsn, tmp_pa
     for url in (f"sqlite:///{tmp_path / 'x.db'}", "memory://"):
         with pytest.raises(StoreArgumentError, match=r"pool_size= is for postgresql:// stores.*one connection"):
             open_store(url, pool_size=2)
+
+
+def test_after_a_server_restart_one_lost_connection_retires_the_idle_ones(postgres_dsn, budget_key, monkeypatch):
+    """Every session of the pool dies at once (a server restart, a failover). The first operation after it fails
+    once on a dead connection; the idle ones died too, so they go with it and the retry opens a fresh one. Before,
+    each dead idle connection cost one failed attempt and one of the retry's pauses (4 connections: most of the
+    default retry_seconds=1 spent before a live connection was even tried)."""
+    import psycopg
+
+    import intent.stores.sql as sql
+
+    store = PostgresBudgetStore(postgres_dsn, pool_size=3, retry_seconds=60)
+    store.create_budget(budget_key, 2.0)
+    with store._pool.connection(), store._pool.connection(), store._pool.connection():
+        pass  # three operations at once: three connections, idle now
+    dead = _pids(store)
+    assert len(dead) == 3
+    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+        for pid in dead:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    pauses: list[float] = []
+    monkeypatch.setattr(sql.time, "sleep", pauses.append)  # (the retry's pauses, counted and not slept)
+    assert store.spent(budget_key) == 0.0
+    assert len(pauses) == 1, pauses  # one failed attempt, then a fresh connection
+    assert not (_pids(store) & dead) and len(_pids(store)) == 1
+    store.close()

@@ -425,8 +425,8 @@ class MemoryBudgetStore(SqliteBudgetStore):
 class _ConnectionPool:
     """Up to ``size`` PostgreSQL connections, opened only when every open one is in use (lazily: operations that
     never overlap keep one), each lent to one transaction at a time. A connection that comes back broken or closed
-    (the server dropped it) is discarded, and the next checkout that finds none idle opens a new one: only that one
-    is replaced. An operation finding all ``size`` in use waits for one to come back (each is bounded by the DSN's
+    (the server dropped it) is discarded with the idle ones (a server restart takes them all), and the next checkout
+    that finds none idle opens a new one. An operation finding all ``size`` in use waits for one to come back (each is bounded by the DSN's
     ``lock_timeout`` / ``statement_timeout`` and the store's retries)."""
 
     def __init__(self, connect: Callable[[], Any], size: int, first: Any) -> None:
@@ -474,8 +474,15 @@ class _ConnectionPool:
         from psycopg.pq import TransactionStatus
 
         with self._cond:
+            if conn.broken:
+                # Lost: the server most likely restarted or failed over, and took the idle connections with it
+                # (they would each fail one attempt of the caller's retry, with its pause, before a new one
+                # opens): they go too, and the retry opens a fresh connection.
+                self._discard(conn)
+                while self._idle:
+                    self._discard(self._idle.pop())
             # (not idle: a transaction its operation could not end, e.g. interrupted mid-query; never lent again)
-            if conn.broken or conn.closed or generation != self._generation \
+            elif conn.closed or generation != self._generation \
                     or conn.info.transaction_status != TransactionStatus.IDLE:
                 self._discard(conn)
             else:
