@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 
+from intent import dropped_streams
 from intent.errors import GuardConfigError
 from intent.lineage import Reader, checkpoint_here, forked, new_input
 from intent.messages import answered_after, call_key, last_ai, messages_of, query_run, text_of, turns_before
@@ -339,6 +340,7 @@ def prepared(guard: BudgetGuard, state: Any, config: Mapping[str, Any] | None = 
              offered: Sequence[Any] | None = None) -> tuple[Episode, dict[str, Any] | None]:
     """:meth:`BudgetGuard.prepare`, also returning the episode, for a model step that gates next
     (``gate(..., episode=...)`` then skips finding it again)."""
+    dropped_streams.settle()  # (model runs of streams dropped before their end: charged before this step settles)
     channel = channel_of(state)
     branch = branch_of(config)
     # Found (or revived, or made) and this branch registered in one step, so that a sibling finishing
@@ -429,6 +431,7 @@ def follow(guard: BudgetGuard, episode: Episode, channel: Mapping[str, Any] | No
 
 def finish(guard: BudgetGuard, state: Any, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """After the run: nothing stays reserved, state has every charge, the working state is dropped."""
+    dropped_streams.settle()
     channel = channel_of(state)
     found = episode_id(guard, state, config)
     if found not in guard.episodes and not channel:

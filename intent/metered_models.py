@@ -62,6 +62,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import ModelError
 from langchain_core.messages import BaseMessage
 
+from intent import dropped_streams
 from intent.episodes import RUNNING_EPISODE
 from intent.model_meter import (
     MAX_TOKEN_KEYS,
@@ -220,6 +221,7 @@ class MeteredModelCallback(BaseCallbackHandler):
               metadata: dict[str, Any] | None, kwargs: Mapping[str, Any], completion: bool = False) -> Any:
         """Place the run and reserve its worst case (raises :class:`MeteredModelRefused`); may wait on the
         store. Returns the execution now before its rate limiter, if any (``ModelCallMeter.start``)."""
+        dropped_streams.settle()
         config = current_config()
         episode, channel, in_state = episode_of_run(self.guard, config)
         source = str((metadata or {}).get("lc_source") or "")  # LangChain's middleware name their calls
@@ -515,8 +517,9 @@ def _settled_when_dropped(stream: Any) -> Any:
 
     The stream runs its model only as it is read, and reports the run's end with its last event; dropped before
     that, the run would stay open, its reservation held for good. The stream is in a reference cycle (its pump
-    refers to it), so it is collected by Python's cyclic garbage collector, not at once: the charge lands then,
-    and the guard's next step writes it to state (a reader that reads to the end, or ``stream.output``, is
+    refers to it), so it is collected by Python's cyclic garbage collector, not at once: the charge lands at the
+    next metered run or guard hook after that (:mod:`intent.dropped_streams`), and the guard's next step writes it
+    to state (a reader that reads to the end, or ``stream.output``, is
     charged at once, what the provider reported)."""
     start = getattr(stream, "_ensure_started", None)
     if start is None or not callable(getattr(stream, "set_start", None)):
@@ -539,13 +542,8 @@ def _settled_when_dropped(stream: Any) -> Any:
             _STREAM_STARTING.reset(token)
 
     stream.set_start(ensure_started)
-    weakref.finalize(stream, _abandoned, begun)
+    weakref.finalize(stream, dropped_streams.queue, begun)  # (charged at the next safe point: dropped_streams)
     return stream
-
-
-def _abandoned(begun: list[tuple[Any, Any]]) -> None:
-    for handler, run_id in begun:
-        handler._cancelled(run_id, write=False)  # (a run that ended is no longer open: nothing happens)
 
 
 def _watched_class(cls: type) -> type:

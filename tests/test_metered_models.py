@@ -521,7 +521,9 @@ def test_a_sync_v3_event_stream_dropped_before_its_end_is_charged_once_collected
     was held for good (the thread's budget smaller in every later run). Charged as a cancelled run (the reserved
     worst case: the provider bills what it generated) once Python collects the stream."""
     import gc
+    import threading
 
+    from intent.metered_models import MeteredModelCallback
     from intent.testing import BilledChatModel, ModelRuns, scripted
 
     runs = ModelRuns()
@@ -534,7 +536,19 @@ def test_a_sync_v3_event_stream_dropped_before_its_end_is_charged_once_collected
             stream = side.stream_events("a side question", version="v3")
             assert next(iter(stream))["event"] == "message-start"
             del stream
-            gc.collect()  # (the stream is in a reference cycle: collected by the cyclic collector)
+            # The stream is in a reference cycle: collected by the cyclic collector, which may run while the
+            # collecting thread holds the meter's lock (any allocation can start it): the charge must not run
+            # there (it needs that lock) but at the next safe point, the guard's model step below.
+            [meter] = [h for h in side.callbacks if isinstance(h, MeteredModelCallback)]
+            collected = threading.Event()
+
+            def collect() -> None:
+                with meter._lock:
+                    gc.collect()
+                collected.set()
+
+            threading.Thread(target=collect, daemon=True).start()
+            assert collected.wait(30), "the dropped stream's charge ran inside the collector: deadlocked"
             return None
 
     agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [],

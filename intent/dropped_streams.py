@@ -1,0 +1,34 @@
+"""Model runs of streams their readers dropped before the end, charged at the next safe point.
+
+A sync ``stream_events(version="v3")`` stream of a metered model has no close: dropped before its last event, its
+run stays open (:func:`intent.metered_models._settled_when_dropped`). The garbage collector's finalizer queues such
+runs here, and the next metered run or guard hook charges them. Not in the finalizer itself: the collector runs it
+in whatever the collecting thread was doing, which may hold a lock the charge needs (a deadlock).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["queue", "settle"]
+
+# (handler, run id): a MeteredModelCallback and one of its runs. A deque: its append and popleft need no lock.
+_DROPPED: collections.deque[tuple[Any, Any]] = collections.deque()
+
+
+def queue(runs: Iterable[tuple[Any, Any]]) -> None:
+    """Note the runs of a dropped stream (from a finalizer: takes no lock)."""
+    _DROPPED.extend(runs)
+
+
+def settle() -> None:
+    """Charge each queued run still open as a cancelled one (its reserved worst case); a run that ended is
+    not open any more, and nothing happens for it."""
+    while _DROPPED:
+        try:
+            handler, run_id = _DROPPED.popleft()
+        except IndexError:  # (another thread took the last one)
+            return
+        handler._cancelled(run_id, write=False)
