@@ -8,6 +8,7 @@ in whatever the collecting thread was doing, which may hold a lock the charge ne
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import Iterable
 from typing import Any
@@ -25,10 +26,26 @@ def queue(runs: Iterable[tuple[Any, Any]]) -> None:
 
 def settle() -> None:
     """Charge each queued run still open as a cancelled one (its reserved worst case); a run that ended is
-    not open any more, and nothing happens for it."""
-    while _DROPPED:
-        try:
-            handler, run_id = _DROPPED.popleft()
-        except IndexError:  # (another thread took the last one)
-            return
-        handler._cancelled(run_id, write=False)
+    not open any more, and nothing happens for it.
+
+    On an event loop (the hook of a guard without a store, whose async steps stay on the loop), a run of a guard
+    that reaches a store stays queued: its charge would wait on the store there. That guard's own hooks and
+    metered runs settle off the loop (intent.off_loop), and charge it."""
+    try:
+        asyncio.get_running_loop()
+        on_loop = True
+    except RuntimeError:
+        on_loop = False
+    kept: list[tuple[Any, Any]] = []
+    try:
+        while _DROPPED:
+            try:
+                handler, run_id = _DROPPED.popleft()
+            except IndexError:  # (another thread took the last one)
+                break
+            if on_loop and handler.guard.reaches_store():
+                kept.append((handler, run_id))
+                continue
+            handler._cancelled(run_id, write=False)
+    finally:
+        _DROPPED.extend(kept)

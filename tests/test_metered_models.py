@@ -559,3 +559,64 @@ def test_a_sync_v3_event_stream_dropped_before_its_end_is_charged_once_collected
     assert ledger.reserved == 0
     worst_case = [e.amount for e in ledger.entries() if e.status == "committed" and e.amount != AGENT_COST]
     assert len(worst_case) == 1 and worst_case[0] >= 64 * 0.001  # at least the output bound: the worst case
+
+
+def test_a_dropped_v3_stream_of_a_guard_on_a_store_is_not_charged_on_another_guards_event_loop(monkeypatch):
+    """The queue of dropped streams' runs is the process's: the next guard hook drains it, whichever guard's. A
+    guard without a store runs its async hooks on the event loop; a run of a guard on a store is charged there
+    only off the loop (its commit waits on the store: every task on the loop would wait with it), by that
+    guard's next hook."""
+    import gc
+    import uuid
+
+    from langchain_core.messages import HumanMessage
+
+    from intent.stores import open_store
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    store = open_store("memory://")
+    key = f"dropped-{uuid.uuid4().hex[:8]}"
+    store.create_budget(key, 10.0)
+    on_loop: list[str] = []
+    for name in ("commit", "release"):
+        def on_store(*args: Any, _op: Any = getattr(store, name), _name: str = name, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(_name)
+            except RuntimeError:
+                pass
+            return _op(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, on_store)
+    runs = ModelRuns()
+    on_a_store = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
+                             model_prices={"scripted-model": PRICE, "side-model": PRICE}, store=store,
+                             budget_key=key)
+    side = on_a_store.metered_model(BilledChatModel(model_name="side-model", runs=runs))
+    kept: list[Any] = []
+
+    class ReadsOneEvent(AgentMiddleware):
+        def before_model(self, state, runtime):
+            stream = side.stream_events("a side question", version="v3")
+            assert next(iter(stream))["event"] == "message-start"
+            kept.append(stream)  # (dropped after this run: no hook of this guard comes after)
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [],
+                         middleware=[ReadsOneEvent(), on_a_store.middleware()])
+    agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "on-a-store"}})
+    worst_case = store.reserved(key)
+    assert worst_case >= 64 * 0.001
+    kept.clear()
+    gc.collect()  # (queued: intent.dropped_streams)
+
+    in_memory = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"scripted-model": PRICE})
+    other = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [], middleware=[in_memory.middleware()])
+    asyncio.run(other.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "in-memory"}}))
+    assert on_loop == []
+    spent = store.spent(key)
+    again = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [], middleware=[on_a_store.middleware()])
+    again.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "on-a-store-again"}})
+    assert store.reserved(key) == 0.0
+    assert store.spent(key) == pytest.approx(spent + worst_case + AGENT_COST)
+    assert on_loop == []
