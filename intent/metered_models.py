@@ -271,9 +271,10 @@ class MeteredModelCallback(BaseCallbackHandler):
             # try, waiting on a rate limiter): a run still open when the task that made it is done.
             self.watch(run_id, caller)
 
-    def watch(self, run_id: Any, task: asyncio.Task[Any]) -> None:
-        """Charge the run as a cancelled one if it is still open when ``task``, which runs it, is done."""
-        done = functools.partial(self._caller_done, run_id)
+    def watch(self, run_id: Any, task: asyncio.Task[Any], *, queue: bool = False) -> None:
+        """Charge the run as a cancelled one if it is still open when ``task``, which runs it, is done; with
+        ``queue``, at the next metered run or guard hook instead (:mod:`intent.dropped_streams`)."""
+        done = functools.partial(self._stream_done if queue else self._caller_done, run_id)
         task.add_done_callback(done)
         with self._lock:
             self._callers[run_id] = (task, done)
@@ -312,6 +313,13 @@ class MeteredModelCallback(BaseCallbackHandler):
         # Charged as a cancelled call is; the task's writes are over: the guard's next settle writes it to state.
         self._cancelled(run_id, write=False)
 
+    def _stream_done(self, run_id: Any, _producer: Any) -> None:
+        # A v3 stream's producer is done with the run still open: LangChain closes a run whose producer it
+        # cancelled before it ran (aclose's on_llm_error, which comes after this callback, through the twin, off
+        # the loop for a store); one it did not close is charged at the next safe point, not here on the loop.
+        if self.is_open(run_id):
+            dropped_streams.queue([(self, run_id)])
+
     def _release_batch(self, batch: Any) -> None:
         """The runs of a multi-prompt ``generate()`` started before one of its prompts was refused: not sent."""
         with self._lock:
@@ -342,6 +350,13 @@ class MeteredModelCallback(BaseCallbackHandler):
                 meter.episode.unvisit(task)
         if write:
             self._write(meter, config)
+            return
+        # No task's writes to carry it (that task is over): the guard's next settle writes it to state, and if the
+        # run has ended meanwhile (its episode dropped here), the thread's next run here takes it in. Without
+        # this a charge made after the run (a dropped stream collected later) was released there as unused.
+        charge = meter.entries[-1] if meter.entries else None
+        if charge is not None and charge.status == "committed":
+            self.guard.episodes.post_late(meter.episode, charge)
 
     def _write(self, meter: ModelCallMeter, config: Mapping[str, Any] | None) -> None:
         """The execution's charge into the running task's writes, when that task's state holds the episode."""
@@ -505,7 +520,7 @@ def _producer_watched(stream: Any) -> Any:
             _STREAM_STARTING.reset(token)
         producer = stream._producer_task
         for handler, run_id in begun:
-            handler.watch(run_id, producer)
+            handler.watch(run_id, producer, queue=True)
 
     stream.set_start(ensure_started)
     return stream

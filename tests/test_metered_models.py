@@ -620,3 +620,83 @@ def test_a_dropped_v3_stream_of_a_guard_on_a_store_is_not_charged_on_another_gua
     assert store.reserved(key) == 0.0
     assert store.spent(key) == pytest.approx(spent + worst_case + AGENT_COST)
     assert on_loop == []
+
+
+def test_a_sync_v3_stream_collected_after_its_run_ended_is_charged_in_the_threads_next_run():
+    """The reader keeps the stream past the end of the run (the run ends with its reservation held), then drops it;
+    the collector runs after the run (the usual case). The charge was made in the episode the run's end had
+    dropped here, and the thread's next run, made again from state, released the reservation as unused: the
+    money the provider billed was forgotten. It is now carried into that next run (as a late tool bill is)."""
+    import gc
+
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
+                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
+    kept: list[Any] = []
+
+    class ReadsOneEventOnce(AgentMiddleware):
+        def before_model(self, state, runtime):
+            if not runs.names():
+                stream = side.stream_events("a side question", version="v3")
+                next(iter(stream))
+                kept.append(stream)
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)] * 2), [],
+                         middleware=[ReadsOneEventOnce(), guard.middleware()], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "kept-v3"}}
+    first = guard.ledger(agent.invoke({"messages": [("user", "go")]}, config))
+    assert first.reserved > 0 and first.spent == pytest.approx(AGENT_COST)  # the stream is still open
+    worst_case = first.reserved
+    kept.clear()
+    gc.collect()  # after the run: the run's episode is no longer live here
+    second = guard.ledger(agent.invoke({"messages": [("user", "again")]}, config))
+    assert runs.names() == ["side-model"]
+    assert second.reserved == 0
+    assert second.spent == pytest.approx(2 * AGENT_COST + worst_case)
+
+
+def test_a_v3_stream_closed_before_its_producer_ran_reaches_the_store_off_the_loop(monkeypatch):
+    """aclose() right after the stream started cancels its producer before it ran; the producer-task watch fired
+    first and charged the run on the event loop, blocking it on the store. LangChain closes that run itself
+    (aclose's on_llm_error), which the guard's async twin charges off the loop; the watch leaves it to that."""
+    from langchain_core.messages import HumanMessage
+
+    from intent.stores import open_store
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    store = open_store("memory://")
+    store.create_budget("k", 10.0)
+    where: list[str] = []
+    for name in ("commit", "release", "reserve"):
+        def on_loop_or_not(self, *args, _inner=getattr(type(store), name), _name=name, **kwargs):
+            try:
+                asyncio.get_running_loop()
+                where.append(f"{_name} on the loop")
+            except RuntimeError:
+                where.append(f"{_name} off the loop")
+            return _inner(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(store), name, on_loop_or_not)
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64, store=store,
+                        budget_key="k", model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
+
+    class ClosesAtOnce(AgentMiddleware):
+        async def abefore_model(self, state, runtime):
+            stream = await side.astream_events("a side question", version="v3")
+            await stream._ensure_started()  # (what the first read does: the run starts, its producer is made)
+            await stream.aclose()
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [],
+                         middleware=[ClosesAtOnce(), guard.middleware()])
+    asyncio.run(agent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "closed-v3"}}))
+    assert where and not [w for w in where if w.endswith("on the loop")], where
+    assert store.reserved("k") == 0.0
