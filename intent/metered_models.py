@@ -198,6 +198,8 @@ class MeteredModelCallback(BaseCallbackHandler):
         # By run id, for an async call: the asyncio task that made it, and the done-callback put on it.
         self._callers: dict[Any, tuple[asyncio.Task[Any], Any]] = {}
         self._lock = threading.Lock()
+        # Runs the async twin claimed (claim) and begins: the sync start that follows the twin's skips them once.
+        self._claimed: set[Any] = set()
         # Its async twin, on the runs of an async call when the guard's budget may wait on a store (_twinned).
         self.twin = _AsyncMeterCallback(self)
 
@@ -208,19 +210,40 @@ class MeteredModelCallback(BaseCallbackHandler):
             # agent's own model, a sub-agent's model): the step's meter charges every execution there,
             # once, to the step's episode (a sub-agent's carve). Another guard's copy is paid there too.
             return
-        if run_id in self._meters:
-            return  # begun by the async twin, in a worker thread (an async call on a store, see _twinned)
+        with self._lock:
+            if run_id in self._claimed:
+                self._claimed.discard(run_id)
+                return  # begun by the async twin, in a worker thread (an async call on a store, see _twinned)
+            reused = run_id in self._meters
+        if reused:
+            # A run_id the caller passed in config, of an execution still open (a stream kept or dropped unread):
+            # skipped, this execution went unmetered and its end closed the other one's charge.
+            raise MeteredModelRefused(f"run_id {run_id} is already the id of an execution of this metered model "
+                                      "that has not ended; pass a fresh run_id in the config (or none)")
         self.begin(run_id, [m for batch in messages for m in batch], serialized, metadata, kwargs)
         self.begun(run_id)
 
     # ----------------------------------------- what the async twin calls (intent.model_meter.TwinnedCallback)
     def claim(self, run_id: Any) -> bool:
-        return step_meter() is None and run_id not in self._meters
+        with self._lock:
+            if step_meter() is not None or run_id in self._meters or run_id in self._claimed:
+                return False  # (a reused run_id: refused by the sync start, next)
+            self._claimed.add(run_id)
+            return True
 
     def begin(self, run_id: Any, flat: list[BaseMessage], serialized: dict[str, Any],
               metadata: dict[str, Any] | None, kwargs: Mapping[str, Any], completion: bool = False) -> Any:
         """Place the run and reserve its worst case (raises :class:`MeteredModelRefused`); may wait on the
         store. Returns the execution now before its rate limiter, if any (``ModelCallMeter.start``)."""
+        try:
+            return self._begin(run_id, flat, serialized, metadata, kwargs, completion)
+        except BaseException:
+            with self._lock:
+                self._claimed.discard(run_id)  # (refused: no sync start follows the twin's)
+            raise
+
+    def _begin(self, run_id: Any, flat: list[BaseMessage], serialized: dict[str, Any],
+               metadata: dict[str, Any] | None, kwargs: Mapping[str, Any], completion: bool) -> Any:
         dropped_streams.settle()
         config = current_config()
         episode, channel, in_state = episode_of_run(self.guard, config)
@@ -283,6 +306,8 @@ class MeteredModelCallback(BaseCallbackHandler):
         return run_id in self._meters
 
     def not_sent(self, run_id: Any, exc: BaseException) -> None:
+        with self._lock:
+            self._claimed.discard(run_id)  # (the twin's start cancelled: no sync start follows it)
         meter, _, task = self._take(run_id)
         if meter is None:
             return
@@ -311,6 +336,12 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def _caller_done(self, run_id: Any, _caller: Any) -> None:
         # Charged as a cancelled call is; the task's writes are over: the guard's next settle writes it to state.
+        # This runs on the event loop: a guard that reaches a store charges it at the next safe point, off the loop
+        # (its commit would hold up every task on the loop while it waits on the store).
+        if self.guard.reaches_store():
+            if self.is_open(run_id):
+                dropped_streams.queue([(self, run_id)])
+            return
         self._cancelled(run_id, write=False)
 
     def _stream_done(self, run_id: Any, _producer: Any) -> None:
@@ -348,22 +379,26 @@ class MeteredModelCallback(BaseCallbackHandler):
         finally:
             if task:
                 meter.episode.unvisit(task)
-        if write:
-            self._write(meter, config)
-            return
-        # No task's writes to carry it (that task is over): the guard's next settle writes it to state, and if the
-        # run has ended meanwhile (its episode dropped here), the thread's next run here takes it in. Without
-        # this a charge made after the run (a dropped stream collected later) was released there as unused.
-        charge = meter.entries[-1] if meter.entries else None
-        if charge is not None and charge.status == "committed":
-            self.guard.episodes.post_late(meter.episode, charge)
+        # Without a task's writes to carry it (write=False: that task is over), the guard's next settle writes it to
+        # state, and if the run has ended meanwhile (its episode dropped here), the thread's next run here takes it
+        # in (_write's post_late). Without this a charge made after the run (a dropped stream collected later) was
+        # released there as unused.
+        self._write(meter, config if write else None)
 
     def _write(self, meter: ModelCallMeter, config: Mapping[str, Any] | None) -> None:
-        """The execution's charge into the running task's writes, when that task's state holds the episode."""
+        """The execution's charge into the running task's writes, when that task's state holds the episode; and
+        kept for the thread's next run here (post_late), in case the run has ended or ends before its next settle."""
         charge = meter.entries[-1] if meter.entries else None
-        if config is not None and charge is not None and charge.status == "committed":
+        if charge is None or charge.status != "committed":
+            return
+        if config is not None:
             write_ledger_update(config, {**channel_base(meter.episode),
                                          "entries": {charge.call_id: charge.to_dict()}})
+        # The run's end may come after the task that started it, or the whole run, is over (an astream_events v3
+        # stream's producer finishing, or cancelled as asyncio.run ends, an astream read on after the run): that
+        # task's writes are then dropped by LangGraph without a word, and the thread's next run, made again from
+        # state, released the reservation as unused. A copy state has already is a no-op there.
+        self.guard.episodes.post_late(meter.episode, charge)
 
     def on_llm_new_token(self, token: str, *, run_id: Any, **kwargs: Any) -> None:
         with self._lock:

@@ -700,3 +700,148 @@ def test_a_v3_stream_closed_before_its_producer_ran_reaches_the_store_off_the_lo
     asyncio.run(agent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "closed-v3"}}))
     assert where and not [w for w in where if w.endswith("on the loop")], where
     assert store.reserved("k") == 0.0
+
+
+@pytest.mark.parametrize("end", ["read on after the run", "producer cancelled as asyncio.run ends"])
+def test_a_v3_streams_run_that_ends_after_the_agent_run_is_charged_in_the_threads_next_run(end):
+    """A middleware reads an astream_events(version="v3") stream's first event and keeps the stream; its producer
+    ends the run after the agent's run is over: the reader reads it to its end later (charged what the provider
+    reported), or asyncio.run ends with the producer pending and cancels it (charged the worst case, as a cancelled
+    run). The charge went into the writes of a graph task long done, which LangGraph drops, and the thread's next
+    run released the reservation as unused: the money the provider billed was forgotten."""
+    import gc
+
+    from langchain_core.messages import AIMessageChunk, HumanMessage
+    from langchain_core.outputs import ChatGenerationChunk
+
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    go: dict[str, asyncio.Event] = {}  # made on the first run's loop
+
+    class WaitsAfterItsFirstChunk(BilledChatModel):
+        async def _astream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            self.runs.hit(self.model_name, *self.tokens)
+            for k in range(3):
+                if k == 1:
+                    await go["event"].wait()
+                extra: dict[str, Any] = {"usage_metadata": self._usage()} if k == 2 else {}
+                yield ChatGenerationChunk(message=AIMessageChunk(content=f"part {k} ", **extra))
+
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
+                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    side = guard.metered_model(WaitsAfterItsFirstChunk(model_name="side-model", runs=runs))
+    kept: list[Any] = []
+
+    class KeepsTheStream(AgentMiddleware):
+        async def abefore_model(self, state, runtime):
+            if not runs.names():
+                stream = await side.astream_events("a side question", version="v3")
+                events = stream.__aiter__()
+                assert (await anext(events))["event"] == "message-start"
+                kept.append(events)
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)] * 2), [],
+                         middleware=[KeepsTheStream(), guard.middleware()], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"late-v3-{end}"}}
+
+    async def first_run() -> float:
+        go["event"] = asyncio.Event()
+        reserved = guard.ledger(await agent.ainvoke({"messages": [HumanMessage("go")]}, config)).reserved
+        if end == "read on after the run":
+            go["event"].set()
+            assert [e["event"] async for e in kept[0]][-1] == "message-finish"
+        return reserved  # (else returned with the producer pending: asyncio.run cancels it)
+
+    worst_case = asyncio.run(first_run())
+    assert worst_case >= 64 * 0.001  # the run was open when the agent's run ended
+    kept.clear()
+    gc.collect()
+    second = guard.ledger(asyncio.run(agent.ainvoke({"messages": [HumanMessage("again")]}, config)))
+    assert runs.names() == ["side-model"]
+    side_charge = 110 * 0.001 if end == "read on after the run" else worst_case
+    assert second.reserved == 0
+    assert second.spent == pytest.approx(2 * AGENT_COST + side_charge)
+
+
+def test_a_run_id_of_an_execution_still_open_is_refused_not_left_unmetered():
+    """A caller passes run_id in the config, the same for two executions of a metered copy, the first still open (a
+    stream_events v3 stream it keeps unread). The second start was taken for the async twin's (begun already) and
+    skipped: that execution was never reserved nor checked against the budget, and its end charged the first one's
+    reservation, so two executions were charged one. It is refused now, with the fix in the message."""
+    import uuid
+
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
+                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
+    run_id = uuid.uuid4()
+    kept: list[Any] = []
+
+    class TwoExecutionsOneRunId(AgentMiddleware):
+        def before_model(self, state, runtime):
+            stream = side.stream_events("a side question", {"run_id": run_id}, version="v3")
+            next(iter(stream))
+            kept.append(stream)
+            with pytest.raises(MeteredModelRefused, match="pass a fresh run_id"):
+                side.invoke("another", {"run_id": run_id})
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [],
+                         middleware=[TwoExecutionsOneRunId(), guard.middleware()])
+    out = agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "one-run-id"}})
+    assert runs.names() == ["side-model"]  # the second execution was not made
+    assert out["messages"][-1].content == "done"
+
+
+def test_an_astream_kept_past_its_task_by_a_guard_on_a_store_is_charged_off_the_loop(monkeypatch):
+    """A middleware reads an astream's first chunk and keeps the stream: its task is done with the run open, and the
+    task's done-callback charged the run (as a cancelled one) there, on the event loop, where the commit waits on the
+    store with every task on the loop. It is charged at the guard's next hook, off the loop, before the run ends."""
+    from langchain_core.messages import HumanMessage
+
+    from intent.stores import open_store
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    store = open_store("memory://")
+    store.create_budget("k", 10.0)
+    where: list[str] = []
+    for name in ("commit", "release", "reserve"):
+        def on_loop_or_not(self, *args, _inner=getattr(type(store), name), _name=name, **kwargs):
+            try:
+                asyncio.get_running_loop()
+                where.append(f"{_name} on the loop")
+            except RuntimeError:
+                where.append(f"{_name} off the loop")
+            return _inner(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(store), name, on_loop_or_not)
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64, store=store,
+                        budget_key="k", model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
+    kept: list[Any] = []
+
+    class KeepsTheAstream(AgentMiddleware):
+        async def abefore_model(self, state, runtime):
+            chunks = side.astream("a side question")
+            await anext(chunks)
+            kept.append(chunks)
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [],
+                         middleware=[KeepsTheAstream(), guard.middleware()])
+
+    async def run() -> float:
+        await agent.ainvoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "kept-astream"}})
+        reserved = store.reserved("k")
+        await kept[0].aclose()
+        return reserved
+
+    assert asyncio.run(run()) == 0.0  # charged before the run's end
+    assert runs.names() == ["side-model"]
+    assert where and not [w for w in where if w.endswith("on the loop")], where
+    assert store.spent("k") >= AGENT_COST + 64 * 0.001  # the side run's worst case, as a cancelled run
