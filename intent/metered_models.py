@@ -322,8 +322,8 @@ class MeteredModelCallback(BaseCallbackHandler):
         does not collect one per call)."""
         with self._lock:
             caller, done = self._callers.pop(run_id, (None, None))
-        if caller is None:
-            return
+        if caller is None or caller.done():
+            return  # (a done task has run its callbacks: nothing to remove, and its loop may be closed by now)
         loop = caller.get_loop()
         try:
             on_loop = asyncio.get_running_loop() is loop

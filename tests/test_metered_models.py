@@ -845,3 +845,27 @@ def test_an_astream_kept_past_its_task_by_a_guard_on_a_store_is_charged_off_the_
     assert runs.names() == ["side-model"]
     assert where and not [w for w in where if w.endswith("on the loop")], where
     assert store.spent("k") >= AGENT_COST + 64 * 0.001  # the side run's worst case, as a cancelled run
+
+
+def test_a_queued_run_whose_watching_tasks_loop_has_closed_is_charged_without_touching_that_loop():
+    """A run queued when the task watching it finished with it open (a v3 stream's producer, a store guard's caller:
+    intent.dropped_streams) may be charged after asyncio.run has closed that task's loop, in a later run. Taking the
+    run removed the task's done-callback through the loop (call_soon_threadsafe): 'Event loop is closed', raised
+    from the guard's hook that settled the queue."""
+    import uuid
+
+    from intent.metered_models import MeteredModelCallback
+    from intent.testing import BilledChatModel, ModelRuns
+
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, model_prices={"side-model": PRICE})
+    handler = MeteredModelCallback(guard, BilledChatModel(model_name="side-model", runs=ModelRuns()))
+    run_id = uuid.uuid4()
+
+    async def watched_by_a_task_that_ends() -> None:
+        producer = asyncio.get_running_loop().create_task(asyncio.sleep(0))
+        handler.watch(run_id, producer, queue=True)
+        await producer
+
+    asyncio.run(watched_by_a_task_that_ends())
+    handler._cancelled(run_id)  # (what dropped_streams.settle calls, in the next run)
+    assert not handler._callers
