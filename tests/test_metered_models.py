@@ -661,14 +661,10 @@ def test_a_sync_v3_stream_collected_after_its_run_ended_is_charged_in_the_thread
     assert second.spent == pytest.approx(2 * AGENT_COST + worst_case)
 
 
-def test_a_v3_stream_closed_before_its_producer_ran_reaches_the_store_off_the_loop(monkeypatch):
-    """aclose() right after the stream started cancels its producer before it ran; the producer-task watch fired
-    first and charged the run on the event loop, blocking it on the store. LangChain closes that run itself
-    (aclose's on_llm_error), which the guard's async twin charges off the loop; the watch leaves it to that."""
-    from langchain_core.messages import HumanMessage
-
+def _store_noting_the_loop(monkeypatch) -> tuple[Any, list[str]]:
+    """A memory:// shared store with budget "k" (10), and the list where each reserve, commit and release through it
+    notes whether it ran on an event loop."""
     from intent.stores import open_store
-    from intent.testing import BilledChatModel, ModelRuns, scripted
 
     store = open_store("memory://")
     store.create_budget("k", 10.0)
@@ -683,6 +679,18 @@ def test_a_v3_stream_closed_before_its_producer_ran_reaches_the_store_off_the_lo
             return _inner(self, *args, **kwargs)
 
         monkeypatch.setattr(type(store), name, on_loop_or_not)
+    return store, where
+
+
+def test_a_v3_stream_closed_before_its_producer_ran_reaches_the_store_off_the_loop(monkeypatch):
+    """aclose() right after the stream started cancels its producer before it ran; the producer-task watch fired
+    first and charged the run on the event loop, blocking it on the store. LangChain closes that run itself
+    (aclose's on_llm_error), which the guard's async twin charges off the loop; the watch leaves it to that."""
+    from langchain_core.messages import HumanMessage
+
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    store, where = _store_noting_the_loop(monkeypatch)
     runs = ModelRuns()
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64, store=store,
                         budget_key="k", model_prices={"scripted-model": PRICE, "side-model": PRICE})
@@ -803,22 +811,9 @@ def test_an_astream_kept_past_its_task_by_a_guard_on_a_store_is_charged_off_the_
     store with every task on the loop. It is charged at the guard's next hook, off the loop, before the run ends."""
     from langchain_core.messages import HumanMessage
 
-    from intent.stores import open_store
     from intent.testing import BilledChatModel, ModelRuns, scripted
 
-    store = open_store("memory://")
-    store.create_budget("k", 10.0)
-    where: list[str] = []
-    for name in ("commit", "release", "reserve"):
-        def on_loop_or_not(self, *args, _inner=getattr(type(store), name), _name=name, **kwargs):
-            try:
-                asyncio.get_running_loop()
-                where.append(f"{_name} on the loop")
-            except RuntimeError:
-                where.append(f"{_name} off the loop")
-            return _inner(self, *args, **kwargs)
-
-        monkeypatch.setattr(type(store), name, on_loop_or_not)
+    store, where = _store_noting_the_loop(monkeypatch)
     runs = ModelRuns()
     guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64, store=store,
                         budget_key="k", model_prices={"scripted-model": PRICE, "side-model": PRICE})
