@@ -15,11 +15,12 @@ from typing import Any
 
 __all__ = ["queue", "settle"]
 
-# (handler, run id): a MeteredModelCallback and one of its runs. A deque: its append and popleft need no lock.
-_DROPPED: collections.deque[tuple[Any, Any]] = collections.deque()
+# (handler, run id, meter): a MeteredModelCallback, one of its runs, and that run's execution (a run id given again
+# later is another execution, left alone). A deque: its append and popleft need no lock.
+_DROPPED: collections.deque[tuple[Any, Any, Any]] = collections.deque()
 
 
-def queue(runs: Iterable[tuple[Any, Any]]) -> None:
+def queue(runs: Iterable[tuple[Any, Any, Any]]) -> None:
     """Note the runs of a dropped stream (from a finalizer: takes no lock)."""
     _DROPPED.extend(runs)
 
@@ -36,16 +37,16 @@ def settle() -> None:
         on_loop = True
     except RuntimeError:
         on_loop = False
-    kept: list[tuple[Any, Any]] = []
+    kept: list[tuple[Any, Any, Any]] = []
     try:
         while _DROPPED:
             try:
-                handler, run_id = _DROPPED.popleft()
+                handler, run_id, meter = entry = _DROPPED.popleft()
             except IndexError:  # (another thread took the last one)
                 break
             if on_loop and handler.guard.reaches_store():
-                kept.append((handler, run_id))
+                kept.append(entry)
                 continue
-            handler._cancelled(run_id, write=False)
+            handler._cancelled(run_id, write=False, meter=meter)
     finally:
         _DROPPED.extend(kept)

@@ -96,7 +96,7 @@ __all__ = ["METERED_MODEL", "MeteredModelCallback", "MeteredModelRefused", "Plac
 _STARTED: ContextVar[list[Any] | None] = ContextVar("intent_metered_runs_started", default=None)
 
 
-class _StreamStart(list[tuple[Any, Any]]):
+class _StreamStart(list[tuple[Any, Any, Any]]):
     """The runs a v3 stream's start began; ``over`` once the start is: the producer task, which inherits this
     context, may start runs of its own (a model calling another), watched as any other."""
 
@@ -279,11 +279,14 @@ class MeteredModelCallback(BaseCallbackHandler):
 
     def begun(self, run_id: Any) -> None:
         """Watch the task that made the call (on its loop, if any)."""
+        meter = self._meter_of(run_id)
+        if meter is None:
+            return  # (ended already)
         starting = _STREAM_STARTING.get()
         if starting is not None and not starting.over:
             # A v3 event stream's run: its producer task, made once this start is over, runs it and reports
             # its end, possibly after the reader (this task) is done (_producer_watched).
-            starting.append((self, run_id))
+            starting.append((self, run_id, meter))
             return
         try:
             caller = asyncio.current_task()
@@ -292,12 +295,17 @@ class MeteredModelCallback(BaseCallbackHandler):
         if caller is not None:
             # The fallback for a cancellation agenerate does not see (astream cancelled before LangChain's
             # try, waiting on a rate limiter): a run still open when the task that made it is done.
-            self.watch(run_id, caller)
+            self.watch(run_id, meter, caller)
 
-    def watch(self, run_id: Any, task: asyncio.Task[Any], *, queue: bool = False) -> None:
-        """Charge the run as a cancelled one if it is still open when ``task``, which runs it, is done; with
-        ``queue``, at the next metered run or guard hook instead (:mod:`intent.dropped_streams`)."""
-        done = functools.partial(self._stream_done if queue else self._caller_done, run_id)
+    def _meter_of(self, run_id: Any) -> ModelCallMeter | None:
+        with self._lock:
+            return self._meters.get(run_id, (None, None, ""))[0]
+
+    def watch(self, run_id: Any, meter: ModelCallMeter, task: asyncio.Task[Any], *, queue: bool = False) -> None:
+        """Charge the run (its execution ``meter``: a later execution under the same run id is not this one) as a
+        cancelled one if it is still open when ``task``, which runs it, is done; with ``queue``, at the next metered
+        run or guard hook instead (:mod:`intent.dropped_streams`)."""
+        done = functools.partial(self._stream_done if queue else self._caller_done, run_id, meter)
         task.add_done_callback(done)
         with self._lock:
             self._callers[run_id] = (task, done)
@@ -334,22 +342,22 @@ class MeteredModelCallback(BaseCallbackHandler):
         else:  # (ended by the async twin in a worker thread: the task is its loop's to touch)
             loop.call_soon_threadsafe(caller.remove_done_callback, done)
 
-    def _caller_done(self, run_id: Any, _caller: Any) -> None:
+    def _caller_done(self, run_id: Any, meter: ModelCallMeter, _caller: Any) -> None:
         # Charged as a cancelled call is; the task's writes are over: the guard's next settle writes it to state.
         # This runs on the event loop: a guard that reaches a store charges it at the next safe point, off the loop
         # (its commit would hold up every task on the loop while it waits on the store).
         if self.guard.reaches_store():
-            if self.is_open(run_id):
-                dropped_streams.queue([(self, run_id)])
+            if self._meter_of(run_id) is meter:
+                dropped_streams.queue([(self, run_id, meter)])
             return
-        self._cancelled(run_id, write=False)
+        self._cancelled(run_id, write=False, meter=meter)
 
-    def _stream_done(self, run_id: Any, _producer: Any) -> None:
+    def _stream_done(self, run_id: Any, meter: ModelCallMeter, _producer: Any) -> None:
         # A v3 stream's producer is done with the run still open: LangChain closes a run whose producer it
         # cancelled before it ran (aclose's on_llm_error, which comes after this callback, through the twin, off
         # the loop for a store); one it did not close is charged at the next safe point, not here on the loop.
-        if self.is_open(run_id):
-            dropped_streams.queue([(self, run_id)])
+        if self._meter_of(run_id) is meter:
+            dropped_streams.queue([(self, run_id, meter)])
 
     def _release_batch(self, batch: Any) -> None:
         """The runs of a multi-prompt ``generate()`` started before one of its prompts was refused: not sent."""
@@ -361,17 +369,24 @@ class MeteredModelCallback(BaseCallbackHandler):
                 if task:
                     meter.episode.unvisit(task)
 
-    def _take(self, run_id: Any) -> tuple[ModelCallMeter | None, Mapping[str, Any] | None, str]:
-        """The run's meter, config and visiting task, no longer open (nor watched by its caller's task)."""
+    def _take(self, run_id: Any, only: ModelCallMeter | None = None
+              ) -> tuple[ModelCallMeter | None, Mapping[str, Any] | None, str]:
+        """The run's meter, config and visiting task, no longer open (nor watched by its caller's task); with
+        ``only``, just when the open execution under ``run_id`` is that one (a run id may be given again once its
+        first execution has ended: a watch or queued entry of the first must leave the second alone)."""
         with self._lock:
+            open_now = self._meters.get(run_id)
+            if open_now is not None and only is not None and open_now[0] is not only:
+                return None, None, ""  # (a later execution's: its caller's watch is its own too)
             taken = self._meters.pop(run_id, (None, None, ""))
         self._forget_caller(run_id)
         return taken
 
-    def _cancelled(self, run_id: Any, *, write: bool = True) -> None:
-        meter, config, task = self._take(run_id)
+    def _cancelled(self, run_id: Any, *, write: bool = True, meter: ModelCallMeter | None = None) -> None:
+        """Charge the open execution ``run_id`` (only when it is ``meter``, if given) as a cancelled one."""
+        meter, config, task = self._take(run_id, only=meter)
         if meter is None:
-            return  # ended or failed in its callbacks
+            return  # ended or failed in its callbacks (or the run id is a later execution's now)
         try:
             # The request reached the provider, which bills what it generated (unknown): the reserved worst
             # case is charged (intent.model_meter).
@@ -544,7 +559,7 @@ def _producer_watched(stream: Any) -> Any:
             await start()
         except BaseException as exc:
             # A later start callback failed (or the start was cancelled): no producer, nothing sent.
-            for handler, run_id in begun:
+            for handler, run_id, _ in begun:
                 if handler.guard.reaches_store():
                     await off_loop(handler.not_sent, run_id, exc)
                 else:
@@ -554,8 +569,8 @@ def _producer_watched(stream: Any) -> Any:
             begun.over = True
             _STREAM_STARTING.reset(token)
         producer = stream._producer_task
-        for handler, run_id in begun:
-            handler.watch(run_id, producer, queue=True)
+        for handler, run_id, meter in begun:
+            handler.watch(run_id, meter, producer, queue=True)
 
     stream.set_start(ensure_started)
     return stream
@@ -584,7 +599,7 @@ def _settled_when_dropped(stream: Any) -> Any:
         try:
             start()
         except BaseException as exc:
-            for handler, run_id in begun:  # a later start callback failed: nothing was sent
+            for handler, run_id, _ in begun:  # a later start callback failed: nothing was sent
                 handler.not_sent(run_id, exc)
             raise
         finally:

@@ -858,9 +858,47 @@ def test_a_queued_run_whose_watching_tasks_loop_has_closed_is_charged_without_to
 
     async def watched_by_a_task_that_ends() -> None:
         producer = asyncio.get_running_loop().create_task(asyncio.sleep(0))
-        handler.watch(run_id, producer, queue=True)
+        handler.watch(run_id, object(), producer, queue=True)  # (an execution that is not open: nothing queued)
         await producer
 
     asyncio.run(watched_by_a_task_that_ends())
     handler._cancelled(run_id)  # (what dropped_streams.settle calls, in the next run)
     assert not handler._callers
+
+
+def test_a_dropped_streams_queued_run_leaves_a_later_execution_under_the_same_run_id_alone():
+    """A caller may give a run_id again once its first execution has ended. The first execution's stream, read to its
+    end and dropped, is queued when collected; the queued entry then took the open second execution under that id
+    and charged it as cancelled (its worst case), and the second's own end found nothing to charge."""
+    import gc
+    import uuid
+
+    from intent.testing import BilledChatModel, ModelRuns, scripted
+
+    runs = ModelRuns()
+    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
+                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))  # reports (10, 100)
+    run_id = uuid.uuid4()
+
+    class SameRunIdTwice(AgentMiddleware):
+        def before_model(self, state, runtime):
+            first = side.stream_events("a side question", {"run_id": run_id}, version="v3")
+            assert list(first)[-1]["event"] == "message-finish"  # ended: charged what it reported
+            second = side.stream_events("a side question", {"run_id": run_id}, version="v3")
+            next(iter(second))  # open, under the same run id
+            del first
+            gc.collect()  # the first stream is collected and its run queued
+            side.invoke("another side question")  # a metered run: settles the queue first
+            assert list(second)[-1]["event"] == "message-finish"
+            return None
+
+    agent = create_agent(scripted([ai(text="done", usage=AGENT_USAGE)]), [],
+                         middleware=[SameRunIdTwice(), guard.middleware()])
+    out = agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "same-run-id"}})
+    assert runs.names() == ["side-model"] * 3
+    side_cost = 110 * 0.001
+    ledger = guard.ledger(out)
+    assert ledger.reserved == 0
+    assert sorted(round(e.amount, 9) for e in ledger.entries() if e.status == "committed") == [
+        AGENT_COST, side_cost, side_cost, side_cost]
