@@ -457,6 +457,13 @@ def test_a_model_class_that_cannot_be_subclassed_plainly_is_still_metered():
     assert type(plain).__name__ == "BilledChatModel" and plain.get_name() == "BilledChatModel"
 
 
+def _side_guard(**kwargs: Any) -> BudgetGuard:
+    """A guard pricing the agent's scripted model and a "side-model" at PRICE, its output bound 64 tokens (a side
+    model's worst case: the input plus 64 out)."""
+    return BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
+                       model_prices={"scripted-model": PRICE, "side-model": PRICE}, **kwargs)
+
+
 class SlowTracer(AsyncCallbackHandler):
     """A user's async tracer, in line and ahead of the guard's meter (config callbacks come before a model's own),
     that takes a while to record each model run's end: LangChain awaits it before the meter hears the end."""
@@ -489,8 +496,7 @@ def test_an_event_streams_run_is_charged_what_it_reported_when_its_reader_finish
         shared.create_budget(key, 10.0)
         kwargs = {"store": shared, "budget_key": key}
     runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
-                        model_prices={"scripted-model": PRICE, "side-model": PRICE}, **kwargs)
+    guard = _side_guard(**kwargs)
     side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))  # reports (10, 100)
 
     class AskASideModel(AgentMiddleware):
@@ -527,8 +533,7 @@ def test_a_sync_v3_event_stream_dropped_before_its_end_is_charged_once_collected
     from intent.testing import BilledChatModel, ModelRuns, scripted
 
     runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
-                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    guard = _side_guard()
     side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
 
     class ReadsOneEvent(AgentMiddleware):
@@ -589,9 +594,7 @@ def test_a_dropped_v3_stream_of_a_guard_on_a_store_is_not_charged_on_another_gua
 
         monkeypatch.setattr(store, name, on_store)
     runs = ModelRuns()
-    on_a_store = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
-                             model_prices={"scripted-model": PRICE, "side-model": PRICE}, store=store,
-                             budget_key=key)
+    on_a_store = _side_guard(store=store, budget_key=key)
     side = on_a_store.metered_model(BilledChatModel(model_name="side-model", runs=runs))
     kept: list[Any] = []
 
@@ -634,8 +637,7 @@ def test_a_sync_v3_stream_collected_after_its_run_ended_is_charged_in_the_thread
     from intent.testing import BilledChatModel, ModelRuns, scripted
 
     runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
-                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    guard = _side_guard()
     side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
     kept: list[Any] = []
 
@@ -692,8 +694,7 @@ def test_a_v3_stream_closed_before_its_producer_ran_reaches_the_store_off_the_lo
 
     store, where = _store_noting_the_loop(monkeypatch)
     runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64, store=store,
-                        budget_key="k", model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    guard = _side_guard(store=store, budget_key="k")
     side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
 
     class ClosesAtOnce(AgentMiddleware):
@@ -736,8 +737,7 @@ def test_a_v3_streams_run_that_ends_after_the_agent_run_is_charged_in_the_thread
                 yield ChatGenerationChunk(message=AIMessageChunk(content=f"part {k} ", **extra))
 
     runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
-                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    guard = _side_guard()
     side = guard.metered_model(WaitsAfterItsFirstChunk(model_name="side-model", runs=runs))
     kept: list[Any] = []
 
@@ -783,8 +783,7 @@ def test_a_run_id_of_an_execution_still_open_is_refused_not_left_unmetered():
     from intent.testing import BilledChatModel, ModelRuns, scripted
 
     runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
-                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    guard = _side_guard()
     side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
     run_id = uuid.uuid4()
     kept: list[Any] = []
@@ -815,8 +814,7 @@ def test_an_astream_kept_past_its_task_by_a_guard_on_a_store_is_charged_off_the_
 
     store, where = _store_noting_the_loop(monkeypatch)
     runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64, store=store,
-                        budget_key="k", model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    guard = _side_guard(store=store, budget_key="k")
     side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))
     kept: list[Any] = []
 
@@ -876,8 +874,7 @@ def test_a_dropped_streams_queued_run_leaves_a_later_execution_under_the_same_ru
     from intent.testing import BilledChatModel, ModelRuns, scripted
 
     runs = ModelRuns()
-    guard = BudgetGuard(AcceptAll(), Market([PricedTool("a", 1.0)]), 10.0, max_output_tokens=64,
-                        model_prices={"scripted-model": PRICE, "side-model": PRICE})
+    guard = _side_guard()
     side = guard.metered_model(BilledChatModel(model_name="side-model", runs=runs))  # reports (10, 100)
     run_id = uuid.uuid4()
 
