@@ -225,6 +225,47 @@ def test_pool_size_is_checked_and_passed_through_open_store(postgres_dsn, tmp_pa
             open_store(url, pool_size=2)
 
 
+def test_an_operation_waiting_for_a_connection_past_pool_timeout_is_store_unavailable(postgres_dsn, keys):
+    """pool_size=1: A's reserve holds the one connection, waiting on a row another session holds (PostgreSQL's
+    default lock_timeout: none). B's operation waited for that connection without limit, so one session hanging
+    on a lock stalled every budget of the process; now it gives up after pool_timeout, with the store's
+    documented recoverable error, and a commit that fails so is kept by the guard's outbox."""
+    from intent.stores import StoreUnavailableError
+
+    key_a, key_b = keys
+    store = PostgresBudgetStore(postgres_dsn, pool_size=1, pool_timeout=0.2)
+    store.create_budget(key_a, 2.0)
+    store.create_budget(key_b, 2.0)
+    errors: list[BaseException] = []
+
+    def during(s: PostgresBudgetStore) -> None:
+        with pytest.raises(StoreUnavailableError) as raised:
+            s.reserve(key_b, "b", 0.5)
+        errors.append(raised.value)
+
+    scene = _WhileAWaits(postgres_dsn, store, key_a, during)
+    scene.run()
+    [error] = errors
+    assert "could not start reserve: all 1 connections of this store object stayed in use by other operations " \
+           "for 0.2 s (pool_timeout)" in str(error) and "raise it" in str(error)
+    assert store.reserved(key_b) == 0 and scene.reserved.status == "reserved"  # nothing held for B; A unharmed
+    assert store.reserve(key_b, "b", 0.5).status == "reserved"  # the connection free again: B goes ahead
+    store.close()
+
+
+def test_pool_timeout_is_checked_and_passed_through_open_store(postgres_dsn, tmp_path):
+    assert PostgresBudgetStore(postgres_dsn).pool_timeout == 30.0
+    assert open_store(postgres_dsn, pool_timeout=None).pool_timeout is None
+    assert open_store(postgres_dsn, pool_timeout=2).pool_timeout == 2.0
+    for bad in (0, -1, float("inf"), float("nan"), "30", True):
+        with pytest.raises(StoreArgumentError, match=r"^pool_timeout must be a finite number of seconds > 0 or "
+                                                     r"None, got .*; e\.g\. pool_timeout=30 \(the default\), None"):
+            PostgresBudgetStore(postgres_dsn, pool_timeout=bad)
+    for url in (f"sqlite:///{tmp_path / 'x.db'}", "memory://"):
+        with pytest.raises(StoreArgumentError, match=r"pool_timeout= is for postgresql:// stores"):
+            open_store(url, pool_timeout=2)
+
+
 def test_after_a_server_restart_one_lost_connection_retires_the_idle_ones(postgres_dsn, budget_key, monkeypatch):
     """Every session of the pool dies at once (a server restart, a failover). The first operation after it fails
     once on a dead connection; the idle ones died too, so they go with it and the retry opens a fresh one. Before,

@@ -293,16 +293,18 @@ def _warn_lost(outbox: CommitOutbox) -> None:
 
 def open_store(url: str, **kwargs: Any) -> BudgetStore:
     """A store from a URL: ``memory://``, ``sqlite:///path/to/budgets.db``, ``postgresql://...``; ``kwargs`` go to its
-    class (``lease_seconds=``; ``retry_seconds=`` and ``pool_size=`` for PostgreSQL, ``timeout=`` for SQLite)."""
+    class (``lease_seconds=``; ``retry_seconds=``, ``pool_size=`` and ``pool_timeout=`` for PostgreSQL, ``timeout=`` for SQLite)."""
     if not isinstance(url, str):
         raise StoreArgumentError(f"store URL must be a str, got {type(url).__name__} {url!r:.60}; use memory://, "
                                  "sqlite:///PATH or postgresql://...")
     if "retry_seconds" in kwargs and not url.startswith(("postgresql://", "postgres://")):
         raise StoreArgumentError(f"retry_seconds= is for postgresql:// stores, not {url.split('://')[0]}://; a SQLite "
                                  "store waits for another connection's lock up to its timeout= (seconds)")
-    if "pool_size" in kwargs and not url.startswith(("postgresql://", "postgres://")):
-        raise StoreArgumentError(f"pool_size= is for postgresql:// stores, not {url.split('://')[0]}://; a SQLite or "
-                                 "memory store has one connection (SQLite locks the whole file for a write anyway)")
+    for pool_arg in ("pool_size", "pool_timeout"):
+        if pool_arg in kwargs and not url.startswith(("postgresql://", "postgres://")):
+            raise StoreArgumentError(f"{pool_arg}= is for postgresql:// stores, not {url.split('://')[0]}://; a SQLite "
+                                     "or memory store has one connection (SQLite locks the whole file for a write "
+                                     "anyway)")
     if url.startswith("memory://"):
         return MemoryBudgetStore(**kwargs)
     if url.startswith("sqlite:///"):

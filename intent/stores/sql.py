@@ -426,12 +426,13 @@ class _ConnectionPool:
     """Up to ``size`` PostgreSQL connections, opened only when every open one is in use (lazily: operations that
     never overlap keep one), each lent to one transaction at a time. A connection that comes back broken or closed
     (the server dropped it) is discarded with the idle ones (a server restart takes them all), and the next checkout
-    that finds none idle opens a new one. An operation finding all ``size`` in use waits for one to come back (each is bounded by the DSN's
-    ``lock_timeout`` / ``statement_timeout`` and the store's retries)."""
+    that finds none idle opens a new one. An operation finding all ``size`` in use waits up to ``timeout`` seconds
+    for one to come back (``None``: for as long as it takes), then :class:`PoolTimeout`."""
 
-    def __init__(self, connect: Callable[[], Any], size: int, first: Any) -> None:
+    def __init__(self, connect: Callable[[], Any], size: int, first: Any, timeout: float | None = None) -> None:
         self._connect = connect
         self.size = size
+        self.timeout = timeout
         self._cond = threading.Condition()
         self._idle: list[Any] = [first]  # a stack: the connection used last is lent first, so the others stay few
         self._open = 1  # idle + lent out, and being opened
@@ -447,6 +448,7 @@ class _ConnectionPool:
             self._checkin(conn, generation)
 
     def _checkout(self) -> tuple[Any, int]:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
         with self._cond:
             while True:
                 while self._idle:
@@ -458,7 +460,10 @@ class _ConnectionPool:
                     self._open += 1  # (taken before connecting, outside the lock: no other thread overshoots)
                     generation = self._generation
                     break
-                self._cond.wait()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise PoolTimeout(self.size, self.timeout)
+                self._cond.wait(left)
         try:
             conn = self._connect()
         except BaseException:  # (refused: the caller's retry comes back here; a waiter may try meanwhile)
@@ -508,6 +513,15 @@ class _ConnectionPool:
             self._cond.notify_all()
 
 
+class PoolTimeout(Exception):
+    """Every connection of a store's pool stayed lent out for ``timeout`` seconds (internal: the store raises
+    :class:`StoreUnavailableError` naming itself)."""
+
+    def __init__(self, size: int, timeout: float | None) -> None:
+        super().__init__(size, timeout)
+        self.size, self.timeout = size, timeout
+
+
 def _close_quietly(conn: Any) -> None:
     import psycopg
 
@@ -518,6 +532,7 @@ def _close_quietly(conn: Any) -> None:
 
 
 DEFAULT_POOL_SIZE = 4
+DEFAULT_POOL_TIMEOUT = 30.0  # seconds, psycopg_pool's default for getconn()
 
 
 class PostgresBudgetStore(_SqlBudgetStore):
@@ -542,13 +557,17 @@ class PostgresBudgetStore(_SqlBudgetStore):
     ``max_connections`` (100 by default, a few reserved): 20 busy processes take at most 80. With more processes
     than that, lower it (``pool_size=2``) or raise ``max_connections`` (or put PgBouncer in front, in transaction
     mode: each operation is one transaction); ``pool_size=1`` is the single connection of earlier versions. An
-    operation finding all ``pool_size`` connections in use waits for one.
+    operation finding all ``pool_size`` connections in use waits for one up to ``pool_timeout`` seconds (default 30,
+    psycopg_pool's default; ``None``: without limit), then :class:`StoreUnavailableError`: each operation it waits
+    behind is bounded only by the DSN's ``lock_timeout`` / ``statement_timeout`` (PostgreSQL's default: none) and
+    the network, so a session that hangs holding its connection would otherwise stall the process's every budget.
     """
 
     placeholder = "%s"
 
     def __init__(self, dsn: str, *, lease_seconds: float = 600.0, clock: Callable[[], float] | None = None,
-                 retry_seconds: float = 1.0, pool_size: int = DEFAULT_POOL_SIZE) -> None:
+                 retry_seconds: float = 1.0, pool_size: int = DEFAULT_POOL_SIZE,
+                 pool_timeout: float | None = DEFAULT_POOL_TIMEOUT) -> None:
         # clock=None (the default): leases in the database server's time, one clock for every machine, so a
         # machine whose clock runs ahead cannot expire another machine's live hold. A callable: that clock
         # (tests that move time).
@@ -563,6 +582,12 @@ class PostgresBudgetStore(_SqlBudgetStore):
                                      f"pool_size={DEFAULT_POOL_SIZE} (the default), 1 for one connection that operations "
                                      "take turns on")
         self.pool_size = pool_size
+        if pool_timeout is not None and (isinstance(pool_timeout, bool) or not isinstance(pool_timeout, (int, float))
+                                         or not math.isfinite(pool_timeout) or pool_timeout <= 0):
+            raise StoreArgumentError(f"pool_timeout must be a finite number of seconds > 0 or None, got "
+                                     f"{pool_timeout!r}; e.g. pool_timeout={DEFAULT_POOL_TIMEOUT:g} (the default), "
+                                     "None to wait for a free connection without limit")
+        self.pool_timeout = None if pool_timeout is None else float(pool_timeout)
         self._server_clock = clock is None
         # The server time read in each open transaction, by its connection (two run at once on two connections).
         self._tx_time: dict[Any, float] = {}
@@ -587,7 +612,7 @@ class PostgresBudgetStore(_SqlBudgetStore):
                 time.sleep(pause)
             except psycopg.Error as exc:  # (a malformed string is a ProgrammingError)
                 raise StoreError(f"cannot connect to the budget store {self.shown_dsn!r}: {_one_line(exc)}") from exc
-        self._pool = _ConnectionPool(self._connect, pool_size, first)
+        self._pool = _ConnectionPool(self._connect, pool_size, first, self.pool_timeout)
         try:
             self._open_schema(psycopg)
         except BaseException:
@@ -745,6 +770,12 @@ def _retried(op: Callable[..., Any]) -> Callable[..., Any]:
                           "SELECT, INSERT, UPDATE on intent_budgets and intent_charges")
                 raise StoreError(f"the budget store {self.shown_dsn!r} refused {name}: {_one_line(exc)}; "
                                  f"check its tables and the role's grants ({grants})") from exc
+            except PoolTimeout as exc:  # (not retried: the wait for a connection was the retry)
+                raise StoreUnavailableError(
+                    f"the budget store {self.shown_dsn!r} could not start {name}: all {exc.size} connections of this "
+                    f"store object stayed in use by other operations for {exc.timeout:g} s (pool_timeout); a session "
+                    "hanging on a lock or the network holds one (set lock_timeout / statement_timeout in the DSN), or "
+                    "more operations overlap than pool_size allows (raise it)") from None
             except psycopg.OperationalError as exc:  # (serialization failures, deadlocks, lost connections)
                 if pauses is None:
                     pauses = _retry_pauses(self.retry_seconds)
