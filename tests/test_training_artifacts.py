@@ -442,3 +442,36 @@ def test_a_short_world_model_run_is_validated_a_few_times_not_every_step(logs, t
     assert [c["step"] for c in ten["loss_curve"]] == [0, 5, 10]
     six = train_world_model(prs, tmp_path / "six", max_steps=6, **kw)
     assert [c["step"] for c in six["loss_curve"]] == [0, 6]  # always one after the last step, none just before it
+
+
+@pytest.mark.ml
+@pytest.mark.parametrize("template", [None, "[CLS]{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                                            "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"],
+                         ids=["plain prompt", "chat template writing its own start token"])
+def test_the_in_process_world_model_is_prompted_with_the_tokens_it_was_trained_on(tiny_lm, template, monkeypatch):
+    # Was: training tokenized the prompt without the tokenizer's special tokens (as vLLM's chat endpoint does),
+    # the in-process world model (and the trainer's own samples) with them: a second start token after a chat
+    # template's (Llama's <|begin_of_text|>), [CLS] ... [SEP] around a BERT-tokenizer prompt.
+    from transformers import AutoTokenizer
+
+    from training.data import Pair
+    from training.train_worldmodel import _examples
+    from worldmodel.transformers_lm import TransformersWorldModel
+
+    if template is not None:
+        tok = AutoTokenizer.from_pretrained(tiny_lm)
+        tok.chat_template = template
+        tok.save_pretrained(tiny_lm)
+    wm = TransformersWorldModel(tiny_lm, max_new_tokens=1, temperature=0.0)
+    seen = []
+    generate = wm.model.generate
+
+    def recording(**kw):
+        seen.append(kw["input_ids"][0].tolist())
+        return generate(**kw)
+
+    monkeypatch.setattr(wm.model, "generate", recording)
+    wm.simulate("weather_lookup", {"city": "Oslo"}, satisfied=True)
+    [(ids, labels)] = _examples(wm.tokenizer, [Pair("weather_lookup", {"city": "Oslo"}, "{}", 1, "t")], True, 512)
+    trained_prompt = [i for i, label in zip(ids, labels) if label == -100]
+    assert seen == [trained_prompt]

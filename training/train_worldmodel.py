@@ -88,13 +88,12 @@ def _examples(tokenizer: Any, rows: list[Pair], satisfied: bool | None, max_leng
     """(input ids, labels) per pair, cut to ``max_length``; a pair whose prompt alone fills
     ``max_length`` has no observation token left to learn and is left out (its prompt length is
     appended to ``dropped`` when given)."""
-    from worldmodel.transformers_lm import render_prompt
+    from worldmodel.transformers_lm import prompt_ids
 
     out = []
     eos = tokenizer.eos_token or ""
     for p in rows:
-        prompt = render_prompt(tokenizer, p.tool, p.args, satisfied)
-        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        p_ids = prompt_ids(tokenizer, p.tool, p.args, satisfied)
         o_ids = tokenizer(p.observation + eos, add_special_tokens=False)["input_ids"]
         ids = (p_ids + o_ids)[:max_length]
         labels = ([-100] * len(p_ids) + o_ids)[:max_length]
@@ -336,12 +335,12 @@ def _samples(model: Any, tokenizer: Any, rows: list[Pair], satisfied: bool | Non
     """Greedy generations for a few held-out pairs, next to the truth (report.json's ``samples``)."""
     import torch
 
-    from worldmodel.transformers_lm import render_prompt
+    from worldmodel.transformers_lm import prompt_ids
 
     generations = []
     for p in rows:
-        enc = tokenizer(render_prompt(tokenizer, p.tool, p.args, satisfied), return_tensors="pt",
-                        return_token_type_ids=False)
+        ids = torch.tensor([prompt_ids(tokenizer, p.tool, p.args, satisfied)])  # as trained (and as vLLM sends it)
+        enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         with torch.no_grad():
             gen = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=pad)
         generations.append({"tool": p.tool, "args": p.args, "truth": p.observation[:300],
