@@ -475,3 +475,19 @@ def test_the_in_process_world_model_is_prompted_with_the_tokens_it_was_trained_o
     [(ids, labels)] = _examples(wm.tokenizer, [Pair("weather_lookup", {"city": "Oslo"}, "{}", 1, "t")], True, 512)
     trained_prompt = [i for i, label in zip(ids, labels) if label == -100]
     assert seen == [trained_prompt]
+
+
+@pytest.mark.ml
+def test_an_epoch_whose_batches_do_not_fill_the_last_accumulation_still_ends_with_an_optimizer_step(tiny_lm, tmp_path):
+    # As the HF Trainer does: the batches left over at the end of an epoch make one more optimizer step. Was: their
+    # gradients were kept into the next epoch (lost on a resume, dropped after the last epoch), so a run made fewer
+    # steps than it planned: the schedule never reached its end and the validation "after the last step" never ran.
+    from training.data import Pair
+    from training.train_worldmodel import train_world_model
+
+    rows = [Pair("weather_lookup", {"city": f"c{i}"}, '{"temperature_c": 1}', 1, f"task{i}") for i in range(10)]
+    report = train_world_model(rows, tmp_path / "wm", base_model=str(tiny_lm), epochs=2, batch_size=3,
+                               grad_accumulation=2, max_length=128, progress=False, samples=0, eval_every=100)
+    assert report["examples"]["train"] == 8  # 3 batches an epoch: one full accumulation of 2, and 1 left over
+    assert report["steps"] == 4
+    assert [c["step"] for c in report["loss_curve"]] == [0, 4]

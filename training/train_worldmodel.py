@@ -272,11 +272,15 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
             if steps >= total:
                 break  # a finished run found again in its own checkpoint: nothing left to train
             model.train()
-            for k, (ids, labels, mask) in enumerate(_batches(train, batch_size, pad, seed + epoch)):
-                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss / grad_accumulation
+            batches = _batches(train, batch_size, pad, seed + epoch)
+            for k, (ids, labels, mask) in enumerate(batches):
+                # The batches left at the end of the epoch make one more step, as the HF Trainer's do (was: their
+                # gradients were carried into the next epoch, lost on a resume, and the run fell short of `total`).
+                group = min(grad_accumulation, len(batches) - k // grad_accumulation * grad_accumulation)
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss / group
                 loss.backward()
-                window.append(float(loss.detach()) * grad_accumulation)
-                if (k + 1) % grad_accumulation == 0:
+                window.append(float(loss.detach()) * group)
+                if (k + 1) % grad_accumulation == 0 or k + 1 == len(batches):
                     optimizer.step()
                     schedule.step()
                     optimizer.zero_grad()
