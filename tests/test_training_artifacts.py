@@ -491,3 +491,20 @@ def test_an_epoch_whose_batches_do_not_fill_the_last_accumulation_still_ends_wit
     assert report["examples"]["train"] == 8  # 3 batches an epoch: one full accumulation of 2, and 1 left over
     assert report["steps"] == 4
     assert [c["step"] for c in report["loss_curve"]] == [0, 4]
+
+
+@pytest.mark.ml
+def test_without_a_dev_task_the_exported_step_is_not_chosen_on_the_test_pairs(tiny_lm, tmp_path):
+    # 5 tasks split 4 / 0 / 1: the validation pairs are the test pairs. Was: the exported weights were those of the
+    # lowest loss on them, and held_out_loss was then measured on the very pairs that chose it.
+    from training.data import Pair
+    from training.train_worldmodel import train_world_model
+
+    rows = [Pair("weather_lookup", {"city": f"c{i}"}, '{"temperature_c": 1}', 1, f"task{i}") for i in range(5)]
+    with pytest.warns(UserWarning, match="no dev task"):  # lr 2: the loss after step 1 is lower than after step 4
+        report = train_world_model(rows, tmp_path / "wm", base_model=str(tiny_lm), max_steps=4, batch_size=1,
+                                   lr=2.0, max_length=128, progress=False, samples=0, eval_every=1)
+    assert report["examples"] == {"train": 4, "dev": 0, "test": 1}
+    losses = {c["step"]: c["dev_loss"] for c in report["loss_curve"]}
+    assert losses[1] < losses[4]
+    assert report["exported_step"] == report["steps"] == 4

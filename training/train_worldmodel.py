@@ -237,6 +237,13 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         warnings.warn(f"{length_flag} {max_length}: {sum(dropped.values())} pairs left out (their prompt fills "
                       f"{length_flag}, no observation token is left to learn; per split {dropped}); raise "
                       f"{length_flag} to keep them", stacklevel=2)
+    if keep_best and not (splits["dev"] and splits["test"]):
+        # 8:1:1 by task leaves a small run (3 to 7 tasks) without a dev or a test task, and the other one's pairs
+        # stand in for it: choosing the exported step on them would measure held_out_loss on the pairs that chose it.
+        keep_best = False
+        warnings.warn(f"{len({p.task_id for p in rows})} tasks leave no dev task or no test task (split "
+                      f"{manifest['sizes']}): the validation pairs are the test pairs, so the last step's weights are "
+                      "exported, not the best validation step's; collect logs of more tasks", stacklevel=2)
     pad = tokenizer.pad_token_id
     total = max(1, math.ceil(len(train) / batch_size / grad_accumulation) * epochs)
     if max_steps is not None:
