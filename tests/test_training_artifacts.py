@@ -508,3 +508,49 @@ def test_without_a_dev_task_the_exported_step_is_not_chosen_on_the_test_pairs(ti
     losses = {c["step"]: c["dev_loss"] for c in report["loss_curve"]}
     assert losses[1] < losses[4]
     assert report["exported_step"] == report["steps"] == 4
+
+
+@pytest.mark.ml
+def test_the_predictors_progress_counts_the_steps_it_will_run_and_covers_the_scoring(logs, tiny_encoder, tmp_path,
+                                                                                     monkeypatch):
+    # Was: with --max-steps 3 the bar read "1/24 ... ETA 230 s" (the epoch's batches, not the steps to run), and
+    # scoring the dev and test splits for calibration ran after it, without a line.
+    import intent.progress
+    import training.train_intention as ti
+
+    bars, forwards_outside = [], []
+    real_progress = intent.progress.progress
+
+    class Tracked:
+        def __init__(self, total, desc, **kwargs):
+            self.inner, self.total, self.done = real_progress(total, desc, **kwargs), total, 0
+            bars.append(self)
+
+        def __enter__(self):
+            self.open = True
+            self.inner.__enter__()
+            return self
+
+        def update(self, n=1):
+            self.done += n
+            self.inner.update(n)
+
+        def __exit__(self, *exc):
+            self.open = False
+            return self.inner.__exit__(*exc)
+
+    monkeypatch.setattr(ti, "progress_reporter", Tracked)
+    from transformers import BertForSequenceClassification
+
+    real_forward = BertForSequenceClassification.forward
+
+    def forward(self, *args, **kwargs):
+        if not any(getattr(b, "open", False) for b in bars):
+            forwards_outside.append(1)
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(BertForSequenceClassification, "forward", forward)
+    ti.train_predictor(triples(load_records(logs)), tmp_path / "pred", base_model=str(tiny_encoder), max_steps=2,
+                       batch_size=4, max_length=32, progress=False)
+    assert bars[0].total == bars[0].done == 2
+    assert forwards_outside == []

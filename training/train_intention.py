@@ -114,7 +114,9 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         order = list(range(len(train)))
         random.Random(seed + epoch).shuffle(order)
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-        with progress_reporter(len(batches), f"predictor epoch {epoch + 1}/{epochs}", enabled=progress) as bar:
+        # The steps this epoch will run: with --max-steps, fewer than its batches (was: "1/24 ... ETA 230 s" for 3 steps).
+        to_run = len(batches) if max_steps is None else min(len(batches), max_steps - steps)
+        with progress_reporter(to_run, f"predictor epoch {epoch + 1}/{epochs}", enabled=progress) as bar:
             for batch in batches:
                 texts = [predictor_text(train[i].reasoning, train[i].tool, train[i].args) for i in batch]
                 enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
@@ -135,7 +137,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         if max_steps is not None and steps >= max_steps:
             break
 
-    def logit_diff(rows: list[Triple]) -> list[float]:
+    def logit_diff(rows: list[Triple], bar: Any) -> list[float]:
         model.eval()
         out_vals: list[float] = []
         with torch.no_grad():
@@ -144,9 +146,13 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
                 enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
                 logits = model(**enc).logits
                 out_vals += (logits[:, 1] - logits[:, 0]).tolist()
+                bar.update(len(texts))
         return out_vals
 
-    dev_d, test_d = logit_diff(splits["dev"]), logit_diff(splits["test"])
+    # Under a reporter too: thousands of dev and test calls take minutes on a busy CPU (was: silence after the bar).
+    with progress_reporter(len(splits["dev"]) + len(splits["test"]), "predictor scoring the dev and test splits",
+                           enabled=progress) as bar:
+        dev_d, test_d = logit_diff(splits["dev"], bar), logit_diff(splits["test"], bar)
     y_dev = [t.z for t in splits["dev"]]
     fitted = fit_temperature(dev_d, y_dev)
     # Kept on the hashed predictor's terms (worldmodel.predictors.HashedLogisticPredictor.fit): only when the
