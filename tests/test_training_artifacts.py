@@ -500,10 +500,14 @@ def test_without_a_dev_task_the_exported_step_is_not_chosen_on_the_test_pairs(ti
     from training.data import Pair
     from training.train_worldmodel import train_world_model
 
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)  # weights of their own: the fixture's depend on the tests run before
+    LlamaForCausalLM(LlamaConfig.from_pretrained(tiny_lm)).save_pretrained(tiny_lm)
     rows = [Pair("weather_lookup", {"city": f"c{i}"}, '{"temperature_c": 1}', 1, f"task{i}") for i in range(5)]
-    with pytest.warns(UserWarning, match="no dev task"):  # lr 2: the loss after step 1 is lower than after step 4
+    with pytest.warns(UserWarning, match="no dev task"):  # lr 1: the loss after step 1 is lower than after step 4
         report = train_world_model(rows, tmp_path / "wm", base_model=str(tiny_lm), max_steps=4, batch_size=1,
-                                   lr=2.0, max_length=128, progress=False, samples=0, eval_every=1)
+                                   lr=1.0, max_length=128, progress=False, samples=0, eval_every=1)
     assert report["examples"] == {"train": 4, "dev": 0, "test": 1}
     losses = {c["step"]: c["dev_loss"] for c in report["loss_curve"]}
     assert losses[1] < losses[4]
@@ -554,3 +558,19 @@ def test_the_predictors_progress_counts_the_steps_it_will_run_and_covers_the_sco
                        batch_size=4, max_length=32, progress=False)
     assert bars[0].total == bars[0].done == 2
     assert forwards_outside == []
+
+
+@pytest.mark.ml
+def test_a_fraction_of_the_logs_trains_on_fewer_tasks_and_is_scored_on_the_same_test_tasks(logs, tiny_encoder, tmp_path):
+    # --fraction is the data-scaling knob (1/32 .. 1): a run at each fraction must be scored on the same test tasks.
+    # Was: the fraction was drawn before the split, so each run had its own, smaller dev and test splits (not
+    # comparable), and at 1/32 of 300 tasks the test split held one task and the run stopped.
+    from training.train_intention import train_predictor
+
+    items = triples(load_records(logs))
+    kw = {"base_model": str(tiny_encoder), "max_steps": 1, "batch_size": 8, "max_length": 32, "progress": False}
+    train_predictor(items, tmp_path / "all", **kw)
+    train_predictor(items, tmp_path / "quarter", fraction=0.25, **kw)
+    full, quarter = (json.loads((tmp_path / d / "split.json").read_text())["tasks"] for d in ("all", "quarter"))
+    assert quarter["test"] == full["test"] and quarter["dev"] == full["dev"]
+    assert set(quarter["train"]) < set(full["train"]) and len(quarter["train"]) == round(len(full["train"]) / 4)

@@ -24,7 +24,7 @@ from intent.errors import UsageError
 from intent.progress import progress as progress_reporter
 from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
                              reliability_png, restore_training_state, run_fingerprint, save_training_state)
-from training.data import Triple, save_manifest, split_by_task, subsample
+from training.data import Triple, save_manifest, split_by_task, subsample_training
 from worldmodel.formats import FORMAT_VERSION, PREDICTOR_LABELS, predictor_text
 from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
 
@@ -61,7 +61,6 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         raise UsageError("the logs hold no executed calls with a label z; label them first with `intent train "
                          "annotate --logs LOGS --out labelled.jsonl` (z from the synthetic market's ground truth, "
                          "or --method llm) and train on labelled.jsonl")
-    items = subsample(items, fraction, seed=seed)
     if len({t.z for t in items}) < 2:
         raise UsageError("the intention labels are all one class; the predictor needs both z=0 and z=1 examples")
     if test_tasks is None:
@@ -72,6 +71,10 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         splits = {"train": inner["train"], "dev": inner["dev"], "test": [t for t in items if t.task_id in test_tasks]}
         manifest["tasks"]["test"] = sorted({t.task_id for t in splits["test"]})
         manifest["sizes"] = {k: len(v) for k, v in splits.items()}
+    subsample_training(splits, manifest, fraction, seed=seed)
+    if len({t.z for t in splits["train"]}) < 2:
+        raise UsageError(f"--fraction {fraction:g} leaves {len(splits['train'])} training examples of one class; "
+                         "give a larger --fraction or logs of more tasks")
     for name in ("dev", "test"):
         if len({t.z for t in splits[name]}) < 2:
             raise UsageError(f"the {name} split ({len(splits[name])} examples) lacks one of the classes: too small "

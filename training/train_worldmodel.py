@@ -22,7 +22,7 @@ from typing import Any
 from intent.errors import UsageError
 from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
                              restore_training_state, run_fingerprint, save_training_state)
-from training.data import Pair, save_manifest, split_by_task, subsample
+from training.data import Pair, save_manifest, split_by_task, subsample_training
 from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
 
 __all__ = ["MIN_STEPS_BETWEEN_VALIDATIONS", "convert_smollm2", "train_world_model", "validation_interval"]
@@ -169,11 +169,11 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                          "them first (`intent train annotate --logs LOGS --out labelled.jsonl`) and pass --logs "
                          "labelled.jsonl")
     rows = [p for p in items if p.z == 1] if conditional else list(items)
-    rows = subsample(rows, fraction, seed=seed)
     if len(rows) < 3:
         raise UsageError(f"only {len(rows)} (tool, arguments) -> observation pairs"
                          + (" with z = 1" if conditional else "") + "; collect more logs")
     splits, manifest = split_by_task(rows, seed=seed)
+    subsample_training(splits, manifest, fraction, seed=seed)  # the dev and test tasks stay all the logs'
     out = Path(out_dir)
     base = base_model or str(convert_smollm2(out.parent / "smollm2-135m-hf"))
     if _looks_like_hub_id(base):
