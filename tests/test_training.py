@@ -205,6 +205,25 @@ def test_vllm_command():
     assert cmd[cmd.index("--served-model-name") + 1] == "wm"
 
 
+def test_serving_the_current_directory_names_the_model_and_the_printed_command_can_be_pasted(tmp_path, monkeypatch,
+                                                                                             capsys):
+    # Was: `intent serve worldmodel .` gave `--served-model-name ` (an empty name, which `intent loop
+    # --world-model-url` does not ask for), and --print printed the command unquoted (a path with a space or an
+    # empty argument did not survive a paste into a shell).
+    import shlex
+
+    from training.serve import serve, vllm_command
+
+    model = tmp_path / "my model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    monkeypatch.chdir(model)
+    cmd = vllm_command(".")
+    assert cmd[cmd.index("--served-model-name") + 1] == "my model"
+    assert serve(".", print_only=True, python="python") == 0
+    assert shlex.split(capsys.readouterr().out) == cmd
+
+
 @pytest.mark.slow
 @pytest.mark.ml
 def test_interrupted_predictor_training_resumes_from_its_checkpoint(logs, tmp_path):
