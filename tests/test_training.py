@@ -556,3 +556,47 @@ def test_a_loop_over_other_logs_into_the_same_out_is_refused(logs, tmp_path, mon
     (out / "labelled.COMPLETE").write_text("ok\n")  # written by an older version: inputs unknown
     with pytest.raises(UsageError, match="not recorded"):
         run_loop(LoopConfig(logs=[str(logs)], out=str(out), progress=False))
+
+
+@pytest.mark.ml
+def test_the_reports_encoder_scores_each_test_call_once_under_a_progress_reporter(logs, tiny_encoder, tmp_path,
+                                                                                 monkeypatch):
+    # Was: two predictors loaded and the test calls scored twice (calibrated, then uncalibrated) after the
+    # trainer's bars had ended: minutes without a line for the report's ~2,000 test calls on a busy CPU.
+    import intent.progress
+    from transformers import BertForSequenceClassification
+
+    from training.predictor_report import predictor_report
+
+    open_bars, scored_outside, scored = [0], [], [0]
+    real_progress, real_forward = intent.progress.progress, BertForSequenceClassification.forward
+
+    class Tracked:
+        def __init__(self, *args, **kwargs):
+            self.inner = real_progress(*args, **kwargs)
+
+        def __enter__(self):
+            open_bars[0] += 1
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            open_bars[0] -= 1
+            return self.inner.__exit__(*exc)
+
+    def forward(self, *args, **kwargs):
+        out = real_forward(self, *args, **kwargs)
+        if not self.training and not open_bars[0]:
+            scored_outside.append(len(out.logits))
+        scored[0] += 0 if self.training else len(out.logits)
+        return out
+
+    monkeypatch.setattr(intent.progress, "progress", Tracked)
+    import training.train_intention
+
+    monkeypatch.setattr(training.train_intention, "progress_reporter", Tracked)
+    monkeypatch.setattr(BertForSequenceClassification, "forward", forward)
+    encoder = {"base_model": str(tiny_encoder), "max_steps": 1, "batch_size": 8, "max_length": 32}
+    report = predictor_report(load_records(logs), out=tmp_path / "rep", encoder=encoder, min_test_examples=10)
+    sizes = report["encoder"]["examples"]
+    assert scored_outside == []
+    assert scored[0] == sizes["dev"] + 2 * sizes["test"]  # the trainer's calibration, then the report's, once
