@@ -574,3 +574,33 @@ def test_a_fraction_of_the_logs_trains_on_fewer_tasks_and_is_scored_on_the_same_
     full, quarter = (json.loads((tmp_path / d / "split.json").read_text())["tasks"] for d in ("all", "quarter"))
     assert quarter["test"] == full["test"] and quarter["dev"] == full["dev"]
     assert set(quarter["train"]) < set(full["train"]) and len(quarter["train"]) == round(len(full["train"]) / 4)
+
+
+@pytest.mark.ml
+def test_a_lora_run_resumes_from_its_adapter_checkpoint_to_the_uninterrupted_runs_weights(tiny_lm, tmp_path,
+                                                                                          monkeypatch):
+    # The checkpoint of a LoRA run holds the adapter only. Was: resumed by loading it as a model (transformers'
+    # PEFT integration) and wrapping it in a second LoRA: "modify a model with PEFT for a second time", then a
+    # crash at export.
+    pytest.importorskip("peft")
+    import training.train_worldmodel as tw
+    from training.data import Pair
+
+    rows = [Pair("weather_lookup", {"city": f"c{i}"}, '{"temperature_c": 1}', 1, f"task{i}") for i in range(20)]
+    kw = {"base_model": str(tiny_lm), "epochs": 2, "batch_size": 4, "max_length": 128, "progress": False,
+          "samples": 0, "lora": True, "lr": 1e-2}
+    whole = tw.train_world_model(rows, tmp_path / "whole", **kw)
+    real_batches = tw._batches
+
+    def stop_in_the_second_epoch(examples, size, pad, seed):
+        if seed == 1:  # seed + epoch: the second epoch
+            raise KeyboardInterrupt
+        return real_batches(examples, size, pad, seed)
+
+    monkeypatch.setattr(tw, "_batches", stop_in_the_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        tw.train_world_model(rows, tmp_path / "resumed", **kw)
+    monkeypatch.setattr(tw, "_batches", real_batches)
+    resumed = tw.train_world_model(rows, tmp_path / "resumed", **kw)
+    assert resumed["steps"] == whole["steps"] and resumed["exported_step"] == whole["exported_step"]
+    assert _same_weights(tmp_path / "whole", tmp_path / "resumed")

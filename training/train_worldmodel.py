@@ -195,9 +195,16 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     if state is not None:
         check_resume(out, state, run)
     source = str(ckpt) if state else base
+    if lora:
+        try:
+            from peft import LoraConfig, PeftModel, get_peft_model
+        except ImportError as exc:
+            raise ImportError("lora=True needs peft: pip install peft") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if bf16 else torch.float32)
+        # A LoRA run's checkpoint holds its adapter only: the base model is loaded and the adapter put on it below.
+        model = AutoModelForCausalLM.from_pretrained(base if lora else source,
+                                                     dtype=torch.bfloat16 if bf16 else torch.float32)
     except OSError as exc:
         if Path(source).exists():
             raise
@@ -210,11 +217,10 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                          "directory with config.json), or leave it out for SmolLM2-135M") from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if lora:
-        try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError as exc:
-            raise ImportError("lora=True needs peft: pip install peft") from exc
+    if lora and state:
+        # Was: the adapter directory loaded as a model and wrapped in a second LoRA (then a crash at export).
+        model = PeftModel.from_pretrained(model, str(ckpt), is_trainable=True)
+    elif lora:
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, task_type="CAUSAL_LM"))
     memory_warning(sum(p.numel() for p in model.parameters()), batch_size, max_length,
                    int(getattr(model.config, "hidden_size", 576)), flag_prefix=flag_prefix)
