@@ -600,3 +600,94 @@ def test_the_reports_encoder_scores_each_test_call_once_under_a_progress_reporte
     sizes = report["encoder"]["examples"]
     assert scored_outside == []
     assert scored[0] == sizes["dev"] + 2 * sizes["test"]  # the trainer's calibration, then the report's, once
+
+
+def _judge_server(replies: list):
+    """An OpenAI-compatible judge serving model "j": each POST takes the next (status, content) of ``replies``
+    (the last one repeats)."""
+
+    class Server(BaseHTTPRequestHandler):
+        posts = 0
+
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code: int, obj) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200, {"data": [{"id": "j"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            code, body = replies[min(type(self).posts, len(replies) - 1)]
+            type(self).posts += 1
+            self._send(code, body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, Server, f"http://127.0.0.1:{srv.server_address[1]}/v1"
+
+
+def _a_call():
+    from intent.logs import StepRecord
+
+    return StepRecord(task_id="t", step=0, call_id="c", tool="weather", args={"city": "Oslo"}, decision="accept",
+                      status="ok", spent=1.0, remaining=1.0, budget=2.0, reasoning="I need Oslo's weather",
+                      observation='{"city": "Oslo", "temperature_c": 3}')
+
+
+def test_a_judge_failing_for_a_moment_is_asked_again_and_one_that_stays_down_is_a_one_line_error():
+    # Was: one 503 (or a dropped connection) while labelling thousands of calls ended `intent train annotate` with an
+    # httpx traceback, and a reply without choices[0].message.content with a KeyError.
+    from intent.errors import IntentError
+    from training.annotate import LLMJudge
+
+    yes = (200, {"choices": [{"message": {"content": "YES"}}]})
+    srv, server, url = _judge_server([(503, {"error": "loading"}), yes])
+    try:
+        assert LLMJudge(url, "j", votes=1, backoff=0).label(_a_call()) == 1 and server.posts == 2
+    finally:
+        srv.shutdown()
+    for reply, message in (((503, {"error": "down"}), "HTTP 503"), ((200, {"choices": []}), "choices")):
+        srv, server, url = _judge_server([reply])
+        try:
+            with pytest.raises(IntentError, match=f"--judge-url {url}.*{message}"):
+                LLMJudge(url, "j", votes=1, backoff=0).label(_a_call())
+        finally:
+            srv.shutdown()
+
+
+def test_labelling_with_a_judge_runs_under_a_progress_reporter(tmp_path, monkeypatch):
+    # Was: no line at all while a judge labelled every call (votes x calls requests: hours on a real log).
+    import intent.progress
+    from training.annotate import annotate
+
+    open_bars, asked_outside = [0], []
+    real_progress = intent.progress.progress
+
+    class Tracked:
+        def __init__(self, *args, **kwargs):
+            self.inner = real_progress(*args, **kwargs)
+
+        def __enter__(self):
+            open_bars[0] += 1
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            open_bars[0] -= 1
+            return self.inner.__exit__(*exc)
+
+    class Judge:
+        def label(self, record):
+            if not open_bars[0]:
+                asked_outside.append(record.call_id)
+            return 1
+
+    monkeypatch.setattr(intent.progress, "progress", Tracked)
+    assert annotate([_a_call()], tmp_path / "z.jsonl", method="llm", judge=Judge()) == {"labelled": 1}
+    assert asked_outside == []
