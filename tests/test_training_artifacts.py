@@ -622,3 +622,26 @@ def test_converting_the_default_world_model_base_shows_the_projects_progress_not
     assert "converting SmolLM2-135M from" in err and "1/1 (100%)" in err
     assert "de-quantizing" not in err and "\r" not in err
     assert (tmp_path / "smollm2" / "config.json").is_file()
+
+
+@pytest.mark.ml
+def test_flags_given_with_a_recipe_override_it_and_a_misspelt_recipe_key_is_refused(logs, tiny_lm, tmp_path, capsys):
+    # A recipe is the starting point and a flag the user typed wins, as with HF's and LLaMA-Factory's argument files.
+    # Was: the recipe won silently (`--config paper_gpu.json --batch-size 1 --max-length 128` trained at batch 4 and
+    # 2048 tokens), and a key it does not know ("learning_rate") was ignored.
+    from intent.cli import main
+
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"_comment": "a GPU recipe", "batch_size": 4, "max_length": 2048, "lr": 1e-3,
+                                  "schedule": "cosine"}))
+    out = tmp_path / "wm"
+    assert main(["train", "worldmodel", "--logs", str(logs), "--out", str(out), "--base-model", str(tiny_lm),
+                 "--config", str(recipe), "--batch-size", "2", "--max-length", "128", "--max-steps", "1"]) == 0
+    run = json.loads((tmp_path / "wm.checkpoint" / "state.json").read_text())["run"]
+    assert (run["batch_size"], run["max_length"], run["lr"]) == (2, 128, 1e-3)  # the flags, then the recipe
+    capsys.readouterr()
+    recipe.write_text(json.dumps({"learning_rate": 1e-4}))
+    assert main(["train", "worldmodel", "--logs", str(logs), "--out", str(tmp_path / "other"), "--base-model",
+                 str(tiny_lm), "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "learning_rate" in err and "--config" in err and "Traceback" not in err

@@ -25,7 +25,7 @@ from training.common import (check_base_model, check_resume, checkpoint_dir, mem
 from training.data import Pair, save_manifest, split_by_task, subsample_training
 from worldmodel.hf_progress import gguf_conversion_bar_off_a_tty, hide_hf_progress_bars_off_a_tty
 
-__all__ = ["MIN_STEPS_BETWEEN_VALIDATIONS", "convert_smollm2", "train_world_model", "validation_interval"]
+__all__ = ["DEFAULTS", "MIN_STEPS_BETWEEN_VALIDATIONS", "convert_smollm2", "train_world_model", "validation_interval"]
 
 # A validation (up to 64 dev pairs) costs about as much as a few training steps; validating every step
 # of a short run spent most of its time there (was: a tenth of the run, i.e. every step up to 10 steps).
@@ -142,10 +142,50 @@ def _mean_loss(model: Any, examples: list[tuple[list[int], list[int]]], batch_si
     return total / tokens if tokens else float("nan")
 
 
+# The hyper-parameters a recipe (--config) may set, with their defaults when neither a flag nor the recipe does.
+DEFAULTS: dict[str, Any] = {"epochs": 1, "batch_size": 4, "grad_accumulation": 1, "lr": 7e-5, "warmup": 0.05,
+                            "max_length": 256, "bf16": False, "lora": False}
+
+
+def _recipe(config: str | Path) -> dict[str, Any]:
+    """The recipe file's settings, checked: a misspelt key or a value of the wrong kind is refused (was: ignored,
+    or a TypeError deep in training). Keys starting with "_" are comments."""
+    try:
+        recipe = json.loads(Path(config).read_text())
+    except OSError as exc:
+        raise UsageError(f"--config {config}: cannot read it ({exc.strerror or exc}); give a recipe file, e.g. "
+                         "training/configs/paper_gpu.json, or leave --config out") from exc
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--config {config} is not valid JSON ({exc}); fix the file or leave --config out") from exc
+    if not isinstance(recipe, dict):
+        raise UsageError(f"--config {config} is not a JSON object of settings (e.g. training/configs/paper_gpu.json)")
+    known = {*DEFAULTS, "base_model", "schedule"}
+    for key, value in recipe.items():
+        if key.startswith("_"):
+            continue
+        if key not in known:
+            raise UsageError(f"--config {config}: unknown setting {key!r}; a recipe sets {', '.join(sorted(known))} "
+                             "(keys starting with '_' are comments)")
+        kind = type(DEFAULTS.get(key, ""))
+        ok = (isinstance(value, bool) if kind is bool else
+              isinstance(value, int) and not isinstance(value, bool) and value >= 1 if kind is int else
+              isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 if kind is float else
+              isinstance(value, str))
+        if not ok or (key == "lr" and value <= 0) or (key == "warmup" and value >= 1):
+            want = {bool: "true or false", int: "an integer >= 1", float: "a number > 0" if key == "lr" else
+                    "a number in [0, 1)", str: "a string"}[kind]
+            raise UsageError(f"--config {config}: {key} is {value!r}; give {want}")
+    if recipe.get("schedule", "cosine") != "cosine":
+        raise UsageError(f"--config {config}: schedule {recipe['schedule']!r}; the trainer's schedule is \"cosine\" "
+                         "(linear warm-up, then cosine decay)")
+    return recipe
+
+
 def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str | None = None,
-                      conditional: bool = False, epochs: int = 1, batch_size: int = 4, grad_accumulation: int = 1,
-                      lr: float = 7e-5, warmup: float = 0.05, max_length: int = 256, max_steps: int | None = None,
-                      seed: int = 0, fraction: float = 1.0, lora: bool = False, bf16: bool = False,
+                      conditional: bool = False, epochs: int | None = None, batch_size: int | None = None,
+                      grad_accumulation: int | None = None, lr: float | None = None, warmup: float | None = None,
+                      max_length: int | None = None, max_steps: int | None = None, seed: int = 0,
+                      fraction: float = 1.0, lora: bool | None = None, bf16: bool | None = None,
                       resume: bool = True, progress: bool = True, config: str | Path | None = None,
                       samples: int = 3, eval_every: int | None = None, eval_examples: int = 64,
                       keep_best: bool = True, flag_prefix: str = "") -> dict[str, Any]:
@@ -154,22 +194,20 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     on up to ``eval_examples`` dev examples is recorded: ``loss_curve.json`` and ``loss_curve.png``. With
     ``keep_best`` the weights exported are those of the lowest validation loss (``exported_step``).
     ``flag_prefix``: what the caller's flags put before ``max-length`` / ``batch-size`` (``intent loop``'s
-    are ``--wm-max-length``), so an error names the flag the user typed."""
+    are ``--wm-max-length``), so an error names the flag the user typed.
+
+    The hyper-parameters left None take ``config``'s value (a recipe, e.g. ``training/configs/paper_gpu.json``),
+    else :data:`DEFAULTS`': a value given here (a flag the user typed) wins over the recipe."""
     length_flag = f"--{flag_prefix}max-length"
     base_model_flag = base_model is not None  # given by the caller, not by --config
-    if config is not None:
-        try:
-            cfg_file = json.loads(Path(config).read_text())
-        except OSError as exc:
-            raise UsageError(f"--config {config}: cannot read it ({exc.strerror or exc}); give a recipe file, e.g. "
-                             "training/configs/paper_gpu.json, or leave --config out") from exc
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"--config {config} is not valid JSON ({exc}); fix the file or leave --config out") from exc
-        base_model = base_model or cfg_file.get("base_model")
-        epochs, batch_size = cfg_file.get("epochs", epochs), cfg_file.get("batch_size", batch_size)
-        grad_accumulation, lr = cfg_file.get("grad_accumulation", grad_accumulation), cfg_file.get("lr", lr)
-        warmup, max_length = cfg_file.get("warmup", warmup), cfg_file.get("max_length", max_length)
-        bf16, lora = cfg_file.get("bf16", bf16), cfg_file.get("lora", lora)
+    recipe = _recipe(config) if config is not None else {}
+    base_model = base_model or recipe.get("base_model")
+    given = {"epochs": epochs, "batch_size": batch_size, "grad_accumulation": grad_accumulation, "lr": lr,
+             "warmup": warmup, "max_length": max_length, "bf16": bf16, "lora": lora}
+    # A flag the user typed, else the recipe, else the default (was: the recipe won over the flags, silently).
+    chosen = {k: v if v is not None else recipe.get(k, DEFAULTS[k]) for k, v in given.items()}
+    epochs, batch_size, grad_accumulation, lr = (chosen[k] for k in ("epochs", "batch_size", "grad_accumulation", "lr"))
+    warmup, max_length, bf16, lora = (chosen[k] for k in ("warmup", "max_length", "bf16", "lora"))
     if conditional and items and all(p.z is None for p in items):
         raise UsageError("--conditional trains on the z = 1 pairs, but no call in the logs carries a label z; label "
                          "them first (`intent train annotate --logs LOGS --out labelled.jsonl`) and pass --logs "
