@@ -645,3 +645,26 @@ def test_flags_given_with_a_recipe_override_it_and_a_misspelt_recipe_key_is_refu
                  str(tiny_lm), "--config", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert "learning_rate" in err and "--config" in err and "Traceback" not in err
+
+
+@pytest.mark.ml
+def test_a_base_classifier_with_another_head_gets_the_predictors_two_label_head(tmp_path):
+    # Starting from a fine-tuned classifier (a 3-class sentiment model, say) is what HF's examples allow with
+    # ignore_mismatched_sizes: its head is replaced. Was: a RuntimeError traceback from transformers' loader.
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from training.data import Triple
+    from training.train_intention import default_encoder, train_predictor
+    from worldmodel.formats import PREDICTOR_LABELS
+
+    tok = AutoTokenizer.from_pretrained(default_encoder())
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, max_position_embeddings=128,
+                     id2label={0: "negative", 1: "neutral", 2: "positive"})
+    BertForSequenceClassification(cfg).save_pretrained(tmp_path / "sentiment")
+    tok.save_pretrained(tmp_path / "sentiment")
+    items = [Triple("I need it", "tool", {"a": i}, i % 2, f"t{i // 2}") for i in range(60)]  # both classes per task
+    train_predictor(items, tmp_path / "out", base_model=str(tmp_path / "sentiment"), max_steps=1, batch_size=8,
+                    max_length=32, progress=False)
+    exported = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert list(exported["id2label"].values()) == list(PREDICTOR_LABELS)

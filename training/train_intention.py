@@ -99,9 +99,11 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         check_resume(out, state, run)
     source = str(ckpt) if state else base
     tokenizer = AutoTokenizer.from_pretrained(source)
+    # A base with a head of other classes (a fine-tuned classifier) gets a new two-label head, as HF's examples'
+    # --ignore_mismatched_sizes does (was: a RuntimeError traceback from the loader); our own checkpoint never differs.
     model = AutoModelForSequenceClassification.from_pretrained(
         source, num_labels=2, id2label=dict(enumerate(PREDICTOR_LABELS)),
-        label2id={name: i for i, name in enumerate(PREDICTOR_LABELS)})
+        label2id={name: i for i, name in enumerate(PREDICTOR_LABELS)}, ignore_mismatched_sizes=not state)
     n_params = sum(p.numel() for p in model.parameters())
     memory_warning(n_params, batch_size, max_length, int(cfg.get("hidden_size", 384)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
