@@ -205,6 +205,25 @@ def test_vllm_command():
     assert cmd[cmd.index("--served-model-name") + 1] == "wm"
 
 
+def test_serving_the_current_directory_names_the_model_and_the_printed_command_can_be_pasted(tmp_path, monkeypatch,
+                                                                                             capsys):
+    # Was: `intent serve worldmodel .` gave `--served-model-name ` (an empty name, which `intent loop
+    # --world-model-url` does not ask for), and --print printed the command unquoted (a path with a space or an
+    # empty argument did not survive a paste into a shell).
+    import shlex
+
+    from training.serve import serve, vllm_command
+
+    model = tmp_path / "my model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    monkeypatch.chdir(model)
+    cmd = vllm_command(".")
+    assert cmd[cmd.index("--served-model-name") + 1] == "my model"
+    assert serve(".", print_only=True, python="python") == 0
+    assert shlex.split(capsys.readouterr().out) == cmd
+
+
 @pytest.mark.slow
 @pytest.mark.ml
 def test_interrupted_predictor_training_resumes_from_its_checkpoint(logs, tmp_path):
@@ -537,3 +556,138 @@ def test_a_loop_over_other_logs_into_the_same_out_is_refused(logs, tmp_path, mon
     (out / "labelled.COMPLETE").write_text("ok\n")  # written by an older version: inputs unknown
     with pytest.raises(UsageError, match="not recorded"):
         run_loop(LoopConfig(logs=[str(logs)], out=str(out), progress=False))
+
+
+@pytest.mark.ml
+def test_the_reports_encoder_scores_each_test_call_once_under_a_progress_reporter(logs, tiny_encoder, tmp_path,
+                                                                                 monkeypatch):
+    # Was: two predictors loaded and the test calls scored twice (calibrated, then uncalibrated) after the
+    # trainer's bars had ended: minutes without a line for the report's ~2,000 test calls on a busy CPU.
+    import intent.progress
+    from transformers import BertForSequenceClassification
+
+    from training.predictor_report import predictor_report
+
+    open_bars, scored_outside, scored = [0], [], [0]
+    real_progress, real_forward = intent.progress.progress, BertForSequenceClassification.forward
+
+    class Tracked:
+        def __init__(self, *args, **kwargs):
+            self.inner = real_progress(*args, **kwargs)
+
+        def __enter__(self):
+            open_bars[0] += 1
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            open_bars[0] -= 1
+            return self.inner.__exit__(*exc)
+
+    def forward(self, *args, **kwargs):
+        out = real_forward(self, *args, **kwargs)
+        if not self.training and not open_bars[0]:
+            scored_outside.append(len(out.logits))
+        scored[0] += 0 if self.training else len(out.logits)
+        return out
+
+    monkeypatch.setattr(intent.progress, "progress", Tracked)
+    import training.train_intention
+
+    monkeypatch.setattr(training.train_intention, "progress_reporter", Tracked)
+    monkeypatch.setattr(BertForSequenceClassification, "forward", forward)
+    encoder = {"base_model": str(tiny_encoder), "max_steps": 1, "batch_size": 8, "max_length": 32}
+    report = predictor_report(load_records(logs), out=tmp_path / "rep", encoder=encoder, min_test_examples=10)
+    sizes = report["encoder"]["examples"]
+    assert scored_outside == []
+    assert scored[0] == sizes["dev"] + 2 * sizes["test"]  # the trainer's calibration, then the report's, once
+
+
+def _judge_server(replies: list):
+    """An OpenAI-compatible judge serving model "j": each POST takes the next (status, content) of ``replies``
+    (the last one repeats)."""
+
+    class Server(BaseHTTPRequestHandler):
+        posts = 0
+
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code: int, obj) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200, {"data": [{"id": "j"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            code, body = replies[min(type(self).posts, len(replies) - 1)]
+            type(self).posts += 1
+            self._send(code, body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, Server, f"http://127.0.0.1:{srv.server_address[1]}/v1"
+
+
+def _a_call():
+    from intent.logs import StepRecord
+
+    return StepRecord(task_id="t", step=0, call_id="c", tool="weather", args={"city": "Oslo"}, decision="accept",
+                      status="ok", spent=1.0, remaining=1.0, budget=2.0, reasoning="I need Oslo's weather",
+                      observation='{"city": "Oslo", "temperature_c": 3}')
+
+
+def test_a_judge_failing_for_a_moment_is_asked_again_and_one_that_stays_down_is_a_one_line_error():
+    # Was: one 503 (or a dropped connection) while labelling thousands of calls ended `intent train annotate` with an
+    # httpx traceback, and a reply without choices[0].message.content with a KeyError.
+    from intent.errors import IntentError
+    from training.annotate import LLMJudge
+
+    yes = (200, {"choices": [{"message": {"content": "YES"}}]})
+    srv, server, url = _judge_server([(503, {"error": "loading"}), yes])
+    try:
+        assert LLMJudge(url, "j", votes=1, backoff=0).label(_a_call()) == 1 and server.posts == 2
+    finally:
+        srv.shutdown()
+    for reply, message in (((503, {"error": "down"}), "HTTP 503"), ((200, {"choices": []}), "choices")):
+        srv, server, url = _judge_server([reply])
+        try:
+            with pytest.raises(IntentError, match=f"--judge-url {url}.*{message}"):
+                LLMJudge(url, "j", votes=1, backoff=0).label(_a_call())
+        finally:
+            srv.shutdown()
+
+
+def test_labelling_with_a_judge_runs_under_a_progress_reporter(tmp_path, monkeypatch):
+    # Was: no line at all while a judge labelled every call (votes x calls requests: hours on a real log).
+    import intent.progress
+    from training.annotate import annotate
+
+    open_bars, asked_outside = [0], []
+    real_progress = intent.progress.progress
+
+    class Tracked:
+        def __init__(self, *args, **kwargs):
+            self.inner = real_progress(*args, **kwargs)
+
+        def __enter__(self):
+            open_bars[0] += 1
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            open_bars[0] -= 1
+            return self.inner.__exit__(*exc)
+
+    class Judge:
+        def label(self, record):
+            if not open_bars[0]:
+                asked_outside.append(record.call_id)
+            return 1
+
+    monkeypatch.setattr(intent.progress, "progress", Tracked)
+    assert annotate([_a_call()], tmp_path / "z.jsonl", method="llm", judge=Judge()) == {"labelled": 1}
+    assert asked_outside == []

@@ -26,7 +26,7 @@ LLM_NEEDS_JUDGE = ("--method llm needs --judge-url (an OpenAI-compatible endpoin
 
 class LLMJudge:
     def __init__(self, base_url: str, model: str, *, api_key: str = "EMPTY", votes: int = 3, timeout: float = 60,
-                 temperature: float = 0.7) -> None:
+                 temperature: float = 0.7, retries: int = 2, backoff: float = 1.0) -> None:
         import httpx
 
         from worldmodel.endpoints import check_model
@@ -37,6 +37,7 @@ class LLMJudge:
         check_model(base_url, model, api_key=api_key, flag="--judge-model ", url_flag="--judge-url")
         self.base_url = base_url
         self.model, self.votes, self.temperature = model, votes, temperature
+        self.retries, self.backoff = retries, backoff
         self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
                                     headers={"Authorization": f"Bearer {api_key}"})
 
@@ -44,15 +45,7 @@ class LLMJudge:
         prompt = judge_prompt(record.reasoning, record.tool, record.args, record.observation)
         votes = []
         for _ in range(self.votes):
-            r = self._client.post("/chat/completions", json={
-                "model": self.model, "temperature": self.temperature, "max_tokens": 64,
-                "messages": [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}]})
-            if 400 <= r.status_code < 500 and r.status_code != 429:
-                # The request itself is refused (model, path, key): every other call would be too.
-                raise UsageError(f"the judge at --judge-url {self.base_url} refused the request for --judge-model "
-                                 f"{self.model}: HTTP {r.status_code} {r.text[:200]}; check both flags")
-            r.raise_for_status()
-            vote = parse_judge(r.json()["choices"][0]["message"]["content"])
+            vote = parse_judge(self._answer(prompt))
             if vote is not None:
                 votes.append(vote)
         if not votes:
@@ -61,8 +54,45 @@ class LLMJudge:
         return top if not rest or rest[0][1] < n else None
 
 
+    def _answer(self, prompt: str) -> str:
+        """One judge reply. A timeout, a dropped connection, HTTP 5xx or 429 is asked again (``retries`` times,
+        backing off); then, or for a reply without ``choices[0].message.content``, a one-line error naming the
+        judge. (Was: an httpx traceback or a KeyError, ending a labelling run of thousands of calls.)"""
+        import time
+
+        import httpx
+
+        from intent.errors import MalformedModelOutputError, ModelUnreachableError
+
+        body = {"model": self.model, "temperature": self.temperature, "max_tokens": 64,
+                "messages": [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}]}
+        for attempt in range(self.retries + 1):
+            try:
+                r = self._client.post("/chat/completions", json=body)
+            except httpx.TransportError as exc:  # timeouts, refused or dropped connections
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                if 400 <= r.status_code < 500 and r.status_code != 429:
+                    # The request itself is refused (model, path, key): every other call would be too.
+                    raise UsageError(f"the judge at --judge-url {self.base_url} refused the request for --judge-model "
+                                     f"{self.model}: HTTP {r.status_code} {r.text[:200]}; check both flags")
+                if r.status_code < 400:
+                    try:
+                        content = r.json()["choices"][0]["message"]["content"]
+                    except (ValueError, KeyError, IndexError, TypeError) as exc:
+                        raise MalformedModelOutputError(
+                            f"the judge at --judge-url {self.base_url} answered without choices[0].message.content "
+                            f"({r.text[:200]!r}); is it an OpenAI-compatible chat endpoint?") from exc
+                    return content if isinstance(content, str) else ""
+                failure = f"HTTP {r.status_code} {r.text[:200]}"
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2 ** attempt)
+        raise ModelUnreachableError(f"the judge at --judge-url {self.base_url} failed {self.retries + 1} times "
+                                    f"({failure}); check that it is up, then run the command again")
+
+
 def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "ground_truth",
-             judge: LLMJudge | None = None) -> dict[str, Any]:
+             judge: LLMJudge | None = None, progress: bool = True) -> dict[str, Any]:
     if method not in ("ground_truth", "llm"):
         raise UsageError(f"annotation method must be ground_truth or llm, got {method!r}")
     if method == "llm" and judge is None:
@@ -70,10 +100,18 @@ def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "
     counts: Counter[str] = Counter()
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as fh:
+    from intent.progress import progress as progress_reporter
+
+    def to_label(r: StepRecord) -> bool:
+        return r.decision == "accept" and r.status in ("ok", "error") and r.kind == "tool"
+
+    # A judge answers votes x calls requests (hours on a real log): a line at least every 10 s, as the trainers'.
+    with open(out, "w", encoding="utf-8") as fh, \
+            progress_reporter(sum(map(to_label, records)), f"labelling z ({method})",
+                              enabled=progress and method == "llm") as bar:
         for r in records:
             data = json.loads(r.model_dump_json())
-            if r.decision == "accept" and r.status in ("ok", "error") and r.kind == "tool":
+            if to_label(r):
                 if method == "ground_truth":
                     # The environment's label only: an older annotation in the file is replaced.
                     z = label_of(r, ground_truth_only=True)
@@ -81,6 +119,7 @@ def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "
                     z = judge.label(r)  # type: ignore[union-attr]
                 data["z"] = z
                 counts["labelled" if z is not None else "unlabelled"] += 1
+                bar.update(1)
             fh.write(json.dumps(data) + "\n")
     if counts["labelled"] == 0:
         raise UsageError("no call could be labelled: the logs carry no ground truth (artifact z); use --method llm")

