@@ -691,3 +691,19 @@ def test_labelling_with_a_judge_runs_under_a_progress_reporter(tmp_path, monkeyp
     monkeypatch.setattr(intent.progress, "progress", Tracked)
     assert annotate([_a_call()], tmp_path / "z.jsonl", method="llm", judge=Judge()) == {"labelled": 1}
     assert asked_outside == []
+
+
+def test_train_predictor_and_train_report_score_a_prediction_alike():
+    """`intent train predictor`'s report.json and `intent train report` both say "ece" and "auroc": they were
+    10-bin and 15-bin ECEs under one name, from two AUROC implementations. Probabilities chosen so that 10
+    and 15 bins give different ECEs."""
+    from training.predictor_report import score
+    from training.train_intention import _metrics
+    from worldmodel.calibration import ece
+
+    probs = [0.12, 0.18, 0.31, 0.38, 0.52, 0.58, 0.61, 0.69, 0.83, 0.88, 0.93, 0.97]
+    labels = [0, 1, 0, 0, 1, 0, 1, 1, 1, 0, 1, 1]
+    assert ece(probs, labels, n_bins=10) != ece(probs, labels, n_bins=15)  # (the case where the reports differed)
+    ours, report = _metrics(probs, labels), score(probs, labels)
+    assert {k: ours[k] for k in ("ece", "auroc", "nll", "brier", "accuracy")} == \
+        {k: report[k] for k in ("ece", "auroc", "nll", "brier", "accuracy")}

@@ -39,14 +39,11 @@ def default_encoder() -> str:
 
 
 def _metrics(probs: list[float], labels: list[int]) -> dict[str, float]:
-    from sklearn.metrics import roc_auc_score
+    # The scores `intent train report` gives (one AUROC, one ECE with its bins), so the two reports agree.
+    from training.predictor_report import score
 
-    from worldmodel.calibration import brier, ece, nll
-
-    auroc = roc_auc_score(labels, probs) if len(set(labels)) == 2 else float("nan")
-    acc = sum((p >= 0.5) == bool(y) for p, y in zip(probs, labels)) / max(1, len(labels))
-    return {"accuracy": acc, "auroc": float(auroc), "nll": nll(probs, labels), "brier": brier(probs, labels),
-            "ece": ece(probs, labels)}
+    scores = score(probs, labels)
+    return {k: scores[k] for k in ("accuracy", "auroc", "nll", "brier", "ece")}
 
 
 def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str | None = None, epochs: int = 1,
@@ -169,7 +166,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
 
     dev_before, dev_after = sigmoid(np.asarray(dev_d)), sigmoid(np.asarray(dev_d) / fitted)
     keep = (len(y_dev) >= MIN_CALIBRATION_EXAMPLES and nll(dev_after, y_dev) < nll(dev_before, y_dev)
-            and ece(dev_after, y_dev, 15) <= ece(dev_before, y_dev, 15))
+            and ece(dev_after, y_dev) <= ece(dev_before, y_dev))
     temperature = fitted if keep else 1.0
     y_test = [t.z for t in splits["test"]]
     before = [float(p) for p in sigmoid(__import__("numpy").asarray(test_d))]

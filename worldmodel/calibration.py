@@ -11,7 +11,7 @@ import numpy as np
 
 from intent.errors import UsageError
 
-__all__ = ["apply_isotonic", "brier", "ece", "fit_isotonic", "fit_temperature", "nll", "reliability_bins", "sigmoid"]
+__all__ = ["ECE_BINS", "apply_isotonic", "brier", "ece", "fit_isotonic", "fit_temperature", "nll", "reliability_bins", "sigmoid"]
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -24,12 +24,17 @@ def nll(probs: Sequence[float], labels: Sequence[int]) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
 
 
+# Equal-width bins of every ECE and reliability diagram the project reports: one count, so that `intent train
+# predictor`'s report.json, `intent train report` and the predictors' calibration choices measure the same ECE.
+ECE_BINS = 15
+
+
 def brier(probs: Sequence[float], labels: Sequence[int]) -> float:
     p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=float)
     return float(np.mean((p - y) ** 2))
 
 
-def reliability_bins(probs: Sequence[float], labels: Sequence[int], n_bins: int = 10
+def reliability_bins(probs: Sequence[float], labels: Sequence[int], n_bins: int = ECE_BINS
                      ) -> list[tuple[float, float, float, int]]:
     """Equal-width bins over [0, 1]: (bin lower edge, mean confidence, accuracy, count).
 
@@ -46,7 +51,7 @@ def reliability_bins(probs: Sequence[float], labels: Sequence[int], n_bins: int 
     return out
 
 
-def ece(probs: Sequence[float], labels: Sequence[int], n_bins: int = 10) -> float:
+def ece(probs: Sequence[float], labels: Sequence[int], n_bins: int = ECE_BINS) -> float:
     """Expected calibration error of the positive-class probability: sum_b n_b/N |acc_b - conf_b|."""
     bins = reliability_bins(probs, labels, n_bins)
     total = sum(n for *_, n in bins)

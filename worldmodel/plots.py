@@ -20,7 +20,7 @@ def reliability_png(path: Path, probs_before: list[float], probs_after: list[flo
     fig, (ax, hx) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
     for probs, style, name in ((probs_before, "o-", "uncalibrated"), (probs_after, "s-", "calibrated")):
-        pts = [(c, a) for _, c, a, n in reliability_bins(probs, labels, 15) if n]
+        pts = [(c, a) for _, c, a, n in reliability_bins(probs, labels) if n]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=name)
     ax.set_ylabel("observed z = 1 rate")
     ax.set_title(title)

@@ -319,14 +319,14 @@ class HashedLogisticPredictor:
             # Kept only if it helps on the held-out tasks by both measures: scaling never makes the
             # model worse there (it cannot promise that on tasks it has not seen).
             if (len(y_dev) >= self.min_calibration_examples and nll(after, y_dev) < nll(before, y_dev)
-                    and ece(after, y_dev, 15) <= ece(before, y_dev, 15)):
+                    and ece(after, y_dev) <= ece(before, y_dev)):
                 self.temperature = t
             scaled = sigmoid(logits / self.temperature)
-            dev_metrics = {"dev_nll_unscaled": nll(before, y_dev), "dev_ece_unscaled": ece(before, y_dev, 15)}
+            dev_metrics = {"dev_nll_unscaled": nll(before, y_dev), "dev_ece_unscaled": ece(before, y_dev)}
             if len(y_dev) >= self.min_isotonic_examples:
                 dev_metrics |= self._fit_isotonic(scaled, y_dev, [keys[i] for i in np.flatnonzero(dev)])
             final = self.calibrate(logits)
-            dev_metrics |= {"dev_nll": nll(final, y_dev), "dev_ece": ece(final, y_dev, 15)}
+            dev_metrics |= {"dev_nll": nll(final, y_dev), "dev_ece": ece(final, y_dev)}
         self.split = {"by": "task" if groups is not None else "record", "train_tasks": len(tasks) - len(dev_tasks),
                       "dev_tasks": len(dev_tasks) if dev.any() else 0, "train_examples": int(len(y_train)),
                       "dev_examples": int(dev.sum()), "l2": self.l2, "temperature": self.temperature,
@@ -358,13 +358,13 @@ class HashedLogisticPredictor:
                 fit_on = fold == side
                 xs, ys = fit_isotonic(scaled[fit_on], y_dev[fit_on], min_block=block)
                 cross[~fit_on] = apply_isotonic(scaled[~fit_on], xs, ys)
-            scored = (ece(cross, y_dev, 15), nll(cross, y_dev), block)
+            scored = (ece(cross, y_dev), nll(cross, y_dev), block)
             if best is None or scored[:2] < best[:2]:
                 best = scored
         assert best is not None
         out = {"dev_ece_isotonic_crossfit": best[0], "dev_nll_isotonic_crossfit": best[1],
                "isotonic_min_block": best[2]}
-        if best[1] < nll(scaled, y_dev) and best[0] <= ece(scaled, y_dev, 15):
+        if best[1] < nll(scaled, y_dev) and best[0] <= ece(scaled, y_dev):
             self.isotonic = fit_isotonic(scaled, y_dev, min_block=best[2])
         return out
 
