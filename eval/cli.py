@@ -31,8 +31,6 @@ def bench_config(args: argparse.Namespace) -> Any:
         options["paired_with"] = [m.strip() for m in args.paired_with.split(",") if m.strip()]
     if args.allow_code_change:
         options["allow_code_change"] = True
-    if args.charge_oracle is not None and not args.charge_oracle > 0:
-        raise UsageError(f"--charge-oracle is {args.charge_oracle}; give the oracle's price per million tokens (> 0)")
     if args.oracle_max_tokens is not None and args.charge_oracle is None:
         raise UsageError("--oracle-max-tokens bounds a charged oracle's decisions; add --charge-oracle PRICE_PER_MTOK")
     for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens", "feedback_chars",
