@@ -165,6 +165,9 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
     if cfg.market != "synthetic":
         raise UsageError(f"intent loop: market {cfg.market!r} is not supported yet; the fidelity checker and "
                          "ground-truth labels are the synthetic market's (use --market synthetic)")
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
+        # The bench stage refuses it too, but only after the training stages (minutes here, hours on real logs).
+        raise UsageError(f"--seed must be an integer >= 0, got {cfg.seed!r}")
     if cfg.encoder_epochs is not None and cfg.encoder_epochs < 0:
         raise UsageError(f"--encoder-epochs is {cfg.encoder_epochs}; give 0 (no encoder) or more")
     if cfg.agent not in ("sim", "sim-llm"):

@@ -497,6 +497,16 @@ def test_training_the_predictor_on_logs_without_labels_points_to_annotate(logs, 
         train_predictor([], tmp_path / "q")
 
 
+def test_a_loop_with_a_negative_seed_is_refused_before_its_training_stages(logs, tmp_path):
+    # Was: annotated, trained the predictor and the generator, then the bench stage refused --seed -1.
+    from eval.loop import LoopConfig, run_loop
+    from intent.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"--seed must be an integer >= 0, got -1"):
+        run_loop(LoopConfig(logs=[str(logs)], out=str(tmp_path / "loop"), seed=-1, progress=False))
+    assert not (tmp_path / "loop").exists()
+
+
 def test_a_loop_over_other_logs_into_the_same_out_is_refused(logs, tmp_path, monkeypatch):
     # Was: the annotate stage was skipped whenever labelled.COMPLETE existed, so everything downstream
     # trained on the old logs while loop_config.json named the new ones.
