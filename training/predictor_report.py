@@ -139,6 +139,8 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
     from worldmodel.calibration import reliability_bins, sigmoid
     from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, ToolTokenFrequencyPredictor
 
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's seeds are >= 0
+        raise UsageError(f"--seed must be an integer >= 0, got {seed!r}")
     labelled = triples(records)  # executed calls with a label, in canonical order
     if not labelled:
         raise UsageError("the logs hold no executed calls with a label z; nothing to evaluate")
