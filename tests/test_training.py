@@ -203,6 +203,11 @@ def test_vllm_command():
     cmd = vllm_command("runs/wm", port=8123)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--port" in cmd and "8123" in cmd
     assert cmd[cmd.index("--served-model-name") + 1] == "wm"
+    from intent.errors import UsageError
+
+    for port in (0, 99999):  # was printed (and run) as given
+        with pytest.raises(UsageError, match=f"--port must be a TCP port, 1 to 65535, got {port}"):
+            vllm_command("runs/wm", port=port)
 
 
 @pytest.mark.slow
