@@ -429,6 +429,21 @@ def test_transformers_progress_bars_are_off_in_a_log_and_the_projects_lines_stay
 
 
 @pytest.mark.ml
+def test_the_gguf_conversion_bar_is_off_in_a_log(monkeypatch, capfd):
+    # Was: "Converting and de-quantizing GGUF tensors...: 0%| ... 100%|" redrawn with carriage returns in the log of
+    # `intent train worldmodel` (the default base is converted from a GGUF), past transformers' progress switch.
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from worldmodel.hf_progress import hide_gguf_conversion_bar_off_a_tty
+
+    monkeypatch.setattr(gguf_utils, "tqdm", gguf_utils.tqdm)  # put back after the test
+    assert hide_gguf_conversion_bar_off_a_tty(_Stream(tty=True)) is False  # a terminal keeps it
+    assert hide_gguf_conversion_bar_off_a_tty(_Stream(tty=False)) and hide_gguf_conversion_bar_off_a_tty(_Stream(False))
+    assert list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...")) == [0, 1, 2]
+    assert "Converting" not in capfd.readouterr().err
+
+
+@pytest.mark.ml
 def test_a_short_world_model_run_is_validated_a_few_times_not_every_step(logs, tiny_lm, tmp_path):
     # Was: a validation every tenth of the run, i.e. after every step of a run of up to 10 steps (64 dev pairs each:
     # most of a short run's time).

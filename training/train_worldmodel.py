@@ -23,7 +23,7 @@ from intent.errors import UsageError
 from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
                              restore_training_state, run_fingerprint, save_training_state)
 from training.data import Pair, save_manifest, split_by_task, subsample
-from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
+from worldmodel.hf_progress import hide_gguf_conversion_bar_off_a_tty, hide_hf_progress_bars_off_a_tty
 
 __all__ = ["MIN_STEPS_BETWEEN_VALIDATIONS", "convert_smollm2", "train_world_model", "validation_interval"]
 
@@ -62,6 +62,7 @@ def convert_smollm2(out_dir: str | Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hide_hf_progress_bars_off_a_tty()
+    hide_gguf_conversion_bar_off_a_tty()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name)
     model.hf_quantizer = None  # the weights are already dequantized
