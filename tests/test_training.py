@@ -502,13 +502,18 @@ def test_training_the_predictor_on_logs_without_labels_points_to_annotate(logs, 
         train_predictor([], tmp_path / "q")
 
 
-def test_a_loop_with_a_negative_seed_is_refused_before_its_training_stages(logs, tmp_path):
+def test_a_loop_with_a_bad_seed_or_base_is_refused_before_its_training_stages(logs, tmp_path):
     # Was: annotated, trained the predictor and the generator, then the bench stage refused --seed -1.
     from eval.loop import LoopConfig, run_loop
     from intent.errors import UsageError
 
     with pytest.raises(UsageError, match=r"--seed must be an integer >= 0, got -1"):
         run_loop(LoopConfig(logs=[str(logs)], out=str(tmp_path / "loop"), seed=-1, progress=False))
+    assert not (tmp_path / "loop").exists()
+    # Was: a missing --wm-base was found by the generator's stage, after the annotate and predictor stages.
+    with pytest.raises(UsageError, match=r"--wm-base: base model .*nowhere is not a Hugging Face model directory"):
+        run_loop(LoopConfig(logs=[str(logs)], out=str(tmp_path / "loop"), wm_base=str(tmp_path / "nowhere"),
+                            progress=False))
     assert not (tmp_path / "loop").exists()
 
 
