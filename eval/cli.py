@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from intent.cli import positive_int
+from intent.cli import positive_float, positive_int
 from intent.errors import UsageError
 
 
@@ -327,7 +327,7 @@ def register(sub: Any) -> None:
     probe.add_argument("--max-tokens", type=positive_int, default=256, help="cap on each reply (default 256)")
     probe.add_argument("--min-rate", type=float, default=0.5,
                        help="exit 1 when fewer well-formed tool calls than this share (default 0.5)")
-    probe.add_argument("--timeout", type=float, default=180.0, help="seconds per request (default 180)")
+    probe.add_argument("--timeout", type=positive_float, default=180.0, help="seconds per request (default 180)")
     probe.add_argument("--json", dest="json_out", default=None, help="also write the report as JSON to this file")
     probe.set_defaults(func=_probe)
 
