@@ -167,6 +167,9 @@ def _study(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(unused)} shape one comparison (intent bench run), not the study, which runs "
                          "its own markets, methods and task counts: drop them (--quick runs the reduced study)")
 
+    if args.agent in ("sim", "sim-llm") and (args.base_url or args.max_tokens is not None):
+        raise UsageError(f"--base-url and --max-tokens are a served model's (--agent openai:NAME); the {args.agent!r} "
+                         "agent is simulated: drop them")
     if args.agent in ("sim", "sim-llm") and args.max_turns is not None:
         raise UsageError(f"--max-turns limits a real LLM agent's model calls (--agent openai:NAME); the {args.agent!r} "
                          "agent is simulated and ends on its own: drop --max-turns")

@@ -383,9 +383,14 @@ def test_encoder_epochs_is_accepted_where_the_encoder_is_trained(flags):
     _refuse_flags_that_do_not_apply(args, [m for m in args.methods.split(",")])  # no error
 
 
-def test_the_study_refuses_max_turns_with_a_simulated_agent(tmp_path, capsys):
-    assert main(["bench", "study", "--quick", "--max-turns", "5", "--out", str(tmp_path / "s")]) == 2
-    assert "--max-turns limits a real LLM agent's" in capsys.readouterr().err
+@pytest.mark.parametrize(("flags", "said"), [(["--max-turns", "5"], "--max-turns limits a real LLM agent's"),
+                                             (["--max-tokens", "64"], "--base-url and --max-tokens are a served model's"),
+                                             (["--base-url", "http://127.0.0.1:9/v1"], "--base-url and --max-tokens")])
+def test_the_study_refuses_a_served_models_flags_with_a_simulated_agent(tmp_path, capsys, flags, said):
+    # --max-tokens and --base-url were taken by the study (and ignored by the simulated agent), though the one
+    # comparison (intent bench run) refuses them.
+    assert main(["bench", "study", "--quick", *flags, "--out", str(tmp_path / "s")]) == 2
+    assert said in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
 
 
