@@ -160,12 +160,13 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
     from training.annotate import annotate
     from training.data import load_records, pairs
     from training.predictor_report import predictor_report
-    from training.common import check_base_model
+    from training.common import check_base_model, check_out_directory
     from training.train_worldmodel import _looks_like_hub_id, train_world_model
 
     if cfg.market != "synthetic":
         raise UsageError(f"intent loop: market {cfg.market!r} is not supported yet; the fidelity checker and "
                          "ground-truth labels are the synthetic market's (use --market synthetic)")
+    check_out_directory(cfg.out)
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
         # The bench stage refuses it too, but only after the training stages (minutes here, hours on real logs).
         raise UsageError(f"--seed must be an integer >= 0, got {cfg.seed!r}")

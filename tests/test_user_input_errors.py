@@ -188,6 +188,25 @@ def test_training_numbers_must_be_positive(flag, value, capsys, tmp_path):
     assert raised.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["train", "predictor"], ["train", "worldmodel", "--max-steps", "1"],
+                                     ["train", "report"], ["loop"], ["bench", "study", "--quick"]])
+def test_an_out_directory_that_is_a_file_is_refused_before_any_work(command, logs, tmp_path, capsys):
+    # Was: FileExistsError's traceback; `intent train predictor` only at its export, after the whole training (and
+    # with its checkpoint left in OUT.checkpoint).
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine\n")
+    argv = [*command, "--out", str(taken)] + ([] if command[0] == "bench" else ["--logs", str(logs)])
+    assert main(argv) == 2
+    assert f"--out {taken} is a file; give a directory to write into" in capsys.readouterr().err
+    assert taken.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_annotate_refuses_a_directory_as_its_output_file(logs, tmp_path, capsys):
+    # Was: IsADirectoryError's traceback.
+    assert main(["train", "annotate", "--logs", str(logs), "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a directory; give the labelled log's file name" in capsys.readouterr().err
+
+
 def test_a_log_given_as_a_directory_names_the_file_to_pass(tmp_path, capsys):
     from eval.log_summary import main as summary
 

@@ -69,6 +69,8 @@ def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "
         raise UsageError(LLM_NEEDS_JUDGE)
     counts: Counter[str] = Counter()
     out = Path(out_path)
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give the labelled log's file name, e.g. {out / 'labelled.jsonl'}")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as fh:
         for r in records:

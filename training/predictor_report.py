@@ -139,6 +139,10 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
     from worldmodel.calibration import reliability_bins, sigmoid
     from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, ToolTokenFrequencyPredictor
 
+    if out is not None:
+        from training.common import check_out_directory
+
+        check_out_directory(out)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's seeds are >= 0
         raise UsageError(f"--seed must be an integer >= 0, got {seed!r}")
     labelled = triples(records)  # executed calls with a label, in canonical order

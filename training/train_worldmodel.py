@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from intent.errors import UsageError
-from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
+from training.common import (check_base_model, check_out_directory, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
                              restore_training_state, run_fingerprint, save_training_state)
 from training.data import Pair, save_manifest, split_by_task, subsample
 from worldmodel.hf_progress import hide_gguf_conversion_bar_off_a_tty, hide_hf_progress_bars_off_a_tty
@@ -151,6 +151,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
     ``keep_best`` the weights exported are those of the lowest validation loss (``exported_step``).
     ``flag_prefix``: what the caller's flags put before ``max-length`` / ``batch-size`` (``intent loop``'s
     are ``--wm-max-length``), so an error names the flag the user typed."""
+    check_out_directory(out_dir)  # (before the default base's conversion, written beside it)
     length_flag = f"--{flag_prefix}max-length"
     base_model_flag = base_model is not None  # given by the caller, not by --config
     if config is not None:
