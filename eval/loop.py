@@ -160,13 +160,24 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
     from training.annotate import annotate
     from training.data import load_records, pairs
     from training.predictor_report import predictor_report
-    from training.train_worldmodel import train_world_model
+    from training.common import check_base_model, check_out_directory
+    from training.train_worldmodel import _looks_like_hub_id, train_world_model
 
     if cfg.market != "synthetic":
         raise UsageError(f"intent loop: market {cfg.market!r} is not supported yet; the fidelity checker and "
                          "ground-truth labels are the synthetic market's (use --market synthetic)")
+    check_out_directory(cfg.out)
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
+        # The bench stage refuses it too, but only after the training stages (minutes here, hours on real logs).
+        raise UsageError(f"--seed must be an integer >= 0, got {cfg.seed!r}")
     if cfg.encoder_epochs is not None and cfg.encoder_epochs < 0:
         raise UsageError(f"--encoder-epochs is {cfg.encoder_epochs}; give 0 (no encoder) or more")
+    if cfg.wm_base and not _looks_like_hub_id(cfg.wm_base):
+        # The generator's base, checked before the annotate and predictor stages, as the agent is below.
+        try:
+            check_base_model(cfg.wm_base, "causal")
+        except UsageError as exc:
+            raise UsageError(f"--wm-base: {exc}; or leave --wm-base out for SmolLM2-135M") from exc
     if cfg.agent not in ("sim", "sim-llm"):
         # The bench stage's agent, checked before the training stages (minutes here, hours on real logs).
         from eval.agents.chat import chat_agent_factory

@@ -32,7 +32,7 @@ from eval.method_spec import (DEFAULT_DELTA, DEFAULT_GAMMA, DEFAULT_MAX_DEPTH, S
 from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
 from intent.errors import UsageError
-from intent.feedback import check_feedback_chars
+from intent.feedback import SHORT_FEEDBACK_CHARS, check_feedback_chars
 from intent.guard import LEDGER_KEY, BudgetGuard
 from intent.logs import FanoutLogSink, JsonlLogSink, LogSink, MemoryLogSink
 
@@ -319,8 +319,25 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
     if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
         raise UsageError(f"--judge-runs is {runs!r}; give the SoPR judge's runs per answer, 1 or more (StableToolBench "
                          "uses 3)")
-    # Checked before any episode (or the oracle logs' collection, hours with a real model) runs.
-    check_feedback_chars(config.options.get("feedback_chars"))
+    # Checked before any episode (or the oracle logs' collection, hours with a real model) runs, and before
+    # run_config.json claims the directory for this configuration.
+    if not (isinstance(config.event_rate, (int, float)) and not isinstance(config.event_rate, bool)
+            and 0 <= config.event_rate <= 1):
+        raise UsageError(f"--event-rate must be a share of the tasks in [0, 1], got {config.event_rate!r}; "
+                         "e.g. --event-rate 0.3, or leave it out for no market events")
+    cap = config.options.get("feedback_chars")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < SHORT_FEEDBACK_CHARS):
+        raise UsageError(f"--feedback-chars must be an integer >= {SHORT_FEEDBACK_CHARS} (characters of refusal "
+                         f"notes per turn), got {cap!r}; leave it out for no cap")
+    check_feedback_chars(cap)
+    charge = config.options.get("charge_oracle")
+    if charge is not None and (isinstance(charge, bool) or not isinstance(charge, (int, float))
+                               or not 0 < charge < math.inf):
+        raise UsageError(f"--charge-oracle is {charge!r}; give the oracle's price per million tokens, a finite "
+                         "number > 0")
+    if config.options.get("oracle_max_tokens") is not None:
+        positive_int_option(config.options, "oracle_max_tokens", 0, flag="--oracle-max-tokens",
+                            meaning="tokens held before each charged decision")
     from eval.agents.chat import check_rollout_max_tokens
 
     check_rollout_max_tokens(config.options.get("rollout_max_tokens"))

@@ -169,7 +169,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--target must be a finite number of PR points, got {args.target}")
     summary = collect(args.runs, args.method, args.base, args.regret_base)
     text = render_markdown(summary, args.target)
-    out = Path(args.out or args.runs[0])
+    from training.common import check_out_directory
+
+    out = check_out_directory(args.out or args.runs[0])
     out.mkdir(parents=True, exist_ok=True)
     from eval.compare import _file_safe
 

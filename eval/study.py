@@ -95,7 +95,9 @@ def _available(methods: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def run_study(cfg: StudyConfig) -> dict[str, Any]:
-    out = Path(cfg.out)
+    from training.common import check_out_directory
+
+    out = check_out_directory(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
 
     def bench(name: str, methods: tuple[str, ...], tasks: int, reference: str | None = None, **kw: Any) -> dict:

@@ -24,6 +24,11 @@ def _report(args: argparse.Namespace) -> int:
     if args.store or args.key:
         if not (args.store and args.key):
             raise UsageError("--store and --key go together: intent report --store sqlite:///budgets.db --key K")
+        if args.source is not None or args.out:
+            # Either would be ignored: the shared budget's report is read from the store and printed only.
+            given = " and ".join(x for x in (args.source and f"the source {args.source}", args.out and "--out") if x)
+            raise UsageError(f"--store reports a shared budget from the store, printed only: drop {given}, or drop "
+                             "--store and --key to report a guard log or run directory")
         print(shared_budget_report(args.store, args.key), end="")
         return 0
     if args.source is None:

@@ -402,14 +402,28 @@ def test_imports_point_down():
     assert not [(f, m) for f, m in _imports("eval") if f == "eval/oracle_methods.py" and m == "eval.runner"]
 
 
-def test_a_bad_feedback_cap_stops_the_run_before_any_episode(tmp_path):
-    from intent.errors import GuardConfigError
+@pytest.mark.parametrize(("field", "value", "flag"), [
+    ("feedback_chars", 10, "--feedback-chars must be an integer >= 240"),
+    ("oracle_max_tokens", 0, "--oracle-max-tokens must be an integer >= 1"),
+    ("charge_oracle", float("inf"), "--charge-oracle is inf; give .* a finite number > 0"),
+    ("event_rate", 2.0, r"--event-rate must be a share of the tasks in \[0, 1\]"),
+])
+def test_a_bad_option_stops_the_run_before_it_claims_the_directory(tmp_path, field, value, flag):
+    # --oracle-max-tokens 0 and --charge-oracle inf were found only after run_config.json had claimed the directory
+    # for them and the oracle logs were collected: the same command with the value fixed was then refused ("holds
+    # results of another configuration"). --event-rate and --feedback-chars were named as Python fields.
+    from intent.errors import UsageError
 
-    with pytest.raises(GuardConfigError, match="feedback_chars must be None"):
-        run_benchmark(BenchConfig(tasks=2, methods=["intent"], out=str(tmp_path),
-                                  options={"feedback_chars": 10, "oracle_train_tasks": 4}), progress=False)
+    options = {"oracle_train_tasks": 4, **({"charge_oracle": 1.0} if field == "oracle_max_tokens" else {})}
+    config = BenchConfig(tasks=2, methods=["intent"], out=str(tmp_path), options=options)
+    if field == "event_rate":
+        config.event_rate = value
+    else:
+        options[field] = value
+    with pytest.raises(UsageError, match=flag):
+        run_benchmark(config, progress=False)
     # Not even the oracle logs' collection ran (hours with a real model).
-    assert not (tmp_path / "oracle_data").exists() and not (tmp_path / "episodes.jsonl").exists()
+    assert not (tmp_path / "run_config.json").exists() and not (tmp_path / "oracle_data").exists()
 
 
 def _runtime_imports(path: Path) -> set[str]:

@@ -196,6 +196,11 @@ def test_cli_exits_2_naming_bad_input(tmp_path, capsys):
     db = tmp_path / "nosuch.db"  # a report only reads: a mistyped store path created an empty database
     assert main(["report", "--store", f"sqlite:///{db}", "--key", "team/1"]) == 2
     assert "no SQLite database at" in capsys.readouterr().err and not db.exists()
+    # A log or --out beside --store was ignored without a word (the store's report was printed).
+    assert main(["report", str(tmp_path / "run.jsonl"), "--store", f"sqlite:///{db}", "--key", "team/1"]) == 2
+    assert f"drop the source {tmp_path / 'run.jsonl'}, or drop --store" in capsys.readouterr().err
+    assert main(["report", "--store", f"sqlite:///{db}", "--key", "team/1", "--out", str(tmp_path / "rep")]) == 2
+    assert "drop --out, or drop --store" in capsys.readouterr().err
 
 
 def test_importing_the_report_loads_neither_matplotlib_nor_torch():

@@ -168,6 +168,14 @@ def test_probe_counts_unknown_tools_and_bad_arguments_as_malformed(stub, capsys)
     assert capsys.readouterr().out.count("malformed") == 4
 
 
+def test_probe_refuses_a_timeout_that_is_not_a_number_of_seconds_above_0(capsys):
+    # Was: --timeout 0 (or -5) taken, every probe then timing out at once and counted as no tool call.
+    for timeout in ("0", "-5", "nan"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["probe", "--base-url", "http://127.0.0.1:9/v1", "--model", STUB_MODEL, "--timeout", timeout])
+        assert exit_.value.code == 2 and "argument --timeout: must be a number > 0" in capsys.readouterr().err
+
+
 def test_probe_plain_answers_are_no_calls(stub, capsys):
     _Stub.mode = "plain"
     assert main(["probe", "--base-url", stub, "--model", STUB_MODEL]) == 1

@@ -50,6 +50,14 @@ def test_hashed_predictor_learns_provider_by_argument_beyond_counting(tmp_path):
     assert split["by"] == "task" and not set(split["train"]) & set(split["test"])
 
 
+def test_a_negative_seed_is_refused_naming_the_flag(tmp_path):
+    # Was: numpy's "expected non-negative integer" traceback out of `intent train report --seed -1`.
+    from intent.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"--seed must be an integer >= 0, got -1"):
+        predictor_report(_records(40, 0), seed=-1, out=tmp_path)
+
+
 def test_fit_holds_out_tasks_not_records():
     recs = _records(60, 1)
     items = [(r.reasoning, r.tool, r.args) for r in recs]

@@ -121,3 +121,61 @@ def test_the_baselines_snippet_builds_a_tracker_and_btp_from_the_guards_log(tmp_
     ns: dict[str, Any] = {"BudgetGuard": BudgetGuard, "market": market}
     exec(snippet("from baselines.prompt import PromptOracle"), ns)
     assert type(ns["guard"].oracle).__name__ == "BTPOracle" and ns["guard"].enforce
+
+
+def test_the_planning_oracles_snippet_builds_intent_from_its_parts(monkeypatch):
+    # The snippet loads a trained predictor from runs/predictor; a stand-in takes its place (the class is looked up
+    # by the snippet's own import), so the imports, the constructors' arguments and the guard are the README's.
+    import worldmodel.predictors
+    from intent import BudgetGuard, Market, PricedTool
+    from intent.oracles import IntentOracle
+    from worldmodel.openai_compat import OpenAICompatibleWorldModel
+
+    class TrainedPredictor:
+        def __init__(self, model_dir):
+            self.model_dir = model_dir
+
+        def predict(self, reasoning, tool, args):
+            return 0.5
+
+        def predict_batch(self, items):
+            return [0.5 for _ in items]
+
+    monkeypatch.setattr(worldmodel.predictors, "EncoderIntentionPredictor", TrainedPredictor)
+    ns: dict[str, Any] = {
+        "BudgetGuard": BudgetGuard, "market": Market([PricedTool("get_quote", 12.0)]), "SYSTEM": "You are an agent.",
+        "tools": [priced_tool("get_quote")], "model": scripted([AIMessage("done")]),
+    }
+    exec(snippet("from intent.oracles import IntentOracle, MCOOracle"), ns)
+    oracle = ns["guard"].oracle
+    assert isinstance(oracle, IntentOracle) and ns["guard"].budget == 50.0
+    assert isinstance(ns["generator"], OpenAICompatibleWorldModel) and ns["generator"].temperature == 0.3
+    assert ns["predictor"].model_dir == "runs/predictor"
+
+
+def test_the_deepagents_snippet_builds_a_guarded_agent_and_sub_agent():
+    # deepagents is not a dependency (examples/deepagents_budget.py runs the recipe with it): a stand-in for
+    # create_deep_agent takes what the snippet gives it, so the guard, the child guard and the market are built as
+    # the README has them.
+    from intent import BudgetGuard, FromParent, Market, ModelPrice, PricedTool
+
+    given: dict[str, Any] = {}
+
+    def create_deep_agent(**kwargs):
+        given.update(kwargs)
+        return "agent"
+
+    model = scripted([AIMessage("done")], model_name="gpt-4o-mini")
+    ns: dict[str, Any] = {
+        "BudgetGuard": BudgetGuard, "FromParent": FromParent, "Market": Market, "PricedTool": PricedTool,
+        "create_deep_agent": create_deep_agent, "oracle": AcceptAll(), "model": model, "saver": InMemorySaver(),
+        "web_search": priced_tool("web_search"), "fetch_page": priced_tool("fetch_page"),
+        "prices": {"gpt-4o-mini": ModelPrice(input_per_mtok=0.15, output_per_mtok=0.60)},
+    }
+    exec(snippet("tools = [web_search, fetch_page]                 # your LangChain tools; the market prices them "
+                 "by name"), ns)
+    guard, child = ns["guard"], ns["child"]
+    assert isinstance(child.budget_spec, FromParent) and ns["market"].price("task") == 0.0
+    assert given["middleware"][0].guard is guard
+    (sub,) = given["subagents"]
+    assert sub["name"] == "general-purpose" and sub["middleware"][0].guard is child

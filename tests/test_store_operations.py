@@ -268,6 +268,22 @@ def test_a_postgres_outage_past_retry_seconds_is_unavailable_and_the_guard_keeps
     store.close()
 
 
+def test_lease_seconds_and_sqlites_timeout_are_checked(tmp_path):
+    # Was: taken as given. lease_seconds=0 expired every hold as it was made (each commit late) and a LeaseKeeper
+    # renewing every quarter of it spun; a negative timeout reached sqlite3.
+    from intent.stores import MemoryBudgetStore, SqliteBudgetStore
+
+    for bad in (0, -1, float("nan"), float("inf"), "600", True):
+        with pytest.raises(StoreArgumentError, match=r"lease_seconds must be a finite number of seconds > 0"):
+            MemoryBudgetStore(lease_seconds=bad)
+        with pytest.raises(StoreArgumentError, match=r"lease_seconds must be a finite number of seconds > 0"):
+            open_store(f"sqlite:///{tmp_path / 'a.db'}", lease_seconds=bad)
+    for bad in (-1, float("nan"), "30", None):
+        with pytest.raises(StoreArgumentError, match=r"timeout must be a finite number of seconds >= 0"):
+            SqliteBudgetStore(tmp_path / "b.db", timeout=bad)
+    assert SqliteBudgetStore(tmp_path / "c.db", timeout=0, lease_seconds=0.5).lease_seconds == 0.5
+
+
 def test_retry_seconds_is_checked_and_passed_through_open_store(request, tmp_path):
     from intent.stores import PostgresBudgetStore
 

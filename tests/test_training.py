@@ -203,6 +203,11 @@ def test_vllm_command():
     cmd = vllm_command("runs/wm", port=8123)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--port" in cmd and "8123" in cmd
     assert cmd[cmd.index("--served-model-name") + 1] == "wm"
+    from intent.errors import UsageError
+
+    for port in (0, 99999):  # was printed (and run) as given
+        with pytest.raises(UsageError, match=f"--port must be a TCP port, 1 to 65535, got {port}"):
+            vllm_command("runs/wm", port=port)
 
 
 def test_serving_the_current_directory_names_the_model_and_the_printed_command_can_be_pasted(tmp_path, monkeypatch,
@@ -514,6 +519,21 @@ def test_training_the_predictor_on_logs_without_labels_points_to_annotate(logs, 
 
     with pytest.raises(UsageError, match="intent train annotate"):
         train_predictor([], tmp_path / "q")
+
+
+def test_a_loop_with_a_bad_seed_or_base_is_refused_before_its_training_stages(logs, tmp_path):
+    # Was: annotated, trained the predictor and the generator, then the bench stage refused --seed -1.
+    from eval.loop import LoopConfig, run_loop
+    from intent.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"--seed must be an integer >= 0, got -1"):
+        run_loop(LoopConfig(logs=[str(logs)], out=str(tmp_path / "loop"), seed=-1, progress=False))
+    assert not (tmp_path / "loop").exists()
+    # Was: a missing --wm-base was found by the generator's stage, after the annotate and predictor stages.
+    with pytest.raises(UsageError, match=r"--wm-base: base model .*nowhere is not a Hugging Face model directory"):
+        run_loop(LoopConfig(logs=[str(logs)], out=str(tmp_path / "loop"), wm_base=str(tmp_path / "nowhere"),
+                            progress=False))
+    assert not (tmp_path / "loop").exists()
 
 
 def test_a_loop_over_other_logs_into_the_same_out_is_refused(logs, tmp_path, monkeypatch):

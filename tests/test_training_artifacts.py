@@ -429,6 +429,40 @@ def test_transformers_progress_bars_are_off_in_a_log_and_the_projects_lines_stay
 
 
 @pytest.mark.ml
+def test_the_minilm_retrievers_loading_bar_is_off_in_a_log(tiny_encoder, capfd):
+    # Was: "Loading weights: 100%|...|" in the log of `intent bench --market stabletoolbench --retriever minilm`.
+    from transformers.utils import logging as transformers_logging
+
+    from baselines.embeddings import MiniLMEmbedder
+
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.enable_progress_bar()  # as in a fresh process (another test may have turned them off)
+    try:
+        assert MiniLMEmbedder(str(tiny_encoder)).encode(["weather in oslo"]).shape[0] == 1
+        err = capfd.readouterr().err
+    finally:
+        (transformers_logging.enable_progress_bar if was_enabled else transformers_logging.disable_progress_bar)()
+    assert "Loading weights" not in err and "\r" not in err
+
+
+@pytest.mark.ml
+def test_the_gguf_conversion_bar_is_off_in_a_log(monkeypatch, capfd):
+    # Was: "Converting and de-quantizing GGUF tensors...: 0%| ... 100%|" redrawn with carriage returns in the log of
+    # `intent train worldmodel` (the default base is converted from a GGUF), past transformers' progress switch.
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from worldmodel.hf_progress import gguf_conversion_bar_off_a_tty
+
+    drawn = gguf_utils.tqdm
+    with gguf_conversion_bar_off_a_tty(_Stream(tty=True)):
+        assert gguf_utils.tqdm is drawn  # a terminal keeps it
+    with gguf_conversion_bar_off_a_tty(_Stream(tty=False)):
+        assert list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...")) == [0, 1, 2]
+    assert gguf_utils.tqdm is drawn  # put back after the block
+    assert "Converting" not in capfd.readouterr().err
+
+
+@pytest.mark.ml
 def test_a_short_world_model_run_is_validated_a_few_times_not_every_step(logs, tiny_lm, tmp_path):
     # Was: a validation every tenth of the run, i.e. after every step of a run of up to 10 steps (64 dev pairs each:
     # most of a short run's time).

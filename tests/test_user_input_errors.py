@@ -188,6 +188,25 @@ def test_training_numbers_must_be_positive(flag, value, capsys, tmp_path):
     assert raised.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["train", "predictor"], ["train", "worldmodel", "--max-steps", "1"],
+                                     ["train", "report"], ["loop"], ["bench", "study", "--quick"]])
+def test_an_out_directory_that_is_a_file_is_refused_before_any_work(command, logs, tmp_path, capsys):
+    # Was: FileExistsError's traceback; `intent train predictor` only at its export, after the whole training (and
+    # with its checkpoint left in OUT.checkpoint).
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine\n")
+    argv = [*command, "--out", str(taken)] + ([] if command[0] == "bench" else ["--logs", str(logs)])
+    assert main(argv) == 2
+    assert f"--out {taken} is a file; give a directory to write into" in capsys.readouterr().err
+    assert taken.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_annotate_refuses_a_directory_as_its_output_file(logs, tmp_path, capsys):
+    # Was: IsADirectoryError's traceback.
+    assert main(["train", "annotate", "--logs", str(logs), "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a directory; give the labelled log's file name" in capsys.readouterr().err
+
+
 def test_a_log_given_as_a_directory_names_the_file_to_pass(tmp_path, capsys):
     from eval.log_summary import main as summary
 
@@ -383,9 +402,14 @@ def test_encoder_epochs_is_accepted_where_the_encoder_is_trained(flags):
     _refuse_flags_that_do_not_apply(args, [m for m in args.methods.split(",")])  # no error
 
 
-def test_the_study_refuses_max_turns_with_a_simulated_agent(tmp_path, capsys):
-    assert main(["bench", "study", "--quick", "--max-turns", "5", "--out", str(tmp_path / "s")]) == 2
-    assert "--max-turns limits a real LLM agent's" in capsys.readouterr().err
+@pytest.mark.parametrize(("flags", "said"), [(["--max-turns", "5"], "--max-turns limits a real LLM agent's"),
+                                             (["--max-tokens", "64"], "--base-url and --max-tokens are a served model's"),
+                                             (["--base-url", "http://127.0.0.1:9/v1"], "--base-url and --max-tokens")])
+def test_the_study_refuses_a_served_models_flags_with_a_simulated_agent(tmp_path, capsys, flags, said):
+    # --max-tokens and --base-url were taken by the study (and ignored by the simulated agent), though the one
+    # comparison (intent bench run) refuses them.
+    assert main(["bench", "study", "--quick", *flags, "--out", str(tmp_path / "s")]) == 2
+    assert said in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
 
 

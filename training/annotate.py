@@ -99,6 +99,8 @@ def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "
         raise UsageError(LLM_NEEDS_JUDGE)
     counts: Counter[str] = Counter()
     out = Path(out_path)
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give the labelled log's file name, e.g. {out / 'labelled.jsonl'}")
     out.parent.mkdir(parents=True, exist_ok=True)
     from intent.progress import progress as progress_reporter
 

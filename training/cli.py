@@ -126,7 +126,7 @@ def register(sub: Any) -> None:
     rep.add_argument("--lr", type=_positive_float, default=5e-5, help="with --encoder: its learning rate (default 5e-05)")
     rep.add_argument("--max-steps", type=_positive_int, help="with --encoder: stop after this many optimizer steps")
     rep.add_argument("--min-test-examples", type=_positive_int, default=500,
-                     help="grow the test tasks (up to half) until they hold this many calls")
+                     help="grow the test tasks (up to half) until they hold this many calls (default 500)")
     rep.add_argument("--seed", type=int, default=0, help="seed of the by-task split (default 0)")
     rep.set_defaults(func=_report)
     srv = sub.add_parser("serve", help="serve a trained world model with vLLM (OpenAI-compatible)")

@@ -15,11 +15,20 @@ from typing import Any
 from intent.errors import UsageError
 from worldmodel.plots import reliability_png  # one implementation, shared with worldmodel
 
-__all__ = ["check_base_model", "check_resume", "checkpoint_dir", "memory_warning", "move_old_checkpoint",
+__all__ = ["check_base_model", "check_out_directory", "check_resume", "checkpoint_dir", "memory_warning", "move_old_checkpoint",
            "reliability_png", "restore_training_state", "run_fingerprint", "save_training_state"]
 
 _ENCODERS = {"bert", "roberta", "distilbert", "xlm-roberta", "mpnet", "deberta", "deberta-v2", "electra",
              "albert", "modernbert", "qwen3", "qwen2"}
+
+
+def check_out_directory(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` as a directory to write into: refused, before any work, when a file has that name (the trainers
+    found it only at their export, after training)."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {out} is a file; give a directory to write into (a new one, or this run's)")
+    return out
 
 
 def check_base_model(path: str | Path, kind: str) -> dict[str, Any]:

@@ -24,45 +24,12 @@ from typing import Any
 
 from intent.errors import UsageError
 from training.data import triples
-from worldmodel.calibration import ECE_BINS  # (the bins every report of the project uses)
+from worldmodel.calibration import ECE_BINS, auroc, score  # (one AUROC, one ECE: every report of the project)
 
 __all__ = ["ECE_BINS", "auroc", "auroc_by_fraction", "ece_floor", "predictor_report", "score", "split_tasks"]
 
 AUROC_MARGIN = 0.03
 ECE_TARGET = 0.03
-
-
-def auroc(probs: Sequence[float], labels: Sequence[int]) -> float:
-    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); NaN with one class."""
-    import numpy as np
-
-    p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=int)
-    n_pos, n_neg = int(y.sum()), int((1 - y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(p, kind="mergesort")
-    ranks = np.empty(len(p))
-    sorted_p = p[order]
-    i = 0
-    while i < len(p):
-        j = i
-        while j + 1 < len(p) and sorted_p[j + 1] == sorted_p[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def score(probs: Sequence[float], labels: Sequence[int], *, delta: float = 0.1) -> dict[str, float]:
-    from worldmodel.calibration import brier, ece, nll
-
-    n = max(1, len(labels))
-    return {
-        "auroc": auroc(probs, labels), "nll": nll(probs, labels), "brier": brier(probs, labels),
-        "ece": ece(probs, labels, n_bins=ECE_BINS),
-        "accuracy": sum((p >= 0.5) == bool(y) for p, y in zip(probs, labels)) / n,
-        "share_below_delta": sum(p < delta for p in probs) / n,
-    }
 
 
 def ece_floor(probs: Sequence[float], *, seed: int = 0, draws: int = 200) -> float:
@@ -139,6 +106,12 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
     from worldmodel.calibration import reliability_bins, sigmoid
     from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, ToolTokenFrequencyPredictor
 
+    if out is not None:
+        from training.common import check_out_directory
+
+        check_out_directory(out)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's seeds are >= 0
+        raise UsageError(f"--seed must be an integer >= 0, got {seed!r}")
     labelled = triples(records)  # executed calls with a label, in canonical order
     if not labelled:
         raise UsageError("the logs hold no executed calls with a label z; nothing to evaluate")

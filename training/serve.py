@@ -26,6 +26,9 @@ def vllm_command(model_dir: str | Path, *, host: str = "127.0.0.1", port: int = 
     here: 0.2 leaves no room for the KV cache; the default 0.92 fails at start unless 92% of the
     host's memory is free, see vllm/v1/worker/cpu_worker.py).
     """
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        # vLLM would take minutes to load the model before its socket refused it.
+        raise UsageError(f"--port must be a TCP port, 1 to 65535, got {port!r}")
     path = Path(model_dir)
     name = path.name or Path(os.path.abspath(path)).name  # "." or "..": the directory's own name, never ""
     mem = ["--gpu-memory-utilization", str(gpu_memory_utilization)] if gpu_memory_utilization else []

@@ -22,7 +22,7 @@ from typing import Any
 from baselines.embeddings import minilm_weights
 from intent.errors import UsageError
 from intent.progress import progress as progress_reporter
-from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
+from training.common import (check_base_model, check_out_directory, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
                              reliability_png, restore_training_state, run_fingerprint, save_training_state)
 from training.data import Triple, save_manifest, split_by_task, subsample_training
 from worldmodel.formats import FORMAT_VERSION, PREDICTOR_LABELS, predictor_text
@@ -40,7 +40,7 @@ def default_encoder() -> str:
 
 def _metrics(probs: list[float], labels: list[int]) -> dict[str, float]:
     # The scores `intent train report` gives (one AUROC, one ECE with its bins), so the two reports agree.
-    from training.predictor_report import score
+    from worldmodel.calibration import score
 
     scores = score(probs, labels)
     return {k: scores[k] for k in ("accuracy", "auroc", "nll", "brier", "ece")}
@@ -53,7 +53,7 @@ def train_predictor(items: list[Triple], out_dir: str | Path, *, base_model: str
     """Fine-tune, calibrate and evaluate (see the module doc). ``test_tasks`` fixes the test split
     (e.g. the one :func:`training.predictor_report.predictor_report` scores every predictor on);
     the dev split is then a seeded eighth of the other tasks."""
-    out = Path(out_dir)
+    out = check_out_directory(out_dir)
     if not items:
         raise UsageError("the logs hold no executed calls with a label z; label them first with `intent train "
                          "annotate --logs LOGS --out labelled.jsonl` (z from the synthetic market's ground truth, "

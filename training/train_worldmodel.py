@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from intent.errors import UsageError
-from training.common import (check_base_model, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
+from training.common import (check_base_model, check_out_directory, check_resume, checkpoint_dir, memory_warning, move_old_checkpoint,
                              restore_training_state, run_fingerprint, save_training_state)
 from training.data import Pair, save_manifest, split_by_task, subsample_training
 from worldmodel.hf_progress import gguf_conversion_bar_off_a_tty, hide_hf_progress_bars_off_a_tty
@@ -198,6 +198,7 @@ def train_world_model(items: list[Pair], out_dir: str | Path, *, base_model: str
 
     The hyper-parameters left None take ``config``'s value (a recipe, e.g. ``training/configs/paper_gpu.json``),
     else :data:`DEFAULTS`': a value given here (a flag the user typed) wins over the recipe."""
+    check_out_directory(out_dir)  # (before the default base's conversion, written beside it)
     length_flag = f"--{flag_prefix}max-length"
     base_model_flag = base_model is not None  # given by the caller, not by --config
     recipe = _recipe(config) if config is not None else {}

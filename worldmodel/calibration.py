@@ -11,7 +11,7 @@ import numpy as np
 
 from intent.errors import UsageError
 
-__all__ = ["ECE_BINS", "apply_isotonic", "brier", "ece", "fit_isotonic", "fit_temperature", "nll", "reliability_bins", "sigmoid"]
+__all__ = ["ECE_BINS", "apply_isotonic", "auroc", "brier", "ece", "fit_isotonic", "fit_temperature", "nll", "reliability_bins", "score", "sigmoid"]
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -119,3 +119,33 @@ def fit_isotonic(probs: Sequence[float], labels: Sequence[int], *, min_block: in
 def apply_isotonic(probs: Sequence[float], xs: Sequence[float], ys: Sequence[float]) -> np.ndarray:
     """Map ``probs`` through the knots of :func:`fit_isotonic` (linear between knots, flat beyond)."""
     return np.interp(np.asarray(probs, dtype=float), np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
+
+
+def auroc(probs: Sequence[float], labels: Sequence[int]) -> float:
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); NaN with one class."""
+    p, y = np.asarray(probs, dtype=float), np.asarray(labels, dtype=int)
+    n_pos, n_neg = int(y.sum()), int((1 - y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(p, kind="mergesort")
+    ranks = np.empty(len(p))
+    sorted_p = p[order]
+    i = 0
+    while i < len(p):
+        j = i
+        while j + 1 < len(p) and sorted_p[j + 1] == sorted_p[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def score(probs: Sequence[float], labels: Sequence[int], *, delta: float = 0.1) -> dict[str, float]:
+    """What every report of a predictor gives on one split (`intent train predictor`, `intent train report`)."""
+    n = max(1, len(labels))
+    return {
+        "auroc": auroc(probs, labels), "nll": nll(probs, labels), "brier": brier(probs, labels),
+        "ece": ece(probs, labels, n_bins=ECE_BINS),
+        "accuracy": sum((p >= 0.5) == bool(y) for p, y in zip(probs, labels)) / n,
+        "share_below_delta": sum(p < delta for p in probs) / n,
+    }

@@ -90,6 +90,12 @@ class _SqlBudgetStore:
     placeholder = "?"
 
     def __init__(self, *, lease_seconds: float, clock: Callable[[], float]) -> None:
+        if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)) \
+                or not 0 < lease_seconds < math.inf:
+            # 0 or less: every hold expired as it was made (every commit late), and a LeaseKeeper renewing every
+            # quarter of it spun.
+            raise StoreArgumentError(f"lease_seconds must be a finite number of seconds > 0, got {lease_seconds!r}; "
+                                     "e.g. lease_seconds=600 (the default), above your slowest model call")
         self.lease_seconds = float(lease_seconds)
         self._clock = clock
 
@@ -357,6 +363,9 @@ class SqliteBudgetStore(_SqlBudgetStore):
         # more connections would only wait on each other).
         self._lock = threading.RLock()
         self.path = str(path)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
+            raise StoreArgumentError(f"timeout must be a finite number of seconds >= 0 (how long an operation waits "
+                                     f"for another connection's write lock), got {timeout!r}; e.g. timeout=30")
         self.timeout = float(timeout)
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, one per operation.
         try:
