@@ -568,6 +568,10 @@ def check_oracle(factory: Callable[[], Any], *, budget: float = 30.0) -> None:
                          f"got {type(factory).__name__} {factory!r:.60}; pass the class, or lambda: MyOracle(...)")
     market = Market([PricedTool("cheap", 4), PricedTool("mid", 11), PricedTool("pricey", 26)])
     oracle = factory()
+    if not callable(getattr(oracle, "decide", None)):
+        raise UsageError(f"check_oracle's factory made {type(oracle).__name__} {oracle!r:.60}, which has no decide(ctx) "
+                         "method: an oracle decides each priced call (subclass intent.Oracle, or write "
+                         "decide(self, ctx) -> Decision)")
     ctx = DecisionContext("conf-1", "q", Proposal("c0", "cheap", {"x": 1}, "I need x"), 4.0, budget, 0.0, budget,
                           market, step=0, history=[HumanMessage("q"), AIMessage("I need x", tool_calls=[
                               {"name": "cheap", "args": {"x": 1}, "id": "c0", "type": "tool_call"}])],

@@ -402,6 +402,17 @@ def test_no_oracle_lets_the_guard_overspend(values, fail, gamma, kind, budget):
     check_oracle(factory, budget=float(budget))
 
 
+def test_check_oracle_refuses_a_factory_that_makes_no_oracle_in_one_line():
+    # Was: AttributeError: 'NotAnOracle' object has no attribute 'decide', from inside the suite.
+    from intent.errors import UsageError
+
+    class NotAnOracle:
+        pass
+
+    with pytest.raises(UsageError, match=r"^check_oracle's factory made NotAnOracle .*no decide\(ctx\) method"):
+        check_oracle(NotAnOracle)
+
+
 # The conformance checks must be able to fail: each guard below is broken on purpose.
 def test_conformance_fails_a_guard_that_overspends(monkeypatch):
     import functools
