@@ -702,3 +702,26 @@ def test_a_base_classifier_with_another_head_gets_the_predictors_two_label_head(
                     max_length=32, progress=False)
     exported = json.loads((tmp_path / "out" / "config.json").read_text())
     assert list(exported["id2label"].values()) == list(PREDICTOR_LABELS)
+
+
+@pytest.mark.ml
+def test_the_encoder_predictor_reads_the_satisfied_class_by_its_name(tiny_encoder):
+    # Was: p(z = 1) read from class 1 whatever config.json's id2label said, so a head saved with its classes the
+    # other way round gave 1 - p without a word.
+    from intent.errors import UsageError
+    from worldmodel.formats import FORMAT_VERSION
+    from worldmodel.predictors import EncoderIntentionPredictor
+
+    (tiny_encoder / "calibration.json").write_text(json.dumps({"temperature": 1.0, "format_version": FORMAT_VERSION}))
+    config_file = tiny_encoder / "config.json"
+    config = json.loads(config_file.read_text())
+    items = [("I need the weather", "weather", {"city": "oslo"}), ("rates please", "fx", {"pair": "EURUSD"})]
+    unnamed = EncoderIntentionPredictor(tiny_encoder).predict_batch(items)  # LABEL_0 / LABEL_1: class 1 is z = 1
+    for id2label, z1 in (({"0": "not_satisfied", "1": "satisfied"}, unnamed),
+                         ({"0": "satisfied", "1": "not_satisfied"}, [1 - p for p in unnamed])):
+        config_file.write_text(json.dumps(config | {"id2label": id2label, "label2id": {v: int(k) for k, v in
+                                                                                        id2label.items()}}))
+        assert EncoderIntentionPredictor(tiny_encoder).predict_batch(items) == pytest.approx(z1)
+    config_file.write_text(json.dumps(config | {"id2label": {"0": "neg", "1": "pos"}, "label2id": {"neg": 0, "pos": 1}}))
+    with pytest.raises(UsageError, match=r"id2label \{0: 'neg', 1: 'pos'\} names no \('not_satisfied', 'satisfied'\)"):
+        EncoderIntentionPredictor(tiny_encoder)

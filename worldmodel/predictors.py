@@ -11,7 +11,7 @@ from typing import Any
 
 from intent.errors import UsageError
 from intent.logs import label_of
-from worldmodel.formats import FORMAT_VERSION, predictor_text
+from worldmodel.formats import FORMAT_VERSION, PREDICTOR_LABELS, predictor_text
 from worldmodel.protocols import ModelError, PredictorInput
 
 __all__ = ["EmpiricalMeanPredictor", "EncoderIntentionPredictor", "HashedLogisticPredictor", "OptimisticPredictor",
@@ -102,6 +102,7 @@ class EncoderIntentionPredictor:
         hide_hf_progress_bars_off_a_tty()  # transformers' "Loading weights" bar, in a benchmark's log
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path).to(device).eval()
+        self._satisfied = _satisfied_index(path, self.model.config)
         self.device, self.batch_size, self.max_length = device, batch_size, max_length
         self._lock = threading.Lock()  # one forward pass at a time on a shared model
 
@@ -132,7 +133,23 @@ class EncoderIntentionPredictor:
         """p(z = 1) from :meth:`logits`: divided by the temperature (``calibrated``), then softmax. One
         forward pass gives both the calibrated and the raw p (``intent train report`` scores both)."""
         scaled = logits / self.temperature if calibrated else logits
-        return self._torch.softmax(scaled, dim=-1)[:, 1].tolist()
+        return self._torch.softmax(scaled, dim=-1)[:, self._satisfied].tolist()
+
+
+def _satisfied_index(path: Path, config: Any) -> int:
+    """The head's class for z = 1, by its name in ``config.json``'s ``id2label`` (a head saved with its classes in
+    another order, or re-labelled by hand, is read by name, not by position)."""
+    labels = {int(i): str(name) for i, name in (getattr(config, "id2label", None) or {}).items()}
+    if sorted(labels) != [0, 1]:
+        raise UsageError(f"{path}: the classification head has {len(labels)} classes ({labels}); an intention "
+                         f"predictor has two, {PREDICTOR_LABELS}: train it with `intent train predictor`")
+    by_name = {name: i for i, name in labels.items()}
+    if set(by_name) == set(PREDICTOR_LABELS):
+        return by_name["satisfied"]
+    if set(by_name) == {"LABEL_0", "LABEL_1"}:  # exported before the classes were named: 1 was z = 1
+        return 1
+    raise UsageError(f"{path}: config.json's id2label {labels} names no {PREDICTOR_LABELS} classes; set it to "
+                     f"{dict(enumerate(PREDICTOR_LABELS))} if class 1 means the call satisfies the intention")
 
 
 class HashedLogisticPredictor:
