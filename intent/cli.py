@@ -155,10 +155,8 @@ def _source_tree_commands() -> dict[str, str] | None:
     pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
     if not pyproject.is_file():
         return None
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10: the installed metadata only
-        return None
+    import tomllib
+
     with pyproject.open("rb") as f:
         project = tomllib.load(f).get("project", {})
     if project.get("name") != "intent":

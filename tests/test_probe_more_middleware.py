@@ -2,7 +2,7 @@
 
 Probed (probe3): LLMToolEmulator, SummarizationMiddleware (the real one, a fake summariser),
 ContextEditingMiddleware(ClearToolUsesEdit(clear_tool_inputs=True)), FilesystemFileSearchMiddleware,
-ShellToolMiddleware, AutoModeMiddleware, ModelRouterMiddleware (fake decision models); a stream its reader
+ShellToolMiddleware (AutoModeMiddleware and ModelRouterMiddleware: test_decision_model_middleware.py); a stream its reader
 leaves early, then the thread resumed; ``interrupt()`` inside a priced tool (once and twice, beside
 ToolRetry / ToolCallLimit / HumanInTheLoop); tools returning ``Command(update=...)`` without goto and
 ``Command(goto=END)``; parallel tools that raise (the run crashes, a sibling is cancelled) then resumed;
@@ -27,23 +27,18 @@ from typing import Annotated, Any
 import pytest
 from langchain.agents import AgentState, create_agent
 from langchain.agents.middleware import (
-    AutoModeMiddleware,
     ClearToolUsesEdit,
     ContextEditingMiddleware,
     FilesystemFileSearchMiddleware,
     HostExecutionPolicy,
     HumanInTheLoopMiddleware,
     LLMToolEmulator,
-    ModelChoice,
-    ModelRouterMiddleware,
     ShellToolMiddleware,
     SummarizationMiddleware,
     ToolCallLimitMiddleware,
     ToolRetryMiddleware,
 )
 from langchain.tools import ToolRuntime
-from langchain_core.decisions import BaseDecisionModel
-from langchain_core.decisions.types import ChoiceAnswer, ClassifierResponse, NoulAnswer
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import InjectedToolCallId, StructuredTool, tool
@@ -220,69 +215,6 @@ def test_shell_commands_are_each_paid_and_one_over_budget_never_runs(order, mode
     lines = log.read_text().split() if log.exists() else []
     assert sorted(lines) == ["one", "two"]  # the third (4 > 10 - 8) never ran
     check(guard, out, {"shell": len(lines)}, prices, sink)
-
-
-# ============================================== decision-model middleware (fake classifiers)
-class _Risky(BaseDecisionModel):
-    model: str = "fake-risk"
-
-    @property
-    def _provider(self) -> str:
-        return "fake"
-
-    def _classify(self, state: Any, questions: Any) -> ClassifierResponse:
-        p = 0.9 if state["tool_call"]["args"].get("x") == "risky" else 0.1
-        return ClassifierResponse(model=self.model, answers={"is_risky": NoulAnswer(type="noul", noul=p)})
-
-
-class _Route(BaseDecisionModel):
-    model: str = "fake-route"
-
-    @property
-    def _provider(self) -> str:
-        return "fake"
-
-    def _classify(self, state: Any, questions: Any) -> ClassifierResponse:
-        qid = next(iter(questions))
-        return ClassifierResponse(model=self.model, answers={qid: ChoiceAnswer(
-            type="choice", choice="big", probabilities={"big": 1.0}, confidence=1.0)})
-
-
-@pytest.mark.parametrize("gate_at", GATES)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("order", ORDERS)
-def test_auto_mode_blocked_calls_are_released_never_charged(order, mode, gate_at):
-    prices = {"a": 4.0, "b": 3.0}
-    runs = RunCounter()
-    guard, sink = guard_for(prices, 12.0, gate_at=gate_at)
-    script = [AIMessage("", tool_calls=[tc("a", "m1", x="risky"), tc("a", "m2", x="ok"), tc("b", "m3", x="risky")]),
-              AIMessage("", tool_calls=[tc("a", "m4", x="risky"), tc("b", "m5")]), AIMessage("done")]
-    agent = create_agent(scripted(script), [make_tool("a", runs), make_tool("b", runs)],
-                         middleware=stack(guard, [AutoModeMiddleware(tools=["a"], classifier=_Risky())], order),
-                         checkpointer=InMemorySaver())
-    out = invoke(agent, USER, mode, config(True))
-    check(guard, out, runs, prices, sink)
-    assert runs == {"a": 1, "b": 1}
-
-
-@pytest.mark.parametrize("ckpt", [False, True])
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("order", ORDERS)
-def test_a_routed_models_calls_are_gated_and_paid(order, mode, ckpt):
-    prices = {"a": 4.0, "b": 3.0}
-    runs = RunCounter()
-    guard, sink = guard_for(prices, 12.0)
-    small = scripted([AIMessage("", tool_calls=[tc("a", "r1")]), AIMessage("small done")])
-    big = scripted([AIMessage("", tool_calls=[tc("b", "r2"), tc("a", "r3")]), AIMessage("", tool_calls=[tc("b", "r4")]),
-                    AIMessage("big done")])
-    router = ModelRouterMiddleware(choices={"small": ModelChoice(model=small, criteria="easy"),
-                                            "big": ModelChoice(model=big, criteria="hard")},
-                                   instructions="route", classifier=_Route())
-    agent = create_agent(scripted([AIMessage("default")]), [make_tool("a", runs), make_tool("b", runs)],
-                         middleware=stack(guard, [router], order), checkpointer=InMemorySaver() if ckpt else None)
-    out = invoke(agent, USER, mode, config(ckpt))
-    check(guard, out, runs, prices, sink)
-    assert out["messages"][-1].content == "big done" and runs == {"a": 1, "b": 2}
 
 
 # ============================================== a stream its reader leaves, then the thread resumed
