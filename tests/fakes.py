@@ -39,3 +39,27 @@ def priced_tools(runs: RunCounter, names: tuple[str, ...] = ("search", "fetch"))
         return StructuredTool.from_function(run, coroutine=arun, name=name, description=f"the {name} tool")
 
     return [make(n) for n in names]
+
+
+def count_open_progress(monkeypatch, *also: tuple[object, str]) -> list[int]:
+    """``intent.progress.progress`` (and each ``(module, name)`` in ``also`` that imported it) replaced by a wrapper
+    that counts the reporters open now: the returned one-element list, for tests that some work runs under one."""
+    import intent.progress
+
+    real_progress, open_now = intent.progress.progress, [0]
+
+    class Counted:
+        def __init__(self, *args, **kwargs):
+            self.inner = real_progress(*args, **kwargs)
+
+        def __enter__(self):
+            open_now[0] += 1
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            open_now[0] -= 1
+            return self.inner.__exit__(*exc)
+
+    for module, name in ((intent.progress, "progress"), *also):
+        monkeypatch.setattr(module, name, Counted)
+    return open_now

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fakes import count_open_progress
+
 from intent.feedback import without_result_note
 from intent.logs import LogFormatError, read_log_rows
 from training.data import load_records, pairs, parse_fraction, split_by_task, subsample, triples
@@ -583,25 +585,15 @@ def test_the_reports_encoder_scores_each_test_call_once_under_a_progress_reporte
                                                                                  monkeypatch):
     # Was: two predictors loaded and the test calls scored twice (calibrated, then uncalibrated) after the
     # trainer's bars had ended: minutes without a line for the report's ~2,000 test calls on a busy CPU.
-    import intent.progress
     from transformers import BertForSequenceClassification
 
     from training.predictor_report import predictor_report
 
-    open_bars, scored_outside, scored = [0], [], [0]
-    real_progress, real_forward = intent.progress.progress, BertForSequenceClassification.forward
+    import training.train_intention
 
-    class Tracked:
-        def __init__(self, *args, **kwargs):
-            self.inner = real_progress(*args, **kwargs)
-
-        def __enter__(self):
-            open_bars[0] += 1
-            return self.inner.__enter__()
-
-        def __exit__(self, *exc):
-            open_bars[0] -= 1
-            return self.inner.__exit__(*exc)
+    scored_outside, scored = [], [0]
+    real_forward = BertForSequenceClassification.forward
+    open_bars = count_open_progress(monkeypatch, (training.train_intention, "progress_reporter"))
 
     def forward(self, *args, **kwargs):
         out = real_forward(self, *args, **kwargs)
@@ -610,10 +602,6 @@ def test_the_reports_encoder_scores_each_test_call_once_under_a_progress_reporte
         scored[0] += 0 if self.training else len(out.logits)
         return out
 
-    monkeypatch.setattr(intent.progress, "progress", Tracked)
-    import training.train_intention
-
-    monkeypatch.setattr(training.train_intention, "progress_reporter", Tracked)
     monkeypatch.setattr(BertForSequenceClassification, "forward", forward)
     encoder = {"base_model": str(tiny_encoder), "max_steps": 1, "batch_size": 8, "max_length": 32}
     report = predictor_report(load_records(logs), out=tmp_path / "rep", encoder=encoder, min_test_examples=10)
@@ -684,23 +672,10 @@ def test_a_judge_failing_for_a_moment_is_asked_again_and_one_that_stays_down_is_
 
 def test_labelling_with_a_judge_runs_under_a_progress_reporter(tmp_path, monkeypatch):
     # Was: no line at all while a judge labelled every call (votes x calls requests: hours on a real log).
-    import intent.progress
     from training.annotate import annotate
 
-    open_bars, asked_outside = [0], []
-    real_progress = intent.progress.progress
-
-    class Tracked:
-        def __init__(self, *args, **kwargs):
-            self.inner = real_progress(*args, **kwargs)
-
-        def __enter__(self):
-            open_bars[0] += 1
-            return self.inner.__enter__()
-
-        def __exit__(self, *exc):
-            open_bars[0] -= 1
-            return self.inner.__exit__(*exc)
+    asked_outside = []
+    open_bars = count_open_progress(monkeypatch)
 
     class Judge:
         def label(self, record):
@@ -708,7 +683,6 @@ def test_labelling_with_a_judge_runs_under_a_progress_reporter(tmp_path, monkeyp
                 asked_outside.append(record.call_id)
             return 1
 
-    monkeypatch.setattr(intent.progress, "progress", Tracked)
     assert annotate([_a_call()], tmp_path / "z.jsonl", method="llm", judge=Judge()) == {"labelled": 1}
     assert asked_outside == []
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fakes import count_open_progress
+
 from training.data import load_records, triples
 
 torch = pytest.importorskip("torch")
@@ -249,30 +251,17 @@ def test_an_interrupted_world_model_run_resumes_to_the_uninterrupted_runs_weight
 def test_every_slow_phase_of_world_model_training_runs_under_a_progress_reporter(logs, tiny_lm, tmp_path, monkeypatch):
     # Was: the step-0 validation loss (64 dev pairs) ran before the progress bar started, and the held-out loss
     # and sample generations after it ended: minutes without a line on a busy CPU (10 steps of SmolLM2 here).
-    import intent.progress
     import training.train_worldmodel as tw
     from training.data import pairs
 
-    active, outside, real_progress, real_loss = [0], [], intent.progress.progress, tw._mean_loss
-
-    class Tracked:
-        def __init__(self, *args, **kwargs):
-            self.inner = real_progress(*args, **kwargs)
-
-        def __enter__(self):
-            active[0] += 1
-            return self.inner.__enter__()
-
-        def __exit__(self, *exc):
-            active[0] -= 1
-            return self.inner.__exit__(*exc)
+    outside, real_loss = [], tw._mean_loss
+    active = count_open_progress(monkeypatch)
 
     def loss(*args, **kwargs):
         if not active[0]:
             outside.append("loss")
         return real_loss(*args, **kwargs)
 
-    monkeypatch.setattr(intent.progress, "progress", Tracked)
     monkeypatch.setattr(tw, "_mean_loss", loss)
     report = tw.train_world_model(pairs(load_records(logs)), tmp_path / "wm", base_model=str(tiny_lm), max_steps=2,
                                   batch_size=4, max_length=96, progress=False, samples=1)
