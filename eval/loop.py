@@ -160,16 +160,14 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
     from training.annotate import annotate
     from training.data import load_records, pairs
     from training.predictor_report import predictor_report
-    from training.common import check_base_model, check_out_directory
+    from training.common import check_base_model, check_out_directory, check_seed
     from training.train_worldmodel import _looks_like_hub_id, train_world_model
 
     if cfg.market != "synthetic":
         raise UsageError(f"intent loop: market {cfg.market!r} is not supported yet; the fidelity checker and "
                          "ground-truth labels are the synthetic market's (use --market synthetic)")
     check_out_directory(cfg.out)
-    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
-        # The bench stage refuses it too, but only after the training stages (minutes here, hours on real logs).
-        raise UsageError(f"--seed must be an integer >= 0, got {cfg.seed!r}")
+    check_seed(cfg.seed)  # (the bench stage refuses it too, but only after the training stages)
     if cfg.encoder_epochs is not None and cfg.encoder_epochs < 0:
         raise UsageError(f"--encoder-epochs is {cfg.encoder_epochs}; give 0 (no encoder) or more")
     if cfg.wm_base and not _looks_like_hub_id(cfg.wm_base):
@@ -186,10 +184,10 @@ def run_loop(cfg: LoopConfig) -> dict[str, Any]:
     out = Path(cfg.out)
     inputs = logs_fingerprint(cfg.logs)
     marker = out / "labelled.COMPLETE"
+    if not inputs:
+        load_records(cfg.logs)  # a missing log (or a directory): its error names the file, before OUT is made
     done = marker.exists()
     if done:
-        if not inputs:
-            load_records(cfg.logs)  # a missing log: its error names the file
         _check_same_logs(out, marker, inputs)  # before loop_config.json is rewritten
         _check_same_settings(out, cfg)
     out.mkdir(parents=True, exist_ok=True)

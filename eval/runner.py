@@ -300,8 +300,9 @@ def build_market(config: BenchConfig) -> BenchMarket:
 
 
 def validate(config: BenchConfig) -> list[MethodSpec]:
-    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
-        raise UsageError(f"--seed must be an integer >= 0, got {config.seed!r}")
+    from training.common import check_seed
+
+    check_seed(config.seed)
     if config.tasks < 1:
         raise UsageError(f"--tasks must be >= 1, got {config.tasks}")
     if config.workers < 1:

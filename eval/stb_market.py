@@ -64,6 +64,19 @@ class StableToolBenchMarket:
         )
         from eval.stabletoolbench.needs import NeedInference, need_recall, summarize
 
+        if environment in ("mirror", "server") and not env_url:
+            raise UsageError(f"--stb-env {environment} needs --stb-env-url (the endpoint to call)")
+        if environment not in ("schema", "mirror", "server"):
+            raise UsageError(f"unknown StableToolBench environment {environment!r}; choose schema, mirror or server")
+        if environment == "mirror":  # fail at startup: before the retrieval, OUT's files, and an hour of episodes
+            from worldmodel.endpoints import check_endpoint, check_model
+
+            if env_model:
+                check_model(str(env_url), str(env_model), flag="--stb-env-model ", url_flag="--stb-env-url")
+            else:
+                check_endpoint(str(env_url), url_flag="--stb-env-url")
+        elif environment == "server":
+            _check_reachable(str(env_url))
         queries = load_queries(root, groups)
         if limit is not None and limit < len(queries):
             queries = _spread(queries, limit)
@@ -101,19 +114,6 @@ class StableToolBenchMarket:
         self.relevant_price_scale = relevant_price_scale
         self.environment_kind = environment
         self.env_url, self.env_model = env_url, env_model
-        if environment in ("mirror", "server") and not env_url:
-            raise UsageError(f"--stb-env {environment} needs --stb-env-url (the endpoint to call)")
-        if environment not in ("schema", "mirror", "server"):
-            raise UsageError(f"unknown StableToolBench environment {environment!r}; choose schema, mirror or server")
-        if environment == "mirror":  # fail at startup, not after an hour of episodes
-            from worldmodel.endpoints import check_endpoint, check_model
-
-            if env_model:
-                check_model(str(env_url), str(env_model), flag="--stb-env-model ", url_flag="--stb-env-url")
-            else:
-                check_endpoint(str(env_url), url_flag="--stb-env-url")
-        elif environment == "server":
-            _check_reachable(str(env_url))
         self.need_inference_label = (
             f"agent's needs inferred from the query text by {embedder_name(retriever)} scores against the retrieved "
             f"APIs (need recall {self.need_recall:.3f} of the answer key, which only the judge reads)")

@@ -95,9 +95,10 @@ def _available(methods: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def run_study(cfg: StudyConfig) -> dict[str, Any]:
-    from training.common import check_out_directory
+    from training.common import check_out_directory, check_seed
 
     out = check_out_directory(cfg.out)
+    check_seed(cfg.seed)  # (each run refuses it too, but after OUT is made: an empty OUT was left)
     out.mkdir(parents=True, exist_ok=True)
 
     def bench(name: str, methods: tuple[str, ...], tasks: int, reference: str | None = None, **kw: Any) -> dict:

@@ -154,6 +154,8 @@ def test_unreachable_stabletoolbench_environments_fail_at_startup(tmp_path):
                           options={"stb_env": env, "stb_env_url": "http://127.0.0.1:9/virtual"})
         with pytest.raises(err, match="cannot reach"):
             run_benchmark(cfg, progress=False)
+        # Was: found after the retrieval, with prices.json and retrieval.json already written to OUT.
+        assert not (tmp_path / env / "prices.json").exists() and not (tmp_path / env / "retrieval.json").exists()
 
 
 class _DeadMirror(BaseHTTPRequestHandler):

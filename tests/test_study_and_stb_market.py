@@ -93,3 +93,13 @@ def test_a_fractional_budget_is_the_one_the_prices_file_records(tmp_path):
         market = StableToolBenchMarket(limit=2, out=out, budget=budget, budget_scale=scale)
         recorded = json.loads((out / "prices.json").read_text())["meta"]["budget"]
         assert recorded == market.budget == budget * scale
+
+
+def test_a_study_with_a_negative_seed_is_refused_before_its_out_directory_is_made(tmp_path):
+    # Was: OUT made, then the first run refused --seed -1: an empty OUT left behind.
+    from eval.study import StudyConfig, run_study
+    from intent.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^--seed must be an integer >= 0, got -1$"):
+        run_study(StudyConfig(out=str(tmp_path / "study"), seed=-1, progress=False))
+    assert not (tmp_path / "study").exists()

@@ -536,6 +536,10 @@ def test_a_loop_with_a_bad_seed_or_base_is_refused_before_its_training_stages(lo
         run_loop(LoopConfig(logs=[str(logs)], out=str(tmp_path / "loop"), wm_base=str(tmp_path / "nowhere"),
                             progress=False))
     assert not (tmp_path / "loop").exists()
+    # Was: OUT and its loop_config.json were written before the annotate stage found the log missing.
+    with pytest.raises(LogFormatError, match=r"nowhere\.jsonl"):
+        run_loop(LoopConfig(logs=[str(tmp_path / "nowhere.jsonl")], out=str(tmp_path / "loop"), progress=False))
+    assert not (tmp_path / "loop").exists()
 
 
 def test_a_loop_over_other_logs_into_the_same_out_is_refused(logs, tmp_path, monkeypatch):

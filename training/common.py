@@ -22,6 +22,14 @@ _ENCODERS = {"bert", "roberta", "distilbert", "xlm-roberta", "mpnet", "deberta",
              "albert", "modernbert", "qwen3", "qwen2"}
 
 
+def check_seed(seed: object, flag: str = "--seed") -> int:
+    """A seed every command takes: an integer >= 0 (numpy's generators refuse a negative one, with a traceback),
+    refused before any work."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"{flag} must be an integer >= 0, got {seed!r}")
+    return seed
+
+
 def check_out_directory(path: str | Path, flag: str = "--out") -> Path:
     """``path`` as a directory to write into: refused, before any work, when a file has that name (the trainers
     found it only at their export, after training)."""

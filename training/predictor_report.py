@@ -110,8 +110,9 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
         from training.common import check_out_directory
 
         check_out_directory(out)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's seeds are >= 0
-        raise UsageError(f"--seed must be an integer >= 0, got {seed!r}")
+    from training.common import check_seed
+
+    check_seed(seed)
     labelled = triples(records)  # executed calls with a label, in canonical order
     if not labelled:
         raise UsageError("the logs hold no executed calls with a label z; nothing to evaluate")
