@@ -63,3 +63,37 @@ def count_open_progress(monkeypatch, *also: tuple[object, str]) -> list[int]:
     for module, name in ((intent.progress, "progress"), *also):
         monkeypatch.setattr(module, name, Counted)
     return open_now
+
+
+def judge_server(replies: list, model: str = "j"):
+    """An OpenAI-compatible judge on 127.0.0.1 listing ``model``: each POST is answered with the next (HTTP status,
+    JSON body) of ``replies`` (the last one repeats). Returns (server, its handler class, base URL); shut it down."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Server(BaseHTTPRequestHandler):
+        posts = 0
+
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code: int, obj) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200, {"data": [{"id": model}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            code, body = replies[min(type(self).posts, len(replies) - 1)]
+            type(self).posts += 1
+            self._send(code, body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, Server, f"http://127.0.0.1:{srv.server_address[1]}/v1"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes import count_open_progress
+from fakes import count_open_progress, judge_server
 
 from intent.feedback import without_result_note
 from intent.logs import LogFormatError, read_log_rows
@@ -614,37 +614,6 @@ def test_the_reports_encoder_scores_each_test_call_once_under_a_progress_reporte
     assert scored[0] == sizes["dev"] + 2 * sizes["test"]  # the trainer's calibration, then the report's, once
 
 
-def _judge_server(replies: list):
-    """An OpenAI-compatible judge serving model "j": each POST takes the next (status, content) of ``replies``
-    (the last one repeats)."""
-
-    class Server(BaseHTTPRequestHandler):
-        posts = 0
-
-        def log_message(self, *args):
-            pass
-
-        def _send(self, code: int, obj) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self):
-            self._send(200, {"data": [{"id": "j"}]})
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            code, body = replies[min(type(self).posts, len(replies) - 1)]
-            type(self).posts += 1
-            self._send(code, body)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, Server, f"http://127.0.0.1:{srv.server_address[1]}/v1"
-
-
 def _a_call():
     from intent.logs import StepRecord
 
@@ -660,13 +629,13 @@ def test_a_judge_failing_for_a_moment_is_asked_again_and_one_that_stays_down_is_
     from training.annotate import LLMJudge
 
     yes = (200, {"choices": [{"message": {"content": "YES"}}]})
-    srv, server, url = _judge_server([(503, {"error": "loading"}), yes])
+    srv, server, url = judge_server([(503, {"error": "loading"}), yes])
     try:
         assert LLMJudge(url, "j", votes=1, backoff=0).label(_a_call()) == 1 and server.posts == 2
     finally:
         srv.shutdown()
     for reply, message in (((503, {"error": "down"}), "HTTP 503"), ((200, {"choices": []}), "choices")):
-        srv, server, url = _judge_server([reply])
+        srv, server, url = judge_server([reply])
         try:
             with pytest.raises(IntentError, match=f"--judge-url {url}.*{message}"):
                 LLMJudge(url, "j", votes=1, backoff=0).label(_a_call())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes import count_open_progress
+from fakes import count_open_progress, judge_server
 
 from training.data import load_records, triples
 
@@ -272,34 +272,12 @@ def test_every_slow_phase_of_world_model_training_runs_under_a_progress_reporter
 def test_a_judge_model_the_server_does_not_serve_is_a_one_line_error(logs, tmp_path, capsys):
     # Was: the endpoint was checked, not the model: `--judge-model wrong` read the logs, then ended in an httpx
     # HTTPStatusError traceback (404) at the first call to label.
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from intent.cli import main
     from intent.errors import UsageError
     from training.annotate import LLMJudge
 
-    class Server(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def _send(self, code: int, obj: dict) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self):
-            self._send(200, {"data": [{"id": "judge"}]})
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self._send(404, {"error": {"message": "The model does not exist."}})  # e.g. a proxy's stale list
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Server)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    # (listed, yet refused when asked: e.g. a proxy's stale list)
+    srv, _, url = judge_server([(404, {"error": {"message": "The model does not exist."}})], model="judge")
     try:
         rc = main(["train", "annotate", "--logs", str(logs), "--out", str(tmp_path / "z.jsonl"), "--method", "llm",
                    "--judge-url", url, "--judge-model", "wrong"])
