@@ -674,3 +674,31 @@ def test_train_predictor_and_train_report_score_a_prediction_alike():
     ours, report = _metrics(probs, labels), score(probs, labels)
     assert {k: ours[k] for k in ("ece", "auroc", "nll", "brier", "accuracy")} == \
         {k: report[k] for k in ("ece", "auroc", "nll", "brier", "accuracy")}
+
+
+def test_annotate_leaves_no_partial_labelled_log(tmp_path):
+    # Was: the labelled log was written in place, so a judge that stayed down halfway (or logs without a label)
+    # left a partial file at OUT, over an earlier complete one.
+    from intent.errors import UsageError
+    from training.annotate import annotate
+
+    out = tmp_path / "labelled.jsonl"
+    with pytest.raises(UsageError, match="no call could be labelled"):
+        annotate([_a_call()], out, progress=False)  # no ground truth in the artifact
+    assert list(tmp_path.iterdir()) == []
+
+    class DownAfterOne:
+        asked = 0
+
+        def label(self, record):
+            self.asked += 1
+            if self.asked > 1:
+                raise UsageError("the judge at http://judge/v1 failed 3 times")
+            return 1
+
+    out.write_text("an earlier complete labelled log\n")
+    with pytest.raises(UsageError, match="failed 3 times"):
+        annotate([_a_call(), _a_call()], out, method="llm", judge=DownAfterOne(), progress=False)
+    assert out.read_text() == "an earlier complete labelled log\n" and list(tmp_path.iterdir()) == [out]
+    assert annotate([_a_call()], out, method="llm", judge=DownAfterOne(), progress=False) == {"labelled": 1}
+    assert '"z": 1' in out.read_text() and list(tmp_path.iterdir()) == [out]

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -107,22 +108,29 @@ def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "
     def to_label(r: StepRecord) -> bool:
         return r.decision == "accept" and r.status in ("ok", "error") and r.kind == "tool"
 
-    # A judge answers votes x calls requests (hours on a real log): a line at least every 10 s, as the trainers'.
-    with open(out, "w", encoding="utf-8") as fh, \
-            progress_reporter(sum(map(to_label, records)), f"labelling z ({method})",
-                              enabled=progress and method == "llm") as bar:
-        for r in records:
-            data = json.loads(r.model_dump_json())
-            if to_label(r):
-                if method == "ground_truth":
-                    # The environment's label only: an older annotation in the file is replaced.
-                    z = label_of(r, ground_truth_only=True)
-                else:
-                    z = judge.label(r)  # type: ignore[union-attr]
-                data["z"] = z
-                counts["labelled" if z is not None else "unlabelled"] += 1
-                bar.update(1)
-            fh.write(json.dumps(data) + "\n")
-    if counts["labelled"] == 0:
-        raise UsageError("no call could be labelled: the logs carry no ground truth (artifact z); use --method llm")
+    # Written beside OUT and moved over it when complete: a judge that stays down halfway, an interrupt, or logs
+    # without any label leave no partial labelled log (and an earlier one at OUT untouched).
+    partial = out.with_name(out.name + ".partial")
+    try:
+        # A judge answers votes x calls requests (hours on a real log): a line at least every 10 s, as the trainers'.
+        with open(partial, "w", encoding="utf-8") as fh, \
+                progress_reporter(sum(map(to_label, records)), f"labelling z ({method})",
+                                  enabled=progress and method == "llm") as bar:
+            for r in records:
+                data = json.loads(r.model_dump_json())
+                if to_label(r):
+                    if method == "ground_truth":
+                        # The environment's label only: an older annotation in the file is replaced.
+                        z = label_of(r, ground_truth_only=True)
+                    else:
+                        z = judge.label(r)  # type: ignore[union-attr]
+                    data["z"] = z
+                    counts["labelled" if z is not None else "unlabelled"] += 1
+                    bar.update(1)
+                fh.write(json.dumps(data) + "\n")
+        if counts["labelled"] == 0:
+            raise UsageError("no call could be labelled: the logs carry no ground truth (artifact z); use --method llm")
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
     return dict(counts)
