@@ -84,19 +84,26 @@ def _charge(row: Any) -> StoreCharge:
                        float(updated_at))
 
 
+def _seconds(value: Any, name: str, *, hint: str, above_zero: bool = False, meaning: str = "") -> float:
+    """``value`` as a store's duration in seconds: finite, and > 0 (``above_zero``) or >= 0; else one
+    :class:`StoreArgumentError` naming ``name`` (``meaning`` follows the bound, ``hint`` the value given)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (above_zero and value == 0):
+        raise StoreArgumentError(f"{name} must be a finite number of seconds {'> 0' if above_zero else '>= 0'}"
+                                 f"{meaning}, got {value!r}; {hint}")
+    return float(value)
+
+
 class _SqlBudgetStore:
     """The money logic, written once; subclasses give a connection, a transaction and the placeholder."""
 
     placeholder = "?"
 
     def __init__(self, *, lease_seconds: float, clock: Callable[[], float]) -> None:
-        if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)) \
-                or not 0 < lease_seconds < math.inf:
-            # 0 or less: every hold expired as it was made (every commit late), and a LeaseKeeper renewing every
-            # quarter of it spun.
-            raise StoreArgumentError(f"lease_seconds must be a finite number of seconds > 0, got {lease_seconds!r}; "
-                                     "e.g. lease_seconds=600 (the default), above your slowest model call")
-        self.lease_seconds = float(lease_seconds)
+        # 0 or less: every hold expired as it was made (every commit late), and a LeaseKeeper renewing every quarter
+        # of it spun.
+        self.lease_seconds = _seconds(lease_seconds, "lease_seconds", above_zero=True,
+                                      hint="e.g. lease_seconds=600 (the default), above your slowest model call")
         self._clock = clock
 
     # -- dialect -------------------------------------------------------------
@@ -363,10 +370,8 @@ class SqliteBudgetStore(_SqlBudgetStore):
         # more connections would only wait on each other).
         self._lock = threading.RLock()
         self.path = str(path)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
-            raise StoreArgumentError(f"timeout must be a finite number of seconds >= 0 (how long an operation waits "
-                                     f"for another connection's write lock), got {timeout!r}; e.g. timeout=30")
-        self.timeout = float(timeout)
+        self.timeout = _seconds(timeout, "timeout", meaning=" (how long an operation waits for another connection's "
+                                "write lock)", hint="e.g. timeout=30")
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, one per operation.
         try:
             self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
@@ -581,22 +586,17 @@ class PostgresBudgetStore(_SqlBudgetStore):
         # machine whose clock runs ahead cannot expire another machine's live hold. A callable: that clock
         # (tests that move time).
         super().__init__(lease_seconds=lease_seconds, clock=clock or time.time)
-        if isinstance(retry_seconds, bool) or not isinstance(retry_seconds, (int, float)) \
-                or not math.isfinite(retry_seconds) or retry_seconds < 0:
-            raise StoreArgumentError(f"retry_seconds must be a finite number of seconds >= 0, got {retry_seconds!r}; "
-                                     "e.g. retry_seconds=60 to ride out a failover, 0 to never retry")
-        self.retry_seconds = float(retry_seconds)
+        self.retry_seconds = _seconds(retry_seconds, "retry_seconds",
+                                      hint="e.g. retry_seconds=60 to ride out a failover, 0 to never retry")
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise StoreArgumentError(f"pool_size must be a whole number of connections >= 1, got {pool_size!r}; e.g. "
                                      f"pool_size={DEFAULT_POOL_SIZE} (the default), 1 for one connection that operations "
                                      "take turns on")
         self.pool_size = pool_size
-        if pool_timeout is not None and (isinstance(pool_timeout, bool) or not isinstance(pool_timeout, (int, float))
-                                         or not math.isfinite(pool_timeout) or pool_timeout <= 0):
-            raise StoreArgumentError(f"pool_timeout must be a finite number of seconds > 0 or None, got "
-                                     f"{pool_timeout!r}; e.g. pool_timeout={DEFAULT_POOL_TIMEOUT:g} (the default), "
-                                     "None to wait for a free connection without limit")
-        self.pool_timeout = None if pool_timeout is None else float(pool_timeout)
+        self.pool_timeout = None if pool_timeout is None else _seconds(
+            pool_timeout, "pool_timeout", above_zero=True, meaning=" or None",
+            hint=f"e.g. pool_timeout={DEFAULT_POOL_TIMEOUT:g} (the default), None to wait for a free connection "
+                 "without limit")
         self._server_clock = clock is None
         # The server time read in each open transaction, by its connection (two run at once on two connections).
         self._tx_time: dict[Any, float] = {}
