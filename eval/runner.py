@@ -31,7 +31,7 @@ from eval.method_spec import (DEFAULT_DELTA, DEFAULT_GAMMA, DEFAULT_MAX_DEPTH, S
                               MethodSpec, positive_int_option, rollout_depth)
 from eval.methods import get_method
 from eval.results import EpisodeResult, ResultStore
-from intent.errors import UsageError
+from intent.errors import GuardConfigError, UsageError
 from intent.feedback import SHORT_FEEDBACK_CHARS, check_feedback_chars
 from intent.guard import LEDGER_KEY, BudgetGuard
 from intent.logs import FanoutLogSink, JsonlLogSink, LogSink, MemoryLogSink
@@ -327,10 +327,11 @@ def validate(config: BenchConfig) -> list[MethodSpec]:
         raise UsageError(f"--event-rate must be a share of the tasks in [0, 1], got {config.event_rate!r}; "
                          "e.g. --event-rate 0.3, or leave it out for no market events")
     cap = config.options.get("feedback_chars")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < SHORT_FEEDBACK_CHARS):
+    try:
+        check_feedback_chars(cap)  # (the guard's own check, named here as the flag the user typed)
+    except GuardConfigError:
         raise UsageError(f"--feedback-chars must be an integer >= {SHORT_FEEDBACK_CHARS} (characters of refusal "
-                         f"notes per turn), got {cap!r}; leave it out for no cap")
-    check_feedback_chars(cap)
+                         f"notes per turn), got {cap!r}; leave it out for no cap") from None
     charge = config.options.get("charge_oracle")
     if charge is not None and (isinstance(charge, bool) or not isinstance(charge, (int, float))
                                or not 0 < charge < math.inf):
