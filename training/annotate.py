@@ -54,42 +54,32 @@ class LLMJudge:
         (top, n), *rest = Counter(votes).most_common()
         return top if not rest or rest[0][1] < n else None
 
-
     def _answer(self, prompt: str) -> str:
         """One judge reply. A timeout, a dropped connection, HTTP 5xx or 429 is asked again (``retries`` times,
-        backing off); then, or for a reply without ``choices[0].message.content``, a one-line error naming the
-        judge. (Was: an httpx traceback or a KeyError, ending a labelling run of thousands of calls.)"""
-        import time
-
-        import httpx
-
+        backing off: :func:`worldmodel.openai_compat.post_chat`); then, or for a reply without
+        ``choices[0].message.content``, a one-line error naming the judge. (Was: an httpx traceback or a KeyError,
+        ending a labelling run of thousands of calls.)"""
         from intent.errors import MalformedModelOutputError, ModelUnreachableError
+        from worldmodel.openai_compat import ChatRetriesExhausted, post_chat
 
         body = {"model": self.model, "temperature": self.temperature, "max_tokens": 64,
                 "messages": [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}]}
-        for attempt in range(self.retries + 1):
-            try:
-                r = self._client.post("/chat/completions", json=body)
-            except httpx.TransportError as exc:  # timeouts, refused or dropped connections
-                failure = f"{type(exc).__name__}: {exc}"
-            else:
-                if 400 <= r.status_code < 500 and r.status_code != 429:
-                    # The request itself is refused (model, path, key): every other call would be too.
-                    raise UsageError(f"the judge at --judge-url {self.base_url} refused the request for --judge-model "
-                                     f"{self.model}: HTTP {r.status_code} {r.text[:200]}; check both flags")
-                if r.status_code < 400:
-                    try:
-                        content = r.json()["choices"][0]["message"]["content"]
-                    except (ValueError, KeyError, IndexError, TypeError) as exc:
-                        raise MalformedModelOutputError(
-                            f"the judge at --judge-url {self.base_url} answered without choices[0].message.content "
-                            f"({r.text[:200]!r}); is it an OpenAI-compatible chat endpoint?") from exc
-                    return content if isinstance(content, str) else ""
-                failure = f"HTTP {r.status_code} {r.text[:200]}"
-            if attempt < self.retries:
-                time.sleep(self.backoff * 2 ** attempt)
-        raise ModelUnreachableError(f"the judge at --judge-url {self.base_url} failed {self.retries + 1} times "
-                                    f"({failure}); check that it is up, then run the command again")
+        try:
+            r = post_chat(self._client, body, retries=self.retries, backoff=self.backoff)
+        except ChatRetriesExhausted as exc:
+            raise ModelUnreachableError(f"the judge at --judge-url {self.base_url} failed {exc.attempts} times "
+                                        f"({exc.detail}); check that it is up, then run the command again") from None
+        if r.status_code >= 400:
+            # The request itself is refused (model, path, key): every other call would be too.
+            raise UsageError(f"the judge at --judge-url {self.base_url} refused the request for --judge-model "
+                             f"{self.model}: HTTP {r.status_code} {r.text[:200]}; check both flags")
+        try:
+            content = r.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise MalformedModelOutputError(
+                f"the judge at --judge-url {self.base_url} answered without choices[0].message.content "
+                f"({r.text[:200]!r}); is it an OpenAI-compatible chat endpoint?") from exc
+        return content if isinstance(content, str) else ""
 
 
 def annotate(records: list[StepRecord], out_path: str | Path, *, method: str = "ground_truth",

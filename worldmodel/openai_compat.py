@@ -21,6 +21,7 @@ fall back on it (:mod:`intent.errors`):
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ from worldmodel.formats import world_model_messages
 from worldmodel.protocols import ModelError
 
 __all__ = [
+    "ChatRetriesExhausted",
     "MalformedWorldModelReply",
     "OpenAICompatibleWorldModel",
     "WorldModelRequestRejected",
@@ -65,6 +67,41 @@ class WorldModelContextOverflow(ModelError, ContextOverflowError):
 
 class WorldModelRequestRejected(ModelError, ModelRequestError):
     """HTTP 4xx (not 429): the request itself is wrong (model name, path, key). Not recoverable."""
+
+
+class ChatRetriesExhausted(Exception):
+    """Every attempt of :func:`post_chat` failed transiently; ``detail`` says how the last did, ``timed_out``
+    whether it was a timeout. Callers raise their own documented error from it."""
+
+    def __init__(self, detail: str, *, timed_out: bool, attempts: int) -> None:
+        super().__init__(detail)
+        self.detail, self.timed_out, self.attempts = detail, timed_out, attempts
+
+
+def post_chat(client: Any, body: Mapping[str, Any], *, retries: int, backoff: float,
+              slots: Any = None) -> Any:
+    """POST ``body`` to an OpenAI-compatible ``/chat/completions`` through the httpx ``client``. A timeout, a
+    refused or dropped connection, HTTP 5xx or 429 is asked again ``retries`` times (pauses of ``backoff``
+    doubling), then :class:`ChatRetriesExhausted`; any other response (2xx, or a 4xx: the request itself is
+    wrong, asking again gives the same) is returned for the caller to read. ``slots``: a semaphore held
+    around each request (bounded concurrency)."""
+    import httpx
+
+    for attempt in range(retries + 1):
+        try:
+            with slots if slots is not None else contextlib.nullcontext():
+                response = client.post("/chat/completions", json=body)
+        except httpx.TimeoutException as exc:
+            detail, timed_out = f"{type(exc).__name__}: no answer within the timeout ({exc})", True
+        except httpx.TransportError as exc:  # connect / read / write errors, dropped connections
+            detail, timed_out = f"{type(exc).__name__}: {exc}", False
+        else:
+            if response.status_code < 500 and response.status_code != 429:
+                return response
+            detail, timed_out = f"answered HTTP {response.status_code}", False
+        if attempt < retries:
+            time.sleep(backoff * (2 ** attempt))
+    raise ChatRetriesExhausted(detail, timed_out=timed_out, attempts=retries + 1)
 
 
 class OpenAICompatibleWorldModel:
@@ -107,36 +144,20 @@ class OpenAICompatibleWorldModel:
             "temperature": self.temperature if temperature is None else float(temperature),
             "max_tokens": self.max_tokens,
         }
-        last: ModelError | None = None
-        for attempt in range(self.retries + 1):
-            # Retried: timeouts, connection failures, 5xx / 429. Raised at once: a 4xx (the
-            # request itself is wrong) and a malformed reply (asking again gives the same).
-            try:
-                with self._slots:
-                    response = self._client.post("/chat/completions", json=body)
-            except self._httpx.TimeoutException as exc:
-                last = WorldModelTimeout(f"world model server {self.base_url} failed: {type(exc).__name__}: "
-                                         f"no answer within the timeout ({exc})")
-            except self._httpx.TransportError as exc:  # connect / read / write errors, dropped connections
-                last = WorldModelUnreachable(f"world model server {self.base_url} failed: {type(exc).__name__}: "
-                                             f"{exc}")
-            else:
-                if response.status_code >= 500 or response.status_code == 429:
-                    last = WorldModelUnreachable(f"world model server {self.base_url} failed: answered HTTP "
-                                                 f"{response.status_code}")
-                elif response.status_code == 400 and says_context_overflow(response.text):
-                    raise WorldModelContextOverflow(
-                        f"world model prompt too long for {self.model!r}: HTTP 400: {response.text[:200]}")
-                elif response.status_code >= 400:
-                    raise WorldModelRequestRejected(
-                        f"world model request rejected: HTTP {response.status_code}: {response.text[:200]}; "
-                        f"check the model name ({self.model!r}), the base URL ({self.base_url}) and the API key")
-                else:
-                    return self._parse(response)
-            if attempt < self.retries:
-                time.sleep(self.backoff * (2 ** attempt))
-        assert last is not None  # the loop ran at least once (retries >= 0) and only failures get here
-        raise last
+        # Raised at once: a 4xx (the request itself is wrong) and a malformed reply (asking again gives the same).
+        try:
+            response = post_chat(self._client, body, retries=self.retries, backoff=self.backoff, slots=self._slots)
+        except ChatRetriesExhausted as exc:
+            error = WorldModelTimeout if exc.timed_out else WorldModelUnreachable
+            raise error(f"world model server {self.base_url} failed: {exc.detail}") from None
+        if response.status_code == 400 and says_context_overflow(response.text):
+            raise WorldModelContextOverflow(
+                f"world model prompt too long for {self.model!r}: HTTP 400: {response.text[:200]}")
+        if response.status_code >= 400:
+            raise WorldModelRequestRejected(
+                f"world model request rejected: HTTP {response.status_code}: {response.text[:200]}; "
+                f"check the model name ({self.model!r}), the base URL ({self.base_url}) and the API key")
+        return self._parse(response)
 
     @staticmethod
     def _parse(response: Any) -> tuple[str, int]:
