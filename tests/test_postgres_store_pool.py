@@ -60,6 +60,14 @@ class _WhileAWaits:
             raise self.error
 
 
+def _with_two_budgets(dsn: str, keys: tuple[str, str], **options) -> PostgresBudgetStore:
+    """A store (``options``: its keywords) with a budget of 2.0 on each of ``keys``."""
+    store = PostgresBudgetStore(dsn, **options)
+    for key in keys:
+        store.create_budget(key, 2.0)
+    return store
+
+
 @pytest.fixture
 def keys(budget_key):
     return budget_key, budget_key.replace("test-", "test-b-")
@@ -82,9 +90,7 @@ def _reserve_and_commit_in_a_thread(store: PostgresBudgetStore, key: str) -> boo
 def test_an_operation_on_one_budget_does_not_wait_behind_one_waiting_on_another(postgres_dsn, keys, pool_size):
     # Was: one connection per store object behind a lock: B's reserve waited for A's row, held by another process.
     key_a, key_b = keys
-    store = PostgresBudgetStore(postgres_dsn, pool_size=pool_size)
-    store.create_budget(key_a, 2.0)
-    store.create_budget(key_b, 2.0)
+    store = _with_two_budgets(postgres_dsn, keys, pool_size=pool_size)
     assert len(store._pool.connections()) == 1  # operations that never overlapped: one connection
     finished_while_a_waited: list[bool] = []
     scene = _WhileAWaits(postgres_dsn, store, key_a,
@@ -135,9 +141,7 @@ def test_a_broken_pool_connection_is_replaced_and_its_operation_retried_the_othe
     import psycopg
 
     key_a, key_b = keys
-    store = PostgresBudgetStore(postgres_dsn, pool_size=2)
-    store.create_budget(key_a, 2.0)
-    store.create_budget(key_b, 2.0)
+    store = _with_two_budgets(postgres_dsn, keys, pool_size=2)
     seen: dict[str, object] = {}
 
     def during(s: PostgresBudgetStore) -> None:
@@ -162,9 +166,7 @@ def test_overlapping_transactions_each_keep_their_own_server_time(postgres_dsn, 
     # connections, one's reading must not become the other's (a shared attribute, reset by B's transaction while
     # A's was open, gave A's hold B's later time).
     key_a, key_b = keys
-    store = PostgresBudgetStore(postgres_dsn, pool_size=2, lease_seconds=60)
-    store.create_budget(key_a, 2.0)
-    store.create_budget(key_b, 2.0)
+    store = _with_two_budgets(postgres_dsn, keys, pool_size=2, lease_seconds=60)
     read_by_a: list[float] = []
     a_read, b_done = threading.Event(), threading.Event()
     server_now = store._now
@@ -195,9 +197,7 @@ def test_overlapping_transactions_each_keep_their_own_server_time(postgres_dsn, 
 
 def test_close_closes_every_connection_one_in_use_when_its_operation_ends(postgres_dsn, keys):
     key_a, key_b = keys
-    store = PostgresBudgetStore(postgres_dsn, pool_size=2)
-    store.create_budget(key_a, 2.0)
-    store.create_budget(key_b, 2.0)
+    store = _with_two_budgets(postgres_dsn, keys, pool_size=2)
     open_while_a_waited: list[set[int]] = []
 
     def during(s: PostgresBudgetStore) -> None:
@@ -233,9 +233,7 @@ def test_an_operation_waiting_for_a_connection_past_pool_timeout_is_store_unavai
     from intent.stores import StoreUnavailableError
 
     key_a, key_b = keys
-    store = PostgresBudgetStore(postgres_dsn, pool_size=1, pool_timeout=0.2)
-    store.create_budget(key_a, 2.0)
-    store.create_budget(key_b, 2.0)
+    store = _with_two_budgets(postgres_dsn, keys, pool_size=1, pool_timeout=0.2)
     errors: list[BaseException] = []
 
     def during(s: PostgresBudgetStore) -> None:

@@ -106,12 +106,10 @@ def predictor_report(records: Sequence[Any], *, seed: int = 0, delta: float = 0.
     from worldmodel.calibration import reliability_bins, sigmoid
     from worldmodel.predictors import EmpiricalMeanPredictor, HashedLogisticPredictor, ToolTokenFrequencyPredictor
 
+    from training.common import check_out_directory, check_seed
+
     if out is not None:
-        from training.common import check_out_directory
-
         check_out_directory(out)
-    from training.common import check_seed
-
     check_seed(seed)
     labelled = triples(records)  # executed calls with a label, in canonical order
     if not labelled:
